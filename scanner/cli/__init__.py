@@ -1,0 +1,1 @@
+"""The command line: parse, wire, render, exit. No logic lives here."""

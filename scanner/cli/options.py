@@ -1,0 +1,30 @@
+"""Options and small parsers shared by commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from scanner.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_options(func: F) -> F:
+    func = click.option("-o", "--output", default=None, metavar="FILE",
+                        help="Write to FILE (atomically) instead of stdout.")(func)
+    func = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                        show_default=True, help="Output format.")(func)
+    return func
+
+
+def parse_env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env expects K=V, got {pair.split('=')[0]!r}")
+        env[key] = value
+    return env

@@ -1,0 +1,96 @@
+"""The exception tree of vllm-perimeter, in one place.
+
+Every error the tool raises on purpose derives from :class:`PerimeterError`
+and carries the process exit code the CLI turns it into::
+
+    PerimeterError                     exit 3 unless a subclass says otherwise
+    ├── UsageError                     exit 2: bad flags, bad arguments
+    ├── ConfigError                    exit 2: a file the user gave is invalid
+    │   ├── InventoryFormatError       an inventory JSON that fails validation
+    │   └── PolicyError                a policy YAML that fails validation (with its line)
+    ├── InventoryError                 exit 2: extraction could not run (seam: scanner.inventory)
+    │   ├── VllmNotFoundError          the given Python has no vLLM
+    │   ├── UnsupportedVllmError       a vLLM layout this tool does not know
+    │   ├── ServeArgsError             vLLM rejected the serve arguments
+    │   └── AppLoadError               module:attr is missing or not an ASGI app
+    ├── PlanError                      exit 2: inventory + policy cannot make a plan
+    ├── GenerateError                  exit 2: a plan cannot be rendered
+    ├── TargetUnreachableError         exit 3: a live target did not answer
+    └── InternalError                  exit 3: a bug or an environment failure
+
+Findings are data, not exceptions: a probe that finds an open route returns
+records, and the exit code (0 clean, 1 findings at or above ``--fail-on``) is
+decided once, at the end, by the CLI.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class PerimeterError(Exception):
+    """Base of every error this tool raises on purpose."""
+
+    exit_code: int = EXIT_UNREACHABLE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(PerimeterError):
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(PerimeterError):
+    exit_code = EXIT_USAGE
+
+
+class InventoryFormatError(ConfigError):
+    pass
+
+
+class PolicyError(ConfigError):
+    pass
+
+
+class InventoryError(PerimeterError):
+    exit_code = EXIT_USAGE
+
+
+class VllmNotFoundError(InventoryError):
+    pass
+
+
+class UnsupportedVllmError(InventoryError):
+    pass
+
+
+class ServeArgsError(InventoryError):
+    pass
+
+
+class AppLoadError(InventoryError):
+    pass
+
+
+class PlanError(PerimeterError):
+    exit_code = EXIT_USAGE
+
+
+class GenerateError(PerimeterError):
+    exit_code = EXIT_USAGE
+
+
+class TargetUnreachableError(PerimeterError):
+    exit_code = EXIT_UNREACHABLE
+
+
+class InternalError(PerimeterError):
+    exit_code = EXIT_UNREACHABLE

@@ -1,0 +1,93 @@
+"""Run ``_worker.py`` in a target Python and read its result file (never its stdout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scanner.errors import (
+    AppLoadError,
+    InternalError,
+    InventoryError,
+    PerimeterError,
+    ServeArgsError,
+    UnsupportedVllmError,
+    UsageError,
+    VllmNotFoundError,
+)
+
+WORKER = Path(__file__).with_name("_worker.py")
+_ERRORS: dict[str, type[PerimeterError]] = {
+    "VllmNotFound": VllmNotFoundError,
+    "UnsupportedVllm": UnsupportedVllmError,
+    "ServeArgs": ServeArgsError,
+    "AppLoad": AppLoadError,
+    "Usage": UsageError,
+}
+
+
+def run_worker(
+    python: str,
+    request: Mapping[str, Any],
+    env: Mapping[str, str],
+    secrets: tuple[str, ...] = (),
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Run the worker; return its ``data`` or raise the matching :class:`PerimeterError`.
+
+    ``secrets`` are scrubbed from any message before it is raised.
+    """
+    with tempfile.TemporaryDirectory(prefix="vllm-perimeter-") as tmp:
+        req_path = Path(tmp, "request.json")
+        res_path = Path(tmp, "result.json")
+        fd = os.open(req_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(dict(request), fh)
+        try:
+            proc = subprocess.run(
+                [python, str(WORKER), str(req_path), str(res_path)],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # vLLM logs to stdout: never parsed
+                stderr=subprocess.PIPE,
+                timeout=timeout,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise VllmNotFoundError(f"python interpreter not found: {python}") from None
+        except PermissionError:
+            raise VllmNotFoundError(f"python interpreter is not executable: {python}") from None
+        except subprocess.TimeoutExpired:
+            raise InternalError(f"route extraction in {python} did not finish in {timeout:.0f}s") from None
+        if not res_path.exists():
+            tail = _scrub(proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:], secrets)
+            raise InternalError(
+                f"route extraction in {python} exited {proc.returncode} without a result"
+                + (f": {tail[0]}" if tail else "")
+            )
+        result = json.loads(res_path.read_text(encoding="utf-8"))
+    if result.get("ok"):
+        data: dict[str, Any] = result["data"]
+        return data
+    err = result.get("error", {})
+    message = _scrub([str(err.get("message", "unknown error"))], secrets)[0]
+    cls = _ERRORS.get(str(err.get("kind")))
+    if cls is None:
+        where = " | ".join(_scrub([str(w).strip() for w in err.get("where", [])], secrets))
+        raise InventoryError(f"route extraction failed: {message}" + (f" [{where}]" if where else ""))
+    raise cls(message)
+
+
+def _scrub(lines: list[str], secrets: tuple[str, ...]) -> list[str]:
+    out = []
+    for line in lines:
+        for s in secrets:
+            if s:
+                line = line.replace(s, "<redacted>")
+        out.append(line)
+    return out

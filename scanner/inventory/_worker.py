@@ -1,0 +1,302 @@
+"""Route extraction worker. Runs in the *target's* Python (vLLM's own venv).
+
+Standard library only, plus what the target itself provides. Usage::
+
+    python _worker.py REQUEST.json RESULT.json
+
+The request names a mode (``vllm`` or ``asgi``); the result is written to a file
+because vLLM logs to stdout, which is never parsed. Exit status is 0 whenever a
+result file was written, including a structured error.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import textwrap
+import time
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+
+
+def _load_walker() -> Any:
+    """Load _walker.py from beside this file without putting this folder on sys.path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_walker.py")
+    spec = importlib.util.spec_from_file_location("_vllm_perimeter_walker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_walker = _load_walker()
+find_routes, middleware_names, walk_routes = (
+    _walker.find_routes, _walker.middleware_names, _walker.walk_routes)
+
+# (make_arg_parser module, build_app module), newest first. Verified: 0.28.0, 0.29.0, 0.33.0.
+LAYOUTS = (
+    ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.app"),
+    ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.launchers.app"),
+    ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.openai.api_server"),
+)
+AUTH_MODULES = (
+    "vllm.entrypoints.serve.middleware.authenticate",
+    "vllm.entrypoints.common.middleware.authenticate",
+    "vllm.entrypoints.openai.server_utils",
+    "vllm.entrypoints.openai.api_server",
+)
+SUPPORTED = ((0, 28), (0, 33))
+
+
+class WorkerError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    parts = []
+    for piece in v.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def _layout() -> tuple[Any, Any, str]:
+    for args_mod, app_mod in LAYOUTS:
+        if _has_module(args_mod) and _has_module(app_mod):
+            cli_args = importlib.import_module(args_mod)
+            app_module = importlib.import_module(app_mod)
+            if hasattr(cli_args, "make_arg_parser") and hasattr(app_module, "build_app"):
+                return cli_args, app_module, f"{args_mod}+{app_mod}"
+    import vllm
+
+    raise WorkerError(
+        "UnsupportedVllm",
+        f"vLLM {getattr(vllm, '__version__', '?')} has a layout this tool does not know: "
+        "no make_arg_parser/build_app in "
+        + "; ".join(f"{a} + {b}" for a, b in LAYOUTS),
+    )
+
+
+def _guarded_prefixes() -> list[str]:
+    for name in AUTH_MODULES:
+        if not _has_module(name):
+            continue
+        mod = importlib.import_module(name)
+        prefixes = getattr(mod, "GUARDED_PREFIX", None) or getattr(mod, "GUARDED_PREFIXES", None)
+        if prefixes:
+            return [str(p) for p in prefixes]
+        cls = getattr(mod, "AuthenticationMiddleware", None)
+        if cls is not None:
+            found = _prefixes_from_source(cls)
+            if found:
+                return found
+    raise WorkerError("UnsupportedVllm", "cannot find vLLM's API-key guarded prefixes "
+                      f"(looked in {', '.join(AUTH_MODULES)})")
+
+
+def _prefixes_from_source(cls: Any) -> list[str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "startswith":
+            for arg in node.args:
+                if isinstance(arg, ast.Tuple) and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in arg.elts
+                ):
+                    return [e.value for e in arg.elts]  # type: ignore[attr-defined]
+    return []
+
+
+def _plugins() -> list[str]:
+    from importlib.metadata import entry_points
+
+    out = []
+    for group in ("vllm.endpoint_plugins", "vllm.general_plugins", "vllm.platform_plugins",
+                  "vllm.io_processor_plugins"):
+        for ep in entry_points(group=group):
+            out.append(f"{group}:{ep.name}={ep.value}")
+    return sorted(out)
+
+
+class StandInModelConfig:
+    """Offline stand-in for vLLM's ModelConfig: just what route registration reads.
+
+    ``get_pooling_task`` is vLLM's own method, called on this object, so task
+    resolution follows the installed version's real rules.
+    """
+
+    def __init__(self, architecture: str, num_labels: int) -> None:
+        self.architectures = [architecture]
+        self.architecture = architecture
+        self.pooler_config = SimpleNamespace(task=None)
+        self.io_processor_plugin = None
+        self.hf_config = SimpleNamespace(num_labels=num_labels, architectures=[architecture])
+        self.runner_type = "pooling"
+
+    def get_pooling_task(self, supported_tasks: Any) -> Any:
+        from vllm.config import ModelConfig
+
+        return ModelConfig.get_pooling_task(self, supported_tasks)  # type: ignore[arg-type]
+
+
+def _model_config(req: dict[str, Any], args: Any, tasks: tuple[str, ...]) -> tuple[Any, str]:
+    choice = req.get("model_config", "auto")
+    pooling = False
+    try:
+        from vllm.tasks import POOLING_TASKS
+
+        pooling = any(t in POOLING_TASKS for t in tasks)
+    except ImportError:
+        pooling = any(t in ("embed", "classify", "token_embed", "token_classify", "plugin") for t in tasks)
+    model = getattr(args, "model", None) or ""
+    if choice == "auto":
+        if not pooling:
+            return None, "none"
+        choice = "local" if os.path.isfile(os.path.join(str(model), "config.json")) else "standin"
+    if choice == "none":
+        return None, "none"
+    if choice == "standin":
+        return StandInModelConfig(req.get("standin_architecture") or "BertForSequenceClassification",
+                                  int(req.get("standin_num_labels", 1))), "standin"
+    if choice == "local":
+        if not os.path.isfile(os.path.join(str(model), "config.json")):
+            raise WorkerError("ServeArgs", f"--model {model!r} is not a local model directory "
+                              "(no config.json); use the offline stand-in instead")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs.from_cli_args(args).create_model_config(), "local"
+    raise WorkerError("Usage", f"unknown model_config choice {choice!r}")
+
+
+def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    if not _has_module("vllm"):
+        raise WorkerError("VllmNotFound", f"{sys.executable} has no vllm package installed")
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "0"))
+    lo, hi = SUPPORTED
+    if not (lo <= _version_tuple(version) <= hi) and not req.get("allow_unsupported"):
+        raise WorkerError(
+            "UnsupportedVllm",
+            f"vLLM {version} is outside the supported range "
+            f"{lo[0]}.{lo[1]}-{hi[0]}.{hi[1]} (pass --allow-unsupported to try anyway)",
+        )
+    cli_args, app_module, layout = _layout()
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    serve_args = list(req.get("serve_args", []))
+    try:
+        args = parser.parse_args(serve_args)
+    except SystemExit:
+        raise WorkerError("ServeArgs", "vLLM rejected the serve arguments (see its usage message "
+                          "above, or run `vllm serve --help`)") from None
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
+    validate = getattr(cli_args, "validate_parsed_serve_args", None)
+    if validate is not None:
+        try:
+            validate(args)
+        except (TypeError, ValueError) as exc:
+            raise WorkerError("ServeArgs", f"vLLM rejected the serve arguments: {exc}") from None
+    tasks = tuple(req.get("tasks") or ("generate",))
+    model_config, model_config_kind = _model_config(req, args, tasks)
+    imported = time.monotonic()
+    kwargs: dict[str, Any] = {"supported_tasks": tasks}
+    params = inspect.signature(app_module.build_app).parameters
+    if "model_config" in params:
+        kwargs["model_config"] = model_config
+    elif model_config is not None:
+        raise WorkerError("UnsupportedVllm", "this vLLM's build_app takes no model_config")
+    app = app_module.build_app(args, **kwargs)
+    built = time.monotonic()
+    routes = find_routes(app)
+    if routes is None:
+        raise WorkerError("UnsupportedVllm", "build_app returned an object with no routes")
+    api_key = bool(getattr(args, "api_key", None)) or bool(os.environ.get("VLLM_API_KEY"))
+    return {
+        "version": version,
+        "layout": layout,
+        "tasks": list(tasks),
+        "model_config": model_config_kind,
+        "plugins": _plugins(),
+        "guarded_prefixes": _guarded_prefixes(),
+        "root_path": getattr(args, "root_path", None) or "",
+        "api_key_configured": api_key,
+        "middleware": middleware_names(app),
+        "routes": walk_routes(routes),
+        "timings": {"import_s": imported - started, "build_s": built - imported},
+    }
+
+
+def extract_asgi(req: dict[str, Any]) -> dict[str, Any]:
+    target = str(req["target"])
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise WorkerError("AppLoad", f"{target!r} is not of the form module:attribute")
+    if req.get("app_dir"):
+        sys.path.insert(0, str(req["app_dir"]))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkerError("AppLoad", f"cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise WorkerError("AppLoad", f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if req.get("factory") or (inspect.isfunction(obj) and find_routes(obj) is None):
+        try:
+            obj = obj()
+        except TypeError as exc:
+            raise WorkerError("AppLoad", f"{target} is not a zero-argument app factory: {exc}") from None
+    routes = find_routes(obj)
+    if routes is None:
+        raise WorkerError("AppLoad", f"{target} is a {type(obj).__name__}, not a Starlette/FastAPI "
+                          "app (it has no .routes)")
+    return {"middleware": middleware_names(obj), "routes": walk_routes(routes)}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: _worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8") as fh:
+        req = json.load(fh)
+    try:
+        data = extract_vllm(req) if req.get("mode") == "vllm" else extract_asgi(req)
+        result: dict[str, Any] = {"ok": True, "data": data}
+    except WorkerError as exc:
+        result = {"ok": False, "error": {"kind": exc.kind, "message": exc.message}}
+    except Exception as exc:  # reported as data; the caller turns it into one line
+        result = {"ok": False, "error": {
+            "kind": "Internal",
+            "message": f"{type(exc).__name__}: {exc}",
+            "where": traceback.format_exc(limit=-3).splitlines()[-4:],
+        }}
+    tmp = argv[2] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, argv[2])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
