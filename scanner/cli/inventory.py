@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from scanner.cli.options import output_options, parse_env_pairs
@@ -51,7 +53,7 @@ def vllm_cmd(python: str | None, tasks: tuple[str, ...], env_pairs: tuple[str, .
           --task generate --task embed -o inv.json --format json -- --model m --enable-lora
     """
     spec = vllm_app.VllmExtraction(
-        python=python or vllm_app.sys.executable,
+        python=python or sys.executable,
         serve_args=serve_args,
         tasks=tasks or ("generate",),
         env=parse_env_pairs(env_pairs),

@@ -25,7 +25,6 @@ from types import SimpleNamespace
 from typing import Any
 
 
-
 def _load_walker() -> Any:
     """Load _walker.py from beside this file without putting this folder on sys.path."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_walker.py")
@@ -47,7 +46,8 @@ LAYOUTS = (
     ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.openai.api_server"),
 )
 AUTH_MODULES = (
-    "vllm.entrypoints.serve.middleware.authenticate",
+    "vllm.entrypoints.serve.middleware.authenticate",  # 0.29
+    "vllm.entrypoints.serve.utils.server_utils",  # 0.28
     "vllm.entrypoints.common.middleware.authenticate",
     "vllm.entrypoints.openai.server_utils",
     "vllm.entrypoints.openai.api_server",
@@ -152,7 +152,7 @@ class StandInModelConfig:
     def get_pooling_task(self, supported_tasks: Any) -> Any:
         from vllm.config import ModelConfig
 
-        return ModelConfig.get_pooling_task(self, supported_tasks)  # type: ignore[arg-type]
+        return ModelConfig.get_pooling_task(self, supported_tasks)
 
 
 def _model_config(req: dict[str, Any], args: Any, tasks: tuple[str, ...]) -> tuple[Any, str]:

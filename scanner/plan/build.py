@@ -1,0 +1,93 @@
+"""inventory + policy -> plan. Deterministic: same inputs, same plan, same digest."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scanner import patterns
+from scanner.errors import PlanError
+from scanner.inventory.model import Inventory, Route
+from scanner.plan.model import Decision, Plan
+from scanner.policy.model import Audience, Policy, RouteRule
+
+# The upgrade request of a WebSocket route is a GET; a mount answers any method,
+# and the plan never allows a mount (its sub-paths are unknown).
+_MOUNT_METHODS = ("*",)
+
+
+def build(inventory: Inventory, policy: Policy,
+          network_overrides: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
+    """One decision per (method, route). Routes no rule covers are denied and reported."""
+    networks = dict(policy.networks)
+    for name, cidrs in (network_overrides or {}).items():
+        if name not in networks:
+            raise PlanError(f"--network {name}=...: the policy has no network {name!r} "
+                            f"(it has: {', '.join(sorted(networks)) or 'none'})")
+        networks[name] = cidrs
+    decisions: list[Decision] = []
+    uncovered: list[str] = []
+    used: set[int] = set()
+    for route in inventory.routes:
+        for method in route.methods:
+            rule = _rule_for(policy.rules, route, method)
+            if rule is None:
+                uncovered.append(f"{method} {route.path}")
+                decisions.append(_deny(route, method, "no rule covers this route (default deny)"))
+                continue
+            used.add(rule.line)
+            decisions.append(_decide(route, method, rule, policy.audiences[rule.audience], networks))
+    unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
+    return Plan(
+        decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
+        principals=policy.principals,
+        listen=policy.listen,
+        upstream=policy.upstream,
+        body=policy.body,
+        trusted_proxies=policy.trusted_proxies,
+        networks=networks,
+        policy_name=policy.name,
+        policy_digest=policy.digest,
+        inventory_hash=inventory.content_hash,
+        vllm_version=inventory.vllm.version if inventory.vllm else "",
+        uncovered=tuple(sorted(uncovered)),
+        unused_rules=unused,
+    )
+
+
+def _rule_for(rules: tuple[RouteRule, ...], route: Route, method: str) -> RouteRule | None:
+    for rule in rules:  # the loader guarantees at most one rule matches
+        if rule.methods and method not in rule.methods:
+            continue
+        if patterns.covers(rule.path, route.path):
+            return rule
+    return None
+
+
+def _deny(route: Route, method: str, reason: str, rule: RouteRule | None = None,
+          audience: Audience | None = None) -> Decision:
+    return Decision(
+        method=method, path=route.path, kind=route.kind, action="deny", reason=reason,
+        audience=audience.name if audience else "",
+        state_changing=rule.state_changing if rule else False,
+        upstream_guarded=route.guarded, rule_line=rule.line if rule else 0,
+    )
+
+
+def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
+            networks: Mapping[str, tuple[str, ...]]) -> Decision:
+    where = f"rule at line {rule.line}"
+    if not audience.allows:
+        return _deny(route, method, f"{where}: audience {audience.name!r} is denied to everyone",
+                     rule, audience)
+    if route.kind == "mount" or method in _MOUNT_METHODS:
+        return _deny(route, method, f"{where}: a mounted sub-app cannot be allowlisted exactly",
+                     rule, audience)
+    cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
+    return Decision(
+        method=method, path=route.path, kind=route.kind, action="allow",
+        reason=f"{where}: audience {audience.name!r}",
+        audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
+        roles=tuple(sorted(audience.roles)), networks=cidrs,
+        limits=audience.limits.merged(rule.limits),
+        state_changing=rule.state_changing, upstream_guarded=route.guarded, rule_line=rule.line,
+    )

@@ -1,0 +1,146 @@
+"""The plan: one decision per method and path. The single truth for configs and probes.
+
+Both generators (``scanner.generate``) render *only* from a :class:`Plan`, and the
+prober (``scanner.probe``) takes its expectations from the same object, so a
+config and the proof of that config cannot disagree about intent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from scanner import canonical, patterns
+from scanner.inventory.model import RouteKind
+from scanner.policy.model import AudienceKind, BodyPolicy, Limits, Listen, Principal, Upstream
+
+Action = Literal["allow", "deny"]
+PLAN_SCHEMA_VERSION = 1
+
+# Header names shared by the generated proxies and the prober.
+DECISION_HEADER = "X-Perimeter-Decision"
+REASON_HEADER = "X-Perimeter-Reason"
+PRINCIPAL_HEADER = "X-Perimeter-Principal"
+# Inbound headers a client could use to confuse the upstream or an app behind it.
+SPOOFABLE_HEADERS: tuple[str, ...] = (
+    "X-Original-URL", "X-Rewrite-URL", "X-Original-Method", "X-HTTP-Method-Override",
+    "X-HTTP-Method", "X-Method-Override", "X-Forwarded-For", "X-Forwarded-Host",
+    "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Real-IP", "Forwarded",
+    PRINCIPAL_HEADER,
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the perimeter does with one method on one route."""
+
+    method: str
+    path: str                       # the route template, as in the inventory
+    kind: RouteKind
+    action: Action
+    reason: str
+    audience: str = ""
+    audience_kind: AudienceKind = "none"
+    auth: Literal["key", "none"] = "key"
+    roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key: any principal
+    networks: tuple[str, ...] = ()  # CIDRs the request may come from
+    limits: Limits = field(default_factory=Limits)
+    state_changing: bool = False
+    upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
+    rule_line: int = 0              # policy line of the deciding rule; 0 = default deny
+
+    @property
+    def exact(self) -> bool:
+        return patterns.is_exact(self.path)
+
+    @property
+    def regex(self) -> str:
+        return patterns.to_regex(self.path)
+
+    @property
+    def allowed(self) -> bool:
+        return self.action == "allow"
+
+    def to_dict(self) -> dict[str, Any]:
+        lim = self.limits
+        return {
+            "method": self.method, "path": self.path, "kind": self.kind, "action": self.action,
+            "reason": self.reason, "audience": self.audience, "audience_kind": self.audience_kind,
+            "auth": self.auth, "roles": list(self.roles), "networks": list(self.networks),
+            "limits": {
+                "body_bytes": lim.body_bytes, "json_caps": dict(sorted(lim.json_caps.items())),
+                "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
+                "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
+            },
+            "state_changing": self.state_changing, "upstream_guarded": self.upstream_guarded,
+            "rule_line": self.rule_line,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: tuple[Decision, ...]
+    principals: tuple[Principal, ...]
+    listen: Listen
+    upstream: Upstream
+    body: BodyPolicy
+    trusted_proxies: tuple[str, ...]
+    networks: Mapping[str, tuple[str, ...]]
+    policy_name: str
+    policy_digest: str
+    inventory_hash: str
+    vllm_version: str = ""
+    uncovered: tuple[str, ...] = ()        # "METHOD path" with no rule: denied, reported
+    unused_rules: tuple[str, ...] = ()     # "line N: path" rules that matched no route
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+    @property
+    def allowed(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if d.allowed)
+
+    @property
+    def denied(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if not d.allowed)
+
+    def allowed_paths(self) -> dict[str, tuple[Decision, ...]]:
+        """Allowed decisions grouped by path, paths sorted: the generators' unit of work."""
+        out: dict[str, list[Decision]] = {}
+        for d in self.allowed:
+            out.setdefault(d.path, []).append(d)
+        return {p: tuple(sorted(ds, key=lambda d: d.method)) for p, ds in sorted(out.items())}
+
+    def decision(self, method: str, path: str) -> Decision | None:
+        for d in self.decisions:
+            if d.method == method and d.path == path:
+                return d
+        return None
+
+    def body_dict(self) -> dict[str, Any]:
+        tls = self.upstream.tls
+        return {
+            "schema_version": self.schema_version,
+            "policy": {"name": self.policy_name, "digest": self.policy_digest},
+            "inventory_hash": self.inventory_hash,
+            "vllm_version": self.vllm_version,
+            "listen": {"address": self.listen.address, "port": self.listen.port,
+                       "tls": bool(self.listen.tls)},
+            "upstream": {"host": self.upstream.host, "port": self.upstream.port,
+                         "tls": self.upstream.use_tls,
+                         "mtls": bool(tls and tls.client_cert)},
+            "body": {"cache_salt": self.body.cache_salt, "chat_template": self.body.chat_template},
+            "trusted_proxies": list(self.trusted_proxies),
+            "networks": {k: list(v) for k, v in sorted(self.networks.items())},
+            "principals": [{"name": p.name, "role": p.role, "fingerprint": p.fingerprint}
+                           for p in self.principals],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "uncovered": list(self.uncovered),
+            "unused_rules": list(self.unused_rules),
+        }
+
+    @property
+    def digest(self) -> str:
+        return canonical.digest(self.body_dict())
+
+    def to_json(self) -> str:
+        return canonical.dumps({**self.body_dict(), "digest": self.digest})

@@ -1,0 +1,51 @@
+"""API keys: made here, shown once, stored only as sha256; files and logs see fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+
+from scanner.errors import UsageError
+
+KEY_PREFIX = "vp_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def new_key() -> str:
+    """A fresh API key: ``vp_`` + 256 random bits, URL-safe."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def key_sha256(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def fingerprint(key: str) -> str:
+    return "sha256:" + key_sha256(key)[:12]
+
+
+def append_principal(path: str | Path, name: str, role: str, key: str) -> None:
+    """Append a principal (name, role, key hash) to a principals YAML file, keeping its comments."""
+    if not _NAME.match(name):
+        raise UsageError(f"principal name {name!r}: use letters, digits, '.', '_' or '-'")
+    if not _NAME.match(role):
+        raise UsageError(f"role {role!r}: use letters, digits, '.', '_' or '-'")
+    p = Path(path)
+    text = p.read_text(encoding="utf-8") if p.exists() else ""
+    if re.search(rf"^\s*-\s*name:\s*{re.escape(name)}\s*$", text, re.MULTILINE):
+        raise UsageError(f"{p}: principal {name!r} already exists; pick another name or remove it")
+    if not text.strip():
+        text = "# Principals for vllm-perimeter: key hashes only, never keys.\nprincipals:\n"
+    elif "principals:" not in text:
+        raise UsageError(f"{p}: not a principals file (no 'principals:' key)")
+    if not text.endswith("\n"):
+        text += "\n"
+    text += f"  - name: {name}\n    role: {role}\n    key_sha256: {key_sha256(key)}\n"
+    tmp = p.with_name(f".{p.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, p)

@@ -1,0 +1,348 @@
+"""Load a policy YAML into validated models; every error names its file and line."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from scanner import patterns
+from scanner.errors import PolicyError
+from scanner.policy.model import (
+    AUDIENCE_KINDS,
+    CACHE_SALT_CHOICES,
+    CAPPABLE_FIELDS,
+    CHAT_TEMPLATE_CHOICES,
+    METHODS,
+    SCHEMA_VERSION,
+    Audience,
+    AudienceKind,
+    BodyPolicy,
+    Limits,
+    Listen,
+    Policy,
+    Principal,
+    Rate,
+    RouteRule,
+    TlsServer,
+    TlsUpstream,
+    Upstream,
+    valid_cidr,
+)
+
+
+class Node:
+    """A YAML node with its line, and typed, line-numbered accessors."""
+
+    def __init__(self, node: yaml.Node, where: str, source: str) -> None:
+        self.node, self.where, self.source = node, where, source
+        self.line = node.start_mark.line + 1
+
+    def fail(self, msg: str) -> PolicyError:
+        return PolicyError(f"{self.source}:{self.line}: {self.where}: {msg}")
+
+    # --- scalars
+    def _scalar(self) -> Any:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.fail("expected a single value")
+        return yaml.safe_load(yaml.serialize(self.node))
+
+    def text(self) -> str:
+        value = self._scalar()
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"expected a non-empty string, got {value!r}")
+        return value
+
+    def whole(self, minimum: int = 0) -> int:
+        value = self._scalar()
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(f"expected a whole number >= {minimum}, got {value!r}")
+        return value
+
+    def number(self) -> float:
+        value = self._scalar()
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.fail(f"expected a positive number, got {value!r}")
+        return float(value)
+
+    def flag(self) -> bool:
+        value = self._scalar()
+        if not isinstance(value, bool):
+            raise self.fail(f"expected true or false, got {value!r}")
+        return value
+
+    def choice(self, choices: Sequence[str]) -> str:
+        value = self.text()
+        if value not in choices:
+            raise self.fail(f"{value!r} is not one of {', '.join(choices)}" + _hint(value, choices))
+        return value
+
+    # --- collections
+    def items(self) -> Iterator[Node]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.fail("expected a list")
+        for i, child in enumerate(self.node.value):
+            yield Node(child, f"{self.where}[{i}]", self.source)
+
+    def texts(self) -> tuple[str, ...]:
+        return tuple(n.text() for n in self.items())
+
+    def mapping(self, allowed: Sequence[str], required: Sequence[str] = ()) -> dict[str, Node]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.fail("expected a mapping (key: value)")
+        out: dict[str, Node] = {}
+        for key_node, value_node in self.node.value:
+            key = str(key_node.value)
+            where = f"{self.where}.{key}" if self.where else key
+            if key not in allowed:
+                bad = Node(key_node, where, self.source)
+                raise bad.fail(f"unknown key {key!r}" + _hint(key, allowed))
+            if key in out:
+                raise Node(key_node, where, self.source).fail("duplicate key")
+            out[key] = Node(value_node, where, self.source)
+        for key in required:
+            if key not in out:
+                raise self.fail(f"missing required key {key!r}")
+        return out
+
+    def entries(self) -> Iterator[tuple[str, Node]]:
+        """A free-form mapping (names chosen by the user)."""
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.fail("expected a mapping (name: value)")
+        seen: set[str] = set()
+        for key_node, value_node in self.node.value:
+            key = str(key_node.value)
+            where = f"{self.where}.{key}"
+            if key in seen:
+                raise Node(key_node, where, self.source).fail("duplicate name")
+            seen.add(key)
+            yield key, Node(value_node, where, self.source)
+
+
+def _hint(value: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --- the document --------------------------------------------------------------------------
+
+_TOP = ("schema_version", "name", "networks", "audiences", "principals", "principals_file",
+        "routes", "body", "listen", "upstream", "trusted_proxies")
+
+
+def load(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{p}: cannot read policy: {exc.strerror or exc}") from None
+    return loads(text, source=str(p), base_dir=p.parent)
+
+
+def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"{mark.line + 1}" if mark is not None else "?"
+        raise PolicyError(f"{source}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if root is None:
+        raise PolicyError(f"{source}: the policy is empty")
+    top = Node(root, "", source).mapping(_TOP, required=("schema_version", "name", "audiences", "routes"))
+    version = top["schema_version"].whole()
+    if version != SCHEMA_VERSION:
+        raise top["schema_version"].fail(f"this tool reads schema_version {SCHEMA_VERSION}, not {version}")
+    networks = _networks(top["networks"]) if "networks" in top else {}
+    audiences = _audiences(top["audiences"], networks)
+    principals = _principals(top, base_dir or Path("."), audiences)
+    rules = _rules(top["routes"], audiences)
+    return Policy(
+        name=top["name"].text(),
+        networks=networks,
+        audiences=audiences,
+        principals=principals,
+        rules=rules,
+        body=_body(top["body"]) if "body" in top else BodyPolicy(),
+        listen=_listen(top["listen"]) if "listen" in top else Listen(),
+        upstream=_upstream(top["upstream"]) if "upstream" in top else Upstream(),
+        trusted_proxies=_cidrs(top["trusted_proxies"]) if "trusted_proxies" in top else (),
+        source=source,
+        digest="sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    )
+
+
+def _cidrs(node: Node) -> tuple[str, ...]:
+    out = []
+    for item in node.items():
+        cidr = item.text()
+        if not valid_cidr(cidr):
+            raise item.fail(f"{cidr!r} is not an IP network (CIDR)")
+        out.append(cidr)
+    return tuple(out)
+
+
+def _networks(node: Node) -> dict[str, tuple[str, ...]]:
+    return {name: _cidrs(value) for name, value in node.entries()}
+
+
+def _limits(node: Node) -> Limits:
+    m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s"))
+    caps: dict[str, int] = {}
+    if "json_caps" in m:
+        for field_name, value in m["json_caps"].entries():
+            if field_name not in CAPPABLE_FIELDS:
+                raise value.fail(f"cannot cap {field_name!r}; cappable fields: {', '.join(CAPPABLE_FIELDS)}"
+                                 + _hint(field_name, CAPPABLE_FIELDS))
+            caps[field_name] = value.whole()
+    rate = None
+    if "rate" in m:
+        r = m["rate"].mapping(("rps", "burst"), required=("rps",))
+        rate = Rate(rps=r["rps"].number(), burst=r["burst"].whole() if "burst" in r else 0)
+    return Limits(
+        body_bytes=m["body_bytes"].whole(minimum=1) if "body_bytes" in m else None,
+        json_caps=caps,
+        rate=rate,
+        concurrency=m["concurrency"].whole(minimum=1) if "concurrency" in m else None,
+        timeout_s=m["timeout_s"].number() if "timeout_s" in m else None,
+    )
+
+
+def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Audience]:
+    out: dict[str, Audience] = {}
+    for name, value in node.entries():
+        m = value.mapping(("kind", "networks", "roles", "auth", "limits"), required=("kind",))
+        kind = cast(AudienceKind, m["kind"].choice(AUDIENCE_KINDS))
+        nets = m["networks"].texts() if "networks" in m else ()
+        for i, net in enumerate(nets):
+            if net not in networks:
+                raise Node(m["networks"].node.value[i], f"{value.where}.networks[{i}]", node.source).fail(
+                    f"unknown network {net!r}" + _hint(net, list(networks)))
+        auth = m["auth"].choice(("key", "none")) if "auth" in m else ("none" if kind == "none" else "key")
+        if kind not in ("none",) and not nets:
+            raise value.fail("an audience that allows traffic must name its networks")
+        out[name] = Audience(
+            name=name, kind=kind, networks=nets,
+            roles=m["roles"].texts() if "roles" in m else (),
+            auth=cast(Any, auth),
+            limits=_limits(m["limits"]) if "limits" in m else Limits(),
+            line=value.line,
+        )
+    return out
+
+
+def _principals(
+    top: dict[str, Node], base_dir: Path, audiences: dict[str, Audience]
+) -> tuple[Principal, ...]:
+    nodes: list[Node] = list(top["principals"].items()) if "principals" in top else []
+    if "principals_file" in top:
+        ref = top["principals_file"]
+        path = base_dir / ref.text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ref.fail(f"cannot read principals file {path}: {exc.strerror or exc}") from None
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None:
+            doc = Node(root, "", str(path)).mapping(("principals",))
+            if "principals" in doc:
+                nodes.extend(doc["principals"].items())
+    out: list[Principal] = []
+    seen: set[str] = set()
+    for item in nodes:
+        m = item.mapping(("name", "role", "key_sha256"), required=("name", "role", "key_sha256"))
+        name = m["name"].text()
+        if name in seen:
+            raise m["name"].fail(f"duplicate principal {name!r}")
+        seen.add(name)
+        digest = m["key_sha256"].text().lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise m["key_sha256"].fail("expected the sha256 hex digest of the key (64 hex digits), "
+                                       "never the key itself; use `vllm-perimeter keys new`")
+        out.append(Principal(name=name, role=m["role"].text(), key_sha256=digest))
+    roles = {p.role for p in out}
+    for aud in audiences.values():
+        for role in aud.roles:
+            if out and role not in roles:
+                raise PolicyError(f"{top['audiences'].source}:{aud.line}: audiences.{aud.name}: "
+                                  f"role {role!r} has no principal" + _hint(role, sorted(roles)))
+    return tuple(out)
+
+
+def _rules(node: Node, audiences: dict[str, Audience]) -> tuple[RouteRule, ...]:
+    rules: list[RouteRule] = []
+    for item in node.items():
+        m = item.mapping(("path", "methods", "audience", "limits", "state_changing", "note"),
+                         required=("path", "audience"))
+        path = m["path"].text()
+        why = patterns.validate(path)
+        if why:
+            raise m["path"].fail(f"invalid path pattern {path!r}: {why}")
+        audience = m["audience"].text()
+        if audience not in audiences:
+            raise m["audience"].fail(f"unknown audience {audience!r}" + _hint(audience, list(audiences)))
+        methods: tuple[str, ...] = ()
+        if "methods" in m:
+            methods = tuple(s.upper() for s in m["methods"].texts())
+            for meth in methods:
+                if meth not in METHODS:
+                    raise m["methods"].fail(f"unknown method {meth!r}" + _hint(meth, METHODS))
+        rule = RouteRule(
+            path=path, audience=audience, methods=tuple(sorted(set(methods))),
+            limits=_limits(m["limits"]) if "limits" in m else None,
+            state_changing=m["state_changing"].flag() if "state_changing" in m else False,
+            note=m["note"].text() if "note" in m else "",
+            line=item.line,
+        )
+        _check_overlap(rule, rules, node.source)
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _check_overlap(rule: RouteRule, earlier: list[RouteRule], source: str) -> None:
+    for other in earlier:
+        shared = (set(rule.methods) & set(other.methods)) if rule.methods and other.methods else True
+        if shared and patterns.overlaps(rule.path, other.path):
+            raise PolicyError(
+                f"{source}:{rule.line}: routes: rule {rule.path!r} overlaps rule {other.path!r} "
+                f"at line {other.line}; each method and path must be decided by one rule"
+            )
+
+
+def _body(node: Node) -> BodyPolicy:
+    m = node.mapping(("cache_salt", "chat_template"))
+    return BodyPolicy(
+        cache_salt=cast(Any, m["cache_salt"].choice(CACHE_SALT_CHOICES)) if "cache_salt" in m else "reject",
+        chat_template=cast(Any, m["chat_template"].choice(CHAT_TEMPLATE_CHOICES))
+        if "chat_template" in m else "reject",
+    )
+
+
+def _listen(node: Node) -> Listen:
+    m = node.mapping(("address", "port", "tls"))
+    tls = None
+    if "tls" in m:
+        t = m["tls"].mapping(("cert", "key"), required=("cert", "key"))
+        tls = TlsServer(cert=t["cert"].text(), key=t["key"].text())
+    return Listen(
+        address=m["address"].text() if "address" in m else "0.0.0.0",
+        port=m["port"].whole(minimum=1) if "port" in m else 8080,
+        tls=tls,
+    )
+
+
+def _upstream(node: Node) -> Upstream:
+    m = node.mapping(("host", "port", "tls"))
+    tls = None
+    if "tls" in m:
+        t = m["tls"].mapping(("ca", "client_cert", "client_key", "server_name"))
+        tls = TlsUpstream(**{k: v.text() for k, v in t.items()})
+    return Upstream(
+        host=m["host"].text() if "host" in m else "127.0.0.1",
+        port=m["port"].whole(minimum=1) if "port" in m else 8000,
+        tls=tls,
+        use_tls=tls is not None,
+    )

@@ -1,0 +1,149 @@
+"""Policy models: validated, frozen, versioned data (see ``policies/vllm-default.yaml``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+AudienceKind = Literal["end-user", "service", "operator", "monitoring", "none"]
+AUDIENCE_KINDS: tuple[str, ...] = ("end-user", "service", "operator", "monitoring", "none")
+CacheSalt = Literal["pass", "reject", "strip"]
+ChatTemplate = Literal["pass", "reject", "strip"]
+CACHE_SALT_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
+CHAT_TEMPLATE_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
+# Top-level request fields whose numeric value a policy may cap.
+CAPPABLE_FIELDS: tuple[str, ...] = (
+    "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
+    "logprobs", "top_logprobs", "prompt_logprobs",
+)
+METHODS: tuple[str, ...] = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Rate:
+    rps: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits for a route and audience. None means "not limited by this policy"."""
+
+    body_bytes: int | None = None
+    json_caps: Mapping[str, int] = field(default_factory=dict)
+    rate: Rate | None = None
+    concurrency: int | None = None
+    timeout_s: float | None = None
+
+    def merged(self, override: Limits | None) -> Limits:
+        if override is None:
+            return self
+        return Limits(
+            body_bytes=override.body_bytes if override.body_bytes is not None else self.body_bytes,
+            json_caps={**self.json_caps, **override.json_caps},
+            rate=override.rate or self.rate,
+            concurrency=override.concurrency if override.concurrency is not None else self.concurrency,
+            timeout_s=override.timeout_s if override.timeout_s is not None else self.timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class Audience:
+    name: str
+    kind: AudienceKind
+    networks: tuple[str, ...] = ()   # names of entries in Policy.networks
+    roles: tuple[str, ...] = ()      # empty with auth "key": any known principal
+    auth: Literal["key", "none"] = "key"
+    limits: Limits = field(default_factory=Limits)
+    line: int = 0
+
+    @property
+    def allows(self) -> bool:
+        return self.kind != "none"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: str
+    key_sha256: str  # hex digest of the full key; the key itself is never stored
+
+    @property
+    def fingerprint(self) -> str:
+        return "sha256:" + self.key_sha256[:12]
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    path: str
+    audience: str
+    methods: tuple[str, ...] = ()   # empty: every method the route declares
+    limits: Limits | None = None
+    state_changing: bool = False
+    note: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class BodyPolicy:
+    cache_salt: CacheSalt = "reject"
+    chat_template: ChatTemplate = "reject"
+
+
+@dataclass(frozen=True)
+class TlsServer:
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True)
+class TlsUpstream:
+    ca: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    server_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Listen:
+    address: str = "0.0.0.0"
+    port: int = 8080
+    tls: TlsServer | None = None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tls: TlsUpstream | None = None
+    use_tls: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    networks: Mapping[str, tuple[str, ...]]
+    audiences: Mapping[str, Audience]
+    principals: tuple[Principal, ...]
+    rules: tuple[RouteRule, ...]
+    body: BodyPolicy = field(default_factory=BodyPolicy)
+    listen: Listen = field(default_factory=Listen)
+    upstream: Upstream = field(default_factory=Upstream)
+    trusted_proxies: tuple[str, ...] = ()
+    source: str = "<policy>"
+    digest: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def roles(self) -> tuple[str, ...]:
+        return tuple(sorted({p.role for p in self.principals}))
+
+
+def valid_cidr(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
