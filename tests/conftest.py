@@ -32,3 +32,35 @@ def vllm_python() -> str:
             pytest.fail("real vLLM venv not found; .ci/run should have provisioned it")
         pytest.skip("real vLLM venv not found (set VLLM_PERIMETER_VLLM_PYTHON)")
     return python
+
+
+# The "everything" surface of vLLM 0.29.0: dev mode, runtime LoRA, tokenizer info,
+# generation + speech + pooling tasks (pooling via the offline model-config stand-in).
+EVERYTHING_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+EVERYTHING_ARGS = ("--model", "m", "--enable-lora", "--enable-tokenizer-info-endpoint")
+EVERYTHING_TASKS = ("generate", "transcription", "realtime", "embed", "classify")
+
+
+@pytest.fixture(scope="session")
+def real_vllm(vllm_python: str):  # type: ignore[no-untyped-def]
+    """The real vLLM 0.29.0 app, engine-less, on a random loopback port (no --api-key).
+
+    Yields a started :class:`scanner.standin.real.RealVllmServer`; ``.url`` is its base URL.
+    """
+    from scanner.inventory.vllm_app import VllmExtraction
+    from scanner.standin.real import RealVllmServer
+
+    spec = VllmExtraction(python=vllm_python, serve_args=EVERYTHING_ARGS, tasks=EVERYTHING_TASKS,
+                          env=EVERYTHING_ENV, isolated_env=True)
+    with RealVllmServer(spec) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def everything_inventory(vllm_python: str):  # type: ignore[no-untyped-def]
+    """Inventory of that same surface, extracted by the tool from the real app."""
+    from scanner.inventory.vllm_app import VllmExtraction, extract
+
+    spec = VllmExtraction(python=vllm_python, serve_args=EVERYTHING_ARGS, tasks=EVERYTHING_TASKS,
+                          env=EVERYTHING_ENV, isolated_env=True)
+    return extract(spec)[0]

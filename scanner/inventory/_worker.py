@@ -184,7 +184,8 @@ def _model_config(req: dict[str, Any], args: Any, tasks: tuple[str, ...]) -> tup
     raise WorkerError("Usage", f"unknown model_config choice {choice!r}")
 
 
-def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
+def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """Build the real vLLM app for the request: (app, parsed serve args, facts)."""
     started = time.monotonic()
     if not _has_module("vllm"):
         raise WorkerError("VllmNotFound", f"{sys.executable} has no vllm package installed")
@@ -227,11 +228,8 @@ def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
         raise WorkerError("UnsupportedVllm", "this vLLM's build_app takes no model_config")
     app = app_module.build_app(args, **kwargs)
     built = time.monotonic()
-    routes = find_routes(app)
-    if routes is None:
-        raise WorkerError("UnsupportedVllm", "build_app returned an object with no routes")
     api_key = bool(getattr(args, "api_key", None)) or bool(os.environ.get("VLLM_API_KEY"))
-    return {
+    return app, args, {
         "version": version,
         "layout": layout,
         "tasks": list(tasks),
@@ -240,10 +238,35 @@ def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
         "guarded_prefixes": _guarded_prefixes(),
         "root_path": getattr(args, "root_path", None) or "",
         "api_key_configured": api_key,
-        "middleware": middleware_names(app),
-        "routes": walk_routes(routes),
         "timings": {"import_s": imported - started, "build_s": built - imported},
     }
+
+
+def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
+    app, _, facts = _build_vllm(req)
+    routes = find_routes(app)
+    if routes is None:
+        raise WorkerError("UnsupportedVllm", "build_app returned an object with no routes")
+    return {**facts, "middleware": middleware_names(app), "routes": walk_routes(routes)}
+
+
+def serve_vllm(req: dict[str, Any], result_path: str) -> None:
+    """Serve the real app engine-less (uvicorn, lifespan off) until killed.
+
+    Handlers that need the engine answer 500; routing, middleware and the
+    API-key check are vLLM's own. TLS comes from vLLM's own --ssl-* serve flags.
+    """
+    import uvicorn
+
+    app, args, facts = _build_vllm(req)
+    _write_result(result_path, {"ok": True, "data": {**facts, "pid": os.getpid()}})
+    uvicorn.run(
+        app, host=str(req.get("host", "127.0.0.1")), port=int(req["port"]), lifespan="off",
+        log_level="warning", access_log=False,
+        ssl_keyfile=getattr(args, "ssl_keyfile", None), ssl_certfile=getattr(args, "ssl_certfile", None),
+        ssl_ca_certs=getattr(args, "ssl_ca_certs", None),
+        ssl_cert_reqs=int(getattr(args, "ssl_cert_reqs", 0) or 0),
+    )
 
 
 def extract_asgi(req: dict[str, Any]) -> dict[str, Any]:
@@ -281,6 +304,9 @@ def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as fh:
         req = json.load(fh)
     try:
+        if req.get("mode") == "serve":
+            serve_vllm(req, argv[2])
+            return 0
         data = extract_vllm(req) if req.get("mode") == "vllm" else extract_asgi(req)
         result: dict[str, Any] = {"ok": True, "data": data}
     except WorkerError as exc:
@@ -291,11 +317,15 @@ def main(argv: list[str]) -> int:
             "message": f"{type(exc).__name__}: {exc}",
             "where": traceback.format_exc(limit=-3).splitlines()[-4:],
         }}
-    tmp = argv[2] + ".tmp"
+    _write_result(argv[2], result)
+    return 0
+
+
+def _write_result(path: str, result: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(result, fh)
-    os.replace(tmp, argv[2])
-    return 0
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
