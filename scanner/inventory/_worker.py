@@ -70,11 +70,12 @@ def _has_module(name: str) -> bool:
 
 
 def _version_tuple(v: str) -> tuple[int, int]:
-    parts = []
+    parts: list[int] = []
     for piece in v.split(".")[:2]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits or 0))
-    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+    padded = [*parts, 0, 0]
+    return padded[0], padded[1]
 
 
 def _layout() -> tuple[Any, Any, str]:
@@ -184,6 +185,18 @@ def _model_config(req: dict[str, Any], args: Any, tasks: tuple[str, ...]) -> tup
     raise WorkerError("Usage", f"unknown model_config choice {choice!r}")
 
 
+def _reject_serve_args(message: str) -> None:
+    """Replaces argparse's ``error`` (usage on stderr, exit 2) with a one-line WorkerError."""
+    first = message.strip().splitlines()[0] if message.strip() else "invalid arguments"
+    raise WorkerError("ServeArgs", f"vLLM rejected the serve arguments: {first}")
+
+
+def _known_flags(parser: Any, flags: list[str]) -> list[str]:
+    """The boolean ``flags`` this version's serve parser knows (others are skipped)."""
+    known = getattr(parser, "_option_string_actions", {})
+    return [str(f) for f in flags if f in known]
+
+
 def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """Build the real vLLM app for the request: (app, parsed serve args, facts)."""
     started = time.monotonic()
@@ -203,12 +216,14 @@ def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser.error = _reject_serve_args
     serve_args = list(req.get("serve_args", []))
+    serve_args += _known_flags(parser, req.get("optional_flags", []))
     try:
         args = parser.parse_args(serve_args)
     except SystemExit:
-        raise WorkerError("ServeArgs", "vLLM rejected the serve arguments (see its usage message "
-                          "above, or run `vllm serve --help`)") from None
+        raise WorkerError("ServeArgs", "vLLM rejected the serve arguments "
+                          "(run `vllm serve --help`)") from None
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     validate = getattr(cli_args, "validate_parsed_serve_args", None)
@@ -232,6 +247,7 @@ def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     return app, args, {
         "version": version,
         "layout": layout,
+        "serve_args": serve_args,
         "tasks": list(tasks),
         "model_config": model_config_kind,
         "plugins": _plugins(),
@@ -269,35 +285,71 @@ def serve_vllm(req: dict[str, Any], result_path: str) -> None:
     )
 
 
-def extract_asgi(req: dict[str, Any]) -> dict[str, Any]:
-    target = str(req["target"])
+def _import_target(target: str) -> Any:
+    """``module:attr.path`` -> the object, or a WorkerError saying what is missing."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise WorkerError("AppLoad", f"{target!r} is not of the form module:attribute")
-    if req.get("app_dir"):
-        sys.path.insert(0, str(req["app_dir"]))
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise WorkerError("AppLoad", f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself failed while importing
+        raise WorkerError("AppLoad", f"importing module {module_name!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise WorkerError("AppLoad", f"module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def _call_factory(target: str, factory: Any) -> Any:
+    if not callable(factory):
+        raise WorkerError("AppLoad", f"{target} is a {type(factory).__name__}, not callable "
+                          "(--factory needs a zero-argument function returning an app)")
+    try:
+        return factory()
+    except TypeError as exc:
+        raise WorkerError("AppLoad", f"{target} is not a zero-argument app factory: "
+                          f"{exc}") from None
+
+
+def _app_routes(target: str, obj: Any) -> tuple[Any, Any]:
+    """The app (unwrapping ASGI middleware through ``.app``) and its route list."""
+    app = obj
+    for _ in range(16):
+        routes = None if isinstance(app, type) else find_routes(app)
+        if isinstance(routes, (list, tuple)):
+            return app, routes
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    what = "a class" if isinstance(obj, type) else f"a {type(obj).__name__}"
+    raise WorkerError("AppLoad", f"{target} is {what}, not a Starlette/FastAPI app "
+                      "(it has no route table)")
+
+
+def extract_asgi(req: dict[str, Any]) -> dict[str, Any]:
+    target = str(req["target"])
+    if req.get("app_dir"):
+        sys.path.insert(0, str(req["app_dir"]))
+    obj = _import_target(target)
     if req.get("factory") or (inspect.isfunction(obj) and find_routes(obj) is None):
-        try:
-            obj = obj()
-        except TypeError as exc:
-            raise WorkerError("AppLoad", f"{target} is not a zero-argument app factory: {exc}") from None
-    routes = find_routes(obj)
-    if routes is None:
-        raise WorkerError("AppLoad", f"{target} is a {type(obj).__name__}, not a Starlette/FastAPI "
-                          "app (it has no .routes)")
-    return {"middleware": middleware_names(obj), "routes": walk_routes(routes)}
+        obj = _call_factory(target, obj)
+    app, routes = _app_routes(target, obj)
+    return {"middleware": middleware_names(app), "routes": walk_routes(routes)}
+
+
+def _drop_own_dir() -> None:
+    """``python _worker.py`` puts this folder first on sys.path; an app must not import from it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
 
 
 def main(argv: list[str]) -> int:
+    _drop_own_dir()
     if len(argv) != 3:
         print("usage: _worker.py REQUEST.json RESULT.json", file=sys.stderr)
         return 2

@@ -186,10 +186,11 @@ def from_dict(data: Any, name: str = "<inventory>") -> Inventory:
         v.fail(f"schema_version is {version!r}; this tool reads version {SCHEMA_VERSION}")
     src = v.mapping(doc.get("source"), "source")
     kind = v.choice(src.get("kind"), SOURCE_KINDS, "source.kind")
-    source = Source(kind=cast(SourceKind, kind), target=v.string(src.get("target", ""), "source.target"))
+    target = v.string(src.get("target", ""), "source.target")
+    source = Source(kind=cast(SourceKind, kind), target=target)
     routes = tuple(_route(v, r, i) for i, r in enumerate(v.sequence(doc.get("routes"), "routes")))
     vllm = _vllm(v, doc["vllm"]) if doc.get("vllm") is not None else None
-    middleware = tuple(v.string(m, "middleware[]") for m in v.sequence(doc.get("middleware", []), "middleware"))
+    middleware = v.strings(doc.get("middleware", []), "middleware")
     inv = Inventory(source=source, routes=routes, vllm=vllm, middleware=middleware)
     claimed = doc.get("content_hash")
     if claimed is not None and claimed != inv.content_hash:
@@ -204,7 +205,7 @@ def _route(v: _Validator, raw: Any, i: int) -> Route:
     path = v.string(r.get("path"), f"{where}.path")
     if not path.startswith("/"):
         v.fail(f"{where}.path {path!r} must start with '/'")
-    methods = tuple(v.string(m, f"{where}.methods[]").upper() for m in v.sequence(r.get("methods"), f"{where}.methods"))
+    methods = tuple(m.upper() for m in v.strings(r.get("methods"), f"{where}.methods"))
     if not methods:
         v.fail(f"{where}.methods is empty")
     for m in methods:
@@ -226,17 +227,16 @@ def _vllm(v: _Validator, raw: Any) -> VllmFacts:
     env = v.mapping(d.get("env", {}), "vllm.env")
     return VllmFacts(
         version=v.string(d.get("version"), "vllm.version"),
-        serve_args=tuple(v.string(a, "vllm.serve_args[]") for a in v.sequence(d.get("serve_args", []), "vllm.serve_args")),
+        serve_args=v.strings(d.get("serve_args", []), "vllm.serve_args"),
         env={str(k): v.string(val, f"vllm.env.{k}") for k, val in env.items()},
-        tasks=tuple(v.string(t, "vllm.tasks[]") for t in v.sequence(d.get("tasks", []), "vllm.tasks")),
+        tasks=v.strings(d.get("tasks", []), "vllm.tasks"),
         model_config=v.string(d.get("model_config", "none"), "vllm.model_config"),
-        plugins=tuple(v.string(p, "vllm.plugins[]") for p in v.sequence(d.get("plugins", []), "vllm.plugins")),
-        guarded_prefixes=tuple(
-            v.string(p, "vllm.guarded_prefixes[]")
-            for p in v.sequence(d.get("guarded_prefixes", list(VLLM_GUARDED_PREFIXES)), "vllm.guarded_prefixes")
-        ),
+        plugins=v.strings(d.get("plugins", []), "vllm.plugins"),
+        guarded_prefixes=v.strings(d.get("guarded_prefixes", list(VLLM_GUARDED_PREFIXES)),
+                                   "vllm.guarded_prefixes"),
         root_path=v.string(d.get("root_path", ""), "vllm.root_path"),
-        api_key_configured=v.boolean(d.get("api_key_configured", False), "vllm.api_key_configured"),
+        api_key_configured=v.boolean(d.get("api_key_configured", False),
+                                     "vllm.api_key_configured"),
     )
 
 
@@ -261,6 +261,9 @@ class _Validator:
         if not isinstance(x, str):
             self.fail(f"{what} must be a string, not {type(x).__name__}")
         return cast(str, x)
+
+    def strings(self, x: Any, what: str) -> tuple[str, ...]:
+        return tuple(self.string(item, f"{what}[]") for item in self.sequence(x, what))
 
     def boolean(self, x: Any, what: str) -> bool:
         if not isinstance(x, bool):

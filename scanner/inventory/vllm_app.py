@@ -35,13 +35,13 @@ class VllmExtraction:
     model_config: str = "auto"
     allow_unsupported: bool = False
     timeout: float = 300.0
+    # Flags appended only when this vLLM's serve parser knows them (e.g. a flag added in 0.29).
+    optional_flags: tuple[str, ...] = ()
 
     def effective_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         base = os.environ if base is None else base
-        if self.isolated_env:
-            env = {k: v for k, v in base.items() if k in _ISOLATED_KEEP}
-        else:
-            env = dict(base)
+        keep = _ISOLATED_KEEP if self.isolated_env else tuple(base)
+        env = {k: v for k, v in base.items() if k in keep}
         env.update(self.env)
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU needed to build the app
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
@@ -72,8 +72,10 @@ def extract(spec: VllmExtraction) -> tuple[Inventory, VllmTimings]:
         "tasks": list(spec.tasks),
         "model_config": spec.model_config,
         "allow_unsupported": spec.allow_unsupported,
+        "optional_flags": list(spec.optional_flags),
     }
-    data = run_worker(spec.python, request, env, secrets=spec.secret_values(env), timeout=spec.timeout)
+    data = run_worker(spec.python, request, env, secrets=spec.secret_values(env),
+                      timeout=spec.timeout)
     return _inventory(spec, env, data), VllmTimings(**data["timings"])
 
 
@@ -82,7 +84,7 @@ def _inventory(spec: VllmExtraction, env: Mapping[str, str], data: Mapping[str, 
     root_path = str(data.get("root_path", ""))
     facts = VllmFacts(
         version=str(data["version"]),
-        serve_args=tuple(secrets.redact_args(spec.serve_args)),
+        serve_args=tuple(secrets.redact_args(data.get("serve_args", spec.serve_args))),
         env=recorded_env(env),
         tasks=tuple(data["tasks"]),
         model_config=str(data["model_config"]),
