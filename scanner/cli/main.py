@@ -35,9 +35,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import inventory
+    from scanner.cli import inventory, plan
 
     cli.add_command(inventory.group)
+    cli.add_command(plan.plan_cmd)
+    cli.add_command(plan.generate_cmd)
+    cli.add_command(plan.keys_group)
 
 
 _register()

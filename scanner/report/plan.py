@@ -1,0 +1,52 @@
+"""Render a plan as a table (rich) or JSON."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+
+from scanner.plan.model import Decision, Plan
+
+
+def _limits(d: Decision) -> str:
+    lim = d.limits
+    parts = []
+    if lim.body_bytes is not None:
+        parts.append(f"body<={lim.body_bytes}")
+    if lim.json_caps:
+        parts.append("caps:" + ",".join(f"{k}<={v}" for k, v in sorted(lim.json_caps.items())))
+    if lim.rate:
+        parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
+    if lim.concurrency:
+        parts.append(f"conc<={lim.concurrency}")
+    return " ".join(parts)
+
+
+def to_table(plan: Plan, width: int = 140) -> str:
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    table = Table(title=f"plan: policy {plan.policy_name} on vLLM {plan.vllm_version or '?'}")
+    for col in ("method", "path", "action", "audience", "auth", "roles", "networks", "limits", "reason"):
+        table.add_column(col, overflow="fold")
+    for d in plan.decisions:
+        table.add_row(
+            d.method, d.path, d.action.upper() if d.allowed else "deny", d.audience,
+            d.auth if d.allowed else "", ",".join(d.roles), ",".join(d.networks), _limits(d),
+            d.reason,
+        )
+    console.print(table)
+    principals = ", ".join(f"{p.name}({p.role}) {p.fingerprint}" for p in plan.principals)
+    console.print(f"{len(plan.allowed)} allowed, {len(plan.denied)} denied; "
+                  f"principals: {principals or 'none'}")
+    if plan.uncovered:
+        console.print(f"{len(plan.uncovered)} routes no rule covers (denied): {', '.join(plan.uncovered)}")
+    if plan.unused_rules:
+        console.print(f"rules that match no route in this inventory: {', '.join(plan.unused_rules)}")
+    console.print(f"digest {plan.digest}")
+    return buf.getvalue()
+
+
+def render(plan: Plan, fmt: str) -> str:
+    return plan.to_json() if fmt == "json" else to_table(plan)

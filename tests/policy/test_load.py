@@ -1,0 +1,99 @@
+from pathlib import Path
+
+import pytest
+
+from scanner.errors import PolicyError
+from scanner.policy import keys
+from scanner.policy.load import load, loads
+
+REPO = Path(__file__).resolve().parents[2]
+
+BASE = """\
+schema_version: 1
+name: t
+networks:
+  users: [127.0.0.1/32]
+audiences:
+  inference:
+    kind: end-user
+    networks: [users]
+    roles: [user]
+  none:
+    kind: none
+principals:
+  - {name: alice, role: user, key_sha256: %s}
+routes:
+  - {path: /v1/models, methods: [GET], audience: inference}
+  - {path: /invocations, audience: none}
+""" % ("a" * 64)
+
+
+def test_default_policy_loads() -> None:
+    policy = load(REPO / "policies" / "vllm-default.yaml")
+    assert policy.name == "vllm-default"
+    assert {a.kind for a in policy.audiences.values()} == {
+        "end-user", "service", "operator", "monitoring", "none"}
+    by_path = {(r.path, r.methods): r for r in policy.rules}
+    assert policy.audiences[by_path[("/pause", ("POST",))].audience].kind == "operator"
+    assert policy.audiences[by_path[("/collective_rpc", ())].audience].kind == "none"
+
+
+def test_minimal_policy() -> None:
+    policy = loads(BASE, source="p.yaml")
+    assert policy.principals[0].fingerprint == "sha256:" + "a" * 12
+    assert policy.rules[0].line == 15
+    assert policy.digest.startswith("sha256:")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("  - {path: /v1/models, methods: [GET], audience: inference}",
+         "  - {path: /v1/models, methods: [GET], audience: inferense}",
+         "p.yaml:15: routes[0].audience: unknown audience 'inferense' (did you mean 'inference'?)"),
+        ("  - {path: /invocations, audience: none}",
+         "  - {path: /invocations, audence: none}",
+         "p.yaml:16: routes[1].audence: unknown key 'audence' (did you mean 'audience'?)"),
+        ("  - {path: /invocations, audience: none}",
+         "  - {path: /v1/*, audience: none}",
+         "p.yaml:16: routes: rule '/v1/*' overlaps rule '/v1/models' at line 15"),
+        ("    kind: end-user", "    kind: enduser", "p.yaml:7: audiences.inference.kind: 'enduser' is not one of"),
+        ("  users: [127.0.0.1/32]", "  users: [127.0.0.300/32]", "p.yaml:4: networks.users[0]: '127.0.0.300/32' is not"),
+        ("    networks: [users]", "    networks: [user]", "p.yaml:8: audiences.inference.networks[0]: unknown network 'user'"),
+        ("schema_version: 1", "schema_version: 7", "p.yaml:1: schema_version: this tool reads schema_version 1"),
+        ("methods: [GET]", "methods: [FETCH]", "p.yaml:15: routes[0].methods: unknown method 'FETCH'"),
+        ("key_sha256: " + "a" * 64, "key_sha256: vp_plaintextkey", "never the key itself"),
+        ("    roles: [user]", "    roles: [usr]", "role 'usr' has no principal"),
+    ],
+)
+def test_errors_name_the_line(old: str, new: str, message: str) -> None:
+    assert old in BASE
+    with pytest.raises(PolicyError) as err:
+        loads(BASE.replace(old, new), source="p.yaml")
+    assert message in str(err.value)
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    with pytest.raises(PolicyError, match=r"p.yaml:4: not valid YAML"):
+        loads("schema_version: 1\nname: x\naudiences: [\n", source="p.yaml")
+
+
+def test_methods_overlap_only_when_shared() -> None:
+    text = BASE.replace("  - {path: /invocations, audience: none}",
+                        "  - {path: /v1/models, methods: [POST], audience: none}")
+    policy = loads(text, source="p.yaml")
+    assert len(policy.rules) == 2
+
+
+def test_principals_file_and_keys(tmp_path: Path) -> None:
+    key = keys.new_key()
+    pfile = tmp_path / "principals.yaml"
+    keys.append_principal(pfile, "bob", "user", key)
+    assert oct(pfile.stat().st_mode & 0o777) == "0o600"
+    assert key not in pfile.read_text()
+    text = BASE.replace("principals:\n  - {name: alice, role: user, key_sha256: %s}\n" % ("a" * 64),
+                        "principals_file: principals.yaml\n")
+    (tmp_path / "policy.yaml").write_text(text)
+    policy = load(tmp_path / "policy.yaml")
+    assert [p.name for p in policy.principals] == ["bob"]
+    assert policy.principals[0].key_sha256 == keys.key_sha256(key)
