@@ -35,12 +35,13 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import inventory, plan
+    from scanner.cli import inventory, plan, standin
 
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)
     cli.add_command(plan.keys_group)
+    cli.add_command(standin.command)
 
 
 _register()

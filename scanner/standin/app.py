@@ -1,0 +1,135 @@
+"""A stand-in for vLLM: serves an inventory's route table on loopback, no GPU, no vLLM.
+
+Same ``--api-key`` semantics as the vLLM version the inventory came from (its
+guarded prefixes after ``root_path``, OPTIONS skipped, ``{"error": "Unauthorized"}``
+with 401), real 404/405 answers, and a counter of every request that would have
+reached the handler of a state-changing route. Proxy CI uses it where the real app
+cannot run; ``/__standin__/stats`` reports the counters (that path is not a vLLM route).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from scanner import patterns
+from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
+from scanner.inventory.model import Route as InvRoute
+
+STATS_PATH = "/__standin__/stats"
+
+# Route paths whose handlers change a live server's state (vLLM 0.28 - 0.33).
+STATE_CHANGING_PATTERNS: tuple[str, ...] = (
+    "/pause", "/resume", "/sleep", "/wake_up", "/collective_rpc", "/update_weights",
+    "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
+    "/finish_weight_update", "/update_weight_version", "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter", "/adapters", "/adapters/*", "/reset_*_cache", "/abort_requests",
+    "/scale_elastic_ep", "/start_profile", "/stop_profile", "/fault_tolerance/**",
+)
+
+
+def is_state_changing(path: str) -> bool:
+    return any(patterns.covers(p, path) for p in STATE_CHANGING_PATTERNS)
+
+
+@dataclass
+class Counters:
+    """Thread-safe request counters (the app runs in one uvicorn worker)."""
+
+    requests: int = 0
+    state_changes: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hit(self, method: str, path: str, changes_state: bool) -> None:
+        with self.lock:
+            self.requests += 1
+            if changes_state:
+                self.state_changes[f"{method} {path}"] += 1
+
+    def snapshot(self) -> dict[str, object]:
+        with self.lock:
+            return {"requests": self.requests,
+                    "state_changes": sum(self.state_changes.values()),
+                    "state_changing_requests": dict(sorted(self.state_changes.items()))}
+
+
+class ApiKeyGuard:
+    """vLLM's AuthenticationMiddleware semantics, with the inventory's guarded prefixes."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], prefixes: tuple[str, ...],
+                 root_path: str = "") -> None:
+        self.app, self.prefixes, self.root_path = app, prefixes, root_path
+        self.hashes = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope["path"]).removeprefix(self.root_path)
+        if path.startswith(self.prefixes) and not self._ok(scope):
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _ok(self, scope: Scope) -> bool:
+        header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        return any(hmac.compare_digest(digest, h) for h in self.hashes)
+
+
+def _endpoint(route: InvRoute, counters: Counters):  # type: ignore[no-untyped-def]
+    changes_state = is_state_changing(route.path)
+
+    async def handler(request: Request) -> Response:
+        counters.hit(request.method, route.path, changes_state)
+        return JSONResponse({"standin": True, "route": route.path, "method": request.method})
+
+    return handler
+
+
+def _routes(inventory: Inventory, counters: Counters) -> list[BaseRoute]:
+    out: list[BaseRoute] = []
+    for r in inventory.routes:
+        if r.kind == "http":
+            out.append(Route(r.path, _endpoint(r, counters), methods=list(r.methods)))
+        elif r.kind == "mount":
+            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters),
+                                          methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])])
+            out.append(Mount(r.path, app=sub))
+        # WebSocket routes answer the HTTP upgrade only in the real app; the stand-in
+        # serves them as GET so that reachability through a proxy is visible.
+        elif r.kind == "websocket":
+            out.append(Route(r.path, _endpoint(r, counters), methods=["GET"]))
+    return out
+
+
+def build_app(inventory: Inventory, api_keys: tuple[str, ...] = ()) -> tuple[ASGIApp, Counters]:
+    counters = Counters()
+
+    async def stats(_: Request) -> Response:
+        return JSONResponse(counters.snapshot())
+
+    async def fastapi_style(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", "Internal Server Error")
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    app = Starlette(routes=[Route(STATS_PATH, stats, methods=["GET"]), *_routes(inventory, counters)],
+                    exception_handlers={404: fastapi_style, 405: fastapi_style})
+    if not api_keys:
+        return app, counters
+    facts = inventory.vllm
+    prefixes = tuple(facts.guarded_prefixes) if facts else VLLM_GUARDED_PREFIXES
+    return ApiKeyGuard(app, api_keys, prefixes, facts.root_path if facts else ""), counters
