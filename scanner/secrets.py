@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
 
@@ -54,3 +55,14 @@ def _is_secret_flag(flag: str) -> bool:
 
 # A flag whose last word names a secret: --api-key, --hf-token, --ssl-keyfile-password ...
 _SECRET_FLAG = re.compile(r"^--([a-z0-9-]+-)?(key|api-key|token|password|passwd|secret|credentials?)$")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without userinfo, and with the values of secret-looking query parameters hidden."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    query = urlencode(
+        [(k, REDACTED if is_secret_env(k) else v) for k, v in parse_qsl(parts.query, True)],
+        safe="<>",
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -7,9 +7,11 @@ import sys
 import click
 
 from scanner.cli.options import output_options, parse_env_pairs
-from scanner.inventory import vllm_app
+from scanner.inventory import asgi, catalog, openapi, vllm_app
+from scanner.inventory import diff as inv_diff
 from scanner.output import write_text
 from scanner.report import inventory as render_inventory
+from scanner.report import inventory_diff as render_diff
 
 
 @click.group("inventory")
@@ -63,3 +65,110 @@ def vllm_cmd(python: str | None, tasks: tuple[str, ...], env_pairs: tuple[str, .
     )
     inv, _ = vllm_app.extract(spec)
     write_text(output, render_inventory.render(inv, fmt))
+
+
+@group.command("asgi")
+@click.argument("target", metavar="MODULE:ATTR")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="Python interpreter to import the app in (default: this one).")
+@click.option("--app-dir", default=".", show_default=True, metavar="DIR",
+              help="Directory put first on sys.path before importing MODULE.")
+@click.option("--factory", is_flag=True,
+              help="ATTR is a zero-argument function returning the app (plain functions "
+                   "are detected without this flag).")
+@output_options
+def asgi_cmd(target: str, python: str | None, app_dir: str, factory: bool,
+             fmt: str, output: str | None) -> None:
+    """Routes of any Starlette/FastAPI app, e.g. `myservice.main:app`.
+
+    The app is imported in a subprocess of --python; ATTR may be an app, an app
+    wrapped in ASGI middleware, or a zero-argument factory. `api-key guard` is
+    computed with vLLM's default guarded prefixes.
+    """
+    spec = asgi.AsgiExtraction(target=target, python=python or sys.executable,
+                               app_dir=app_dir, factory=factory)
+    write_text(output, render_inventory.render(asgi.extract(spec), fmt))
+
+
+@group.command("openapi")
+@click.argument("url")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              metavar="SECONDS", help="Connect and read timeout.")
+@click.option("--ca-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="PEM bundle of CAs to verify the server's TLS certificate with.")
+@click.option("--insecure", is_flag=True, help="Do not verify the TLS certificate.")
+@output_options
+def openapi_cmd(url: str, timeout: float, ca_file: str | None, insecure: bool,
+                fmt: str, output: str | None) -> None:
+    """Routes a live server declares in its OpenAPI document.
+
+    URL is the server's base URL (`/openapi.json` is added) or the spec's own
+    URL. The spec omits /docs, mounts such as /metrics and WebSocket routes, so
+    this is a lower bound; `inventory vllm` is complete.
+    """
+    spec = openapi.OpenApiFetch(url=url, timeout=timeout, verify=not insecure, ca_file=ca_file)
+    write_text(output, render_inventory.render(openapi.fetch(spec), fmt))
+
+
+@group.command("diff")
+@click.argument("old", metavar="OLD")
+@click.argument("new", metavar="NEW")
+@output_options
+def diff_cmd(old: str, new: str, fmt: str, output: str | None) -> None:
+    """Routes added, removed and changed between two inventories.
+
+    OLD and NEW are inventory files or bundled catalog names (see `inventory
+    catalog list`). Changes outside vLLM's --api-key guard are listed first.
+    A diff is information: the exit code is 0.
+
+    \b
+    Example:
+      vllm-perimeter inventory diff vllm-0.28.0-everything vllm-0.29.0-everything
+    """
+    result = inv_diff.diff(catalog.load_ref(old), catalog.load_ref(new), old, new)
+    write_text(output, render_diff.render(result, fmt))
+
+
+@group.group("catalog")
+def catalog_group() -> None:
+    """Bundled inventories of real vLLM releases (policies/catalog)."""
+
+
+@catalog_group.command("list")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Output format.")
+def catalog_list_cmd(fmt: str) -> None:
+    """List the bundled catalogs."""
+    write_text(None, render_inventory.catalog_list(catalog.entries(), fmt))
+
+
+@catalog_group.command("show")
+@click.argument("name")
+@output_options
+def catalog_show_cmd(name: str, fmt: str, output: str | None) -> None:
+    """Show one bundled catalog, e.g. `vllm-0.29.0-default`."""
+    write_text(output, render_inventory.render(catalog.load_catalog(name), fmt))
+
+
+@catalog_group.command("build")
+@click.option("--python", "python", required=True, metavar="PATH",
+              help="Python interpreter of the vLLM release to catalog.")
+@click.option("--profile", "profile_name", type=click.Choice(list(catalog.PROFILES)),
+              required=True, help="Which surface to build (see `catalog profiles`).")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the catalog JSON to FILE (atomically) instead of stdout.")
+def catalog_build_cmd(python: str, profile_name: str, output: str | None) -> None:
+    """Build a catalog from a real vLLM release (isolated env: same bytes each run).
+
+    \b
+    Example (how the bundled catalogs are made):
+      vllm-perimeter inventory catalog build --python ~/venvs/vllm-0.29.0/bin/python \\
+          --profile everything -o policies/catalog/vllm-0.29.0-everything.json
+    """
+    write_text(output, catalog.build(python, profile_name).to_json())
+
+
+@catalog_group.command("profiles")
+def catalog_profiles_cmd() -> None:
+    """Show what each build profile passes to vLLM."""
+    write_text(None, render_inventory.profiles(catalog.PROFILES.values()))
