@@ -1,0 +1,1 @@
+"""The prober: plan + live target -> attempt records -> findings (see ``interface.py``)."""

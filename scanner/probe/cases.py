@@ -1,0 +1,55 @@
+"""A case: one request the prober will send, and what the plan expects of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from scanner import patterns
+from scanner.probe.interface import Credential, Vantage
+
+# A concrete value for every {param}: matches the proxies' narrow parameter regex.
+PARAM_VALUE = "probe-x1"
+Role = Literal["declared", "undeclared", "variant", "limit", "sweep", "spoof"]
+
+
+@dataclass(frozen=True)
+class Case:
+    check: str
+    method: str                    # the route's method the case is about
+    path: str                      # the route template
+    send_method: str               # what goes on the wire
+    target: str                    # the request target exactly as sent (path?query, or absolute form)
+    credential: Credential
+    vantage: Vantage
+    expected: Literal["allow", "deny"]
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes | None = None
+    chunked: bool = False
+    raw: bool = False              # send over a plain stream, byte for byte
+    burst: str = ""                # cases of one rate burst share this key; sent unthrottled
+    note: str = ""
+    skip: str = ""                 # not sent, and why (would change state)
+    # what the judge needs to know about this case
+    role: Role = "declared"
+    state_changing: bool = False
+    json_body: bool = False        # the body is JSON the upstream validates (400 JSON = reached)
+
+    def all_headers(self) -> dict[str, str]:
+        h = dict(self.credential.headers())
+        if self.body is not None and not any(k.lower() == "content-type" for k, _ in self.headers):
+            h["Content-Type"] = "application/json"
+        h.update(self.headers)
+        return h
+
+
+def concrete(path: str) -> str:
+    """A template path with each {param} replaced by a safe concrete value."""
+    segs = patterns.segments(path)
+    return "/" + "/".join(PARAM_VALUE if patterns.is_param(s) else s for s in segs)
+
+
+def with_query(target: str, query: str) -> str:
+    if not query:
+        return target
+    return f"{target}{'&' if '?' in target else '?'}{query}"

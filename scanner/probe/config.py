@@ -1,0 +1,72 @@
+"""Credentials and vantages from the command line: keys by reference only, never by value."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scanner.errors import UsageError
+from scanner.policy.keys import fingerprint, new_key
+from scanner.probe.interface import Credential, Vantage
+
+
+def parse_key(spec: str, environ: Mapping[str, str] | None = None) -> Credential:
+    """``ROLE=env:VAR`` or ``ROLE=file:PATH`` -> a role credential. The value is never echoed."""
+    env = os.environ if environ is None else environ
+    role, sep, ref = spec.partition("=")
+    if not sep or not role or not ref:
+        raise UsageError("--key expects ROLE=env:VAR or ROLE=file:PATH")
+    kind, sep, where = ref.partition(":")
+    if kind == "env" and sep and where:
+        value = env.get(where, "")
+        if not value:
+            raise UsageError(f"--key {role}=env:{where}: the environment variable is unset or empty")
+    elif kind == "file" and sep and where:
+        try:
+            value = Path(where).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"--key {role}=file:{where}: cannot read: {exc.strerror or exc}") from None
+        if not value:
+            raise UsageError(f"--key {role}=file:{where}: the file is empty")
+    else:
+        raise UsageError(f"--key {role}=...: give the key by reference, env:VAR or file:PATH "
+                         "(never the key itself on the command line)")
+    return Credential(label=f"role:{role}", kind="role", role=role, secret=value,
+                      fingerprint=fingerprint(value))
+
+
+def credentials(specs: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[Credential, ...]:
+    """The fixed credentials (none, malformed, wrong) and one per ``--key``."""
+    wrong = new_key()
+    out = [Credential("none", "none"), Credential("malformed-bearer", "malformed"),
+           Credential("wrong-key", "wrong", secret=wrong, fingerprint=fingerprint(wrong))]
+    seen: set[str] = set()
+    for spec in specs:
+        cred = parse_key(spec, environ)
+        if cred.role in seen:
+            raise UsageError(f"--key {cred.role}=...: given twice")
+        seen.add(cred.role)
+        out.append(cred)
+    return tuple(out)
+
+
+def parse_vantage(spec: str) -> Vantage:
+    """``NAME=SOURCE_ADDRESS``: requests from this vantage bind that local address."""
+    name, sep, addr = spec.partition("=")
+    if not sep or not name or not addr:
+        raise UsageError(f"--vantage expects NAME=SOURCE_ADDRESS, got {spec!r}")
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        raise UsageError(f"--vantage {name}={addr}: not an IP address") from None
+    return Vantage(name=name, address=addr)
+
+
+def vantages(specs: Sequence[str]) -> tuple[Vantage, ...]:
+    out = tuple(parse_vantage(s) for s in specs)
+    names = [v.name for v in out]
+    if len(set(names)) != len(names):
+        raise UsageError("--vantage: names must be unique")
+    return out or (Vantage(),)

@@ -1,0 +1,237 @@
+"""The prober's seam: what goes in (plan, target, credentials, vantages, options) and what
+comes out (a stream of events, summarised into a :class:`ProbeResult`).
+
+``run_probe(plan, target, credentials, vantages, options)`` is an async iterator of
+:data:`Event`; :func:`scanner.probe.runner.summarize` folds the events into a result whose
+:meth:`ProbeResult.exit_code` is the one exit code of the run. Every request is an
+:class:`Attempt` (an unreachable route is data, not a traceback); checks turn attempts
+into :class:`Finding` records. Key values live only in :class:`Credential` (``repr=False``)
+and never reach an attempt, a finding or a writer: those carry a label and a fingerprint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
+
+Severity = Literal["critical", "high", "medium", "low", "info"]
+SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low", "info")
+Layer = Literal["proxy", "upstream", "none"]
+# What an answer means for reachability:
+#   denied    the perimeter (marker header) refused it
+#   limited   the perimeter throttled it (429) or refused the body size (413)
+#   guarded   the upstream's own guard refused it (vLLM's 401 on its key-guarded prefixes)
+#   absent    the upstream has no such route (404) or rejected the request line (400, not JSON)
+#   reached   the upstream answered anything else: the request got through
+#   error     nothing answered (timeout, connection refused, TLS failure, ...)
+#   skipped   not sent (would change server state; see --allow-state-changes)
+Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", "skipped"]
+CredentialKind = Literal["none", "malformed", "wrong", "role"]
+PROBE_SCHEMA_VERSION = 1
+
+
+def severity_rank(s: str) -> int:
+    """0 for critical .. 4 for info; unknown strings rank below info."""
+    return SEVERITIES.index(s) if s in SEVERITIES else len(SEVERITIES)
+
+
+@dataclass(frozen=True)
+class Credential:
+    """One way of presenting (or not) an API key. ``secret`` never leaves this object."""
+
+    label: str
+    kind: CredentialKind
+    role: str = ""
+    secret: str = field(default="", repr=False, compare=False)
+    fingerprint: str = ""
+
+    def headers(self) -> dict[str, str]:
+        if self.kind == "none":
+            return {}
+        if self.kind == "malformed":
+            return {"Authorization": "Bearer"}
+        return {"Authorization": f"Bearer {self.secret}"}
+
+
+@dataclass(frozen=True)
+class Vantage:
+    """Where requests come from: a name and the local address to bind (None: the OS picks)."""
+
+    name: str = "default"
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    ca_bundle: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    @property
+    def url(self) -> httpx.URL:
+        return httpx.URL(self.base_url)
+
+
+TransportFactory = Callable[[Vantage], httpx.AsyncBaseTransport]
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    concurrency: int = 8
+    rate: float = 50.0             # requests per second over the whole run (bursts excepted)
+    timeout: float = 5.0           # per request
+    max_time: float = 120.0        # whole run
+    allow_state_changes: bool = False
+    checks: tuple[str, ...] = ()   # empty: every registered check
+    catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files
+    max_burst: int = 400           # hard cap on one rate-limit burst
+    max_body_bytes: int = 32 * 1024 * 1024  # body-limit checks above this are skipped
+    # Tests inject transports; a custom transport also carries the raw-request cases.
+    transport_factory: TransportFactory | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request and what came back. Never holds a key value."""
+
+    check: str
+    method: str
+    path: str                      # the route template the case is about
+    request_line: str              # what was sent: "POST /v1/../invocations HTTP/1.1"
+    credential: str                # credential label
+    fingerprint: str               # of the key used, "" if none
+    vantage: str
+    expected: Literal["allow", "deny"]
+    status: int | None = None
+    error: str = ""                # timeout, connect-refused, tls: ..., skipped: ...
+    layer: Layer = "none"
+    decision: str = ""             # the marker header's value when the proxy answered
+    outcome: Outcome = "error"
+    latency_ms: float = 0.0
+    note: str = ""                 # which variant, which limit, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _ATTEMPT_FIELDS}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Attempt:
+        return Attempt(**{k: d[k] for k in _ATTEMPT_FIELDS if k in d})
+
+
+_ATTEMPT_FIELDS = ("check", "method", "path", "request_line", "credential", "fingerprint", "vantage",
+                   "expected", "status", "error", "layer", "decision", "outcome", "latency_ms", "note")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    request_line: str
+    credential: str
+    vantage: str
+    status: int | None
+    layer: Layer
+    outcome: Outcome
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request_line": self.request_line, "credential": self.credential,
+                "vantage": self.vantage, "status": self.status, "layer": self.layer,
+                "outcome": self.outcome, "note": self.note}
+
+    @staticmethod
+    def of(a: Attempt) -> Evidence:
+        return Evidence(a.request_line, a.credential, a.vantage, a.status, a.layer, a.outcome, a.note)
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str                        # stable: rule + method + path + vantage
+    rule: str                      # e.g. VP001
+    severity: Severity
+    title: str
+    method: str
+    path: str
+    vantage: str
+    detail: str
+    remediation: str
+    evidence: tuple[Evidence, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
+                "method": self.method, "path": self.path, "vantage": self.vantage,
+                "detail": self.detail, "remediation": self.remediation,
+                "evidence": [e.to_dict() for e in self.evidence]}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Finding:
+        ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
+        return Finding(id=d["id"], rule=d["rule"], severity=d["severity"], title=d["title"],
+                       method=d["method"], path=d["path"], vantage=d["vantage"], detail=d["detail"],
+                       remediation=d["remediation"], evidence=ev)
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    target: str
+    plan_digest: str
+    policy: str
+    total: int                     # cases planned
+    vantages: tuple[str, ...]
+    credentials: tuple[tuple[str, str], ...]  # (label, fingerprint)
+    started_at: float
+
+
+@dataclass(frozen=True)
+class AttemptDone:
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class FindingFound:
+    finding: Finding
+
+
+@dataclass(frozen=True)
+class Finished:
+    elapsed_s: float
+    sent: int
+    unreachable: bool              # nothing answered, the run ran out of time, or TLS failed
+    reason: str = ""               # why unreachable, for the user
+
+
+Event = Started | AttemptDone | FindingFound | Finished
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    target: str
+    plan_digest: str
+    policy: str
+    vantages: tuple[str, ...]
+    credentials: tuple[tuple[str, str], ...]
+    attempts: tuple[Attempt, ...]
+    findings: tuple[Finding, ...]
+    elapsed_s: float
+    unreachable: bool
+    reason: str = ""
+
+    def exit_code(self, fail_on: Severity = "high") -> int:
+        """The one exit code of a run: 3 unreachable/partial, 1 findings >= fail_on, else 0."""
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        worst = min((severity_rank(f.severity) for f in self.findings), default=len(SEVERITIES))
+        return EXIT_FINDINGS if worst <= severity_rank(fail_on) else EXIT_OK
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {s: 0 for s in SEVERITIES}
+        for f in self.findings:
+            out[f.severity] = out.get(f.severity, 0) + 1
+        return out

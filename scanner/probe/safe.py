@@ -1,0 +1,100 @@
+"""Safe by default: requests that prove a state-changing route is reachable without acting.
+
+A state-changing route (``Decision.state_changing`` or a path in :data:`STATE_CHANGING`)
+is never sent its real request unless ``--allow-state-changes``. Reachability is proved
+instead with a request the real vLLM app rejects *before* the handler runs:
+
+* a method the path does not declare: Starlette's router answers 405 without calling any
+  handler (``/pause`` PATCH -> 405). Works for every route; the proxy should deny it too.
+* for some routes, the declared method with input FastAPI validates before the handler:
+  a query parameter of the wrong type (``/pause?mode=...``), or malformed JSON for a route
+  with a pydantic body (``/v1/load_lora_adapter``). vLLM answers 400 "validation error".
+
+Handlers that take the raw request (``/sleep``, ``/resume``, ``/reset_mm_cache``,
+``/collective_rpc`` ...) parse their own input, so only the wrong method is safe for them.
+``tests/probe/test_safe_real_vllm.py`` sends every probe below to the real vLLM app and
+asserts the validation answer, never a handler's 500.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from scanner.inventory.model import HTTP_METHODS
+
+# Built-in list: routes that change a live server's state, whatever the policy says.
+STATE_CHANGING: tuple[str, ...] = (
+    "/pause", "/resume", "/sleep", "/wake_up", "/update_weights", "/update_weight_version",
+    "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
+    "/finish_weight_update", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters",
+    "/adapters/*", "/reset_*_cache", "/collective_rpc", "/scale_elastic_ep", "/start_profile",
+    "/stop_profile", "/abort_requests",
+)
+
+# The safe request body for JSON-bodied probes of routes that are *not* state-changing:
+# vLLM rejects it in validation (missing fields), so no inference runs.
+NEUTRAL_JSON = b"{}"
+MALFORMED_JSON = b"{"
+# Answers that show FastAPI/vLLM validation rejected the request before the handler.
+VALIDATION_MARKERS: tuple[str, ...] = ("validation error", "Method Not Allowed")
+
+
+@dataclass(frozen=True)
+class SafeRequest:
+    """A non-acting request: method, query suffix, body and content type."""
+
+    method: str
+    query: str = ""
+    body: bytes | None = None
+    content_type: str = ""
+    how: str = ""                  # for the evidence: why this is safe
+    upstream_status: tuple[int, ...] = (400, 405, 422)
+
+
+# Declared-method probes verified against vLLM 0.29.0 (see the module docstring).
+_DECLARED: dict[tuple[str, str], SafeRequest] = {
+    ("POST", "/pause"): SafeRequest("POST", query="mode=__probe__",
+                                    how="invalid 'mode' query value, rejected by FastAPI validation"),
+    ("POST", "/reset_prefix_cache"): SafeRequest(
+        "POST", query="reset_running_requests=__probe__",
+        how="invalid boolean query value, rejected by FastAPI validation"),
+    **{("POST", p): SafeRequest("POST", body=MALFORMED_JSON, content_type="application/json",
+                                how="malformed JSON body, rejected by pydantic body validation")
+       for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/finish_weight_update",
+                 "/update_weight_version")},
+}
+
+
+def is_state_changing(path: str, flagged: bool = False) -> bool:
+    return flagged or any(fnmatch.fnmatchcase(path, pat) for pat in STATE_CHANGING)
+
+
+def declared_probe(method: str, path: str) -> SafeRequest | None:
+    """A verified non-acting request with the route's own method, if one is known."""
+    return _DECLARED.get((method, path))
+
+
+def wrong_method(declared: tuple[str, ...] | list[str] | set[str]) -> str:
+    """A method the path does not declare (router 405, before any handler)."""
+    for m in ("PATCH", "PUT", "DELETE", "GET", "POST", "OPTIONS"):
+        if m not in declared:
+            return m
+    return "TRACE"
+
+
+def wrong_method_probe(declared: tuple[str, ...] | list[str] | set[str]) -> SafeRequest:
+    return SafeRequest(wrong_method(declared), how="a method the route does not declare: router 405",
+                       upstream_status=(405,))
+
+
+def safe_request(method: str, path: str, declared: tuple[str, ...] | list[str] | set[str],
+                 state_changing: bool, allow_state_changes: bool) -> SafeRequest | None:
+    """The request to send for ``method path``; None when it must not be sent."""
+    if method not in declared or not state_changing or allow_state_changes:
+        body = NEUTRAL_JSON if method in ("POST", "PUT", "PATCH") else None
+        return SafeRequest(method, body=body, content_type="application/json" if body else "")
+    return declared_probe(method, path)
+
+
+ALL_METHODS: tuple[str, ...] = HTTP_METHODS

@@ -1,0 +1,167 @@
+"""Sending cases: httpx for ordinary requests, a plain stream where httpx normalises too much.
+
+httpx collapses dot segments (``/v1/../invocations`` goes out as ``/invocations``), so
+path-variant cases are written byte for byte over an asyncio stream. Every send is
+bounded by the per-request timeout; every failure becomes an attempt with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+
+from scanner.probe.cases import Case
+from scanner.probe.classify import classify, error_reason
+from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
+
+_MAX_HEAD = 64 * 1024
+
+
+def ssl_context(target: Target) -> ssl.SSLContext:
+    """Verification always on: the CA bundle given, else the system store. Never off."""
+    ctx = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle \
+        else ssl.create_default_context()
+    if target.client_cert:
+        ctx.load_cert_chain(target.client_cert, target.client_key)
+    return ctx
+
+
+class Sender:
+    """One httpx client per vantage; raw cases over asyncio streams bound to the vantage."""
+
+    def __init__(self, target: Target, timeout: float, factory: TransportFactory | None = None) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.factory = factory
+        self._ctx = ssl_context(target) if target.url.scheme == "https" else None
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def _client(self, vantage: Vantage) -> httpx.AsyncClient:
+        client = self._clients.get(vantage.name)
+        if client is None:
+            transport = self.factory(vantage) if self.factory else httpx.AsyncHTTPTransport(
+                local_address=vantage.address, verify=self._ctx or True, retries=0)
+            client = httpx.AsyncClient(transport=transport, timeout=self.timeout,
+                                       follow_redirects=False, trust_env=False)
+            self._clients[vantage.name] = client
+        return client
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    async def send(self, case: Case) -> Attempt:
+        start = time.monotonic()
+        try:
+            if case.raw and self.factory is None:
+                status, headers = await asyncio.wait_for(self._send_raw(case), self.timeout)
+            else:
+                status, headers = await self._send_httpx(case)
+        except Exception as exc:  # every failure is data
+            return _attempt(case, start, error=error_reason(exc))
+        layer, outcome, marker = classify(status, headers)
+        return _attempt(case, start, status=status, layer=layer, outcome=outcome, decision=marker)
+
+    async def _send_httpx(self, case: Case) -> tuple[int, Mapping[str, str]]:
+        base = self.target.url
+        target = case.target
+        if target.startswith(("http://", "https://")):
+            target = httpx.URL(target).raw_path.decode("ascii")
+        path, _, query = target.partition("?")
+        url = base.copy_with(raw_path=(base.raw_path.rstrip(b"/") + path.encode()
+                                       + (b"?" + query.encode() if query else b"")))
+        content: bytes | None = case.body
+        client = self._client(case.vantage)
+        for retry in (True, False):
+            # A kept-alive connection the server closed meanwhile fails before any answer:
+            # send once more on a fresh one (every probe request is non-acting).
+            req = client.build_request(case.send_method, url, headers=case.all_headers(),
+                                       content=_chunks(case.body) if case.chunked and case.body else content)
+            try:
+                resp = await client.send(req)
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+                if retry:
+                    continue
+                raise
+            await resp.aclose()
+            return resp.status_code, dict(resp.headers)
+        raise AssertionError("unreachable")
+
+    async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str]]:
+        url = self.target.url
+        port = url.port or (443 if url.scheme == "https" else 80)
+        local = (case.vantage.address, 0) if case.vantage.address else None
+        reader, writer = await asyncio.open_connection(
+            url.host, port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
+            local_addr=local)
+        try:
+            writer.write(raw_request(case, url.netloc.decode("ascii"), url.raw_path.rstrip(b"/").decode()))
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            head = await reader.read(_MAX_HEAD)
+        finally:
+            writer.close()
+        return parse_head(head)
+
+
+def raw_request(case: Case, host: str, prefix: str = "") -> bytes:
+    """The request bytes for ``case``: its target verbatim (origin- or absolute-form)."""
+    target = case.target if case.target.startswith(("http://", "https://")) else prefix + case.target
+    lines = [f"{case.send_method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    headers = case.all_headers()
+    body = case.body or b""
+    if case.body is not None:
+        if case.chunked:
+            headers["Transfer-Encoding"] = "chunked"
+            body = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        else:
+            headers["Content-Length"] = str(len(body))
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    text = head.decode("latin-1")
+    status_line, _, rest = text.partition("\r\n")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionError(f"not an HTTP response: {status_line[:60]!r}")
+    headers: dict[str, str] = {}
+    for line in rest.split("\r\n"):
+        k, sep, v = line.partition(":")
+        if sep:
+            headers[k.strip()] = v.strip()
+    return int(parts[1]), headers
+
+
+async def _chunks(body: bytes, size: int = 65536) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), size):
+        yield body[i:i + size]
+
+
+def request_line(case: Case) -> str:
+    return f"{case.send_method} {case.target} HTTP/1.1"
+
+
+def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",
+             layer: str = "none", outcome: str = "error", decision: str = "") -> Attempt:
+    return Attempt(
+        check=case.check, method=case.method, path=case.path, request_line=request_line(case),
+        credential=case.credential.label, fingerprint=case.credential.fingerprint,
+        vantage=case.vantage.name, expected=case.expected, status=status, error=error,
+        layer=layer, decision=decision, outcome=outcome,  # type: ignore[arg-type]
+        latency_ms=round((time.monotonic() - start) * 1000, 2), note=case.note)
+
+
+def skipped(case: Case, why: str) -> Attempt:
+    return Attempt(
+        check=case.check, method=case.method, path=case.path, request_line=request_line(case),
+        credential=case.credential.label, fingerprint=case.credential.fingerprint,
+        vantage=case.vantage.name, expected=case.expected, error=f"skipped: {why}",
+        outcome="skipped", note=case.note)
