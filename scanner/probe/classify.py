@@ -53,23 +53,33 @@ def _is_json(headers: Mapping[str, str]) -> bool:
     return False
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and len(out) < 8:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
 def error_reason(exc: BaseException) -> str:
     """A short, key-free reason for a failed request: timeout, connect-refused, tls: ..."""
     import ssl
 
     import httpx
 
-    text = str(exc)
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+    chain = _chain(exc)
+    text = " | ".join(str(e) for e in chain)
+    if any(isinstance(e, httpx.TimeoutException | TimeoutError) for e in chain):
         return "timeout"
-    if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain) or "CERTIFICATE_VERIFY_FAILED" in text:
         return "tls: certificate verify failed"
-    if isinstance(exc, ssl.SSLError) or "SSL" in text or "TLS" in text:
+    if any(isinstance(e, ssl.SSLError) for e in chain):
         return f"tls: {text[:120]}"
-    if isinstance(exc, ConnectionRefusedError) or "refused" in text.lower():
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text.lower():
         return "connect-refused"
-    if isinstance(exc, httpx.ConnectError | OSError):
+    if any(isinstance(e, httpx.RemoteProtocolError | ConnectionResetError | httpx.ReadError) for e in chain):
+        return "protocol: connection closed without an answer"
+    if any(isinstance(e, httpx.ConnectError | OSError) for e in chain):
         return f"connect-error: {text[:120]}"
-    if isinstance(exc, httpx.RemoteProtocolError | ConnectionResetError):
-        return "protocol: connection closed"
     return f"{type(exc).__name__}: {text[:120]}"

@@ -1,0 +1,150 @@
+"""``vllm-perimeter probe``: prove the plan against a live target (thin: parse, wire, render, exit).
+
+``probe BASE_URL ...`` runs the probe; ``probe merge A.json B.json`` merges results from
+several hosts/vantages. ``command`` is the click object to register.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import click
+
+from scanner.errors import UsageError
+from scanner.output import write_text
+from scanner.plan.model import Plan
+from scanner.probe import config, result
+from scanner.probe.interface import SEVERITIES, Event, ProbeOptions, ProbeResult, Severity, Started, Target
+from scanner.probe.runner import run_probe, summarize
+from scanner.report.probe_writers import FORMATS, render
+
+
+class _DefaultGroup(click.Group):
+    """A group whose first argument, when not a subcommand, goes to the ``run`` command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("probe", cls=_DefaultGroup)
+def command() -> None:
+    """Probe a live target (the proxy, or vLLM directly) against the plan.
+
+    \b
+    vllm-perimeter probe BASE_URL --inventory INV --policy POLICY [options]
+    vllm-perimeter probe merge A.json B.json [--format ...]
+    """
+
+
+def _render_options(func: Any) -> Any:
+    func = click.option("--fail-on", type=click.Choice(SEVERITIES), default="high", show_default=True,
+                        help="Exit 1 when a finding is at least this severe.")(func)
+    func = click.option("-o", "--output", default=None, metavar="FILE",
+                        help="Write the report to FILE.")(func)
+    func = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
+                        show_default=True)(func)
+    return func
+
+
+@command.command("run")
+@click.argument("base_url")
+@click.option("--inventory", "inventory_ref", required=True, metavar="FILE|CATALOG",
+              help="Inventory JSON file or bundled catalog name (e.g. vllm-0.29.0-default).")
+@click.option("--policy", "policy_path", required=True, metavar="FILE", help="Policy YAML.")
+@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR,...",
+              help="Override a policy network (repeatable).")
+@click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
+              help="A role's API key, by reference only (repeatable). Never the key itself.")
+@click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
+              help="Send from this local address too (repeatable).")
+@click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
+@click.option("--client-cert", default=None, metavar="FILE", help="Client certificate (mTLS).")
+@click.option("--client-key", default=None, metavar="FILE", help="Client certificate's key (mTLS).")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True,
+              help="Requests per second (0: unlimited); rate-limit bursts are exempt.")
+@click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
+              help="Seconds per request.")
+@click.option("--max-time", type=click.FloatRange(1), default=120.0, show_default=True,
+              help="Seconds for the whole run; then partial results and exit 3.")
+@click.option("--check", "checks", multiple=True, metavar="ID",
+              help="Run only these checks: matrix, bypass, spoof, sweep, limits, rate.")
+@click.option("--allow-state-changes", is_flag=True,
+              help="Send real requests to state-changing routes (staging only).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_render_options
+def run_cmd(base_url: str, inventory_ref: str, policy_path: str, networks: tuple[str, ...],
+            keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
+            client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
+            timeout: float, max_time: float, checks: tuple[str, ...], allow_state_changes: bool,
+            quiet: bool, fmt: str, output: str | None, fail_on: Severity) -> int:
+    """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
+    target = _target(base_url, ca_bundle, client_cert, client_key)
+    plan = _plan(inventory_ref, policy_path, networks)
+    options = ProbeOptions(concurrency=concurrency, rate=rate, timeout=timeout, max_time=max_time,
+                           allow_state_changes=allow_state_changes, checks=checks)
+    events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
+    res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
+    return _finish(res, fmt, output, fail_on)
+
+
+@command.command("merge")
+@click.argument("files", nargs=-1, required=True, metavar="RESULT.json...")
+@_render_options
+def merge_cmd(files: tuple[str, ...], fmt: str, output: str | None, fail_on: Severity) -> int:
+    """Merge JSON results from runs on different hosts into one report."""
+    return _finish(result.merge([result.load(f) for f in files]), fmt, output, fail_on)
+
+
+def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity) -> int:
+    write_text(output, render(res, fmt))
+    if res.unreachable:
+        click.echo(f"error: target unreachable or partial results: {res.reason}", err=True)
+    return res.exit_code(fail_on)
+
+
+def _target(base_url: str, ca: str | None, cert: str | None, key: str | None) -> Target:
+    if not base_url.startswith(("http://", "https://")):
+        raise UsageError(f"BASE_URL must start with http:// or https:// (got {base_url!r})")
+    if key and not cert:
+        raise UsageError("--client-key needs --client-cert")
+    return Target(base_url.rstrip("/"), ca_bundle=ca, client_cert=cert, client_key=key)
+
+
+def _plan(inventory_ref: str, policy_path: str, networks: tuple[str, ...]) -> Plan:
+    from scanner.inventory.catalog import load_ref
+    from scanner.plan.build import build
+    from scanner.policy.load import load as load_policy
+
+    overrides: dict[str, tuple[str, ...]] = {}
+    for spec in networks:
+        name, sep, cidrs = spec.partition("=")
+        if not sep or not name or not cidrs:
+            raise UsageError(f"--network expects NAME=CIDR[,CIDR...], got {spec!r}")
+        overrides[name] = tuple(c.strip() for c in cidrs.split(",") if c.strip())
+    return build(load_ref(inventory_ref), load_policy(policy_path), overrides)
+
+
+async def _consume(events: AsyncIterator[Event], show_progress: bool) -> ProbeResult:
+    seen: list[Event] = []
+    if not show_progress:
+        seen = [e async for e in events]
+        return summarize(seen)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("probe"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("probe", total=None)
+        async for e in events:
+            seen.append(e)
+            if isinstance(e, Started):
+                progress.update(task, total=e.total)
+            else:
+                progress.advance(task)
+    return summarize(seen)

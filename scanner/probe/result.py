@@ -1,0 +1,83 @@
+"""The probe result as a JSON document, and merging results from several vantages/hosts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scanner.errors import ConfigError
+from scanner.probe.interface import PROBE_SCHEMA_VERSION, Attempt, Finding, ProbeResult, severity_rank
+
+
+def to_dict(r: ProbeResult) -> dict[str, Any]:
+    return {
+        "schema_version": PROBE_SCHEMA_VERSION,
+        "tool": "vllm-perimeter probe",
+        "target": r.target, "plan_digest": r.plan_digest, "policy": r.policy,
+        "vantages": list(r.vantages),
+        "credentials": [{"label": label, "fingerprint": fp} for label, fp in r.credentials],
+        "elapsed_s": r.elapsed_s, "unreachable": r.unreachable, "reason": r.reason,
+        "summary": {"attempts": len(r.attempts), "findings": r.counts()},
+        "findings": [f.to_dict() for f in r.findings],
+        "attempts": [a.to_dict() for a in r.attempts],
+    }
+
+
+def to_json(r: ProbeResult) -> str:
+    return json.dumps(to_dict(r), indent=2, sort_keys=False) + "\n"
+
+
+def from_dict(d: dict[str, Any], name: str = "<result>") -> ProbeResult:
+    try:
+        if d.get("schema_version") != PROBE_SCHEMA_VERSION:
+            raise ConfigError(f"{name}: not a probe result (schema_version {d.get('schema_version')!r})")
+        return ProbeResult(
+            target=d["target"], plan_digest=d["plan_digest"], policy=d["policy"],
+            vantages=tuple(d["vantages"]),
+            credentials=tuple((c["label"], c["fingerprint"]) for c in d["credentials"]),
+            attempts=tuple(Attempt.from_dict(a) for a in d["attempts"]),
+            findings=tuple(Finding.from_dict(f) for f in d["findings"]),
+            elapsed_s=float(d["elapsed_s"]), unreachable=bool(d["unreachable"]), reason=d.get("reason", ""),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: invalid probe result: {exc}") from None
+
+
+def load(path: str | Path) -> ProbeResult:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: not a probe result")
+    return from_dict(data, str(p))
+
+
+def merge(results: Sequence[ProbeResult]) -> ProbeResult:
+    """One report from runs on different hosts/vantages against the same plan."""
+    if not results:
+        raise ConfigError("nothing to merge")
+    digests = {r.plan_digest for r in results}
+    if len(digests) > 1:
+        raise ConfigError(f"cannot merge results of different plans: {', '.join(sorted(digests))}")
+    findings: dict[str, Finding] = {}
+    for r in results:
+        for f in r.findings:
+            findings.setdefault(f.id, f)
+    first = results[0]
+    return ProbeResult(
+        target=", ".join(dict.fromkeys(r.target for r in results)),
+        plan_digest=first.plan_digest, policy=first.policy,
+        vantages=tuple(dict.fromkeys(v for r in results for v in r.vantages)),
+        credentials=tuple(dict.fromkeys(c for r in results for c in r.credentials)),
+        attempts=tuple(a for r in results for a in r.attempts),
+        findings=tuple(sorted(findings.values(), key=lambda f: (severity_rank(f.severity), f.path, f.id))),
+        elapsed_s=round(sum(r.elapsed_s for r in results), 3),
+        unreachable=any(r.unreachable for r in results),
+        reason="; ".join(r.reason for r in results if r.reason),
+    )
