@@ -42,6 +42,8 @@ def _register() -> None:
     cli.add_command(plan.generate_cmd)
     cli.add_command(plan.keys_group)
     cli.add_command(standin.command)
+    from scanner.cli import netscan as netscan_cli
+    cli.add_command(netscan_cli.command)
 
 
 _register()

@@ -25,6 +25,8 @@ from scanner.policy.model import (
     Limits,
     Listen,
     Policy,
+    PortPolicy,
+    PortRule,
     Principal,
     Rate,
     RouteRule,
@@ -131,7 +133,7 @@ def _hint(value: str, choices: Sequence[str]) -> str:
 # --- the document --------------------------------------------------------------------------
 
 _TOP = ("schema_version", "name", "networks", "audiences", "principals", "principals_file",
-        "routes", "body", "listen", "upstream", "trusted_proxies")
+        "routes", "body", "listen", "upstream", "trusted_proxies", "ports")
 
 
 def load(path: str | Path) -> Policy:
@@ -170,6 +172,7 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
         listen=_listen(top["listen"]) if "listen" in top else Listen(),
         upstream=_upstream(top["upstream"]) if "upstream" in top else Upstream(),
         trusted_proxies=_cidrs(top["trusted_proxies"]) if "trusted_proxies" in top else (),
+        ports=_ports(top["ports"], networks) if "ports" in top else None,
         source=source,
         digest="sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
@@ -310,6 +313,31 @@ def _check_overlap(rule: RouteRule, earlier: list[RouteRule], source: str) -> No
                 f"{source}:{rule.line}: routes: rule {rule.path!r} overlaps rule {other.path!r} "
                 f"at line {other.line}; each method and path must be decided by one rule"
             )
+
+
+def _ports(node: Node, networks: dict[str, tuple[str, ...]]) -> PortPolicy:
+    m = node.mapping(("allow",), required=("allow",))
+    rules: list[PortRule] = []
+    seen: dict[int, int] = {}
+    for item in m["allow"].items():
+        r = item.mapping(("port", "networks", "note"), required=("port", "networks"))
+        port = r["port"].whole(minimum=1)
+        if port > 65535:
+            raise r["port"].fail(f"expected a TCP port (1-65535), got {port}")
+        if port in seen:
+            raise r["port"].fail(f"port {port} is already allowed at line {seen[port]}; "
+                                 "list its networks in one entry")
+        seen[port] = item.line
+        nets = r["networks"].texts()
+        if not nets:
+            raise r["networks"].fail("name at least one network (or remove the entry: default deny)")
+        for i, net in enumerate(nets):
+            if net not in networks:
+                raise Node(r["networks"].node.value[i], f"{r['networks'].where}[{i}]", node.source).fail(
+                    f"unknown network {net!r}" + _hint(net, list(networks)))
+        rules.append(PortRule(port=port, networks=nets,
+                              note=r["note"].text() if "note" in r else "", line=item.line))
+    return PortPolicy(allow=tuple(rules))
 
 
 def _body(node: Node) -> BodyPolicy:

@@ -123,6 +123,26 @@ class Upstream:
 
 
 @dataclass(frozen=True)
+class PortRule:
+    """A TCP port that may answer, and the networks (policy names) it may answer from."""
+
+    port: int
+    networks: tuple[str, ...]
+    note: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class PortPolicy:
+    """The ``ports:`` section: which TCP ports may answer from which network (default deny)."""
+
+    allow: tuple[PortRule, ...] = ()
+
+    def allowed_networks(self, port: int) -> tuple[str, ...]:
+        return tuple(n for rule in self.allow if rule.port == port for n in rule.networks)
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
     networks: Mapping[str, tuple[str, ...]]
@@ -133,6 +153,7 @@ class Policy:
     listen: Listen = field(default_factory=Listen)
     upstream: Upstream = field(default_factory=Upstream)
     trusted_proxies: tuple[str, ...] = ()
+    ports: PortPolicy | None = None  # None: no `ports:` section (see scanner.netscan.policy)
     source: str = "<policy>"
     digest: str = ""
     schema_version: int = SCHEMA_VERSION
