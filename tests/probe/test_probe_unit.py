@@ -1,0 +1,177 @@
+"""The prober against mock targets: expectations, classification, findings, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from scanner.errors import UsageError
+from scanner.probe import config
+from scanner.probe.classify import classify, error_reason
+from scanner.probe.expect import expect
+from scanner.probe.interface import Credential, Vantage
+from tests.probe import helpers as h
+
+
+def _rules(result: object) -> set[tuple[str, str, str]]:
+    return {(f.rule, f.method, f.path) for f in result.findings}  # type: ignore[attr-defined]
+
+
+def test_correct_perimeter_has_no_findings_and_exits_0() -> None:
+    r = h.run(h.perimeter(h.plan()), "user", "operator")
+    assert not r.unreachable, r.reason
+    assert r.findings == (), [f.title for f in r.findings]
+    assert r.exit_code("low") == 0
+    checks = {a.check for a in r.attempts}
+    assert {"matrix", "bypass", "spoof", "limits", "rate"} <= checks
+    # the rate burst met 429s; the limit checks met the proxy's 413/400
+    assert any(a.status == 429 for a in r.attempts if a.check == "rate")
+    assert all(a.layer == "proxy" for a in r.attempts if a.check == "limits")
+
+
+def test_open_upstream_is_critical_and_exits_1() -> None:
+    r = h.run(h.open_upstream(h.plan()), "user")
+    rules = _rules(r)
+    assert ("VP001", "POST", "/invocations") in rules
+    # /sleep is never sent with POST: the wrong method proves it (405 from the router)
+    sleep = [f for f in r.findings if f.path == "/sleep" and f.rule == "VP001"]
+    assert sleep and "non-acting" in sleep[0].title and sleep[0].severity == "critical"
+    assert all(not a.request_line.startswith("POST /sleep") for a in r.attempts if a.outcome != "skipped")
+    assert any(a.outcome == "skipped" and a.path == "/sleep" for a in r.attempts)
+    # /pause has a verified safe declared-method probe: a bad query value
+    assert any(a.request_line.startswith("POST /pause?mode=__probe__") for a in r.attempts)
+    assert ("VP003", "GET", "/health") in rules          # monitoring route from outside its network
+    assert ("VP005", "POST", "/v1/chat/completions") in rules  # limits not enforced
+    assert r.exit_code("high") == 1 and r.exit_code("critical") == 1
+
+
+def test_allow_state_changes_sends_the_real_request() -> None:
+    r = h.run(h.open_upstream(h.plan()), allow_state_changes=True, checks=("matrix",))
+    assert any(a.request_line.startswith("POST /sleep ") for a in r.attempts)
+
+
+def test_wrong_role_and_network_findings() -> None:
+    # an upstream that lets everything through, probed with an operator key from an admin address
+    r = h.run(h.open_upstream(h.plan()), "operator", checks=("matrix",))
+    rules = _rules(r)
+    assert ("VP002", "POST", "/v1/chat/completions") in rules   # operator is not an inference role
+    assert ("VP003", "POST", "/pause") in rules                 # right role, wrong network (127.0.0.1)
+
+
+def test_upstream_guard_is_reported_as_not_reached_by_perimeter() -> None:
+    def upstream(r: httpx.Request) -> httpx.Response:
+        if r.url.path.startswith("/v1"):
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    r = h.run(lambda v: httpx.MockTransport(upstream), checks=("matrix",))
+    f = [f for f in r.findings if f.rule == "VP009"]
+    assert f and all(x.severity == "low" for x in f)
+    assert "not the perimeter" in f[0].detail
+    assert r.exit_code("high") == 0
+
+
+def test_dead_target_is_exit_3_not_a_traceback() -> None:
+    def refuse(r: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=r) from ConnectionRefusedError(111, "refused")
+
+    r = h.run(lambda v: httpx.MockTransport(refuse))
+    assert r.unreachable and r.exit_code() == 3
+    assert "connect-refused" in r.reason
+
+
+def test_max_time_gives_partial_results_and_exit_3() -> None:
+    async def slow(r: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.05)
+        return httpx.Response(404, headers={"X-Perimeter-Decision": "deny"})
+
+    r = h.run(lambda v: httpx.MockTransport(slow), max_time=1.0, concurrency=2)
+    assert r.unreachable and "max-time" in r.reason and r.exit_code() == 3
+    assert 0 < len(r.attempts) < 400
+
+
+def test_timeouts_are_attempts() -> None:
+    def timeout(r: httpx.Request) -> httpx.Response:
+        if r.url.path == "/":
+            return httpx.Response(404)
+        raise httpx.ReadTimeout("slow", request=r)
+
+    r = h.run(lambda v: httpx.MockTransport(timeout), checks=("matrix",))
+    assert r.attempts and all(a.error == "timeout" for a in r.attempts if a.outcome == "error")
+    assert r.unreachable and "nothing answered" in r.reason
+
+
+def test_vantages_are_separate_cells() -> None:
+    vs = (Vantage("outside", "127.0.0.2"), Vantage("admin", "10.30.0.5"))
+    r = h.run(h.perimeter(h.plan()), "operator", vantages=vs, checks=("matrix",))
+    assert {a.vantage for a in r.attempts} == {"outside", "admin"}
+    pause = [a for a in r.attempts if a.request_line.startswith("POST /pause?") and a.credential == "role:operator"]
+    assert {a.vantage: a.expected for a in pause} == {"outside": "deny", "admin": "allow"}
+    assert r.findings == ()
+
+
+def test_expectation_rules() -> None:
+    p = h.plan()
+    chat = p.decision("POST", "/v1/chat/completions")
+    user, oper = h.creds("user", "operator")[3:]
+    assert expect(chat, user, "1.2.3.4").expected == "allow"
+    assert expect(chat, oper, "1.2.3.4").why == "role"
+    assert expect(chat, Credential("none", "none"), "1.2.3.4").why == "auth"
+    health = p.decision("GET", "/health")
+    assert expect(health, Credential("none", "none"), "10.20.1.1").expected == "allow"
+    assert expect(health, Credential("none", "none"), "127.0.0.1").why == "network"
+    assert expect(p.decision("POST", "/invocations"), user, "10.20.1.1").why == "plan"
+    assert expect(None, user, None).why == "plan"
+
+
+def test_classification() -> None:
+    assert classify(404, {"X-Perimeter-Decision": "deny"})[:2] == ("proxy", "denied")
+    assert classify(429, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
+    assert classify(401, {})[:2] == ("upstream", "guarded")
+    assert classify(404, {})[:2] == ("upstream", "absent")
+    assert classify(400, {"content-type": "text/plain"})[:2] == ("upstream", "absent")
+    assert classify(400, {"content-type": "application/json"})[:2] == ("upstream", "reached")
+    assert classify(405, {})[:2] == ("upstream", "reached")
+    assert classify(500, {})[:2] == ("upstream", "reached")
+    assert error_reason(httpx.ConnectTimeout("x")) == "timeout"
+
+
+def test_keys_by_reference_only(tmp_path: object) -> None:
+    import pathlib
+
+    f = pathlib.Path(str(tmp_path)) / "k"
+    f.write_text(h.USER_KEY + "\n")
+    c = config.parse_key(f"user=file:{f}")
+    assert c.secret == h.USER_KEY and c.fingerprint.startswith("sha256:") and h.USER_KEY not in repr(c)
+    assert config.parse_key("op=env:K", {"K": h.OPER_KEY}).role == "op"
+    for bad in (f"user={h.USER_KEY}", "user=env:MISSING", "user", "user=file:/nonexistent/x"):
+        with pytest.raises(UsageError) as err:
+            config.parse_key(bad, {})
+        assert h.USER_KEY not in str(err.value)
+
+
+def test_vantage_parsing() -> None:
+    assert config.vantages(["a=127.0.0.2"]) == (Vantage("a", "127.0.0.2"),)
+    assert config.vantages([]) == (Vantage(),)
+    with pytest.raises(UsageError):
+        config.parse_vantage("a=not-an-ip")
+
+
+def test_httpx_collapses_dot_segments_so_variants_go_raw() -> None:
+    from scanner.probe.checks import path_variants
+    from scanner.probe.send import raw_request
+
+    assert httpx.URL("http://x/v1/../invocations").raw_path == b"/invocations"
+    variants = dict(path_variants("/invocations", "h:1"))
+    assert variants["dot segments /v1/.."] == "/v1/../invocations"
+    assert variants["encoded slash %2f"] == "/%2finvocations"
+    assert variants["absolute-form target"] == "http://h:1/invocations"
+    from scanner.probe.cases import Case
+
+    case = Case("bypass", "POST", "/invocations", "POST", "/v1/../invocations", Credential("none", "none"),
+                Vantage(), "deny", body=b"{}", raw=True)
+    data = raw_request(case, "h:1")
+    assert data.startswith(b"POST /v1/../invocations HTTP/1.1\r\nHost: h:1\r\n")
+    assert data.endswith(b"Content-Length: 2\r\n\r\n{}")
