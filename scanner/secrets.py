@@ -66,3 +66,20 @@ def redact_url(url: str) -> str:
         safe="<>",
     )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secret parts of ``url``: userinfo, and values of secret-looking query parameters."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    found = [p for p in userinfo.split(":") if p]
+    found += [v for k, v in parse_qsl(parts.query, True) if is_secret_env(k) and v]
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def scrub(text: str, values: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret value replaced by ``<redacted>``."""
+    for value in sorted(values, key=len, reverse=True):
+        if value:
+            text = text.replace(value, REDACTED)
+    return text

@@ -143,7 +143,8 @@ class InventoryDiff:
 
     @property
     def empty(self) -> bool:
-        return not (self.changes or self.middleware_added or self.middleware_removed)
+        return not (self.changes or self.middleware_added or self.middleware_removed
+                    or self.guard_prefixes_changed)
 
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -20,7 +20,7 @@ import httpx
 
 from scanner.errors import InventoryError, TargetUnreachableError, UsageError
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory, Route, Source, is_guarded
-from scanner.secrets import redact_url
+from scanner.secrets import redact_url, scrub, url_secrets
 
 OPENAPI_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 ORIGIN = "openapi.paths"
@@ -77,11 +77,11 @@ def _get(spec: OpenApiFetch, transport: httpx.BaseTransport | None) -> bytes:
     except httpx.TooManyRedirects:
         raise InventoryError(f"{shown}: too many redirects") from None
     except (httpx.TransportError, ssl.SSLError) as exc:
-        raise TargetUnreachableError(f"{shown}: unreachable: {_reason(exc)}") from None
+        raise TargetUnreachableError(f"{shown}: unreachable: {_reason(exc, url)}") from None
     except httpx.InvalidURL as exc:
-        raise UsageError(f"{shown}: invalid URL: {exc}") from None
+        raise UsageError(f"{shown}: invalid URL: {_reason(exc, url)}") from None
     except httpx.HTTPError as exc:
-        raise InventoryError(f"{shown}: bad answer: {_reason(exc)}") from None
+        raise InventoryError(f"{shown}: bad answer: {_reason(exc, url)}") from None
 
 
 def _check_status(resp: httpx.Response, shown: str) -> None:
@@ -104,11 +104,12 @@ def _read_capped(resp: httpx.Response, shown: str, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, url: str) -> str:
+    """One line saying why, without any secret the URL carried."""
     text = str(exc) or type(exc).__name__
     if "CERTIFICATE_VERIFY_FAILED" in text or isinstance(exc, ssl.SSLCertVerificationError):
         return "TLS certificate verification failed (use --ca-file, or --insecure to skip)"
-    return redact_url(text.splitlines()[0])
+    return scrub(text.splitlines()[0], url_secrets(url))
 
 
 def parse_json(body: bytes, shown: str) -> Any:

@@ -63,14 +63,14 @@ def to_table(d: InventoryDiff, width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     console.print(f"old: {_side(d.old)}\nnew: {_side(d.new)}")
-    if d.empty:
-        console.print("no route differences")
-        return _rstrip(buf.getvalue())
-    console.print(_summary(d))
     if d.guard_prefixes_changed:
         console.print(f"NOTE: vLLM's guarded prefixes changed: "
                       f"{', '.join(d.old.guarded_prefixes or ())} -> "
                       f"{', '.join(d.new.guarded_prefixes or ())}")
+    if not d.changes:
+        console.print("no route differences")
+    else:
+        console.print(_summary(d))
     if d.outside_guard:
         console.print(_table("Outside vLLM's --api-key guard (answer without a key):",
                              d.outside_guard))

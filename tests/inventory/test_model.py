@@ -1,0 +1,136 @@
+"""The inventory document: validation on load, content hash, round trip, guard rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scanner.errors import EXIT_USAGE, InventoryFormatError
+from scanner.inventory import model
+from scanner.inventory.model import Inventory, Route, Source, VllmFacts
+
+
+def sample() -> Inventory:
+    return Inventory(
+        source=Source(kind="vllm", target="vllm==0.29.0"),
+        routes=(
+            Route("/v1/models", ("GET",), "http", "m.show", True),
+            Route("/metrics", ("*",), "mount", "prom.app", False),
+            Route("/v1/realtime", ("GET",), "websocket", "m.rt", True),
+            Route("/health", ("GET",), "http", "m.health", False),
+        ),
+        vllm=VllmFacts(version="0.29.0", serve_args=("--model", "m"), tasks=("generate",),
+                       env={"VLLM_SERVER_DEV_MODE": "1"}),
+        middleware=("starlette.middleware.cors.CORSMiddleware",),
+    )
+
+
+def doc() -> dict[str, Any]:
+    return sample().to_dict()
+
+
+def test_round_trip_is_identical_and_hash_stable() -> None:
+    inv = sample()
+    text = inv.to_json()
+    again = model.loads(text)
+    assert again == inv
+    assert again.to_json() == text
+    assert again.content_hash == inv.content_hash
+    assert json.loads(text)["content_hash"] == inv.content_hash
+    assert inv.content_hash.startswith("sha256:") and len(inv.content_hash) == 7 + 64
+
+
+def test_routes_are_sorted_whatever_the_input_order() -> None:
+    inv = sample()
+    assert [r.path for r in inv.routes] == ["/health", "/metrics", "/v1/models", "/v1/realtime"]
+    shuffled = inv.with_routes(tuple(reversed(inv.routes)))
+    assert shuffled.content_hash == inv.content_hash
+
+
+def test_file_round_trip(tmp_path: Path) -> None:
+    p = tmp_path / "inv.json"
+    p.write_text(sample().to_json(), encoding="utf-8")
+    assert model.load(p) == sample()
+
+
+def test_edited_file_fails_the_hash_check() -> None:
+    d = doc()
+    d["routes"][0]["guarded"] = True  # /health made to look guarded
+    with pytest.raises(InventoryFormatError, match=r"content_hash .* does not match"):
+        model.from_dict(d, name="edited.json")
+
+
+def test_document_without_hash_is_accepted_and_gets_one() -> None:
+    d = doc()
+    del d["content_hash"]
+    assert model.from_dict(d).content_hash == sample().content_hash
+
+
+def _without_hash(mutate: Any) -> dict[str, Any]:
+    d = doc()
+    del d["content_hash"]
+    mutate(d)
+    return d
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d.update(schema_version=2), "schema_version is 2"),
+    (lambda d: d.pop("schema_version"), "schema_version is None"),
+    (lambda d: d.update(source={"kind": "ftp"}), "source.kind is 'ftp'"),
+    (lambda d: d.update(routes={}), "routes must be a list"),
+    (lambda d: d["routes"][0].update(path="health"), "must start with '/'"),
+    (lambda d: d["routes"][0].update(methods=[]), "methods is empty"),
+    (lambda d: d["routes"][0].update(methods=["GE T"]), "invalid method"),
+    (lambda d: d["routes"][0].update(methods="GET"), "methods must be a list"),
+    (lambda d: d["routes"][0].update(kind="grpc"), r"routes\[0\].kind is 'grpc'"),
+    (lambda d: d["routes"][0].update(guarded="yes"), "guarded must be true or false"),
+    (lambda d: d["vllm"].update(tasks="generate"), "vllm.tasks must be a list"),
+    (lambda d: d["vllm"].update(version=29), "vllm.version must be a string"),
+    (lambda d: d.update(middleware=[1]), r"middleware\[\] must be a string"),
+])
+def test_validation_names_the_field(mutate: Any, message: str) -> None:
+    with pytest.raises(InventoryFormatError, match=message) as exc:
+        model.from_dict(_without_hash(mutate), name="x.json")
+    assert str(exc.value).startswith("x.json: invalid inventory: ")
+    assert exc.value.exit_code == EXIT_USAGE
+
+
+def test_not_json_gives_line_number(tmp_path: Path) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text('{\n  "schema_version": 1,\n  oops\n}\n', encoding="utf-8")
+    with pytest.raises(InventoryFormatError, match=r"bad.json:3: not valid JSON"):
+        model.load(p)
+
+
+def test_top_level_not_an_object() -> None:
+    with pytest.raises(InventoryFormatError, match="document must be an object, not list"):
+        model.loads("[]")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InventoryFormatError, match="cannot read inventory"):
+        model.load(tmp_path / "nope.json")
+
+
+def test_methods_are_normalised_on_load() -> None:
+    d = _without_hash(lambda d: d["routes"][0].update(methods=["post", "get", "GET"]))
+    assert model.from_dict(d).routes[0].methods == ("GET", "POST")
+
+
+@pytest.mark.parametrize(("path", "root", "guarded"), [
+    ("/v1/models", "", True),
+    ("/v2/rerank", "", True),
+    ("/inference/v1/generate", "", True),
+    ("/cohere/v1/chat", "", True),
+    ("/health", "", False),
+    ("/invocations", "", False),
+    ("/v10/x", "", True),  # vLLM uses a plain startswith: /v10 is "guarded" too
+    ("/api/v1/models", "/api", True),
+    ("/api/health", "/api", False),
+    ("/v1x", "", True),
+])
+def test_guard_rule_is_vllms_startswith(path: str, root: str, guarded: bool) -> None:
+    assert model.is_guarded(path, model.VLLM_GUARDED_PREFIXES, root) is guarded
