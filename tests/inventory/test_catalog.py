@@ -73,7 +73,7 @@ def test_load_ref_accepts_names_with_or_without_json_and_files(tmp_path: Path) -
 
 
 def test_unknown_catalog_and_profile() -> None:
-    with pytest.raises(UsageError, match="no bundled catalog 'vllm-1.0.0-default'"):
+    with pytest.raises(UsageError, match=r"no bundled catalog 'vllm-1\.0\.0-default'"):
         catalog.load_catalog("vllm-1.0.0-default")
     with pytest.raises(UsageError, match="unknown profile 'all'"):
         catalog.profile("all")
