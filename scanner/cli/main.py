@@ -44,6 +44,8 @@ def _register() -> None:
     cli.add_command(standin.command)
     from scanner.cli import netscan as netscan_cli
     cli.add_command(netscan_cli.command)
+    from scanner.cli import evidence as evidence_cli
+    cli.add_command(evidence_cli.group)
 
 
 _register()

@@ -90,7 +90,7 @@ def _pair(text: str) -> tuple[str, str]:
 
 @click.group("keys")
 def keys_group() -> None:
-    """Make API keys for principals (only their hashes are stored)."""
+    """Make API keys for principals (only their hashes are stored), and evidence signing keys."""
 
 
 @keys_group.command("new")
@@ -111,3 +111,22 @@ def keys_new(name: str, role: str, path: str) -> None:
     click.echo(f"recorded {name} ({role}) {policy_keys.fingerprint(key)} in {path}; "
                "the key is printed once on stdout", err=True)
     click.echo(key)
+
+
+@keys_group.command("signing-key")
+@click.option("--out", "path", required=True, metavar="FILE",
+              help="Private key file to create (mode 0600); the public key goes to FILE.pub.")
+def keys_signing_key(path: str) -> None:
+    """Make an Ed25519 key for signing evidence packs; print its public fingerprint.
+
+    The private key is never printed. Keep FILE secret; hand FILE.pub to verifiers.
+
+    \b
+    Example:
+      vllm-perimeter keys signing-key --out evidence.key
+    """
+    from scanner.evidence import keys as evidence_keys
+
+    pub, fingerprint = evidence_keys.new_signing_key(path)
+    click.echo(f"wrote {path} (0600, private) and {pub} (public)", err=True)
+    click.echo(fingerprint)
