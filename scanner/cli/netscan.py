@@ -7,6 +7,7 @@ import dataclasses
 import click
 
 from scanner.cli.options import output_options
+from scanner.netscan import policy as port_rules
 from scanner.netscan import ports as port_sets
 from scanner.netscan import render
 from scanner.netscan.model import FAIL_ON_CHOICES
@@ -19,7 +20,8 @@ from scanner.plan import inputs
 @click.argument("host")
 @click.option("--ports", "port_spec", default=None, metavar="LIST",
               help="Ports to probe, e.g. 8000,29500-29510 (default: vLLM's, Ray's and "
-                   "torch.distributed's default ports, see scanner/netscan/ports.py).")
+                   "torch.distributed's default ports, see scanner/netscan/ports.py, plus the "
+                   "ports the policy allows).")
 @click.option("--max-ports", default=port_sets.DEFAULT_MAX_PORTS, show_default=True,
               help="Refuse a --ports list longer than this.")
 @click.option("--method", type=click.Choice(["auto", "syn", "connect"]), default="auto",
@@ -59,7 +61,8 @@ def command(host: str, port_spec: str | None, max_ports: int, method: str, sourc
     if networks:
         pol = dataclasses.replace(pol, networks={**pol.networks, **inputs.parse_networks(networks)})
     port_list = (port_sets.parse_ports(port_spec, max_ports) if port_spec is not None
-                 else port_sets.default_ports())
+                 else tuple(sorted({*port_sets.default_ports(),
+                                    *(r.port for r in port_rules.port_policy(pol).allow)})))
     req = ScanRequest(host=host, ports=port_list, method=method,  # type: ignore[arg-type]
                       source=source, interface=interface, timeout=timeout,
                       concurrency=concurrency, vantage_networks=vantage)

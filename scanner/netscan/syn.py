@@ -10,6 +10,7 @@ ICMP unreachable or silence until the timeout means filtered.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import random
 import select
@@ -50,6 +51,9 @@ def unavailable_reason() -> str | None:
 def scan(address: str, ports: Sequence[int], timeout: float,
          source: str | None = None, interface: str | None = None) -> tuple[Attempt, ...]:
     """One SYN per port (one source port each); answers read until ``timeout`` after the last."""
+    # Scapy's warnings (e.g. "MAC address to reach destination not found") would go to stderr
+    # and break the one-line error contract; silence answers show up as "filtered" anyway.
+    logging.getLogger("scapy").setLevel(logging.ERROR)
     from scapy.config import conf
     from scapy.interfaces import resolve_iface
     from scapy.layers.inet import IP, TCP
