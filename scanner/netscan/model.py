@@ -1,8 +1,9 @@
 """Netscan records: one attempt per port, findings, and the result of a sweep.
 
-The finding vocabulary mirrors the prober's (``scanner/probe/interface.py``: the same
-severities, a stable ``id``, a ``rule``, ``title``/``detail``/``remediation`` and evidence),
-kept local so this package does not depend on the prober's in-progress seam.
+The finding vocabulary is the prober's (``scanner/probe/interface.py``): its severities and
+their ranking, a stable ``id``, a ``rule``, ``title``/``detail``/``remediation`` and evidence.
+A netscan finding is about a TCP port rather than a method and path, so it is its own
+frozen record (``port`` instead of ``method``/``path``; attempts as evidence).
 """
 
 from __future__ import annotations
@@ -11,21 +12,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
+from scanner.probe.interface import SEVERITIES, Severity, severity_rank
 
-Severity = Literal["critical", "high", "medium", "low", "info"]
-SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low", "info")
+__all__ = ["SEVERITIES", "Attempt", "Finding", "ScanResult", "Severity", "Vantage", "severity_rank"]
+
 FAIL_ON_CHOICES: tuple[str, ...] = (*SEVERITIES, "none")
 PortState = Literal["open", "closed", "filtered"]
 Method = Literal["syn", "connect"]
 NETSCAN_SCHEMA_VERSION = 1
 # Reasons that mean "no path to the host" rather than "the port did not answer".
 UNREACHABLE_REASONS: tuple[str, ...] = ("host-unreachable", "net-unreachable", "no-route")
-
-
-def severity_rank(s: str) -> int:
-    """0 for critical .. 4 for info; unknown strings (and "none") rank below info."""
-    names: tuple[str, ...] = SEVERITIES
-    return names.index(s) if s in names else len(names)
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,10 @@ class ScanResult:
         return tuple(a.port for a in self.attempts if a.state == "open")
 
     def exit_code(self, fail_on: str = "high") -> int:
-        worst = min((severity_rank(f.severity) for f in self.findings), default=len(SEVERITIES))
+        """1 when a finding is at least as severe as ``fail_on`` ("none": never), else 0."""
+        if fail_on not in SEVERITIES or not self.findings:
+            return EXIT_OK
+        worst = min(severity_rank(f.severity) for f in self.findings)
         return EXIT_FINDINGS if worst <= severity_rank(fail_on) else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:

@@ -70,6 +70,10 @@ def test_connect_finds_open_and_closed(listener: int, closed_port: int,
     # The bundled policy has no ports: section: only its proxy port (8080) may answer.
     assert [f["port"] for f in doc["findings"]] == [listener]
     assert doc["findings"][0]["severity"] == "medium" and rc == 0  # default --fail-on high
+    for fail_on, expected in (("medium", 1), ("low", 1), ("none", 0)):
+        rc, _, _ = run(["netscan", "127.0.0.1", "--method", "connect", "--ports", str(listener),
+                        "--fail-on", fail_on], capsys)
+        assert rc == expected, fail_on
 
 
 def test_policy_allows_port_from_vantage_network(listener: int, tmp_path: Path,
