@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import click
 
@@ -11,7 +12,7 @@ from scanner.netscan import policy as port_rules
 from scanner.netscan import ports as port_sets
 from scanner.netscan import render
 from scanner.netscan.model import FAIL_ON_CHOICES
-from scanner.netscan.scan import ScanRequest, run
+from scanner.netscan.scan import MethodChoice, ScanRequest, run
 from scanner.output import write_text
 from scanner.plan import inputs
 
@@ -63,7 +64,7 @@ def command(host: str, port_spec: str | None, max_ports: int, method: str, sourc
     port_list = (port_sets.parse_ports(port_spec, max_ports) if port_spec is not None
                  else tuple(sorted({*port_sets.default_ports(),
                                     *(r.port for r in port_rules.port_policy(pol).allow)})))
-    req = ScanRequest(host=host, ports=port_list, method=method,  # type: ignore[arg-type]
+    req = ScanRequest(host=host, ports=port_list, method=cast(MethodChoice, method),
                       source=source, interface=interface, timeout=timeout,
                       concurrency=concurrency, vantage_networks=vantage)
     result = run(req, pol)

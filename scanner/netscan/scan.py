@@ -83,13 +83,24 @@ def resolve(host: str, source: str | None) -> tuple[int, str]:
     """(family, address) of ``host``; the family of ``source`` when one is given."""
     family = socket.AF_UNSPEC
     if source is not None:
-        family = socket.AF_INET6 if ipaddress.ip_address(source).version == 6 else socket.AF_INET
+        version = ipaddress.ip_address(source).version
+        family = socket.AF_INET6 if version == 6 else socket.AF_INET
+        literal = _ip_literal(host)
+        if literal is not None and literal.version != version:
+            raise UsageError(f"--source {source} is IPv{version} but {host} is IPv{literal.version}")
     try:
         infos = socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise TargetUnreachableError(f"cannot resolve {host!r}: {exc.strerror}") from None
     fam, _, _, _, sockaddr = infos[0]
     return int(fam), str(sockaddr[0])
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
 
 
 def route_source(family: int, address: str, port: int, source: str | None,

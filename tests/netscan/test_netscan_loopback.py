@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,7 @@ def test_fallback_to_connect_says_so(listener: int, monkeypatch: pytest.MonkeyPa
     (["--source", "nope"], "--source 'nope' is not an IP address"),
     (["--source", "192.0.2.77"], "--source 192.0.2.77 is not an address of this host"),
     (["--interface", "nosuchif0"], "no such network interface"),
+    (["--source", "::1"], "--source ::1 is IPv6 but 127.0.0.1 is IPv4"),
     (["--timeout", "0"], "--timeout must be"),
     (["--vantage", "nosuch"], "--vantage 'nosuch' is not a network"),
 ])
@@ -148,3 +150,44 @@ def test_unreachable_verdict() -> None:
     assert scan_mod.unreachable((Attempt(1, "filtered", "connect", "net-unreachable"),))
     assert not scan_mod.unreachable((Attempt(1, "filtered", "connect", "timeout"),))
     assert not scan_mod.unreachable(())
+
+
+def test_raw_syn_on_loopback(listener: int, closed_port: int) -> None:
+    """Root only: raw SYNs to 127.0.0.1 (PF_INET raw sender, BPF-filtered raw listeners)."""
+    from scanner.netscan import syn
+
+    why = syn.unavailable_reason()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"raw SYN must run under CI: {why}")
+        pytest.skip(f"raw SYN not possible: {why}")
+    got = {a.port: (a.state, a.reason) for a in syn.scan("127.0.0.1", (listener, closed_port), 2.0)}
+    assert got == {listener: ("open", "syn-ack"), closed_port: ("closed", "rst")}
+
+
+def _ipv4(src: str, dst: str, proto: int, payload: bytes) -> bytes:
+    import struct
+    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, 0, 64, proto, 0,
+                       socket.inet_aton(src), socket.inet_aton(dst)) + payload
+
+
+def _tcp(sport: int, dport: int, flags: int) -> bytes:
+    import struct
+    return struct.pack("!HHIIBBHHH", sport, dport, 0, 0, 0x50, flags, 0, 0, 0)
+
+
+def test_syn_answer_parsing() -> None:
+    from scanner.netscan.syn import parse
+
+    target = socket.inet_aton("10.0.0.2")
+    assert parse(_ipv4("10.0.0.2", "10.0.0.1", 6, _tcp(80, 61001, 0x12)), target) == \
+        ((61001, 80), "open", "syn-ack")
+    assert parse(_ipv4("10.0.0.2", "10.0.0.1", 6, _tcp(81, 61002, 0x14)), target) == \
+        ((61002, 81), "closed", "rst")
+    assert parse(_ipv4("10.0.0.3", "10.0.0.1", 6, _tcp(80, 61001, 0x12)), target) is None  # other host
+    assert parse(_ipv4("10.0.0.2", "10.0.0.1", 6, _tcp(80, 61001, 0x18)), target) is None  # data
+    quoted = _ipv4("10.0.0.1", "10.0.0.2", 6, _tcp(61003, 82, 0x02))[:28]
+    for code, reason in ((1, "host-unreachable"), (13, "icmp-unreachable-13")):
+        icmp = bytes([3, code, 0, 0, 0, 0, 0, 0]) + quoted
+        assert parse(_ipv4("10.0.0.254", "10.0.0.1", 1, icmp), target) == ((61003, 82), "filtered", reason)
+    assert parse(b"\x60" + bytes(39), target) is None  # IPv6
