@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from scanner.plan.model import Decision
@@ -22,6 +23,7 @@ class Expectation:
 ALLOW = Expectation("allow", "")
 
 
+@lru_cache(maxsize=4096)
 def in_networks(address: str | None, cidrs: tuple[str, ...]) -> bool:
     """Is ``address`` in one of ``cidrs``? An unknown address is assumed inside."""
     if address is None:

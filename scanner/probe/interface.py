@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import httpx
@@ -73,7 +74,7 @@ class Target:
     client_cert: str | None = None
     client_key: str | None = None
 
-    @property
+    @cached_property
     def url(self) -> httpx.URL:
         return httpx.URL(self.base_url)
 

@@ -42,6 +42,11 @@ class Sender:
         self._ctx = ssl_context(target) if target.url.scheme == "https" else None
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        url = target.url
+        self._url = url
+        self._host = url.netloc.decode("ascii")
+        self._prefix = url.raw_path.rstrip(b"/").decode()
+        self._port = url.port or (443 if url.scheme == "https" else 80)
 
     def _client(self, vantage: Vantage) -> httpx.AsyncClient:
         client = self._clients.get(vantage.name)
@@ -101,9 +106,7 @@ class Sender:
 
     async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str]]:
         """HTTP/1.1 over asyncio streams: keep-alive per vantage, a fresh connection for variants."""
-        url = self.target.url
-        data = raw_request(case, url.netloc.decode("ascii"), url.raw_path.rstrip(b"/").decode(),
-                           keep_alive=not case.raw)
+        data = raw_request(case, self._host, self._prefix, keep_alive=not case.raw)
         idle = self._idle.setdefault(case.vantage.name, [])
         for last in (False, True):
             conn = idle.pop() if idle and not case.raw else None
@@ -129,11 +132,10 @@ class Sender:
         raise AssertionError("unreachable")
 
     async def _connect(self, vantage: Vantage) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        url = self.target.url
-        port = url.port or (443 if url.scheme == "https" else 80)
+        url = self._url
         local = (vantage.address, 0) if vantage.address else None
         return await asyncio.open_connection(
-            url.host, port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
+            url.host, self._port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
             local_addr=local, limit=_MAX_HEAD)
 
 
