@@ -1,0 +1,91 @@
+"""Plan -> NGINX configuration (default deny), rendered through ``templates/nginx*.j2``.
+
+Output files (names relative to the output directory):
+
+``nginx.conf``
+    A standalone main file: process settings, runtime paths under
+    ``options.runtime_dir``, and ``http { include perimeter-http.conf; }``.
+``perimeter-http.conf``
+    Everything that belongs in an ``http {}`` block: maps, zones, the upstream and
+    the server. Include it in your own ``http {}`` to embed the perimeter.
+``perimeter-principals.conf`` (mode 0600)
+    ``map``s from the sha256 of a key to the principal's name and role.
+``perimeter.js``
+    The njs module: key hashing and the exact JSON body check.
+
+Generator options (``GenerateOptions.extra``):
+
+``njs_module``
+    Path of ``ngx_http_js_module.so``. When given, ``nginx.conf`` starts with
+    ``load_module`` for it (Debian's ``libnginx-mod-http-js``:
+    ``/usr/lib/nginx/modules/ngx_http_js_module.so``). Leave it out for builds with
+    njs built in, or when your own main config already loads the module.
+``config_dir``
+    Absolute directory the files will live in; includes and ``js_import`` then use
+    absolute paths (needed when ``perimeter-http.conf`` is included from a main
+    config elsewhere). Default: paths relative to NGINX's configuration prefix, i.e.
+    the directory of the file given to ``nginx -c``.
+``worker_processes`` (default ``auto``), ``user`` (default: none emitted),
+``ca_bundle`` (CA file for an upstream TLS leg without ``ca``; default
+``/etc/ssl/certs/ca-certificates.crt``).
+
+See :mod:`scanner.generate.nginx_model` for how a plan becomes locations.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jinja2
+
+from scanner import resources
+from scanner.errors import GenerateError
+from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
+from scanner.generate.nginx_model import NGINX_EXTRA_OPTIONS, build_model
+from scanner.plan.model import Plan
+
+MAIN = "nginx.conf"
+HTTP = "perimeter-http.conf"
+PRINCIPALS = "perimeter-principals.conf"
+NJS = "perimeter.js"
+
+
+def _environment() -> jinja2.Environment:
+    loader = jinja2.FileSystemLoader(str(resources.data_dir("templates")))
+    env = jinja2.Environment(
+        loader=loader, autoescape=False, undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+    )
+    env.filters["regex_escape"] = re.escape
+    env.filters["chomp"] = lambda text: str(text).rstrip("\n")
+    return env
+
+
+class NginxGenerator:
+    name = "nginx"
+
+    def render(self, plan: Plan, options: GenerateOptions) -> GeneratedConfig:
+        unknown = sorted(set(options.extra) - set(NGINX_EXTRA_OPTIONS))
+        if unknown:
+            raise GenerateError(f"nginx generator: unknown option(s) {', '.join(unknown)} "
+                                f"(known: {', '.join(NGINX_EXTRA_OPTIONS)})")
+        model = build_model(plan, options, files={"http": HTTP, "principals": PRINCIPALS, "njs": NJS})
+        env = _environment()
+        try:
+            main = env.get_template("nginx.conf.j2").render(m=model)
+            http = env.get_template("nginx-http.conf.j2").render(m=model)
+            principals = env.get_template("nginx-principals.conf.j2").render(m=model)
+            njs = Path(resources.data_file("templates", "nginx-perimeter.js")).read_text(encoding="utf-8")
+        except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
+            raise GenerateError(f"nginx generator: template error: {exc}") from exc
+        return GeneratedConfig(
+            generator=self.name,
+            files=(
+                GeneratedFile(MAIN, main),
+                GeneratedFile(HTTP, http),
+                GeneratedFile(PRINCIPALS, principals, mode=0o600),
+                GeneratedFile(NJS, njs),
+            ),
+            main=MAIN,
+        )

@@ -1,0 +1,422 @@
+"""Plan -> the data the NGINX templates print. All decisions about NGINX live here.
+
+How a request is decided (checks in this order, each answered by the proxy with
+``X-Perimeter-Decision: deny`` and an ``X-Perimeter-Reason``):
+
+1. location match on NGINX's normalised path (``$uri``: percent-decoded, dot
+   segments resolved, slashes merged). Exact routes are ``location = /path``;
+   templates are anchored, case-sensitive regex locations built from
+   :attr:`Decision.regex` (parameters match ``[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}``).
+   Anything else: ``location /`` -> 404. A ``Content-Length`` over the location's
+   ``client_max_body_size`` is refused with 413 by NGINX before any of the checks below.
+2. rewrite phase, with ``if`` + ``return`` (so it runs before ``limit_req``):
+   network (``geo`` on the client address) -> 403; method, compared case-sensitively
+   and exactly (HEAD only when the plan lists it) -> 405; bearer key missing or
+   unknown -> 401; role -> 403.
+3. ``limit_req`` / ``limit_conn`` keyed by principal (by client address on
+   ``auth: none`` routes) -> 429.
+4. body: read into memory (``client_body_buffer_size`` = ``client_max_body_size``,
+   over -> 413, chunked too); JSON caps and forbidden fields checked (400), see
+   ``templates/nginx-perimeter.js``.
+5. proxy to vLLM with the *normalised* path: ``proxy_pass http://vllm_upstream/exact/path;``
+   (a URI in ``proxy_pass``), or for templates and named locations
+   ``proxy_pass http://vllm_upstream$perimeter_path$is_args$args;`` where
+   ``$perimeter_path`` is ``$uri`` saved at the public location. ``$uri`` is decoded,
+   and the template regex admits only unreserved characters, so it is forwarded
+   verbatim with no re-encoding ambiguity. Query strings are forwarded as received
+   (vLLM reads some, e.g. ``GET /v1/responses/{id}?stream=true``).
+
+Key hashing: NGINX extracts the token (``map`` on ``$http_authorization``); only when
+there is one does njs compute its sha256 (``js_set``, once per request, shared VM
+with the body check); a ``map`` from hash to name and role is kept in the 0600 file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from scanner import patterns
+from scanner.errors import GenerateError
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.nginx_regex import unsafe_body
+from scanner.plan.model import (
+    DECISION_HEADER,
+    PRINCIPAL_HEADER,
+    REASON_HEADER,
+    SPOOFABLE_HEADERS,
+    Decision,
+    Plan,
+)
+from scanner.policy.model import Limits
+
+NGINX_EXTRA_OPTIONS: tuple[str, ...] = ("ca_bundle", "config_dir", "njs_module", "user", "worker_processes")
+UPSTREAM = "vllm_upstream"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
+DENY_BODY_BYTES = 65536            # bodies sent to denied paths
+EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
+# Characters a route may contain to be written into the config (vLLM's routes do).
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:~/{}-]*$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_SAFE_FILE = re.compile(r'^[^\x00-\x1f"$\\;{}]+$')
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Inbound headers the template sets itself (the other spoofable ones are removed).
+_SET_BY_TEMPLATE = frozenset({"x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host",
+                              "x-forwarded-port", "x-forwarded-prefix", PRINCIPAL_HEADER.lower()})
+
+# (status, reason when none was set, decision header value)
+DENY_PAGES: tuple[tuple[int, str, str], ...] = (
+    (400, "bad-request", "deny"), (401, "unauthenticated", "deny"), (403, "forbidden", "deny"),
+    (404, "not-allowlisted", "deny"), (405, "method-not-allowed", "deny"),
+    (413, "body-too-large", "deny"), (429, "", "deny"),
+    (500, "proxy-error", "error"), (502, "upstream-unavailable", "error"),
+    (503, "upstream-unavailable", "error"), (504, "upstream-timeout", "error"),
+)
+
+
+@dataclass(frozen=True)
+class Zone:
+    name: str
+    key: str            # NGINX variable the zone counts by
+    rate: str = ""      # "10r/s" for limit_req zones
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BodyCheck:
+    id: str
+    caps: str           # "max_tokens=4096 n=4": what the njs slow path enforces
+    regex: str          # the native fast path (see nginx_regex.unsafe_body)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One set of checks and one way to proxy: the body of a location."""
+
+    methods: tuple[str, ...]
+    method_test: str            # an ``if`` condition that is true for a wrong method
+    net: str | None             # geo variable; None: any address
+    auth: str                   # "key" | "none"
+    roleset: str | None         # map variable; None: any principal
+    rate_zone: str | None
+    burst: int
+    conn_zone: str | None
+    conn: int
+    body_bytes: int
+    timeout: str | None         # "600s" / "1500ms"
+    check: BodyCheck | None
+    websocket: bool
+    up: str                     # the named proxying location (inspected blocks)
+    strip: bool                 # also emit ``<up>_strip`` (body policy "strip")
+
+
+@dataclass(frozen=True)
+class Location:
+    match: str                  # '= /v1/models' or '~ "^...$"'
+    route: str                  # the plan's path template
+    exact: bool
+    target: str                 # proxy_pass argument for a direct block
+    blocks: tuple[Block, ...]
+    internal: tuple[str, ...]   # with several blocks: the internal location of each
+
+
+@dataclass(frozen=True)
+class Model:
+    plan_digest: str
+    policy_name: str
+    policy_digest: str
+    inventory_hash: str
+    vllm_version: str
+    runtime_dir: str
+    access_log: str
+    error_log: str
+    njs_module: str
+    user: str
+    worker_processes: str
+    includes: Mapping[str, str]
+    listen: str
+    tls_cert: str
+    tls_key: str
+    upstream_server: str
+    upstream_scheme: str
+    upstream_tls: Mapping[str, str]
+    trusted_proxies: tuple[str, ...]
+    principals: tuple[tuple[str, str, str], ...]   # (sha256, name, role)
+    geos: Mapping[str, tuple[str, ...]]
+    rolesets: Mapping[str, tuple[str, ...]]
+    rate_zones: tuple[Zone, ...]
+    conn_zones: tuple[Zone, ...]
+    checks: tuple[BodyCheck, ...]
+    body_policy: str
+    strip: bool
+    locations: tuple[Location, ...]
+    spoofable: tuple[str, ...]
+    deny_pages: tuple[tuple[int, str, str], ...] = DENY_PAGES
+    decision_header: str = DECISION_HEADER
+    reason_header: str = REASON_HEADER
+    principal_header: str = PRINCIPAL_HEADER
+    deny_body_bytes: int = DENY_BODY_BYTES
+    upstream: str = UPSTREAM
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --- validation helpers ------------------------------------------------------------------
+
+def _path(route: str) -> str:
+    if not _SAFE_PATH.match(route) or "//" in route:
+        raise GenerateError(f"nginx generator: route {route!r} has characters this generator "
+                            "will not write into a config (allowed: letters, digits, _ . : ~ - /)")
+    return route
+
+
+def _name(kind: str, value: str) -> str:
+    if not _SAFE_NAME.match(value):
+        raise GenerateError(f"nginx generator: {kind} {value!r} is not a safe name "
+                            "(letters, digits, '_', '.', '@', '-'; at most 64)")
+    return value
+
+
+def _file(kind: str, value: str) -> str:
+    if not _SAFE_FILE.match(value):
+        raise GenerateError(f"nginx generator: {kind} path {value!r} contains characters "
+                            "that cannot be written safely (quotes, '$', '\\', ';', braces)")
+    return value
+
+
+def _hostport(host: str, port: int) -> str:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if not re.match(r"^[A-Za-z0-9.-]+$", host):
+            raise GenerateError(f"nginx generator: {host!r} is not an address or host name") from None
+        return f"{host}:{port}"
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def _rate(rps: float) -> str:
+    if rps >= 1 and float(rps).is_integer():
+        return f"{int(rps)}r/s"
+    return f"{max(1, round(rps * 60))}r/m"
+
+
+def _duration(seconds: float) -> str:
+    ms = int(math.ceil(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def _method_test(methods: tuple[str, ...]) -> str:
+    for m in methods:
+        if not re.match(r"^[A-Z]+$", m):
+            raise GenerateError(f"nginx generator: method {m!r} cannot be allowlisted")
+    if len(methods) == 1:
+        return f"$request_method != {methods[0]}"
+    return f"$request_method !~ ^(?:{'|'.join(methods)})$"
+
+
+# --- the model -------------------------------------------------------------------------
+
+@dataclass
+class _Registry:
+    """Deterministic ids for shared objects (geo sets, role sets, zones, checks)."""
+
+    geos: dict[tuple[str, ...], str] = field(default_factory=dict)
+    rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
+    rate: dict[tuple[str, str, str], Zone] = field(default_factory=dict)
+    conn: dict[tuple[str, str], Zone] = field(default_factory=dict)
+    checks: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], BodyCheck] = field(
+        default_factory=dict)
+
+    def geo(self, cidrs: tuple[str, ...]) -> str | None:
+        if EVERYWHERE <= set(cidrs):
+            return None
+        key = tuple(sorted(str(ipaddress.ip_network(c, strict=False)) for c in cidrs))
+        return self.geos.setdefault(key, f"$perimeter_net_{len(self.geos) + 1}")
+
+    def roleset(self, roles: tuple[str, ...]) -> str | None:
+        if not roles:
+            return None
+        key = tuple(sorted(_name("role", r) for r in roles))
+        return self.rolesets.setdefault(key, f"$perimeter_roles_{len(self.rolesets) + 1}")
+
+    def rate_zone(self, d: Decision) -> Zone | None:
+        rate = d.limits.rate
+        if rate is None:
+            return None
+        key = (d.audience, d.auth, _rate(rate.rps))
+        if key not in self.rate:
+            self.rate[key] = Zone(
+                name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=key[2],
+                note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
+        return self.rate[key]
+
+    def conn_zone(self, d: Decision) -> Zone | None:
+        if d.limits.concurrency is None:
+            return None
+        key = (d.audience, d.auth)
+        if key not in self.conn:
+            self.conn[key] = Zone(
+                name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth),
+                note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
+        return self.conn[key]
+
+    def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...]) -> BodyCheck:
+        key = (tuple(sorted(caps.items())), forbidden)
+        if key not in self.checks:
+            cid = f"c{len(self.checks) + 1}"
+            self.checks[key] = BodyCheck(
+                id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
+                regex=unsafe_body(dict(caps), forbidden))
+        return self.checks[key]
+
+
+def _zone_key(auth: str) -> str:
+    return "$perimeter_principal" if auth == "key" else "$binary_remote_addr"
+
+
+def _forbidden(plan: Plan) -> tuple[str, ...]:
+    names: list[str] = []
+    if plan.body.cache_salt != "pass":
+        names.append("cache_salt")
+    if plan.body.chat_template != "pass":
+        names += ["chat_template", "chat_template_kwargs"]
+    return tuple(names)
+
+
+def _profile(d: Decision) -> tuple[object, ...]:
+    """What must be equal for two methods of one path to share a location."""
+    lim: Limits = d.limits
+    rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
+    return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
+            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s)
+
+
+def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
+    d = ds[0]
+    methods = tuple(sorted(x.method for x in ds))
+    lim = d.limits
+    websocket = d.kind == "websocket"
+    forbidden = _forbidden(plan)
+    inspect = (not websocket and bool(BODY_METHODS & set(methods))
+               and bool(lim.json_caps or forbidden))
+    rate_zone = reg.rate_zone(d)
+    conn_zone = reg.conn_zone(d)
+    if d.auth not in ("key", "none"):
+        raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
+    return Block(
+        methods=methods, method_test=_method_test(methods),
+        net=reg.geo(d.networks),
+        auth=d.auth, roleset=reg.roleset(d.roles) if d.auth == "key" else None,
+        rate_zone=rate_zone.name if rate_zone else None,
+        burst=lim.rate.burst if lim.rate else 0,
+        conn_zone=conn_zone.name if conn_zone else None, conn=lim.concurrency or 0,
+        body_bytes=lim.body_bytes if lim.body_bytes is not None else DEFAULT_BODY_BYTES,
+        timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
+        check=reg.check(lim.json_caps, forbidden) if inspect else None,
+        websocket=websocket, up=up,
+        strip=inspect and "strip" in (plan.body.cache_salt, plan.body.chat_template),
+    )
+
+
+def _location(reg: _Registry, plan: Plan, index: int, route: str,
+              decisions: tuple[Decision, ...]) -> Location:
+    _path(route)
+    exact = patterns.is_exact(route)
+    if not exact and not patterns.is_template(route):
+        raise GenerateError(f"nginx generator: {route!r} is neither an exact path nor a template")
+    groups: dict[tuple[object, ...], list[Decision]] = {}
+    for d in decisions:
+        groups.setdefault(_profile(d), []).append(d)
+    ordered = sorted((tuple(sorted(g, key=lambda x: x.method)) for g in groups.values()),
+                     key=lambda g: g[0].method)
+    blocks = tuple(_block(reg, plan, g, f"@perimeter_up_{index}_{i}") for i, g in enumerate(ordered))
+    if exact:
+        match, target = f"= {route}", f"http://{UPSTREAM}{route}"
+    else:
+        match, target = f'~ "{decisions[0].regex}"', f"http://{UPSTREAM}$perimeter_path$is_args$args"
+    internal = tuple(f"/@perimeter/{index}/{i}" for i in range(len(blocks))) if len(blocks) > 1 else ()
+    return Location(match=match, route=route, exact=exact, target=target, blocks=blocks,
+                    internal=internal)
+
+
+def _principals(plan: Plan) -> tuple[tuple[str, str, str], ...]:
+    seen: dict[str, str] = {}
+    out = []
+    for p in sorted(plan.principals, key=lambda p: p.name):
+        digest = p.key_sha256.lower()
+        if not _HEX64.match(digest):
+            raise GenerateError(f"nginx generator: principal {p.name!r}: key_sha256 is not a sha256 hex")
+        if digest in seen:
+            raise GenerateError(f"nginx generator: principals {seen[digest]!r} and {p.name!r} "
+                                "share one key")
+        seen[digest] = p.name
+        out.append((digest, _name("principal", p.name), _name("role", p.role)))
+    return tuple(out)
+
+
+def _upstream_tls(plan: Plan, options: GenerateOptions) -> dict[str, str]:
+    up = plan.upstream
+    if not up.use_tls and up.tls is None:
+        return {}
+    tls = up.tls
+    out = {"ca": _file("upstream CA", (tls.ca if tls and tls.ca else None)
+                       or options.extra.get("ca_bundle", "/etc/ssl/certs/ca-certificates.crt")),
+           "name": (tls.server_name if tls and tls.server_name else up.host)}
+    if not re.match(r"^[A-Za-z0-9.:-]+$", out["name"]):
+        raise GenerateError(f"nginx generator: upstream TLS server name {out['name']!r} is not valid")
+    if tls and (tls.client_cert or tls.client_key):
+        if not (tls.client_cert and tls.client_key):
+            raise GenerateError("nginx generator: upstream mTLS needs both client_cert and client_key")
+        out["cert"] = _file("upstream client certificate", tls.client_cert)
+        out["key"] = _file("upstream client key", tls.client_key)
+    return out
+
+
+def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) -> Model:
+    reg = _Registry()
+    locations = tuple(_location(reg, plan, i + 1, route, ds)
+                      for i, (route, ds) in enumerate(plan.allowed_paths().items()))
+    extra = options.extra
+    config_dir = extra.get("config_dir", "")
+    if config_dir and not config_dir.startswith("/"):
+        raise GenerateError("nginx generator: config_dir must be an absolute path")
+    base = config_dir.rstrip("/") + "/" if config_dir else ""
+    includes = {k: _file("config", base + v) for k, v in files.items()}
+    listen = plan.listen
+    tls_cert = _file("listener certificate", listen.tls.cert) if listen.tls else ""
+    tls_key = _file("listener key", listen.tls.key) if listen.tls else ""
+    user = extra.get("user", "")
+    if user and not re.match(r"^[A-Za-z0-9_.-]+( [A-Za-z0-9_.-]+)?$", user):
+        raise GenerateError(f"nginx generator: user {user!r} is not valid")
+    workers = extra.get("worker_processes", "auto")
+    if not re.match(r"^(auto|[1-9][0-9]{0,2})$", workers):
+        raise GenerateError(f"nginx generator: worker_processes {workers!r} is not 'auto' or a number")
+    for cidr in plan.trusted_proxies:
+        ipaddress.ip_network(cidr, strict=False)
+    up_tls = _upstream_tls(plan, options)
+    return Model(
+        plan_digest=plan.digest, policy_name=plan.policy_name, policy_digest=plan.policy_digest,
+        inventory_hash=plan.inventory_hash, vllm_version=plan.vllm_version,
+        runtime_dir=_file("runtime_dir", options.runtime_dir.rstrip("/") or "/"),
+        access_log=_file("access_log", options.access_log),
+        error_log=_file("error_log", options.error_log),
+        njs_module=_file("njs_module", extra["njs_module"]) if extra.get("njs_module") else "",
+        user=user, worker_processes=workers, includes=includes,
+        listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
+        upstream_server=_hostport(plan.upstream.host, plan.upstream.port),
+        upstream_scheme="https" if up_tls else "http", upstream_tls=up_tls,
+        trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
+                                     for c in plan.trusted_proxies)),
+        principals=_principals(plan),
+        geos={var: cidrs for cidrs, var in reg.geos.items()},
+        rolesets={var: roles for roles, var in reg.rolesets.items()},
+        rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
+        checks=tuple(reg.checks.values()),
+        body_policy=f"cache_salt={plan.body.cache_salt} chat_template={plan.body.chat_template}",
+        strip="strip" in (plan.body.cache_salt, plan.body.chat_template),
+        locations=locations,
+        spoofable=tuple(h for h in SPOOFABLE_HEADERS if h.lower() not in _SET_BY_TEMPLATE),
+    )

@@ -1,0 +1,76 @@
+"""Regexes the NGINX generator writes into ``map`` keys (PCRE, case-sensitive).
+
+They are written with ``\\x22`` for a double quote and ``\\x5c`` for a backslash so
+that NGINX's own quoting (which rewrites ``\\"``, ``\\\\``, ``\\t``, ``\\n``, ``\\r``)
+never touches them. Every regex here is *conservative*: it may flag a body that is
+harmless (the njs slow path then decides exactly), never the reverse.
+"""
+
+from __future__ import annotations
+
+QUOTE = r"\x22"
+BACKSLASH = r"\x5c"
+# JSON whitespace is [ \t\n\r]; \s is a superset, which only makes a match more likely.
+WS = r"\s*"
+
+
+def _hex_class(digit: str) -> str:
+    return f"[{digit.lower()}{digit.upper()}]" if digit.isalpha() else digit
+
+
+def json_key(name: str) -> str:
+    """A regex for every JSON string token that decodes to ``name`` (ASCII names).
+
+    In JSON a character of a key is written either as itself or as ``\\u00XX`` (hex
+    in either case); nothing else decodes to an ASCII letter, digit or ``_``.
+    """
+    parts = []
+    for ch in name:
+        if not (ch.isascii() and (ch.isalnum() or ch == "_")):
+            raise ValueError(f"json_key: unsupported character {ch!r} in {name!r}")
+        code = f"{ord(ch):04x}"
+        escaped = BACKSLASH + "u" + "".join(_hex_class(d) for d in code)
+        parts.append(f"(?:{ch}|{escaped})")
+    return QUOTE + "".join(parts) + QUOTE
+
+
+def uint_at_most(cap: int) -> str:
+    """A regex for the JSON integer literals 0..cap (no sign, no leading zero)."""
+    if cap < 0:
+        raise ValueError("cap must be >= 0")
+    digits = str(cap)
+    n = len(digits)
+    alts = ["0"]
+    if n >= 2:
+        alts.append("[1-9]" if n == 2 else f"[1-9][0-9]{{0,{n - 2}}}")
+    for i in range(n):
+        d = int(digits[i])
+        low = 1 if i == 0 else 0
+        if d > low:
+            hi = d - 1
+            cls = str(low) if hi == low else f"[{low}-{hi}]"
+            rest = n - i - 1
+            tail = "" if rest == 0 else ("[0-9]" if rest == 1 else f"[0-9]{{{rest}}}")
+            alts.append(digits[:i] + cls + tail)
+    if cap > 0:
+        alts.append(digits)
+    return "(?:" + "|".join(dict.fromkeys(alts)) + ")"
+
+
+def unsafe_body(caps: dict[str, int], forbidden: tuple[str, ...]) -> str:
+    """A regex that matches a body the fast path cannot clear.
+
+    A capped key is cleared only when it is followed by a plain integer within its
+    cap, or ``null``, and then ``,`` or ``}``; a forbidden key is never cleared.
+    Every top-level key of a valid JSON object appears as a string token followed by
+    ``:``, so a body this regex does not match has no capped value over its cap and no
+    forbidden key; anything else (strings, floats, booleans, escapes that spell a key,
+    nested copies) goes to the exact check.
+    """
+    alts = []
+    for name, cap in sorted(caps.items()):
+        safe = f"(?:{uint_at_most(cap)}|null){WS}[,}}]"
+        alts.append(f"{json_key(name)}{WS}:(?!{WS}{safe})")
+    for name in sorted(set(forbidden)):
+        alts.append(f"{json_key(name)}{WS}:")
+    return "|".join(alts)

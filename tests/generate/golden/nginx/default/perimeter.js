@@ -1,0 +1,154 @@
+// vllm-perimeter njs module (generated with the NGINX config; do not edit).
+//
+// Runs on njs 0.7.9 (Debian) and 0.9.9 (static build): no `for...of`, no optional
+// chaining. Two entry points:
+//
+//   keyHash  js_set: sha256 hex of the bearer token NGINX already extracted into
+//            $perimeter_bearer. The key itself is never stored or logged; the hash
+//            is looked up in a map (perimeter-principals.conf).
+//   body     js_content on locations that inspect JSON bodies. NGINX has read the
+//            body; a native PCRE map over $request_body ($perimeter_bf_<check>)
+//            clears ordinary bodies without any JavaScript parsing ("ok"). Anything
+//            it cannot clear is parsed here and checked exactly as vLLM's pydantic
+//            models would read it. Then an internal redirect to the proxying named
+//            location ($perimeter_up), or to @perimeter_400 with a reason.
+import crypto from 'crypto';
+
+function keyHash(r) {
+    var key = r.variables.perimeter_bearer;
+    return key ? crypto.createHash('sha256').update(key).digest('hex') : '';
+}
+
+function deny(r, reason) {
+    r.variables.perimeter_reason = reason;
+    r.internalRedirect('@perimeter_400');
+}
+
+// A capped field's value as pydantic's lax int parsing would see it; NaN when it
+// cannot be compared (rejected: vLLM would reject it too, or read it differently).
+function numeric(value) {
+    var s;
+    if (value === true) {
+        return 1;
+    }
+    if (value === false) {
+        return 0;
+    }
+    if (typeof value === 'number') {
+        return value;
+    }
+    if (typeof value === 'string') {
+        s = value.trim();
+        if (/^[+-]?[0-9][0-9_]*(\.[0-9_]*)?$/.test(s) && s.indexOf('__') < 0) {
+            s = s.split('_').join('');
+        }
+        return s === '' ? NaN : Number(s);
+    }
+    return NaN;
+}
+
+function has(obj, name) {
+    return Object.prototype.hasOwnProperty.call(obj, name);
+}
+
+// "max_tokens=4096 n=4" -> checks; returns a deny reason or ''.
+function checkCaps(obj, caps) {
+    var items = caps ? caps.split(' ') : [];
+    var i, eq, name, cap, n;
+    for (i = 0; i < items.length; i++) {
+        eq = items[i].indexOf('=');
+        name = items[i].substring(0, eq);
+        cap = Number(items[i].substring(eq + 1));
+        if (has(obj, name) && obj[name] !== null) {
+            n = numeric(obj[name]);
+            if (n !== n) {
+                return 'json-cap:' + name + ':not-a-number';
+            }
+            if (n > cap) {
+                return 'json-cap:' + name + ':over-' + cap;
+            }
+        }
+    }
+    return '';
+}
+
+var FIELDS = {cache_salt: ['cache_salt'], chat_template: ['chat_template', 'chat_template_kwargs']};
+
+// "cache_salt=reject chat_template=strip" -> reason ('' if none) and fields to strip.
+function checkFields(obj, policy, strip) {
+    var items = policy ? policy.split(' ') : [];
+    var i, j, eq, group, mode, names;
+    for (i = 0; i < items.length; i++) {
+        eq = items[i].indexOf('=');
+        group = items[i].substring(0, eq);
+        mode = items[i].substring(eq + 1);
+        names = FIELDS[group] || [];
+        for (j = 0; j < names.length; j++) {
+            if (mode !== 'pass' && has(obj, names[j])) {
+                if (mode !== 'strip') {
+                    return 'forbidden-field:' + names[j];
+                }
+                strip.push(names[j]);
+            }
+        }
+    }
+    return '';
+}
+
+function exact(r, v) {
+    var text = r.requestText;
+    var obj, reason, strip, i;
+    if (text === undefined || text === '') {
+        r.internalRedirect(v.perimeter_up);
+        return;
+    }
+    try {
+        obj = JSON.parse(text);
+    } catch (e) {
+        deny(r, 'bad-json');
+        return;
+    }
+    if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) {
+        deny(r, 'bad-json:not-an-object');
+        return;
+    }
+    reason = checkCaps(obj, v.perimeter_caps);
+    strip = [];
+    if (!reason) {
+        reason = checkFields(obj, v.perimeter_body_policy, strip);
+    }
+    if (reason) {
+        deny(r, reason);
+        return;
+    }
+    if (strip.length > 0) {
+        for (i = 0; i < strip.length; i++) {
+            delete obj[strip[i]];
+        }
+        v.perimeter_body_out = JSON.stringify(obj);
+        r.internalRedirect(v.perimeter_up + '_strip');
+        return;
+    }
+    r.internalRedirect(v.perimeter_up);
+}
+
+function body(r) {
+    var v = r.variables;
+    if (v.request_body_file) {
+        // client_body_buffer_size equals client_max_body_size, so this never happens;
+        // if it does, the body was not inspected: refuse rather than pass it on.
+        deny(r, 'body-not-in-memory');
+        return;
+    }
+    if (v.perimeter_form === '1' || v['perimeter_bf_' + v.perimeter_check] === 'ok') {
+        r.internalRedirect(v.perimeter_up);
+        return;
+    }
+    try {
+        exact(r, v);
+    } catch (e) {
+        deny(r, 'body-check-failed');
+    }
+}
+
+export default {keyHash, body};
