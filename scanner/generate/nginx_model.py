@@ -204,7 +204,7 @@ def _rate(rps: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    ms = int(math.ceil(seconds * 1000))
+    ms = math.ceil(seconds * 1000)
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
@@ -231,7 +231,7 @@ class _Registry:
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
-        if EVERYWHERE <= set(cidrs):
+        if set(cidrs) >= EVERYWHERE:
             return None
         key = tuple(sorted(str(ipaddress.ip_network(c, strict=False)) for c in cidrs))
         return self.geos.setdefault(key, f"$perimeter_net_{len(self.geos) + 1}")

@@ -32,10 +32,10 @@ INVENTORY = GOLDEN / "inventory-vllm-0.29.0-everything.json"
 GOLDEN_OPTIONS = GenerateOptions(runtime_dir="/var/lib/vllm-perimeter")
 # Fixed, fake principals: hashes of public strings, never real keys.
 GOLDEN_PRINCIPALS = """principals:
-  - {name: alice, role: user, key_sha256: %s}
-  - {name: batch-svc, role: service, key_sha256: %s}
-  - {name: ops, role: operator, key_sha256: %s}
-""" % (key_sha256("golden-alice"), key_sha256("golden-batch"), key_sha256("golden-ops"))
+  - {{name: alice, role: user, key_sha256: {}}}
+  - {{name: batch-svc, role: service, key_sha256: {}}}
+  - {{name: ops, role: operator, key_sha256: {}}}
+""".format(key_sha256("golden-alice"), key_sha256("golden-batch"), key_sha256("golden-ops"))
 
 
 def golden_plan(tmp: Path) -> Plan:
