@@ -10,27 +10,27 @@ from scanner.probe.interface import Layer, Outcome
 _PROXY_LIMIT = (413, 429)
 
 
+_MARKER = DECISION_HEADER.lower()
+
+
+def lower_keys(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
 def layer_of(headers: Mapping[str, str]) -> Layer:
     """The proxy answered if its marker header is present; otherwise the upstream did."""
-    return "proxy" if _marker(headers) is not None else "upstream"
-
-
-def _marker(headers: Mapping[str, str]) -> str | None:
-    for k, v in headers.items():
-        if k.lower() == DECISION_HEADER.lower():
-            return v
-    return None
+    return "proxy" if _MARKER in lower_keys(headers) else "upstream"
 
 
 def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, str]:
-    """(layer, outcome, marker value) for one answer.
+    """(layer, outcome, marker value) for one answer; ``headers`` keys in lower case.
 
     Reachable means the upstream answered (no marker) with anything but a deny: vLLM's
     own 401 on its key-guarded prefixes is ``guarded`` (not reached, but not the
     perimeter's doing either), 403 is a deny by the upstream, 404 and a non-JSON 400
     (the server refused the request line) mean there is nothing there.
     """
-    marker = _marker(headers)
+    marker = headers.get(_MARKER)
     if marker is not None:
         if marker.lower().startswith("allow") and status < 400:
             return "proxy", "reached", marker
@@ -47,10 +47,7 @@ def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, s
 
 
 def _is_json(headers: Mapping[str, str]) -> bool:
-    for k, v in headers.items():
-        if k.lower() == "content-type":
-            return "json" in v.lower()
-    return False
+    return "json" in headers.get("content-type", "").lower()
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

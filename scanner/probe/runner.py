@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
+from itertools import islice
 from pathlib import Path
 
 from scanner.plan.model import Plan
@@ -97,14 +98,15 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
     try:
         reason = await _preflight(sender, ctx)
         if not reason:
-            plain = [(k, c) for k, c in cases if not c.burst]
+            # one vantage at a time: a worker's pipelined chunk then shares one connection
+            plain = sorted(((k, c) for k, c in cases if not c.burst), key=lambda kc: kc[1].vantage.name)
             bursts: dict[str, list[tuple[Check, Case]]] = {}
             for k, c in cases:
                 if c.burst:
                     bursts.setdefault(c.burst, []).append((k, c))
             batches = [(plain, _Bucket(options.rate))] + [(b, _Bucket(0)) for b in bursts.values()]
             for batch, bucket in batches:
-                stream = _execute(batch, sender, options.concurrency, bucket, deadline)
+                stream = _execute(batch, sender, options.concurrency, bucket, deadline, options.pipeline)
                 async for chk, case, attempt in stream:
                     results[chk.id].append((case, attempt))
                     sent += attempt.outcome != "skipped"
@@ -138,23 +140,32 @@ async def _preflight(sender: Sender, ctx: CheckContext) -> str:
 
 
 async def _execute(batch: Sequence[tuple[Check, Case]], sender: Sender, concurrency: int,
-                   bucket: _Bucket, deadline: float) -> AsyncIterator[tuple[Check, Case, Attempt]]:
-    """Send ``batch`` with ``concurrency`` workers; stop taking new cases at ``deadline``."""
+                   bucket: _Bucket, deadline: float, depth: int = 1,
+                   ) -> AsyncIterator[tuple[Check, Case, Attempt]]:
+    """Send ``batch`` with ``concurrency`` workers (each pipelining up to ``depth`` requests on
+    its connection); stop taking new cases at ``deadline``."""
     queue: asyncio.Queue[tuple[Check, Case, Attempt] | None] = asyncio.Queue()
     it = iter(batch)
 
     async def worker() -> None:
         try:
-            for chk, case in it:
-                if case.skip:
-                    await queue.put((chk, case, skipped(case, case.skip)))
-                    continue
+            while time.monotonic() < deadline:
+                chunk = list(islice(it, depth))
+                if not chunk:
+                    return
+                live = []
+                for chk, case in chunk:
+                    if case.skip:
+                        await queue.put((chk, case, skipped(case, case.skip)))
+                    else:
+                        live.append((chk, case))
+                for _ in live:
+                    await bucket.take()
                 if time.monotonic() >= deadline:
                     return
-                await bucket.take()
-                if time.monotonic() >= deadline:
-                    return
-                await queue.put((chk, case, await sender.send(case)))
+                attempts = await sender.send_many([c for _k, c in live])
+                for (chk, case), attempt in zip(live, attempts, strict=True):
+                    await queue.put((chk, case, attempt))
         finally:
             await queue.put(None)
 

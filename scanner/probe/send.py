@@ -10,17 +10,22 @@ the per-request timeout; every failure becomes an attempt with a reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 import httpx
 
+from scanner.plan.model import DECISION_HEADER
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason
 from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
 
 _MAX_HEAD = 64 * 1024
+_MARKER_LOWER = DECISION_HEADER.lower()
+T = TypeVar("T")
 
 
 def ssl_context(target: Target) -> ssl.SSLContext:
@@ -71,13 +76,65 @@ class Sender:
         start = time.monotonic()
         try:
             if self.factory is None:
-                status, headers = await asyncio.wait_for(self._send_raw(case), self.timeout)
+                status, headers = await _bounded(self._send_raw(case), self.timeout)
             else:
                 status, headers = await self._send_httpx(case)
         except Exception as exc:  # every failure is data
             return _attempt(case, start, error=error_reason(exc))
         layer, outcome, marker = classify(status, headers)
         return _attempt(case, start, status=status, layer=layer, outcome=outcome, decision=marker)
+
+    async def send_many(self, cases: Sequence[Case]) -> list[Attempt]:
+        """Several cases: pipelined per vantage on one kept-alive connection where eligible."""
+        if self.factory is not None or len(cases) < 2:
+            return [await self.send(c) for c in cases]
+        groups: dict[str, list[int]] = {}
+        out: list[Attempt | None] = [None] * len(cases)
+        for i, c in enumerate(cases):
+            if _pipelinable(c):
+                groups.setdefault(c.vantage.name, []).append(i)
+            else:
+                out[i] = await self.send(c)
+        for idx in groups.values():
+            for i, a in zip(idx, await self._send_pipelined([cases[i] for i in idx]), strict=True):
+                out[i] = a
+        return [a for a in out if a is not None]
+
+    async def _send_pipelined(self, cases: Sequence[Case]) -> list[Attempt]:
+        """Write all requests at once, read the answers in order; resend the unanswered singly."""
+        if len(cases) == 1:
+            return [await self.send(cases[0])]
+        got: list[tuple[int, dict[str, str], float]] = []
+        start = time.monotonic()
+        with contextlib.suppress(Exception):  # what got no answer is sent again below
+            await _bounded(self._pipeline(cases, got), self.timeout)
+        out = []
+        for c, (status, headers, at) in zip(cases, got, strict=False):
+            layer, outcome, marker = classify(status, headers)
+            out.append(_attempt(c, start, status=status, layer=layer, outcome=outcome, decision=marker,
+                                end=at))
+        for c in cases[len(got):]:
+            out.append(await self.send(c))
+        return out
+
+    async def _pipeline(self, cases: Sequence[Case], got: list[tuple[int, dict[str, str], float]]) -> None:
+        idle = self._idle.setdefault(cases[0].vantage.name, [])
+        reader, writer = conn = idle.pop() if idle else await self._connect(cases[0].vantage)
+        keep = False
+        try:
+            writer.write(b"".join(raw_request(c, self._host, self._prefix, keep_alive=True) for c in cases))
+            await writer.drain()
+            for c in cases:
+                status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
+                keep = await _skip_body(reader, headers, status, c.send_method == "HEAD")
+                got.append((status, headers, time.monotonic()))
+                if not keep:
+                    break
+        finally:
+            if keep:
+                idle.append(conn)
+            else:
+                writer.close()
 
     async def _send_httpx(self, case: Case) -> tuple[int, Mapping[str, str]]:
         base = self.target.url
@@ -101,7 +158,7 @@ class Sender:
                     continue
                 raise
             await resp.aclose()
-            return resp.status_code, dict(resp.headers)
+            return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}
         raise AssertionError("unreachable")
 
     async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str]]:
@@ -142,11 +199,11 @@ class Sender:
 async def _skip_body(reader: asyncio.StreamReader, headers: Mapping[str, str], status: int,
                      head_only: bool) -> bool:
     """Read (and drop) the response body; True if the connection can be reused."""
-    h = {k.lower(): v.lower() for k, v in headers.items()}
-    keep = "close" not in h.get("connection", "")
+    h = headers
+    keep = "close" not in h.get("connection", "").lower()
     if head_only or status in (204, 304) or status < 200:
         return keep
-    if "chunked" in h.get("transfer-encoding", ""):
+    if "chunked" in h.get("transfer-encoding", "").lower():
         for _ in range(100_000):
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip() or b"0", 16)
             if size == 0:
@@ -160,6 +217,15 @@ async def _skip_body(reader: asyncio.StreamReader, headers: Mapping[str, str], s
         return keep
     await reader.read(-1)
     return False
+
+
+async def _bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
+    """``coro`` within ``seconds`` (asyncio.timeout where available: cheaper than wait_for)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:
+        return await asyncio.wait_for(coro, seconds)
+    async with timeout(seconds):
+        return await coro
 
 
 def raw_request(case: Case, host: str, prefix: str = "", keep_alive: bool = False) -> bytes:
@@ -185,11 +251,13 @@ def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     parts = status_line.split(" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
         raise ConnectionError(f"not an HTTP response: {status_line[:60]!r}")
-    headers: dict[str, str] = {}
-    for line in rest.split("\r\n"):
-        k, sep, v = line.partition(":")
-        if sep:
-            headers[k.strip()] = v.strip()
+    lines = [line.split(":", 1) for line in rest.lower().split("\r\n") if ":" in line]
+    headers = {k.strip(): v.strip() for k, v in lines}
+    marker = _MARKER_LOWER + ":"
+    if _MARKER_LOWER in headers:  # keep the marker's value as sent (it is shown in reports)
+        for line in rest.split("\r\n"):
+            if line.lower().startswith(marker):
+                headers[_MARKER_LOWER] = line.split(":", 1)[1].strip()
     return int(parts[1]), headers
 
 
@@ -202,14 +270,19 @@ def request_line(case: Case) -> str:
     return f"{case.send_method} {case.target} HTTP/1.1"
 
 
+def _pipelinable(case: Case) -> bool:
+    return not case.raw and not case.chunked and len(case.body or b"") <= 65536
+
+
 def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",
-             layer: str = "none", outcome: str = "error", decision: str = "") -> Attempt:
+             layer: str = "none", outcome: str = "error", decision: str = "",
+             end: float | None = None) -> Attempt:
     return Attempt(
         check=case.check, method=case.method, path=case.path, request_line=request_line(case),
         credential=case.credential.label, fingerprint=case.credential.fingerprint,
         vantage=case.vantage.name, expected=case.expected, status=status, error=error,
         layer=layer, decision=decision, outcome=outcome,  # type: ignore[arg-type]
-        latency_ms=round((time.monotonic() - start) * 1000, 2), note=case.note)
+        latency_ms=round(((end or time.monotonic()) - start) * 1000, 2), note=case.note)
 
 
 def skipped(case: Case, why: str) -> Attempt:

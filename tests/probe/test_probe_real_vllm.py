@@ -50,6 +50,18 @@ def test_vllm_alone_has_critical_findings(real_vllm, default_plan: Plan) -> None
     assert hits and all(a.status != 500 for a in hits), [a.request_line for a in hits if a.status == 500]
 
 
+def test_pipelining_gives_the_same_answers(real_vllm, default_plan: Plan) -> None:  # type: ignore[no-untyped-def]
+    def outcomes(pipeline: int) -> dict[tuple[str, str, str], tuple[int | None, str]]:
+        opts = ProbeOptions(rate=0, concurrency=4, pipeline=pipeline, checks=("matrix",))
+        r = probe(default_plan, Target(real_vllm.url), credentials([]), [Vantage()], opts)
+        return {(a.request_line, a.credential, a.vantage): (a.status, a.outcome) for a in r.attempts}
+
+    plain, piped = outcomes(1), outcomes(8)
+    assert plain.keys() == piped.keys()
+    diff = {k: (plain[k], piped[k]) for k in plain if plain[k] != piped[k]}
+    assert not diff, diff
+
+
 def test_safe_probes_are_rejected_before_the_handler(real_vllm, default_plan: Plan) -> None:  # type: ignore[no-untyped-def]
     sc = _state_changing_paths(default_plan)
     assert {"/pause", "/sleep", "/collective_rpc", "/update_weights", "/v1/load_lora_adapter",

@@ -9,7 +9,7 @@ import pytest
 
 from scanner.errors import UsageError
 from scanner.probe import config
-from scanner.probe.classify import classify, error_reason
+from scanner.probe.classify import classify, error_reason, lower_keys
 from scanner.probe.expect import expect
 from scanner.probe.interface import Credential, Vantage
 from tests.probe import helpers as h
@@ -127,7 +127,7 @@ def test_expectation_rules() -> None:
 
 
 def test_classification() -> None:
-    assert classify(404, {"X-Perimeter-Decision": "deny"})[:2] == ("proxy", "denied")
+    assert classify(404, lower_keys({"X-Perimeter-Decision": "deny"}))[:2] == ("proxy", "denied")
     assert classify(429, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
     assert classify(401, {})[:2] == ("upstream", "guarded")
     assert classify(404, {})[:2] == ("upstream", "absent")

@@ -48,11 +48,12 @@ def deny_server() -> Iterator[str]:
         srv.server_close()
 
 
-def test_vantage_source_addresses(deny_server: str) -> None:
+@pytest.mark.parametrize("pipeline", [1, 8])
+def test_vantage_source_addresses(deny_server: str, pipeline: int) -> None:
     SEEN.clear()
     vs = (Vantage("a", "127.0.0.2"), Vantage("b", "127.0.0.3"))
     r = probe(h.plan(), Target(deny_server), h.creds("user"), vs,
-              ProbeOptions(rate=0, max_time=60, checks=("matrix", "bypass")))
+              ProbeOptions(rate=0, max_time=60, checks=("matrix", "bypass"), pipeline=pipeline))
     assert not r.unreachable, r.reason
     assert sorted(SEEN) == ["127.0.0.2", "127.0.0.3"]
     assert {a.vantage for a in r.attempts} == {"a", "b"}
