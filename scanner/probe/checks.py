@@ -297,6 +297,8 @@ class Sweep:
                 continue
             sc = safe.is_state_changing(path)
             method = methods[0]
+            if sc and safe.safe_request(method, path, methods, True, ctx.options.allow_state_changes) is None:
+                method = safe.wrong_method(methods)  # router 405 proves the route, acts on nothing
             for vantage in ctx.vantages:
                 yield _case(ctx, self.id, method, path, methods, sc, cred, vantage, "sweep")
 
