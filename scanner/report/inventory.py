@@ -20,10 +20,9 @@ def to_table(inv: Inventory, width: int = 120) -> str:
     title = f"{len(inv.routes)} routes from {inv.source.kind} {inv.source.target}".strip()
     table = Table(title=title, show_lines=False)
     table.add_column("path", overflow="fold")
-    table.add_column("methods")
-    table.add_column("kind")
-    table.add_column("api-key guard")
-    table.add_column("endpoint", overflow="fold")
+    for col in ("methods", "kind", "api-key guard"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("endpoint", overflow="ellipsis", no_wrap=True, max_width=44)
     for r in inv.routes:
         guard = "guarded" if r.guarded else "OPEN"
         table.add_row(r.path, ",".join(r.methods), r.kind, guard, r.endpoint)
