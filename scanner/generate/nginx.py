@@ -25,6 +25,9 @@ Generator options (``GenerateOptions.extra``):
     absolute paths (needed when ``perimeter-http.conf`` is included from a main
     config elsewhere). Default: paths relative to NGINX's configuration prefix, i.e.
     the directory of the file given to ``nginx -c``.
+``upstream_keepalive``
+    Idle keep-alive connections to vLLM per worker (default 32; ``0``: a new
+    connection per request, e.g. for an upstream that closes connections after errors).
 ``worker_processes`` (default ``auto``), ``user`` (default: none emitted),
 ``ca_bundle`` (CA file for an upstream TLS leg without ``ca``; default
 ``/etc/ssl/certs/ca-certificates.crt``).

@@ -53,7 +53,8 @@ from scanner.plan.model import (
 )
 from scanner.policy.model import Limits
 
-NGINX_EXTRA_OPTIONS: tuple[str, ...] = ("ca_bundle", "config_dir", "njs_module", "user", "worker_processes")
+NGINX_EXTRA_OPTIONS: tuple[str, ...] = ("ca_bundle", "config_dir", "njs_module", "upstream_keepalive", "user",
+                                        "worker_processes")
 UPSTREAM = "vllm_upstream"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
@@ -137,6 +138,7 @@ class Model:
     njs_module: str
     user: str
     worker_processes: str
+    upstream_keepalive: int
     includes: Mapping[str, str]
     listen: str
     tls_cert: str
@@ -394,6 +396,9 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
     workers = extra.get("worker_processes", "auto")
     if not re.match(r"^(auto|[1-9][0-9]{0,2})$", workers):
         raise GenerateError(f"nginx generator: worker_processes {workers!r} is not 'auto' or a number")
+    keepalive = extra.get("upstream_keepalive", "32")
+    if not re.match(r"^(0|[1-9][0-9]{0,3})$", keepalive):
+        raise GenerateError(f"nginx generator: upstream_keepalive {keepalive!r} is not a number")
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
     up_tls = _upstream_tls(plan, options)
@@ -404,7 +409,7 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
         access_log=_file("access_log", options.access_log),
         error_log=_file("error_log", options.error_log),
         njs_module=_file("njs_module", extra["njs_module"]) if extra.get("njs_module") else "",
-        user=user, worker_processes=workers, includes=includes,
+        user=user, worker_processes=workers, upstream_keepalive=int(keepalive), includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
         upstream_server=_hostport(plan.upstream.host, plan.upstream.port),
         upstream_scheme="https" if up_tls else "http", upstream_tls=up_tls,
