@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from scanner import patterns
@@ -43,6 +44,7 @@ class Case:
         return h
 
 
+@lru_cache(maxsize=4096)
 def concrete(path: str) -> str:
     """A template path with each {param} replaced by a safe concrete value."""
     segs = patterns.segments(path)
