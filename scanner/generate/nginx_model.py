@@ -324,7 +324,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
 
 
 def _location(reg: _Registry, plan: Plan, index: int, route: str,
-              decisions: tuple[Decision, ...]) -> Location:
+              decisions: tuple[Decision, ...], scheme: str) -> Location:
     _path(route)
     exact = patterns.is_exact(route)
     if not exact and not patterns.is_template(route):
@@ -336,9 +336,9 @@ def _location(reg: _Registry, plan: Plan, index: int, route: str,
                      key=lambda g: g[0].method)
     blocks = tuple(_block(reg, plan, g, f"@perimeter_up_{index}_{i}") for i, g in enumerate(ordered))
     if exact:
-        match, target = f"= {route}", f"http://{UPSTREAM}{route}"
+        match, target = f"= {route}", f"{scheme}://{UPSTREAM}{route}"
     else:
-        match, target = f'~ "{decisions[0].regex}"', f"http://{UPSTREAM}$perimeter_path$is_args$args"
+        match, target = f'~ "{decisions[0].regex}"', f"{scheme}://{UPSTREAM}$perimeter_path$is_args$args"
     internal = tuple(f"/@perimeter/{index}/{i}" for i in range(len(blocks))) if len(blocks) > 1 else ()
     return Location(match=match, route=route, exact=exact, target=target, blocks=blocks,
                     internal=internal)
@@ -379,7 +379,9 @@ def _upstream_tls(plan: Plan, options: GenerateOptions) -> dict[str, str]:
 
 def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) -> Model:
     reg = _Registry()
-    locations = tuple(_location(reg, plan, i + 1, route, ds)
+    up_tls = _upstream_tls(plan, options)
+    scheme = "https" if up_tls else "http"
+    locations = tuple(_location(reg, plan, i + 1, route, ds, scheme)
                       for i, (route, ds) in enumerate(plan.allowed_paths().items()))
     extra = options.extra
     config_dir = extra.get("config_dir", "")
@@ -401,7 +403,6 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
         raise GenerateError(f"nginx generator: upstream_keepalive {keepalive!r} is not a number")
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
-    up_tls = _upstream_tls(plan, options)
     return Model(
         plan_digest=plan.digest, policy_name=plan.policy_name, policy_digest=plan.policy_digest,
         inventory_hash=plan.inventory_hash, vllm_version=plan.vllm_version,
@@ -412,7 +413,7 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
         user=user, worker_processes=workers, upstream_keepalive=int(keepalive), includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
         upstream_server=_hostport(plan.upstream.host, plan.upstream.port),
-        upstream_scheme="https" if up_tls else "http", upstream_tls=up_tls,
+        upstream_scheme=scheme, upstream_tls=up_tls,
         trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
                                      for c in plan.trusted_proxies)),
         principals=_principals(plan),

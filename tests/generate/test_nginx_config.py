@@ -131,6 +131,7 @@ def test_nginx_t_tls_trusted_proxies_strip(tmp_path: Path, build_name: str) -> N
     http = (tmp_path / "n" / "conf" / "perimeter-http.conf").read_text()
     assert "listen [::1]:8443 ssl;" in http
     assert "proxy_ssl_verify on;" in http and "proxy_ssl_name vllm.internal;" in http
+    assert "proxy_pass https://vllm_upstream/v1/models;" in http and "http://vllm_upstream" not in http
     assert "proxy_set_body $perimeter_body_out;" in http
     assert "set_real_ip_from 10.0.0.0/8;" in http
 

@@ -52,15 +52,15 @@ PEOPLE = (("alice", "user"), ("bob", "user"), ("svc", "service"), ("ops", "opera
 
 
 def start_perimeter(build_name: str, directory: Path, upstream_host: str, upstream_port: int,
-                    cache_salt: str = "reject", extra: str = "",
-                    keepalive: bool = True) -> tuple[RunningNginx, dict[str, Principal]]:
+                    cache_salt: str = "reject", keepalive: bool = True, listen_tls: str = "",
+                    upstream_tls: str = "") -> tuple[RunningNginx, dict[str, Principal]]:
     build = get_build(build_name)
     directory.mkdir(parents=True, exist_ok=True)
     _, people = make_principals(directory, *PEOPLE)
     plan = make_plan(
         load_inventory(INVENTORY), live_policy_text(cache_salt), directory,
         extra_yaml="principals_file: principals.yaml\n"
-        + listen_yaml(new_port(), upstream_host, upstream_port) + extra,
+        + listen_yaml(new_port(), upstream_host, upstream_port, listen_tls, upstream_tls),
         overrides=LOOPBACK_NETWORKS,
     )
     options = {} if keepalive else {"upstream_keepalive": "0"}
