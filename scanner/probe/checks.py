@@ -3,6 +3,7 @@ sweep, body and JSON limits, rate bursts. Each generates cases and judges their 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -226,8 +227,7 @@ class Bypass:
 
 
 def _inside(cidrs: tuple[str, ...]) -> str | None:
-    import ipaddress
-
+    """An address inside one of ``cidrs`` (to spoof), IPv4 only."""
     for c in cidrs:
         net = ipaddress.ip_network(c, strict=False)
         if net.prefixlen < net.max_prefixlen and net.version == 4:

@@ -27,6 +27,7 @@ from scanner.probe.interface import (
     Started,
     Target,
     Vantage,
+    severity_rank,
 )
 from scanner.probe.registry import Check, CheckContext, selected
 from scanner.probe.send import Sender, skipped
@@ -205,17 +206,11 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
     return ProbeResult(
         target=start.target, plan_digest=start.plan_digest, policy=start.policy,
         vantages=start.vantages, credentials=start.credentials, attempts=tuple(attempts),
-        findings=tuple(sorted(findings, key=lambda f: (_rank(f.severity), f.path, f.method, f.id))),
+        findings=tuple(sorted(findings, key=lambda f: (severity_rank(f.severity), f.path, f.method, f.id))),
         elapsed_s=end.elapsed_s if end else 0.0,
         unreachable=end.unreachable if end else True,
         reason=end.reason if end else "the run did not finish",
     )
-
-
-def _rank(severity: str) -> int:
-    from scanner.probe.interface import severity_rank
-
-    return severity_rank(severity)
 
 
 async def collect(stream: AsyncIterator[Event]) -> list[Event]:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from scanner.errors import UsageError
 from scanner.plan.model import DECISION_HEADER
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason
@@ -34,10 +35,16 @@ T = TypeVar("T")
 
 def ssl_context(target: Target) -> ssl.SSLContext:
     """Verification always on: the CA bundle given, else the system store. Never off."""
-    ctx = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle \
-        else ssl.create_default_context()
+    try:
+        ctx = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle \
+            else ssl.create_default_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"--ca-bundle {target.ca_bundle}: cannot load: {exc}") from None
     if target.client_cert:
-        ctx.load_cert_chain(target.client_cert, target.client_key)
+        try:
+            ctx.load_cert_chain(target.client_cert, target.client_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--client-cert/--client-key: cannot load: {exc}") from None
     return ctx
 
 

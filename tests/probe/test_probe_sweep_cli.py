@@ -66,3 +66,19 @@ def test_cli_usage_errors(args: list[str]) -> None:
     assert isinstance(res.exception, UsageError), res.output
     assert res.exception.exit_code == 2
     assert "vp_literal-key-on-the-command-line" not in str(res.exception)
+
+
+def test_progress_consumer_and_bad_ca_bundle(tmp_path: Path) -> None:
+    import asyncio
+
+    from scanner.cli.probe import _consume
+    from scanner.probe.interface import Target
+    from scanner.probe.runner import run_probe
+
+    opts = ProbeOptions(rate=0, checks=("matrix",), transport_factory=h.perimeter(h.plan()))
+    res = asyncio.run(_consume(run_probe(h.plan(), h.TARGET, h.creds(), [Vantage()], opts), True))
+    assert res.attempts and not res.unreachable
+    bad = ProbeOptions(rate=0, checks=("matrix",))
+    with pytest.raises(UsageError, match="--ca-bundle"):
+        asyncio.run(_consume(run_probe(h.plan(), Target("https://127.0.0.1:9", ca_bundle=str(tmp_path / "no.pem")),
+                                       h.creds(), [Vantage()], bad), False))
