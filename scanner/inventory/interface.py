@@ -1,8 +1,11 @@
 """The inventory seam: every source of route knowledge yields an :class:`Inventory`.
 
-Sources: the real vLLM app built in vLLM's own Python (:mod:`.vllm`), any ASGI
+Sources: the real vLLM app built in vLLM's own Python (:mod:`.vllm_app`), any ASGI
 app (:mod:`.asgi`), a live ``/openapi.json`` (:mod:`.openapi`), and the bundled
-catalogs (:mod:`.catalog`). Base error: :class:`scanner.errors.InventoryError`.
+catalogs (:mod:`.catalog`); :mod:`.diff` compares two inventories. Base error:
+:class:`scanner.errors.InventoryError` (an invalid inventory file is
+:class:`scanner.errors.InventoryFormatError`; an unreachable URL is
+:class:`scanner.errors.TargetUnreachableError`).
 """
 
 from __future__ import annotations
