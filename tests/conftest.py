@@ -34,11 +34,13 @@ def vllm_python() -> str:
     return python
 
 
-# The "everything" surface of vLLM 0.29.0: dev mode, runtime LoRA, tokenizer info,
-# generation + speech + pooling tasks (pooling via the offline model-config stand-in).
-EVERYTHING_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-EVERYTHING_ARGS = ("--model", "m", "--enable-lora", "--enable-tokenizer-info-endpoint")
-EVERYTHING_TASKS = ("generate", "transcription", "realtime", "embed", "classify")
+# The "everything" surface of vLLM 0.29.0 (the catalog profile of that name: dev mode,
+# runtime LoRA, tokenizer info, profiler, fault tolerance, generation + speech + pooling).
+from scanner.inventory.catalog import PROFILES  # noqa: E402
+
+EVERYTHING_ENV = dict(PROFILES["everything"].env)
+EVERYTHING_ARGS = PROFILES["everything"].serve_args
+EVERYTHING_TASKS = PROFILES["everything"].tasks
 
 
 @pytest.fixture(scope="session")
@@ -47,20 +49,15 @@ def real_vllm(vllm_python: str):  # type: ignore[no-untyped-def]
 
     Yields a started :class:`scanner.standin.real.RealVllmServer`; ``.url`` is its base URL.
     """
-    from scanner.inventory.vllm_app import VllmExtraction
     from scanner.standin.real import RealVllmServer
 
-    spec = VllmExtraction(python=vllm_python, serve_args=EVERYTHING_ARGS, tasks=EVERYTHING_TASKS,
-                          env=EVERYTHING_ENV, isolated_env=True)
-    with RealVllmServer(spec) as server:
+    with RealVllmServer(PROFILES["everything"].extraction(vllm_python)) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def everything_inventory(vllm_python: str):  # type: ignore[no-untyped-def]
     """Inventory of that same surface, extracted by the tool from the real app."""
-    from scanner.inventory.vllm_app import VllmExtraction, extract
+    from scanner.inventory.vllm_app import extract
 
-    spec = VllmExtraction(python=vllm_python, serve_args=EVERYTHING_ARGS, tasks=EVERYTHING_TASKS,
-                          env=EVERYTHING_ENV, isolated_env=True)
-    return extract(spec)[0]
+    return extract(PROFILES["everything"].extraction(vllm_python))[0]

@@ -64,16 +64,22 @@ def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
     )
 
 
-def extract(spec: VllmExtraction) -> tuple[Inventory, VllmTimings]:
-    env = spec.effective_env()
-    request = {
-        "mode": "vllm",
+def worker_request(spec: VllmExtraction, mode: str = "vllm", **extra: Any) -> dict[str, Any]:
+    """The worker request for ``spec`` (mode ``vllm`` extracts, ``serve`` serves the app)."""
+    return {
+        "mode": mode,
         "serve_args": list(spec.serve_args),
         "tasks": list(spec.tasks),
         "model_config": spec.model_config,
         "allow_unsupported": spec.allow_unsupported,
         "optional_flags": list(spec.optional_flags),
+        **extra,
     }
+
+
+def extract(spec: VllmExtraction) -> tuple[Inventory, VllmTimings]:
+    env = spec.effective_env()
+    request = worker_request(spec)
     data = run_worker(spec.python, request, env, secrets=spec.secret_values(env),
                       timeout=spec.timeout)
     return _inventory(spec, env, data), VllmTimings(**data["timings"])

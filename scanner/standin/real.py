@@ -21,7 +21,7 @@ from typing import Any
 
 from scanner.errors import InternalError
 from scanner.inventory._runner import WORKER
-from scanner.inventory.vllm_app import VllmExtraction
+from scanner.inventory.vllm_app import VllmExtraction, worker_request
 from scanner.net import free_port, wait_for_port
 
 
@@ -47,10 +47,8 @@ class RealVllmServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="vllm-perimeter-real-")
         req = Path(self._tmp.name, "request.json")
         res = Path(self._tmp.name, "result.json")
-        req.write_text(json.dumps({
-            "mode": "serve", "serve_args": list(self.spec.serve_args), "tasks": list(self.spec.tasks),
-            "model_config": self.spec.model_config, "host": self.host, "port": self.port,
-        }), encoding="utf-8")
+        req.write_text(json.dumps(worker_request(self.spec, "serve", host=self.host, port=self.port)),
+                       encoding="utf-8")
         log = open(Path(self._tmp.name, "server.log"), "wb")  # noqa: SIM115 - closed with the dir
         self._proc = subprocess.Popen(
             [self.spec.python, str(WORKER), str(req), str(res)],
