@@ -92,7 +92,7 @@ class ProbeOptions:
     allow_state_changes: bool = False
     checks: tuple[str, ...] = ()   # empty: every registered check
     catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files
-    max_burst: int = 400           # hard cap on one rate-limit burst
+    max_burst: int = 1000          # hard cap on one rate-limit burst
     max_body_bytes: int = 32 * 1024 * 1024  # body-limit checks above this are skipped
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)
@@ -116,6 +116,7 @@ class Attempt:
     decision: str = ""             # the marker header's value when the proxy answered
     outcome: Outcome = "error"
     latency_ms: float = 0.0
+    sent_at: float = 0.0           # monotonic clock when sent (durations within one run only)
     note: str = ""                 # which variant, which limit, ...
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,7 +128,8 @@ class Attempt:
 
 
 _ATTEMPT_FIELDS = ("check", "method", "path", "request_line", "credential", "fingerprint", "vantage",
-                   "expected", "status", "error", "layer", "decision", "outcome", "latency_ms", "note")
+                   "expected", "status", "error", "layer", "decision", "outcome", "latency_ms", "note",
+                   "sent_at")
 
 
 @dataclass(frozen=True)

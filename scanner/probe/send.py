@@ -285,7 +285,7 @@ def _attempt(case: Case, start: float, *, status: int | None = None, error: str 
         credential=case.credential.label, fingerprint=case.credential.fingerprint,
         vantage=case.vantage.name, expected=case.expected, status=status, error=error,
         layer=layer, decision=decision, outcome=outcome,  # type: ignore[arg-type]
-        latency_ms=round(((end or time.monotonic()) - start) * 1000, 2), note=case.note)
+        latency_ms=round(((end or time.monotonic()) - start) * 1000, 2), note=case.note, sent_at=start)
 
 
 def skipped(case: Case, why: str) -> Attempt:

@@ -175,3 +175,33 @@ def test_httpx_collapses_dot_segments_so_variants_go_raw() -> None:
     data = raw_request(case, "h:1")
     assert data.startswith(b"POST /v1/../invocations HTTP/1.1\r\nHost: h:1\r\n")
     assert data.endswith(b"Content-Length: 2\r\n\r\n{}")
+
+
+def test_rate_judge_is_inconclusive_when_the_burst_was_too_slow() -> None:
+    from dataclasses import replace
+
+    from scanner.probe.checks import RateBurst
+    from scanner.probe.interface import ProbeOptions, Vantage
+    from scanner.probe.registry import CheckContext
+
+    ctx = CheckContext(plan=h.plan(), target=h.TARGET, credentials=h.creds("user"),
+                       vantages=(Vantage(),), options=ProbeOptions())
+    check = RateBurst()
+    cases = list(check.generate(ctx))
+    assert len(cases) == 5  # burst 2 + 2 x rps 1 + 1
+
+    def attempts(spacing: float) -> list[tuple[object, object]]:
+        from scanner.probe.interface import Attempt
+
+        out = []
+        for i, c in enumerate(cases):
+            a = Attempt(check="rate", method=c.method, path=c.path, request_line="x", credential="role:user",
+                        fingerprint="", vantage="default", expected="allow", status=200,
+                        layer="upstream", outcome="reached", sent_at=100.0 + i * spacing)
+            out.append((c, replace(a)))
+        return out
+
+    fast = list(check.judge(ctx, attempts(0.001)))  # type: ignore[arg-type]
+    slow = list(check.judge(ctx, attempts(1.0)))    # type: ignore[arg-type]
+    assert [f.severity for f in fast] == ["medium"] and "not enforced" in fast[0].title
+    assert [f.severity for f in slow] == ["info"] and "Inconclusive" in slow[0].detail
