@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from scanner.plan.model import DECISION_HEADER
 from scanner.probe.interface import Layer, Outcome
 
-_PROXY_LIMIT = (413, 429)
+_PROXY_LIMIT = (413, 429, 503)  # body too large, rate limited, over its concurrency limit
 
 
 _MARKER = DECISION_HEADER.lower()

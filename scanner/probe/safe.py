@@ -7,8 +7,9 @@ instead with a request the real vLLM app rejects *before* the handler runs:
 * a method the path does not declare: Starlette's router answers 405 without calling any
   handler (``/pause`` PATCH -> 405). Works for every route; the proxy should deny it too.
 * for some routes, the declared method with input FastAPI validates before the handler:
-  a query parameter of the wrong type (``/pause?mode=...``), or malformed JSON for a route
-  with a pydantic body (``/v1/load_lora_adapter``). vLLM answers 400 "validation error".
+  a query parameter of the wrong type (``/pause?mode=...``), or a body field of the wrong
+  type for a route with a pydantic body (``/v1/load_lora_adapter``). The JSON stays valid,
+  so a perimeter that parses bodies forwards it. vLLM answers 400 "validation error".
 
 Handlers that take the raw request (``/sleep``, ``/resume``, ``/reset_mm_cache``,
 ``/collective_rpc`` ...) parse their own input, so only the wrong method is safe for them.
@@ -59,10 +60,16 @@ _DECLARED: dict[tuple[str, str], SafeRequest] = {
     ("POST", "/reset_prefix_cache"): SafeRequest(
         "POST", query="reset_running_requests=__probe__",
         how="invalid boolean query value, rejected by FastAPI validation"),
-    **{("POST", p): SafeRequest("POST", body=MALFORMED_JSON, content_type="application/json",
-                                how="malformed JSON body, rejected by pydantic body validation")
-       for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/finish_weight_update",
-                 "/update_weight_version")},
+    # Valid JSON (a JSON-checking perimeter forwards it) with a field of the wrong type:
+    # pydantic rejects it before the handler runs.
+    **{("POST", p): SafeRequest("POST", body=body, content_type="application/json",
+                                how="a body field of the wrong type, rejected by pydantic validation")
+       for p, body in (
+           ("/v1/load_lora_adapter", b'{"lora_name": [], "lora_path": []}'),
+           ("/v1/unload_lora_adapter", b'{"lora_name": []}'),
+           ("/finish_weight_update", b'{"weight_version": []}'),
+           ("/update_weight_version", b'{"new_version": []}'),
+       )},
 }
 
 

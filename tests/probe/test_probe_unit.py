@@ -129,6 +129,7 @@ def test_expectation_rules() -> None:
 def test_classification() -> None:
     assert classify(404, lower_keys({"X-Perimeter-Decision": "deny"}))[:2] == ("proxy", "denied")
     assert classify(429, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
+    assert classify(503, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
     assert classify(401, {})[:2] == ("upstream", "guarded")
     assert classify(404, {})[:2] == ("upstream", "absent")
     assert classify(400, {"content-type": "text/plain"})[:2] == ("upstream", "absent")
