@@ -91,7 +91,7 @@ class Sender:
             else:
                 status, headers = await self._send_httpx(case)
         except Exception as exc:  # every failure is data
-            return _attempt(case, start, error=error_reason(exc))
+            return _attempt(case, start, error=_redacted(error_reason(exc), case))
         layer, outcome, marker = classify(status, headers)
         return _attempt(case, start, status=status, layer=layer, outcome=outcome, decision=marker)
 
@@ -271,6 +271,12 @@ async def _chunks(body: bytes, size: int = 65536) -> AsyncIterator[bytes]:
 
 def request_line(case: Case) -> str:
     return f"{case.send_method} {case.target} HTTP/1.1"
+
+
+def _redacted(text: str, case: Case) -> str:
+    """An error message never carries the key (a client library may quote a header)."""
+    secret = case.credential.secret
+    return text.replace(secret, "<redacted>") if secret else text
 
 
 def _pipelinable(case: Case) -> bool:

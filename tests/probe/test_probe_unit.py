@@ -206,3 +206,15 @@ def test_rate_judge_is_inconclusive_when_the_burst_was_too_slow() -> None:
     slow = list(check.judge(ctx, attempts(1.0)))    # type: ignore[arg-type]
     assert [f.severity for f in fast] == ["medium"] and "not enforced" in fast[0].title
     assert [f.severity for f in slow] == ["info"] and "Inconclusive" in slow[0].detail
+
+
+def test_error_messages_never_carry_the_key() -> None:
+    def leaky(r: httpx.Request) -> httpx.Response:
+        if r.url.path == "/":
+            return httpx.Response(404)
+        raise httpx.LocalProtocolError(f"Illegal header value {r.headers.get('authorization')!r}")
+
+    r = h.run(lambda v: httpx.MockTransport(leaky), "user", checks=("matrix",))
+    errors = [a.error for a in r.attempts if a.credential == "role:user" and a.error]
+    assert errors and all(h.USER_KEY not in e for e in errors)
+    assert any("<redacted>" in e for e in errors)
