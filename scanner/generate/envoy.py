@@ -108,10 +108,8 @@ def _check_paths(options: GenerateOptions) -> None:
 def render_model(model: Model) -> tuple[str, str]:
     """The bootstrap YAML and the principals file for a model."""
     env = _environment()
-    auth_lua = env.get_template("envoy_auth.lua.j2").render(m=model)
-    body_lua = env.get_template("envoy_body.lua.j2").render(m=model)
-    main = env.get_template("envoy.yaml.j2").render(m=model, auth_lua=auth_lua.rstrip("\n"),
-                                                    body_lua=body_lua.rstrip("\n"))
+    lua = env.get_template("envoy_perimeter.lua.j2").render(m=model)
+    main = env.get_template("envoy.yaml.j2").render(m=model, lua=lua.rstrip("\n"))
     principals = env.get_template("envoy-principals.tsv.j2").render(m=model)
     try:
         yaml.safe_load(main)

@@ -38,8 +38,8 @@ from scanner.plan.model import (
 )
 from scanner.policy.model import Principal, Rate
 
-AUTH_FILTER = "perimeter.auth"
-BODY_FILTER = "perimeter.body"
+LUA_FILTER = "perimeter.lua"
+STREAM_BUFFER = 1048576    # Envoy's default per-connection buffer limit
 UPSTREAM_HEADER = "x-perimeter-upstream"   # internal: the concurrency cluster Lua picked
 BASE_CLUSTER = "vllm"
 BODY_METHODS = ("POST", "PUT", "PATCH")
@@ -71,27 +71,27 @@ class RouteView:
     cluster_header: str = ""
     timeout: str = "0s"
     networks: tuple[Cidr, ...] | None = None   # None: any source
-    auth_group: str = ""      # Lua auth group id; "" = no key needed
-    body_group: str = ""      # Lua body group id; "" = no body check
-    buffer_bytes: int = 0     # 0 = no body limit from the policy
+    lua_group: str = ""       # Lua group id (key, roles, body check); "" = Lua off
+    buffer_bytes: int = 0     # buffer filter limit; 0 = no body limit from the policy
+    stream_buffer: int = 0    # route request_body_buffer_limit (Lua reads bodies > 1 MiB)
     rate_filter: str = ""
     websocket: bool = False
     strip_principal: bool = False
 
 
 @dataclass(frozen=True)
-class AuthGroup:
+class LuaGroup:
+    """What the Lua filter checks on a set of routes."""
+
     id: str
-    roles: tuple[str, ...]                       # empty: any principal
+    key: bool                                    # a key is needed (auth "key")
+    roles: tuple[str, ...] = ()                  # empty: any principal
     limited: bool = False                        # a concurrency limit: a cluster per principal
     upstreams: tuple[tuple[str, str], ...] = ()  # principal -> concurrency cluster
-
-
-@dataclass(frozen=True)
-class BodyGroup:
-    id: str
-    caps: tuple[tuple[str, int], ...]
-    check_fields: bool
+    check_body: bool = False                     # JSON caps / forbidden fields
+    check_fields: bool = False                   # forbidden fields (body policy reject/strip)
+    body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
+    caps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,7 @@ class Model:
     keys_file: str
     admin: tuple[str, int] | None
     routes: tuple[RouteView, ...]
-    auth_groups: tuple[AuthGroup, ...]
-    body_groups: tuple[BodyGroup, ...]
+    lua_groups: tuple[LuaGroup, ...]
     rate_filters: tuple[RateFilter, ...]
     clusters: tuple[ClusterView, ...]
     reject_fields: tuple[str, ...]
@@ -157,8 +156,7 @@ class Model:
     reason_header: str = REASON_HEADER
     principal_header: str = PRINCIPAL_HEADER.lower()
     upstream_header: str = UPSTREAM_HEADER
-    auth_filter: str = AUTH_FILTER
-    body_filter: str = BODY_FILTER
+    lua_filter: str = LUA_FILTER
 
     @property
     def scheme(self) -> str:
@@ -220,8 +218,7 @@ def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tupl
 @dataclass
 class _Registry:
     principals: tuple[Principal, ...]
-    auth: dict[tuple[tuple[str, ...], str], AuthGroup] = field(default_factory=dict)
-    body: dict[tuple[tuple[tuple[str, int], ...], bool], BodyGroup] = field(default_factory=dict)
+    lua: dict[tuple[object, ...], LuaGroup] = field(default_factory=dict)
     rate: dict[tuple[str, float, int, bool], RateFilter] = field(default_factory=dict)
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     concurrency: dict[tuple[str, int, bool], str] = field(default_factory=dict)
@@ -242,22 +239,25 @@ class _Registry:
                 self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit)
         return self.concurrency[key]
 
-    def auth_group(self, d: Decision, upstream_prefix: str) -> str:
-        key = (d.roles, upstream_prefix)
-        if key not in self.auth:
+    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool,
+                  check_fields: bool) -> str:
+        """The Lua group of a route; "" when Lua has nothing to do there."""
+        key_needed = d.auth == "key"
+        if not key_needed and not check_body:
+            return ""
+        caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
+        limit = (d.limits.body_bytes or 0) if check_body else 0
+        ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
+                 check_fields, limit, caps)
+        if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
-            self.auth[key] = AuthGroup(f"a{len(self.auth) + 1}", d.roles, bool(upstream_prefix), ups)
-        return self.auth[key].id
-
-    def body_group(self, d: Decision, check_fields: bool) -> str:
-        caps = tuple(sorted(d.limits.json_caps.items()))
-        if not caps and not check_fields:
-            return ""
-        key = (caps, check_fields)
-        if key not in self.body:
-            self.body[key] = BodyGroup(f"b{len(self.body) + 1}", caps, check_fields)
-        return self.body[key].id
+            self.lua[ident] = LuaGroup(
+                id=f"g{len(self.lua) + 1}", key=key_needed,
+                roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
+                check_body=check_body, check_fields=check_fields and check_body,
+                body_limit=limit, caps=caps)
+        return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
         rate = d.limits.rate
@@ -296,16 +296,18 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
     concurrency = reg.concurrency_group(d) if d.limits.concurrency else ""
     key = d.auth == "key"
     websocket = d.kind == "websocket"
-    body_group = "" if websocket or d.method not in BODY_METHODS else reg.body_group(d, check_fields)
+    check_body = (not websocket and d.method in BODY_METHODS
+                  and bool(d.limits.json_caps or check_fields))
+    body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     return RouteView(
         name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
         cluster="" if (key and concurrency) else (concurrency or BASE_CLUSTER),
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
         timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
-        auth_group=reg.auth_group(d, concurrency) if key else "",
-        body_group=body_group,
-        buffer_bytes=0 if websocket else (d.limits.body_bytes or 0),
+        lua_group=reg.lua_group(d, concurrency if key else "", check_body, check_fields),
+        buffer_bytes=body_bytes,
+        stream_buffer=body_bytes if check_body and body_bytes > STREAM_BUFFER else 0,
         rate_filter=reg.rate_filter(d), websocket=websocket, strip_principal=not key,
         path=_exact(d.path), regex=_regex(d.path),
     )
@@ -433,7 +435,7 @@ def build_model(plan: Plan, access_log: str, keys_file: str,
                                      key=lambda c: (c.address, c.prefix_len))),
         access_log=access_log, keys_file=keys_file, admin=_admin(extra),
         routes=routes,
-        auth_groups=tuple(reg.auth.values()), body_groups=tuple(reg.body.values()),
+        lua_groups=tuple(reg.lua.values()),
         rate_filters=tuple(reg.rate.values()),
         clusters=(ClusterView(BASE_CLUSTER), *sorted(reg.clusters.values(), key=lambda c: c.name)),
         reject_fields=reject, strip_fields=strip,

