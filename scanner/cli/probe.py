@@ -70,6 +70,9 @@ def _render_options(func: Any) -> Any:
               help="Requests per second (0: unlimited); rate-limit bursts are exempt.")
 @click.option("--pipeline", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP/1.1 requests in flight per connection (pipelining; 1: off).")
+@click.option("--client", type=click.Choice(["stream", "httpx"]), default="stream", show_default=True,
+              help="HTTP client: verbatim keep-alive streams, or httpx (request variants always "
+                   "go over streams: httpx normalises paths).")
 @click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
               help="Seconds per request.")
 @click.option("--max-time", type=click.FloatRange(1), default=120.0, show_default=True,
@@ -83,13 +86,13 @@ def _render_options(func: Any) -> Any:
 def run_cmd(base_url: str, inventory_ref: str, policy_path: str, networks: tuple[str, ...],
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
-            pipeline: int, timeout: float, max_time: float, checks: tuple[str, ...],
+            pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
             allow_state_changes: bool, quiet: bool, fmt: str, output: str | None, fail_on: Severity) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = _plan(inventory_ref, policy_path, networks)
     options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
-                           max_time=max_time,
+                           client="httpx" if client == "httpx" else "stream", max_time=max_time,
                            allow_state_changes=allow_state_changes, checks=checks)
     events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
     res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))

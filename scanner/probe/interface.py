@@ -88,6 +88,7 @@ class ProbeOptions:
     rate: float = 50.0             # requests per second over the whole run (bursts excepted)
     timeout: float = 5.0           # per request
     pipeline: int = 1              # HTTP/1.1 requests in flight per connection (1: no pipelining)
+    client: Literal["stream", "httpx"] = "stream"  # httpx: AsyncClient (slower; never pipelines)
     max_time: float = 120.0        # whole run
     allow_state_changes: bool = False
     checks: tuple[str, ...] = ()   # empty: every registered check

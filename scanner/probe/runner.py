@@ -91,7 +91,7 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
                   total=len(cases), vantages=tuple(v.name for v in ctx.vantages),
                   credentials=tuple((c.label, c.fingerprint) for c in ctx.credentials),
                   started_at=time.time())
-    sender = Sender(target, options.timeout, options.transport_factory)
+    sender = Sender(target, options.timeout, options.transport_factory, options.client)
     results: dict[str, list[tuple[Case, Attempt]]] = {chk.id: [] for chk in checks}
     deadline = t0 + options.max_time
     sent = 0

@@ -51,10 +51,14 @@ def ssl_context(target: Target) -> ssl.SSLContext:
 class Sender:
     """One httpx client per vantage; raw cases over asyncio streams bound to the vantage."""
 
-    def __init__(self, target: Target, timeout: float, factory: TransportFactory | None = None) -> None:
+    def __init__(self, target: Target, timeout: float, factory: TransportFactory | None = None,
+                 client: str = "stream") -> None:
         self.target = target
         self.timeout = timeout
         self.factory = factory
+        # httpx for ordinary requests when asked or when a transport is injected; raw variants
+        # go over streams unless a transport is injected (tests have no sockets)
+        self.use_httpx = factory is not None or client == "httpx"
         self._ctx = ssl_context(target) if target.url.scheme == "https" else None
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
@@ -86,7 +90,7 @@ class Sender:
     async def send(self, case: Case) -> Attempt:
         start = time.monotonic()
         try:
-            if self.factory is None:
+            if not self.use_httpx or (case.raw and self.factory is None):
                 status, headers = await _bounded(self._send_raw(case), self.timeout)
             else:
                 status, headers = await self._send_httpx(case)
@@ -97,7 +101,7 @@ class Sender:
 
     async def send_many(self, cases: Sequence[Case]) -> list[Attempt]:
         """Several cases: pipelined per vantage on one kept-alive connection where eligible."""
-        if self.factory is not None or len(cases) < 2:
+        if self.use_httpx or len(cases) < 2:
             return [await self.send(c) for c in cases]
         groups: dict[str, list[int]] = {}
         out: list[Attempt | None] = [None] * len(cases)

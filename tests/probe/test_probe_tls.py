@@ -73,18 +73,21 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         srv.server_close()
 
 
-def test_unverified_certificate_is_exit_3(tls_server: tuple[str, Path]) -> None:
+@pytest.mark.parametrize("client", ["stream", "httpx"])
+def test_unverified_certificate_is_exit_3(tls_server: tuple[str, Path], client: str) -> None:
     url, _cert = tls_server
-    r = probe(h.plan(), Target(url), h.creds(), [Vantage()], ProbeOptions(rate=0, max_time=20))
+    r = probe(h.plan(), Target(url), h.creds(), [Vantage()],
+              ProbeOptions(rate=0, max_time=20, client=client))  # type: ignore[arg-type]
     assert r.unreachable and r.exit_code() == 3
     assert "tls: certificate verify failed" in r.reason and "--ca-bundle" in r.reason
     assert r.attempts == ()
 
 
-def test_ca_bundle_verifies(tls_server: tuple[str, Path]) -> None:
+@pytest.mark.parametrize("client", ["stream", "httpx"])
+def test_ca_bundle_verifies(tls_server: tuple[str, Path], client: str) -> None:
     url, cert = tls_server
     r = probe(h.plan(), Target(url, ca_bundle=str(cert)), h.creds(), [Vantage()],
-              ProbeOptions(rate=0, max_time=60, checks=("bypass",)))
+              ProbeOptions(rate=0, max_time=60, checks=("bypass",), client=client))  # type: ignore[arg-type]
     assert not r.unreachable, r.reason
     assert r.attempts and all(a.layer == "proxy" for a in r.attempts)  # raw TLS variants too
     assert any(a.request_line.startswith("POST /v1/../invocations") and a.status == 404 for a in r.attempts)

@@ -48,12 +48,13 @@ def deny_server() -> Iterator[str]:
         srv.server_close()
 
 
-@pytest.mark.parametrize("pipeline", [1, 8])
-def test_vantage_source_addresses(deny_server: str, pipeline: int) -> None:
+@pytest.mark.parametrize(("pipeline", "client"), [(1, "stream"), (8, "stream"), (1, "httpx")])
+def test_vantage_source_addresses(deny_server: str, pipeline: int, client: str) -> None:
     SEEN.clear()
     vs = (Vantage("a", "127.0.0.2"), Vantage("b", "127.0.0.3"))
     r = probe(h.plan(), Target(deny_server), h.creds("user"), vs,
-              ProbeOptions(rate=0, max_time=60, checks=("matrix", "bypass"), pipeline=pipeline))
+              ProbeOptions(rate=0, max_time=60, checks=("matrix", "bypass"), pipeline=pipeline,
+                           client=client))  # type: ignore[arg-type]
     assert not r.unreachable, r.reason
     assert sorted(SEEN) == ["127.0.0.2", "127.0.0.3"]
     assert {a.vantage for a in r.attempts} == {"a", "b"}
