@@ -127,7 +127,7 @@ def _matrix_style(rule: str, attempts: list[Attempt], proof: bool) -> tuple[Seve
 
 
 def _matrix_detail(ctx: CheckContext, rule: str, method: str, path: str, attempts: list[Attempt]) -> str:
-    d = ctx.decision(method, path)
+    d = ctx.decision(method.split(",")[0], path)  # a proof finding names all declared methods
     plan = f"plan: {d.action} ({d.reason})" if d else "plan: no decision for this method (deny)"
     creds = ", ".join(sorted({a.credential for a in attempts}))
     statuses = ", ".join(sorted({f"{a.status or a.error} from {a.layer}" for a in attempts}))
