@@ -35,17 +35,16 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import inventory, plan, standin
+    from scanner.cli import evidence, inventory, netscan, plan, probe, standin
 
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)
-    cli.add_command(plan.keys_group)
+    cli.add_command(probe.command)
+    cli.add_command(netscan.command)
+    cli.add_command(evidence.group)
     cli.add_command(standin.command)
-    from scanner.cli import netscan as netscan_cli
-    cli.add_command(netscan_cli.command)
-    from scanner.cli import evidence as evidence_cli
-    cli.add_command(evidence_cli.group)
+    cli.add_command(plan.keys_group)
 
 
 _register()

@@ -28,3 +28,14 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
             raise UsageError(f"--env expects K=V, got {pair.split('=')[0]!r}")
         env[key] = value
     return env
+
+
+def plan_inputs(func: F) -> F:
+    func = click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
+                        help="Override a policy network (repeatable), e.g. admin=10.9.0.0/24.")(func)
+    func = click.option("--policy", "policy", default=None, metavar="FILE",
+                        help="Policy YAML (default: the bundled vllm-default policy).")(func)
+    func = click.option("--inventory", "inventory", required=True, metavar="FILE|CATALOG",
+                        help="Inventory JSON from `inventory ...`, or a bundled catalog name "
+                             "such as vllm-0.29.0-default.")(func)
+    return func

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import click
 
-from scanner.cli.options import output_options
+from scanner.cli.options import output_options, plan_inputs
 from scanner.generate import interface as gen
 from scanner.generate.write import write_config
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.policy import keys as policy_keys
 from scanner.report import plan as render_plan
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def plan_inputs(func: F) -> F:
-    func = click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
-                        help="Override a policy network (repeatable), e.g. admin=10.9.0.0/24.")(func)
-    func = click.option("--policy", "policy", default=None, metavar="FILE",
-                        help="Policy YAML (default: the bundled vllm-default policy).")(func)
-    func = click.option("--inventory", "inventory", required=True, metavar="FILE|CATALOG",
-                        help="Inventory JSON from `inventory ...`, or a bundled catalog name "
-                             "such as vllm-0.29.0-default.")(func)
-    return func
 
 
 @click.command("plan")

@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 
+from scanner.cli.options import plan_inputs
 from scanner.errors import UsageError
 from scanner.output import write_text
-from scanner.plan.model import Plan
+from scanner.plan import inputs
 from scanner.probe import config, result
 from scanner.probe.interface import SEVERITIES, Event, ProbeOptions, ProbeResult, Severity, Started, Target
 from scanner.probe.runner import run_probe, summarize
@@ -36,7 +37,7 @@ def command() -> None:
     """Probe a live target (the proxy, or vLLM directly) against the plan.
 
     \b
-    vllm-perimeter probe BASE_URL --inventory INV --policy POLICY [options]
+    vllm-perimeter probe BASE_URL --inventory INV [--policy POLICY] [options]
     vllm-perimeter probe merge A.json B.json [--format ...]
     """
 
@@ -53,11 +54,7 @@ def _render_options(func: Any) -> Any:
 
 @command.command("run")
 @click.argument("base_url")
-@click.option("--inventory", "inventory_ref", required=True, metavar="FILE|CATALOG",
-              help="Inventory JSON file or bundled catalog name (e.g. vllm-0.29.0-default).")
-@click.option("--policy", "policy_path", required=True, metavar="FILE", help="Policy YAML.")
-@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR,...",
-              help="Override a policy network (repeatable).")
+@plan_inputs
 @click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
               help="A role's API key, by reference only (repeatable). Never the key itself.")
 @click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
@@ -83,14 +80,14 @@ def _render_options(func: Any) -> Any:
               help="Send real requests to state-changing routes (staging only).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_render_options
-def run_cmd(base_url: str, inventory_ref: str, policy_path: str, networks: tuple[str, ...],
+def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[str, ...],
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
             allow_state_changes: bool, quiet: bool, fmt: str, output: str | None, fail_on: Severity) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
-    plan = _plan(inventory_ref, policy_path, networks)
+    plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
     options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
                            client="httpx" if client == "httpx" else "stream", max_time=max_time,
                            allow_state_changes=allow_state_changes, checks=checks)
@@ -120,20 +117,6 @@ def _target(base_url: str, ca: str | None, cert: str | None, key: str | None) ->
     if key and not cert:
         raise UsageError("--client-key needs --client-cert")
     return Target(base_url.rstrip("/"), ca_bundle=ca, client_cert=cert, client_key=key)
-
-
-def _plan(inventory_ref: str, policy_path: str, networks: tuple[str, ...]) -> Plan:
-    from scanner.inventory.catalog import load_ref
-    from scanner.plan.build import build
-    from scanner.policy.load import load as load_policy
-
-    overrides: dict[str, tuple[str, ...]] = {}
-    for spec in networks:
-        name, sep, cidrs = spec.partition("=")
-        if not sep or not name or not cidrs:
-            raise UsageError(f"--network expects NAME=CIDR[,CIDR...], got {spec!r}")
-        overrides[name] = tuple(c.strip() for c in cidrs.split(",") if c.strip())
-    return build(load_ref(inventory_ref), load_policy(policy_path), overrides)
 
 
 async def _consume(events: AsyncIterator[Event], show_progress: bool) -> ProbeResult:

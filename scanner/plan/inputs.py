@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scanner import resources
 from scanner.errors import UsageError
-from scanner.inventory import model as inventory_model
+from scanner.inventory import catalog
 from scanner.inventory.model import Inventory
 from scanner.plan.build import build
 from scanner.plan.model import Plan
@@ -19,14 +19,7 @@ DEFAULT_POLICY = "vllm-default"
 
 def load_inventory(ref: str) -> Inventory:
     """A path to an inventory JSON, or the name of a bundled catalog (``vllm-0.29.0-default``)."""
-    path = Path(ref)
-    if path.exists():
-        return inventory_model.load(path)
-    catalog = resources.data_file("policies", "catalog", f"{ref}.json")
-    if catalog.exists():
-        return inventory_model.load(catalog)
-    raise UsageError(f"inventory {ref!r}: no such file, and no bundled catalog of that name "
-                     "(see `vllm-perimeter inventory catalog list`)")
+    return catalog.load_ref(ref)
 
 
 def load_policy(ref: str | None) -> Policy:

@@ -49,7 +49,7 @@ def test_policy_typo_is_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_missing_inventory_exit_2(tmp_path: Path) -> None:
     r = run("plan", "--inventory", str(tmp_path / "nope.json"))
-    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "No such file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_network_override_exit_2(tmp_path: Path) -> None:
