@@ -1,7 +1,7 @@
 """Safe by default: requests that prove a state-changing route is reachable without acting.
 
-A state-changing route (``Decision.state_changing`` or a path in :data:`STATE_CHANGING`)
-is never sent its real request unless ``--allow-state-changes``. Reachability is proved
+A state-changing route (``Decision.state_changing``, or a path in
+:data:`scanner.state_changing.STATE_CHANGING`) is never sent its real request unless ``--allow-state-changes``. Reachability is proved
 instead with a request the real vLLM app rejects *before* the handler runs:
 
 * a method the path does not declare: Starlette's router answers 405 without calling any
@@ -19,19 +19,10 @@ asserts the validation answer, never a handler's 500.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 
 from scanner.inventory.model import HTTP_METHODS
-
-# Built-in list: routes that change a live server's state, whatever the policy says.
-STATE_CHANGING: tuple[str, ...] = (
-    "/pause", "/resume", "/sleep", "/wake_up", "/update_weights", "/update_weight_version",
-    "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
-    "/finish_weight_update", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters",
-    "/adapters/*", "/reset_*_cache", "/collective_rpc", "/scale_elastic_ep", "/start_profile",
-    "/stop_profile", "/abort_requests",
-)
+from scanner.state_changing import is_state_changing as _builtin_state_changing
 
 # The safe request body for JSON-bodied probes of routes that are *not* state-changing:
 # vLLM rejects it in validation (missing fields), so no inference runs.
@@ -74,7 +65,7 @@ _DECLARED: dict[tuple[str, str], SafeRequest] = {
 
 
 def is_state_changing(path: str, flagged: bool = False) -> bool:
-    return flagged or any(fnmatch.fnmatchcase(path, pat) for pat in STATE_CHANGING)
+    return flagged or _builtin_state_changing(path)
 
 
 def declared_probe(method: str, path: str) -> SafeRequest | None:

@@ -21,25 +21,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from scanner import patterns
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
+from scanner.state_changing import is_state_changing
 
 STATS_PATH = "/__standin__/stats"
-
-# Route paths whose handlers change a live server's state (vLLM 0.28 - 0.33).
-STATE_CHANGING_PATTERNS: tuple[str, ...] = (
-    "/pause", "/resume", "/sleep", "/wake_up", "/collective_rpc", "/update_weights",
-    "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
-    "/finish_weight_update", "/update_weight_version", "/v1/load_lora_adapter",
-    "/v1/unload_lora_adapter", "/adapters", "/adapters/*", "/reset_*_cache", "/abort_requests",
-    "/scale_elastic_ep", "/start_profile", "/stop_profile", "/fault_tolerance/**",
-)
-
-
-def is_state_changing(path: str) -> bool:
-    return any(patterns.covers(p, path) for p in STATE_CHANGING_PATTERNS)
-
 
 @dataclass
 class Counters:

@@ -2,7 +2,8 @@ import httpx
 import pytest
 
 from scanner.inventory.model import Inventory, Route, Source, VllmFacts
-from scanner.standin.app import STATS_PATH, build_app, is_state_changing
+from scanner.standin.app import STATS_PATH, build_app
+from scanner.state_changing import is_state_changing
 
 
 def _inventory() -> Inventory:
