@@ -1,8 +1,9 @@
 """Safe by default: requests that prove a state-changing route is reachable without acting.
 
 A state-changing route (``Decision.state_changing``, or a path in
-:data:`scanner.state_changing.STATE_CHANGING`) is never sent its real request unless ``--allow-state-changes``. Reachability is proved
-instead with a request the real vLLM app rejects *before* the handler runs:
+:data:`scanner.state_changing.STATE_CHANGING`) is never sent its real request unless
+``--allow-state-changes``. Reachability is proved instead with a request the real vLLM
+app rejects *before* the handler runs:
 
 * a method the path does not declare: Starlette's router answers 405 without calling any
   handler (``/pause`` PATCH -> 405). Works for every route; the proxy should deny it too.
