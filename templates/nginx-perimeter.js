@@ -6,12 +6,13 @@
 //   keyHash  js_set: sha256 hex of the bearer token NGINX already extracted into
 //            $perimeter_bearer. The key itself is never stored or logged; the hash
 //            is looked up in a map (perimeter-principals.conf).
-//   body     js_content on locations that inspect JSON bodies. NGINX has read the
-//            body; a native PCRE map over $request_body ($perimeter_bf_<check>)
-//            clears ordinary bodies without any JavaScript parsing ("ok"). Anything
-//            it cannot clear is parsed here and checked exactly as vLLM's pydantic
-//            models would read it. Then an internal redirect to the proxying named
-//            location ($perimeter_up), or to @perimeter_400 with a reason.
+//   read     js_content on locations that inspect JSON bodies: NGINX reads the body
+//            (into memory) before calling it; it redirects to the route's named
+//            location, where a native PCRE map over $request_body clears ordinary
+//            bodies without any JavaScript parsing.
+//   body     js_content for the bodies that fast path could not clear: parsed here
+//            and checked exactly as vLLM's pydantic models would read them; then a
+//            redirect to <named>_checked (or _strip), or to @perimeter_400 with a reason.
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -99,7 +100,7 @@ function exact(r, v) {
     var text = r.requestText;
     var obj, reason, strip, i;
     if (text === undefined || text === '') {
-        r.internalRedirect(v.perimeter_up);
+        r.internalRedirect(v.perimeter_up + '_checked');
         return;
     }
     try {
@@ -129,26 +130,22 @@ function exact(r, v) {
         r.internalRedirect(v.perimeter_up + '_strip');
         return;
     }
-    r.internalRedirect(v.perimeter_up);
+    r.internalRedirect(v.perimeter_up + '_checked');
 }
 
+// js_content of an inspected route: NGINX has read the body; hand over to the route's
+// named location, whose native fast path needs no JavaScript.
+function read(r) {
+    r.internalRedirect(r.variables.perimeter_up);
+}
+
+// js_content when the fast path could not clear the body: the exact check.
 function body(r) {
-    var v = r.variables;
-    if (v.request_body_file) {
-        // client_body_buffer_size equals client_max_body_size, so this never happens;
-        // if it does, the body was not inspected: refuse rather than pass it on.
-        deny(r, 'body-not-in-memory');
-        return;
-    }
-    if (v.perimeter_form === '1' || v['perimeter_bf_' + v.perimeter_check] === 'ok') {
-        r.internalRedirect(v.perimeter_up);
-        return;
-    }
     try {
-        exact(r, v);
+        exact(r, r.variables);
     } catch (e) {
         deny(r, 'body-check-failed');
     }
 }
 
-export default {keyHash, body};
+export default {keyHash, read, body};
