@@ -65,9 +65,12 @@ def unsafe_body(caps: dict[str, int], forbidden: tuple[str, ...]) -> str:
     Every top-level key of a valid JSON object appears as a string token followed by
     ``:``, so a body this regex does not match has no capped value over its cap and no
     forbidden key; anything else (strings, floats, booleans, escapes that spell a key,
-    nested copies) goes to the exact check.
+    nested copies, UTF-16/32 bodies) goes to the exact check.
     """
-    alts = []
+    # Python's json.loads(bytes) (what Starlette's request.json() calls) decodes UTF-16 and
+    # UTF-32 when the body starts with their BOM or has a NUL in its first two bytes; such a
+    # body hides its keys from a byte-level match, so it always goes to the exact check.
+    alts = [r"\A(?:[\s\S]?\x00|\xfe\xff|\xff\xfe)"]
     for name, cap in sorted(caps.items()):
         safe = f"(?:{uint_at_most(cap)}|null){WS}[,}}]"
         alts.append(f"{json_key(name)}{WS}:(?!{WS}{safe})")

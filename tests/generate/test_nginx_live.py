@@ -353,6 +353,19 @@ def test_forbidden_fields_and_bad_json(vllm_perimeter: tuple[RunningNginx, dict[
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+def test_utf16_and_utf32_bodies_do_not_hide_keys(vllm_perimeter: tuple[RunningNginx, dict[str, Principal]],
+                                                 encoding: str) -> None:
+    # Python's json.loads(bytes) (Starlette's request.json()) decodes these; a byte-level
+    # scan would not see the key.
+    nginx, people = vllm_perimeter
+    body = '{"model":"m","prompt":"x","max_tokens":99999}'.encode(encoding)
+    assert json.loads(body)["max_tokens"] == 99999
+    hdrs = {**bearer(people["alice"]), "Content-Type": "application/json"}
+    assert_denied(raw_request(nginx.port, "/v1/completions", "POST", headers=hdrs, body=body), 400)
+
+
+@pytest.mark.vllm
 def test_rate_limit_per_principal(vllm_perimeter: tuple[RunningNginx, dict[str, Principal]]) -> None:
     nginx, people = vllm_perimeter
     # operator audience: 2 r/s, burst 5
