@@ -76,7 +76,6 @@ class RouteView:
     stream_buffer: int = 0    # route request_body_buffer_limit (Lua reads bodies > 1 MiB)
     rate_filter: str = ""
     websocket: bool = False
-    strip_principal: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,7 +228,7 @@ class _Registry:
         assert limit is not None
         key = (d.audience, limit, d.auth == "key")
         if key not in self.concurrency:
-            gid = f"{BASE_CLUSTER}.c{len(self.concurrency) + 1}.{d.audience}"
+            gid = f"{BASE_CLUSTER}.{d.audience}.c{limit}"
             self.concurrency[key] = gid
             # HTTP/1.1 upstream: at most `limit` requests in flight to vLLM per principal,
             # at most `limit` more waiting for a connection; beyond that, overflow -> 429.
@@ -308,7 +307,7 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
         lua_group=reg.lua_group(d, concurrency if key else "", check_body, check_fields),
         buffer_bytes=body_bytes,
         stream_buffer=body_bytes if check_body and body_bytes > STREAM_BUFFER else 0,
-        rate_filter=reg.rate_filter(d), websocket=websocket, strip_principal=not key,
+        rate_filter=reg.rate_filter(d), websocket=websocket,
         path=_exact(d.path), regex=_regex(d.path),
     )
 
@@ -396,7 +395,7 @@ def _ip(what: str, text: str) -> str:
 
 
 def _removed_headers() -> tuple[str, ...]:
-    spoofable = {h.lower() for h in SPOOFABLE_HEADERS} - {PRINCIPAL_HEADER.lower()}
+    spoofable = {h.lower() for h in SPOOFABLE_HEADERS}
     internal = {"authorization", UPSTREAM_HEADER, DECISION_HEADER.lower(), REASON_HEADER.lower()}
     return tuple(sorted(spoofable | internal))
 
