@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from scanner import patterns
 from scanner.errors import GenerateError
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_regex import unsafe_body
+from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
     DECISION_HEADER,
     PRINCIPAL_HEADER,
@@ -162,6 +162,7 @@ class Model:
     reason_header: str = REASON_HEADER
     principal_header: str = PRINCIPAL_HEADER
     deny_body_bytes: int = DENY_BODY_BYTES
+    unsafe_encoding: str = UNSAFE_ENCODING
     upstream: str = UPSTREAM
     notes: tuple[str, ...] = field(default_factory=tuple)
 
