@@ -53,14 +53,14 @@ PEOPLE = (("alice", "user"), ("bob", "user"), ("svc", "service"), ("ops", "opera
 
 def start_perimeter(build_name: str, directory: Path, upstream_host: str, upstream_port: int,
                     cache_salt: str = "reject", keepalive: bool = True, listen_tls: str = "",
-                    upstream_tls: str = "") -> tuple[RunningNginx, dict[str, Principal]]:
+                    upstream_tls: str = "", extra: str = "") -> tuple[RunningNginx, dict[str, Principal]]:
     build = get_build(build_name)
     directory.mkdir(parents=True, exist_ok=True)
     _, people = make_principals(directory, *PEOPLE)
     plan = make_plan(
         load_inventory(INVENTORY), live_policy_text(cache_salt), directory,
         extra_yaml="principals_file: principals.yaml\n"
-        + listen_yaml(new_port(), upstream_host, upstream_port, listen_tls, upstream_tls),
+        + listen_yaml(new_port(), upstream_host, upstream_port, listen_tls, upstream_tls) + extra,
         overrides=LOOPBACK_NETWORKS,
     )
     options = {} if keepalive else {"upstream_keepalive": "0"}
@@ -158,7 +158,7 @@ def echo_perimeter(request: pytest.FixtureRequest, echo_upstream: EchoServer,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningNginx, dict[str, Principal]]]:
     directory = tmp_path_factory.mktemp(f"nginx-echo-{request.param}")
     nginx, people = start_perimeter(request.param, directory, "127.0.0.1", echo_upstream.port,
-                                    cache_salt="strip")
+                                    cache_salt="strip", extra="trusted_proxies: [127.0.0.2/32]\n")
     try:
         yield nginx, people
     finally:
@@ -424,6 +424,27 @@ def test_headers_forwarded_upstream(echo_perimeter: tuple[RunningNginx, dict[str
     # auth "none" route: no principal header at all, even when the client sends one
     data = echoed(raw_request(nginx.port, "/health", headers={PRINCIPAL_HEADER: "ops"}))
     assert PRINCIPAL_HEADER.lower() not in headers_of(data)
+
+
+def test_forwarded_headers_only_from_trusted_proxies(
+        echo_perimeter: tuple[RunningNginx, dict[str, Principal]]) -> None:
+    nginx, people = echo_perimeter
+    key = bearer(people["alice"])
+    # 127.0.0.2 is a trusted proxy: the client address comes from its X-Forwarded-For
+    data = echoed(raw_request(nginx.port, "/v1/models", source="127.0.0.2", headers={
+        **key, "X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "api"}))
+    h = headers_of(data)
+    assert h["x-forwarded-for"] == ["127.0.0.1, 127.0.0.2"] and h["x-real-ip"] == ["127.0.0.1"]
+    assert h["x-forwarded-proto"] == ["https"] and h["x-forwarded-host"] == ["api"]
+    # ... so network rules apply to that client
+    assert_denied(raw_request(nginx.port, "/v1/models", source="127.0.0.2",
+                              headers={**key, "X-Forwarded-For": "127.0.0.66"}), 403, "network")
+    # 127.0.0.1 is not trusted: its X-Forwarded-* are replaced
+    data = echoed(raw_request(nginx.port, "/v1/models", headers={
+        **key, "X-Forwarded-For": "127.0.0.2", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "api"}))
+    h = headers_of(data)
+    assert h["x-forwarded-for"] == ["127.0.0.1"] and h["x-forwarded-proto"] == ["http"]
+    assert "x-forwarded-host" not in h
 
 
 @pytest.mark.parametrize("target,path,query", [
