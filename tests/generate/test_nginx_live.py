@@ -475,3 +475,63 @@ def test_cache_salt_strip_and_body_passthrough(echo_perimeter: tuple[RunningNgin
     data = echoed(raw_request(nginx.port, "/v1/audio/transcriptions", "POST", body=form, headers={
         **bearer(people["alice"]), "Content-Type": "multipart/form-data; boundary=b"}))
     assert data["method"] == "POST"
+
+
+# --- one path, different audiences per method (internal dispatch), HEAD listed explicitly ------
+
+SPLIT_POLICY = """schema_version: 1
+name: split
+networks:
+  users: [127.0.0.1/32, 127.0.0.2/32]
+  admin: [127.0.0.3/32]
+audiences:
+  users: {kind: end-user, networks: [users], roles: [user], limits: {body_bytes: 4096}}
+  operator: {kind: operator, networks: [admin], roles: [operator], limits: {body_bytes: 4096,
+             json_caps: {n: 2}}}
+  monitoring: {kind: monitoring, networks: [users], auth: none}
+routes:
+  - {path: /thing, methods: [GET], audience: monitoring}
+  - {path: /thing, methods: [POST], audience: operator}
+  - {path: /v1/models, methods: [GET, HEAD], audience: users}
+  - {path: "/items/{item_id}", methods: [GET], audience: users}
+  - {path: "/items/{item_id}", methods: [DELETE], audience: operator}
+principals_file: principals.yaml
+"""
+
+
+def _split_inventory() -> Any:
+    from scanner.inventory.model import Inventory, Route, Source
+
+    return Inventory(source=Source("asgi", "test"), routes=(
+        Route("/thing", ("GET", "POST", "PUT")), Route("/v1/models", ("GET", "HEAD")),
+        Route("/items/{item_id}", ("DELETE", "GET"))))
+
+
+@pytest.mark.parametrize("build_name", sorted(BUILDS))
+def test_methods_with_different_audiences(build_name: str, echo_upstream: EchoServer, tmp_path: Path) -> None:
+    build = get_build(build_name)
+    _, people = make_principals(tmp_path, ("alice", "user"), ("ops", "operator"))
+    plan = make_plan(_split_inventory(), SPLIT_POLICY, tmp_path,
+                     extra_yaml=listen_yaml(new_port(), "127.0.0.1", echo_upstream.port))
+    with RunningNginx(build, plan, tmp_path / "nginx") as nginx:
+        port = nginx.port
+        assert echoed(raw_request(port, "/thing"))["method"] == "GET"
+        assert_denied(raw_request(port, "/thing", source="127.0.0.3"), 403, "network")
+        data = echoed(raw_request(port, "/thing", "POST", body=b'{"n":2}', source="127.0.0.3",
+                                  headers=bearer(people["ops"])))
+        assert data["method"] == "POST" and data["path"] == "/thing"
+        assert headers_of(data)[PRINCIPAL_HEADER.lower()] == ["ops"]
+        assert_denied(raw_request(port, "/thing", "POST", body=b'{"n":3}', source="127.0.0.3",
+                                  headers=bearer(people["ops"])), 400, "json-cap:n")
+        assert_denied(raw_request(port, "/thing", "POST", body=b"{}", headers=bearer(people["ops"])),
+                      403, "network")
+        assert_denied(raw_request(port, "/thing", "PUT", body=b"{}", source="127.0.0.3"), 405)
+        r = raw_request(port, "/v1/models", "HEAD", headers=bearer(people["alice"]))
+        assert r.status == 200 and not is_proxy_reply(r)
+        assert echoed(raw_request(port, "/items/a1?x=2", headers=bearer(people["alice"])))["query"] == "x=2"
+        data = echoed(raw_request(port, "/items/a%31", "DELETE", source="127.0.0.3",
+                                  headers=bearer(people["ops"])))
+        assert data["method"] == "DELETE" and data["raw_path"] == "/items/a1"
+        assert_denied(raw_request(port, "/items/a1", "DELETE", headers=bearer(people["alice"])), 403)
+        for internal in ("/@perimeter/1/0", "/@perimeter/1/1", "/@perimeter/deny/400"):
+            assert_denied(raw_request(port, internal, headers=bearer(people["alice"])), 404)
