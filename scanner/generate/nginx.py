@@ -7,7 +7,10 @@ Output files (names relative to the output directory):
     ``options.runtime_dir``, and ``http { include perimeter-http.conf; }``.
 ``perimeter-http.conf``
     Everything that belongs in an ``http {}`` block: maps, zones, the upstream and
-    the server. Include it in your own ``http {}`` to embed the perimeter.
+    the server. Include it in your own ``http {}`` to embed the perimeter; your main
+    config then needs the njs module loaded and should set ``pcre_jit on;`` (the JSON
+    fast path is a PCRE match over each inspected body; without JIT it costs several
+    times more CPU).
 ``perimeter-principals.conf`` (mode 0600)
     ``map``s from the sha256 of a key to the principal's name and role.
 ``perimeter.js``

@@ -123,6 +123,8 @@ def test_nginx_t_tls_trusted_proxies_strip(tmp_path: Path, build_name: str) -> N
     (tmp_path / "principals.yaml").write_text(GOLDEN_PRINCIPALS, encoding="utf-8")
     text = default_policy_text().replace("body:\n  cache_salt: reject", "body_was:\n  cache_salt: reject")
     text = re.sub(r"\nbody_was:\n(  .*\n)+", "\n", text)
+    text = re.sub(r"  - \{path: /v1/realtime, audience: none[^}]*\}", "  - {path: /v1/realtime, audience: inference}",
+                  text)
     plan = make_plan(load_inventory(INVENTORY), text, tmp_path, extra_yaml=extra)
     assert plan.body.cache_salt == "strip"
     run = RunningNginx(build, plan, tmp_path / "n")
@@ -134,6 +136,9 @@ def test_nginx_t_tls_trusted_proxies_strip(tmp_path: Path, build_name: str) -> N
     assert "proxy_pass https://vllm_upstream/v1/models;" in http and "http://vllm_upstream" not in http
     assert "proxy_set_body $perimeter_body_out;" in http
     assert "set_real_ip_from 10.0.0.0/8;" in http
+    realtime = http[http.index("location = /v1/realtime {"):]
+    realtime = realtime[:realtime.index("\n    }")]
+    assert 'proxy_set_header Connection "upgrade";' in realtime and "js_content" not in realtime
 
 
 # --- validation ---------------------------------------------------------------------------
