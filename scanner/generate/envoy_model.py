@@ -76,6 +76,7 @@ class RouteView:
     stream_buffer: int = 0    # route request_body_buffer_limit (Lua reads bodies > 1 MiB)
     rate_filter: str = ""
     websocket: bool = False
+    retry: str = ""           # Envoy retry_on; "" = no retry
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,9 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
         buffer_bytes=body_bytes,
         stream_buffer=body_bytes if check_body and body_bytes > STREAM_BUFFER else 0,
         rate_filter=reg.rate_filter(d), websocket=websocket,
+        # a state-changing request is retried only if it never reached the upstream
+        retry="" if websocket else ("connect-failure,reset-before-request" if d.state_changing
+                                    else "connect-failure,reset"),
         path=_exact(d.path), regex=_regex(d.path),
     )
 

@@ -416,11 +416,15 @@ def test_concurrency_per_principal(setup: Setup) -> None:
 
 
 def test_access_log_lines(setup: Setup) -> None:
-    before = len(setup.envoy.log_lines(timeout=0.5))
     raw(setup.port, "POST", "/v1/chat/completions", headers=setup.auth("dave"), body=b'{"n": 1}')
     raw(setup.port, "POST", "/v1/chat/completions", headers=setup.auth("dave"), body=b'{"n": 9}')
-    raw(setup.port, "POST", "/invocations", body=b"{}")
-    lines = setup.envoy.log_lines(want=before + 3)[before:]
+    raw(setup.port, "POST", "/invocations?log=1", body=b"{}")
+    deadline = time.monotonic() + 15
+    lines = setup.envoy.log_lines()
+    while time.monotonic() < deadline and sum(
+            1 for ln in lines if ln["principal"] == "dave" and ln["method"] == "POST") < 2:
+        time.sleep(0.1)
+        lines = setup.envoy.log_lines()
     dave = [ln for ln in lines if ln["principal"] == "dave" and ln["method"] == "POST"]
     ok = next(ln for ln in dave if ln["status"] == 200)
     assert ok["decision"] is None and ok["details"] == "via_upstream"
@@ -429,7 +433,7 @@ def test_access_log_lines(setup: Setup) -> None:
     assert isinstance(ok["latency_ms"], int) and ok["time"].endswith("Z")
     capped = next(ln for ln in dave if ln["status"] == 400)
     assert capped["decision"] == "deny" and capped["reason"] == "json-cap:n"
-    inv = next(ln for ln in lines if ln["path"] == "/invocations")
+    inv = next(ln for ln in lines if ln["path"] == "/invocations" and ln["status"] == 404)
     assert inv["decision"] == "deny" and inv["reason"] == "denied-route" and inv["status"] == 404
     assert inv["principal"] is None
     text = setup.envoy.access_log.read_text(encoding="utf-8")
