@@ -35,8 +35,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import evidence, inventory, netscan, plan, probe, standin
+    from scanner.cli import demo, evidence, inventory, netscan, plan, probe, standin
 
+    cli.add_command(demo.command)
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)

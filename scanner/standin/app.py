@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
-from scanner.state_changing import is_state_changing
+from scanner.state_changing import is_state_changing, validation_error
 
 STATS_PATH = "/__standin__/stats"
 
@@ -40,6 +40,10 @@ class Counters:
             self.requests += 1
             if changes_state:
                 self.state_changes[f"{method} {path}"] += 1
+
+    def total_state_changes(self) -> int:
+        with self.lock:
+            return sum(self.state_changes.values())
 
     def snapshot(self) -> dict[str, object]:
         with self.lock:
@@ -79,6 +83,10 @@ def _endpoint(route: InvRoute, counters: Counters):  # type: ignore[no-untyped-d
     changes_state = is_state_changing(route.path)
 
     async def handler(request: Request) -> Response:
+        why = validation_error(request.method, route.path, request.query_params, await request.body())
+        if why is not None:  # vLLM's validation answer: the handler never runs
+            return JSONResponse({"error": {"message": f"1 validation error: {why}",
+                                           "type": "BadRequestError", "code": 400}}, status_code=400)
         counters.hit(request.method, route.path, changes_state)
         return JSONResponse({"standin": True, "route": route.path, "method": request.method})
 

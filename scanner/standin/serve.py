@@ -6,9 +6,10 @@ import signal
 import threading
 from collections.abc import Callable
 
-from scanner.errors import UsageError
+from scanner.errors import InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.inventory.vllm_app import VllmExtraction
+from scanner.net import wait_for_port
 from scanner.standin.app import build_app
 from scanner.standin.real import RealVllmServer
 
@@ -36,3 +37,34 @@ def serve_real(spec: VllmExtraction, host: str, port: int, announce: Callable[[s
                 pass
         except KeyboardInterrupt:
             pass
+
+
+class StandinThread:
+    """The stand-in served by uvicorn in a background thread (for the demo and tests)."""
+
+    def __init__(self, inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...] = ()) -> None:
+        try:
+            import uvicorn
+        except ImportError:
+            raise UsageError("the stand-in needs uvicorn: pip install 'vllm-perimeter[standin]'") from None
+        app, self.counters = build_app(inventory, api_keys)
+        self.host, self.port = host, port
+        config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="error",
+                                access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="standin", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> StandinThread:
+        self._thread.start()
+        if not wait_for_port(self.host, self.port, 15.0):
+            self.__exit__(None, None, None)
+            raise InternalError(f"stand-in did not start on {self.host}:{self.port}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

