@@ -75,7 +75,7 @@ def _render_options(func: Any) -> Any:
 @click.option("--max-time", type=click.FloatRange(1), default=120.0, show_default=True,
               help="Seconds for the whole run; then partial results and exit 3.")
 @click.option("--check", "checks", multiple=True, metavar="ID",
-              help="Run only these checks: matrix, bypass, spoof, sweep, limits, rate.")
+              help="Run only these checks: matrix, bypass, spoof, normalise, mounts, sweep, limits, rate.")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

@@ -279,6 +279,86 @@ def _allowed_cell(ctx: CheckContext, d: Decision) -> tuple[Credential, Vantage] 
     return None
 
 
+# --- what the upstream sees ------------------------------------------------------------------
+
+# Harmless spellings of an allowed path that a normalising proxy forwards as the path itself.
+NORMALISE_VARIANTS: tuple[tuple[str, str], ...] = (
+    ("dot segment /.", "/.{path}"),
+    ("dot segments /x/..", "/probe-x/..{path}"),
+)
+MAX_NORMALISE_ROUTES = 4
+
+
+@register
+class Normalise:
+    """The upstream must receive the path the perimeter decided on, never the raw target.
+
+    For a few allowed, non-state-changing routes, a dot-segment spelling is sent with a
+    fitting key from an allowed vantage. A normalising proxy forwards ``/v1/models`` and
+    the upstream answers as it does for the plain request; a proxy that forwards the raw
+    target makes the upstream route ``/./v1/models`` itself (Starlette: 404). That gap
+    between what the proxy decides on and what the upstream routes is what bypasses use.
+    """
+
+    id: ClassVar[str] = "normalise"
+    title: ClassVar[str] = "path the upstream receives"
+
+    def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        picked = 0
+        for d in ctx.plan.allowed:
+            if picked >= MAX_NORMALISE_ROUTES:
+                return
+            cell = _allowed_cell(ctx, d)
+            if d.kind != "http" or cell is None or safe.is_state_changing(d.path, d.state_changing):
+                continue
+            picked += 1
+            cred, vantage = cell
+            real = concrete(d.path)
+            yield _case(ctx, self.id, d.method, d.path, (d.method,), False, cred, vantage, "declared",
+                        note="baseline")
+            for note, form in NORMALISE_VARIANTS:
+                yield _case(ctx, self.id, d.method, d.path, (d.method,), False, cred, vantage, "variant",
+                            target=form.format(path=real), raw=True, note=note)
+
+    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
+        routed = {(a.method, a.path, a.vantage) for c, a in results
+                  if c.role == "declared" and a.outcome == "reached" and a.status != 404}
+        flagged = [("VP010", a) for c, a in results
+                   if c.role == "variant" and a.layer == "upstream" and a.status == 404
+                   and (a.method, a.path, a.vantage) in routed]
+        for (rule, _m, _p, _v), attempts in group(flagged).items():
+            notes = ", ".join(sorted({a.note for a in attempts}))
+            yield make(rule, attempts, "The perimeter let these spellings through but the upstream "
+                       f"did not route them to the same handler ({notes}): the proxy forwards the raw "
+                       "request target instead of the normalised path.", extra="normalise")
+
+
+@register
+class Mounts:
+    """A mounted sub-app (``/metrics`` is one in vLLM) answers every path below it; the plan
+    never allows a mount, so a path under it must be denied even when the mount's own path
+    is allowed as an exact route."""
+
+    id: ClassVar[str] = "mounts"
+    title: ClassVar[str] = "paths under mounted sub-apps"
+
+    def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        for d in ctx.plan.decisions:
+            if d.kind != "mount":
+                continue
+            target = d.path.rstrip("/") + "/probe-sub"
+            for vantage in ctx.vantages:
+                for cred in ctx.credentials:
+                    yield Case(self.id, "GET", d.path, "GET", target, cred, vantage, "deny",
+                               role="variant", note="a path under the mount")
+
+    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
+        flagged = [("VP001", a) for _c, a in results if a.outcome == "reached"]
+        for (rule, _m, _p, _v), attempts in group(flagged).items():
+            yield make(rule, attempts, "A path under a mounted sub-app reached the upstream: allow "
+                       "only the exact route, never a prefix.", extra="mount")
+
+
 # --- known-route sweep ----------------------------------------------------------------------
 
 

@@ -41,6 +41,9 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "and make sure the perimeter denies everything it does not list."),
     Rule("VP008", "low", "undeclared method or preflight forwarded to the upstream",
          "Allow only the plan's methods per path at the perimeter; answer everything else there."),
+    Rule("VP010", "high", "proxy forwards the raw request target",
+         "Forward the normalised path the perimeter matched (NGINX: a URI in proxy_pass, or "
+         "$uri; Envoy: normalize_path and merge_slashes), never the client's raw target."),
     Rule("VP009", "low", "denied only by the upstream's own key guard",
          "vLLM's --api-key refused this, not the perimeter: it was not reached, but the "
          "perimeter should deny it itself (defence in depth)."),

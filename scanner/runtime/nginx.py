@@ -48,11 +48,13 @@ def any_build() -> NginxBuild:
     return build
 
 
-def write(plan: Plan, build: NginxBuild, directory: Path) -> Path:
+def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] | None = None) -> Path:
     """Render the plan into ``directory/conf`` with runtime files in ``directory/run``."""
     run = directory / "run"
     run.mkdir(parents=True, exist_ok=True)
-    extra = {"njs_module": build.njs_module} if build.njs_module else {}
+    extra = dict(extra or {})
+    if build.njs_module:
+        extra["njs_module"] = build.njs_module
     options = GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
                               error_log=str(run / "error.log"), extra=extra)
     config = NginxGenerator().render(plan, options)
@@ -60,8 +62,10 @@ def write(plan: Plan, build: NginxBuild, directory: Path) -> Path:
     return directory / "conf" / config.main
 
 
-def process(plan: Plan, build: NginxBuild, directory: Path) -> ManagedProcess:
-    main = write(plan, build, directory)
+def process(plan: Plan, build: NginxBuild, directory: Path,
+            extra: dict[str, str] | None = None) -> ManagedProcess:
+    """The NGINX process for ``plan`` (``extra``: generator options, see scanner/generate/nginx.py)."""
+    main = write(plan, build, directory, extra)
     argv = [build.binary, "-p", f"{directory / 'run'}/", "-c", str(main), "-g", "daemon off;"]
     return ManagedProcess(f"nginx ({build.name})", argv, plan.listen.address, plan.listen.port,
                           log=directory / "run" / "nginx.stderr")
