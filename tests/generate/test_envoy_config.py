@@ -251,6 +251,23 @@ def test_strip_body_policy_and_hostname_upstream_validate(tmp_path: Path) -> Non
     assert "type: STRICT_DNS" in text
 
 
+def test_websocket_route_validates(tmp_path: Path) -> None:
+    (tmp_path / "principals.yaml").write_text(GOLDEN_PRINCIPALS, encoding="utf-8")
+    text = default_policy_text().replace(
+        '{path: /v1/realtime, audience: none, note: "WebSocket; allow explicitly if you serve realtime audio"}',
+        "{path: /v1/realtime, methods: [GET], audience: inference}")
+    plan = make_plan(load_inventory(FIXED_INVENTORY), text + "\nprincipals_file: principals.yaml\n",
+                     tmp_path)
+    assert plan.decision("GET", "/v1/realtime").allowed  # type: ignore[union-attr]
+    doc = yaml.safe_load(_variant(tmp_path, plan))
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["upgrade_configs"] == [{"upgrade_type": "websocket", "enabled": False}]
+    route = next(r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+                 if r["name"] == "allow:GET /v1/realtime")
+    assert route["route"]["upgrade_configs"] == [{"upgrade_type": "websocket", "enabled": True}]
+    assert "perimeter.buffer" not in route["typed_per_filter_config"]
+
+
 def test_everything_catalog_validates(tmp_path: Path) -> None:
     from scanner.resources import data_file
 
