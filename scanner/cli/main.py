@@ -46,6 +46,7 @@ def _register() -> None:
     cli.add_command(evidence.group)
     cli.add_command(standin.command)
     cli.add_command(plan.keys_group)
+    cli.add_command(__import__('scanner.cli.audit', fromlist=['command']).command)
 
 
 _register()

@@ -1,0 +1,97 @@
+"""The audit report: drift of a live deployment against its baseline, plus the new probe result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scanner.audit.drift import ProbeDrift, RouteDrift
+from scanner.audit.nginxconf import DirectiveChange
+from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
+from scanner.netscan.model import Finding as PortFinding
+from scanner.probe import result as probe_result
+from scanner.probe.interface import SEVERITIES, ProbeResult, Severity, severity_rank
+
+AUDIT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PortDrift:
+    host: str
+    open_ports: tuple[int, ...]
+    new_ports: tuple[int, ...]
+    closed_since: tuple[int, ...]
+    findings: tuple[PortFinding, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "open_ports": list(self.open_ports), "new_ports": list(self.new_ports),
+                "closed_since": list(self.closed_since), "findings": [f.to_dict() for f in self.findings]}
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    baseline: str
+    signed_by: str                  # evidence pack signer, "" for a plain directory
+    release: str                    # vLLM version of the baseline inventory
+    config_hash: str                # the baseline plan's digest, "sha256:..."
+    plan_matches: bool              # the baseline's plan.json still matches inventory + policy
+    target: str
+    surface_url: str                # where the route surface was swept
+    surface_note: str
+    started_at: float               # unix time
+    routes: tuple[RouteDrift, ...]
+    config: tuple[DirectiveChange, ...] | None   # None: no --nginx-config given or no baseline config
+    config_note: str
+    probe: ProbeResult
+    probe_drift: ProbeDrift
+    ports: PortDrift | None
+
+    @property
+    def config_hash_short(self) -> str:
+        return self.config_hash.removeprefix("sha256:")[:8]
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.routes or self.config or not self.probe_drift.empty or not self.plan_matches
+                    or (self.ports is not None and self.ports.new_ports))
+
+    def severity_counts(self) -> dict[str, int]:
+        counts = self.probe.counts()
+        for f in self.ports.findings if self.ports else ():
+            counts[f.severity] = counts.get(f.severity, 0) + 1
+        return counts
+
+    def exit_code(self, fail_on: Severity = "high") -> int:
+        if self.probe.unreachable:
+            return EXIT_UNREACHABLE
+        worst = min((severity_rank(s) for s, n in self.severity_counts().items() if n),
+                    default=len(SEVERITIES))
+        return EXIT_FINDINGS if self.drift or worst <= severity_rank(fail_on) else EXIT_OK
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "drift": self.drift,
+            "routes_added": sum(1 for r in self.routes if r.change == "added"),
+            "routes_removed": sum(1 for r in self.routes if r.change == "removed"),
+            "config_changes": len(self.config) if self.config is not None else None,
+            "findings_new": len(self.probe_drift.new_findings),
+            "findings_resolved": len(self.probe_drift.resolved_findings),
+            "outcome_changes": len(self.probe_drift.outcome_changes),
+            "ports_new": len(self.ports.new_ports) if self.ports else None,
+            "findings": self.severity_counts(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": AUDIT_SCHEMA_VERSION, "tool": "vllm-perimeter audit",
+            "baseline": self.baseline, "signed_by": self.signed_by, "release": self.release,
+            "config_hash": self.config_hash, "plan_matches": self.plan_matches,
+            "target": self.target, "surface_url": self.surface_url, "surface_note": self.surface_note,
+            "started_at": self.started_at, "summary": self.summary(),
+            "routes": [r.to_dict() for r in self.routes],
+            "config": [c.to_dict() for c in self.config] if self.config is not None else None,
+            "config_note": self.config_note,
+            "probe_drift": self.probe_drift.to_dict(),
+            "ports": self.ports.to_dict() if self.ports else None,
+            "probe": probe_result.to_dict(self.probe),
+        }

@@ -1,0 +1,135 @@
+"""``vllm-perimeter audit``: drift of a live deployment against a baseline (thin: parse, wire, render).
+
+``audit BASELINE_DIR TARGET_URL ...`` runs the audit; ``audit baseline DIR ...`` writes a baseline.
+``command`` is the click object to register.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from scanner.audit import baseline as baselines
+from scanner.audit import metrics
+from scanner.audit.run import AuditRequest, run
+from scanner.errors import UsageError
+from scanner.inventory import catalog
+from scanner.inventory.diff import InventoryDiff, diff
+from scanner.netscan import ports as port_sets
+from scanner.output import write_text
+from scanner.plan import inputs
+from scanner.probe import config
+from scanner.probe.interface import SEVERITIES, ProbeOptions, Severity, Target
+from scanner.report import audit as writers
+
+
+class _DefaultGroup(click.Group):
+    """A group whose first argument, when not a subcommand, goes to the ``run`` command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("audit", cls=_DefaultGroup)
+def command() -> None:
+    """Audit a live deployment for drift against a baseline (the nightly job).
+
+    \b
+    vllm-perimeter audit BASELINE_DIR TARGET_URL [--key ROLE=env:VAR] [--nginx-config FILE] ...
+    vllm-perimeter audit baseline DIR --inventory INV --policy POLICY [--nginx-config-dir DIR] ...
+    """
+
+
+@command.command("run")
+@click.argument("baseline_dir")
+@click.argument("target_url")
+@click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
+              help="A role's API key, by reference only (repeatable).")
+@click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
+              help="Send from this local address too (repeatable).")
+@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
+              help="Override a policy network (default: the baseline plan's networks).")
+@click.option("--public-key", default=None, metavar="PEM",
+              help="Expected signer when BASELINE_DIR is an evidence pack.")
+@click.option("--upstream-url", default=None, metavar="URL",
+              help="Sweep the route surface here (vLLM itself, behind the proxy); default TARGET_URL.")
+@click.option("--nginx-config", "nginx_config", default=None, metavar="FILE",
+              help="The deployed NGINX config (main file) to compare with the baseline's.")
+@click.option("--netscan-host", default=None, metavar="HOST", help="Also sweep this host's TCP ports.")
+@click.option("--netscan-ports", default=None, metavar="LIST", help="Ports for --netscan-host.")
+@click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True)
+@click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True)
+@click.option("--max-time", type=click.FloatRange(1), default=300.0, show_default=True)
+@click.option("--check", "checks", multiple=True, metavar="ID", help="Probe only these checks.")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default="high", show_default=True,
+              help="Exit 1 on drift, or on a finding at least this severe.")
+@click.option("--format", "fmt", type=click.Choice(writers.FORMATS), default="table", show_default=True)
+@click.option("-o", "--output", default=None, metavar="FILE", help="Write the report to FILE.")
+@click.option("--metrics", "metrics_file", default=None, metavar="FILE",
+              help="Write Prometheus text-format metrics to FILE (node_exporter textfile).")
+@click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
+              help="Add this upgrade diff (inventories or catalogs) to the HTML report.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
+def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_specs: tuple[str, ...],
+            networks: tuple[str, ...], public_key: str | None, upstream_url: str | None,
+            nginx_config: str | None, netscan_host: str | None, netscan_ports: str | None,
+            ca_bundle: str | None, concurrency: int, rate: float, timeout: float, max_time: float,
+            checks: tuple[str, ...], fail_on: Severity, fmt: str, output: str | None,
+            metrics_file: str | None, diff_refs: tuple[str, str] | None, quiet: bool) -> int:
+    """Re-probe TARGET_URL with the baseline's plan and report drift: routes, config, findings, ports."""
+    for url in (target_url, upstream_url):
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise UsageError(f"{url!r}: a URL must start with http:// or https://")
+    base = baselines.load_or_exit(baseline_dir, public_key, inputs.parse_networks(networks))
+    req = AuditRequest(
+        target=Target(target_url.rstrip("/"), ca_bundle=ca_bundle),
+        credentials=config.credentials(keys), vantages=config.vantages(vantage_specs),
+        options=ProbeOptions(concurrency=concurrency, rate=rate, timeout=timeout, max_time=max_time,
+                             checks=checks),
+        upstream_url=upstream_url, nginx_config=Path(nginx_config) if nginx_config else None,
+        netscan_host=netscan_host,
+        netscan_ports=port_sets.parse_ports(netscan_ports) if netscan_ports else ())
+    report = run(base, req, say=(lambda _m: None) if quiet else (lambda m: click.echo(m, err=True)))
+    write_text(output, writers.render(report, fmt, _diff(diff_refs)))
+    if metrics_file:
+        write_text(metrics_file, metrics.render(report))
+    if report.probe.unreachable:
+        click.echo(f"error: target unreachable or partial results: {report.probe.reason}", err=True)
+    return report.exit_code(fail_on)
+
+
+def _diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
+    if not refs:
+        return None
+    return diff(catalog.load_ref(refs[0]), catalog.load_ref(refs[1]), refs[0], refs[1])
+
+
+@command.command("baseline")
+@click.argument("out_dir")
+@click.option("--inventory", required=True, metavar="FILE|CATALOG", help="Inventory JSON or catalog name.")
+@click.option("--policy", required=True, metavar="FILE", help="Policy YAML (its principals file is copied).")
+@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
+              help="Override a policy network (repeatable); recorded in plan.json.")
+@click.option("--nginx-config-dir", default=None, metavar="DIR",
+              help="The generated NGINX config directory (from `generate nginx`).")
+@click.option("--probe-result", default=None, metavar="FILE", help="The last probe result (JSON).")
+@click.option("--netscan-result", default=None, metavar="FILE", help="The last netscan result (JSON).")
+def baseline_cmd(out_dir: str, inventory: str, policy: str, networks: tuple[str, ...],
+                 nginx_config_dir: str | None, probe_result: str | None, netscan_result: str | None) -> int:
+    """Write a baseline directory for `audit`."""
+    if not Path(policy).is_file():
+        raise UsageError(f"--policy {policy}: no such file")
+    given = baselines.BaselineInputs(
+        inventory=inventory, policy=Path(policy), networks=inputs.parse_networks(networks),
+        nginx_config_dir=Path(nginx_config_dir) if nginx_config_dir else None,
+        probe=Path(probe_result) if probe_result else None,
+        netscan=Path(netscan_result) if netscan_result else None)
+    for name in baselines.create(out_dir, given):
+        click.echo(name)
+    click.echo(f"wrote baseline {out_dir}")
+    return 0
