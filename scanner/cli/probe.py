@@ -15,11 +15,13 @@ import click
 
 from scanner.cli.options import plan_inputs
 from scanner.errors import UsageError
+from scanner.inventory.diff import InventoryDiff, diff
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.probe import config, result
 from scanner.probe.interface import SEVERITIES, Event, ProbeOptions, ProbeResult, Severity, Started, Target
 from scanner.probe.runner import run_probe, summarize
+from scanner.report import html
 from scanner.report.probe_writers import FORMATS, render
 
 
@@ -49,6 +51,8 @@ def _render_options(func: Any) -> Any:
                         help="Write the report to FILE.")(func)
     func = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
                         show_default=True)(func)
+    func = click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
+                        help="With --format html: add this upgrade diff (inventories or catalogs).")(func)
     return func
 
 
@@ -84,7 +88,8 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
-            allow_state_changes: bool, quiet: bool, fmt: str, output: str | None, fail_on: Severity) -> int:
+            allow_state_changes: bool, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
+            diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
@@ -93,22 +98,32 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                            allow_state_changes=allow_state_changes, checks=checks)
     events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
     res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
-    return _finish(res, fmt, output, fail_on)
+    return _finish(res, fmt, output, fail_on, diff_refs)
 
 
 @command.command("merge")
 @click.argument("files", nargs=-1, required=True, metavar="RESULT.json...")
 @_render_options
-def merge_cmd(files: tuple[str, ...], fmt: str, output: str | None, fail_on: Severity) -> int:
+def merge_cmd(files: tuple[str, ...], fmt: str, output: str | None, fail_on: Severity,
+              diff_refs: tuple[str, str] | None) -> int:
     """Merge JSON results from runs on different hosts into one report."""
-    return _finish(result.merge([result.load(f) for f in files]), fmt, output, fail_on)
+    return _finish(result.merge([result.load(f) for f in files]), fmt, output, fail_on, diff_refs)
 
 
-def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity) -> int:
-    write_text(output, render(res, fmt))
+def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity,
+            diff_refs: tuple[str, str] | None = None) -> int:
+    if diff_refs and fmt != "html":
+        raise UsageError("--diff goes with --format html")
+    write_text(output, html.render_probe(res, _diff(diff_refs)) if diff_refs else render(res, fmt))
     if res.unreachable:
         click.echo(f"error: target unreachable or partial results: {res.reason}", err=True)
     return res.exit_code(fail_on)
+
+
+def _diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
+    if not refs:
+        return None
+    return diff(inputs.load_inventory(refs[0]), inputs.load_inventory(refs[1]), refs[0], refs[1])
 
 
 def _target(base_url: str, ca: str | None, cert: str | None, key: str | None) -> Target:

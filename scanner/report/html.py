@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 TEMPLATE = "report.html.j2"
 # Cell classes, worst first: a cell holding several attempts shows the worst.
-CELL_CLASSES: tuple[str, ...] = ("open", "blocked", "error", "allowed", "denied", "skipped")
+CELL_CLASSES: tuple[str, ...] = ("open", "blocked", "error", "limited", "allowed", "denied", "skipped")
 LEGEND: tuple[tuple[str, str], ...] = (
     ("open", "reached but should be denied"),
     ("blocked", "blocked but should be allowed"),
     ("error", "error (no answer)"),
+    ("limited", "throttled or size-limited (429/413)"),
     ("allowed", "reached, as expected"),
     ("denied", "denied, as expected"),
     ("skipped", "not sent (state-changing)"),
@@ -58,6 +59,8 @@ def cell_class(a: Attempt) -> str:
         return "error"
     if a.outcome == "reached":
         return "allowed" if a.expected == "allow" else "open"
+    if a.outcome == "limited":
+        return "limited"
     return "blocked" if a.expected == "allow" else "denied"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scanner.probe.interface import ProbeResult
-from scanner.report import probe_json, probe_junit, probe_markdown, probe_sarif, probe_table
+from scanner.report import html, probe_json, probe_junit, probe_markdown, probe_sarif, probe_table
 
 WRITERS: dict[str, Callable[[ProbeResult], str]] = {
     "table": probe_table.render,
@@ -13,6 +13,7 @@ WRITERS: dict[str, Callable[[ProbeResult], str]] = {
     "sarif": probe_sarif.render,
     "junit": probe_junit.render,
     "markdown": probe_markdown.render,
+    "html": html.render,
 }
 FORMATS: tuple[str, ...] = tuple(WRITERS)
 
