@@ -197,7 +197,7 @@ def create(out: str | Path, given: BaselineInputs) -> list[str]:
     if given.netscan is not None:
         open_ports(given.netscan)
     root.mkdir(parents=True, exist_ok=True)
-    written = [_write(root / INVENTORY, inventory.to_json()), _copy_policy(given.policy, root),
+    written = [_write(root / INVENTORY, inventory.to_json()), *_copy_policy(given.policy, root),
                _write(root / PLAN, plan.to_json())]
     if given.nginx_config_dir is not None:
         written += _copy_nginx(given.nginx_config_dir, root / NGINX_DIR)
@@ -214,8 +214,9 @@ def _write(p: Path, text: str) -> str:
     return str(p)
 
 
-def _copy_policy(policy: Path, root: Path) -> str:
+def _copy_policy(policy: Path, root: Path) -> list[str]:
     shutil.copyfile(policy, root / POLICY)
+    out = [str(root / POLICY)]
     ref = (yaml.safe_load(policy.read_text(encoding="utf-8")) or {}).get("principals_file")
     if isinstance(ref, str):
         if Path(ref).is_absolute() or ".." in Path(ref).parts:
@@ -223,7 +224,8 @@ def _copy_policy(policy: Path, root: Path) -> str:
                              "the policy's directory to be copied into a baseline")
         (root / ref).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(policy.parent / ref, root / ref)
-    return str(root / POLICY)
+        out.append(str(root / ref))
+    return out
 
 
 def _copy_nginx(src: Path, dest: Path) -> list[str]:

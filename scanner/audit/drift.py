@@ -125,4 +125,8 @@ def probe_drift(old: ProbeResult | None, new: ProbeResult) -> ProbeDrift:
 
 
 def new_ports(old: tuple[int, ...] | None, now: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(p for p in now if p not in (old or ()))
+    """Open now, closed in the baseline scan; nothing is "new" without a baseline scan (the
+    netscan findings still judge every open port against the policy)."""
+    if old is None:
+        return ()
+    return tuple(p for p in now if p not in old)

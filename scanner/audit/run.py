@@ -18,7 +18,7 @@ from scanner.netscan import ports as port_sets
 from scanner.netscan.scan import ScanRequest
 from scanner.netscan.scan import run as netscan_run
 from scanner.probe.interface import Attempt, Credential, ProbeOptions, ProbeResult, Target, Vantage
-from scanner.probe.runner import probe
+from scanner.probe.runner import catalog_paths, probe
 
 Say = Callable[[str], None]
 
@@ -73,10 +73,11 @@ def _surface(baseline: Baseline, req: AuditRequest, current: ProbeResult, url: s
         upstream = Target(req.upstream_url.rstrip("/"), ca_bundle=req.target.ca_bundle)
         options = dataclasses.replace(req.options, checks=("sweep",))
         attempts = probe(baseline.plan, upstream, req.credentials[:1], (Vantage(),), options).attempts
+    declared = dict(catalog_paths(req.options.catalog_dir))
     swept: dict[str, tuple[str, ...]] = {}
     for a in attempts:
         if a.check == "sweep" and a.outcome == "reached":
-            swept.setdefault(a.path, (a.method,))
+            swept.setdefault(a.path, declared.get(a.path, (a.method,)))
     return drift.LiveSurface(spec, swept, note)
 
 

@@ -25,10 +25,12 @@ from scanner.report import audit as writers
 
 
 class _DefaultGroup(click.Group):
-    """A group whose first argument, when not a subcommand, goes to the ``run`` command."""
+    """A group whose first argument, when not a subcommand, goes to the ``run`` command
+    (also ``audit baseline http://...``: a baseline directory named like a subcommand)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+        url_second = len(args) > 1 and args[1].startswith(("http://", "https://"))
+        if args and (args[0] not in self.commands or url_second) and args[0] not in ("-h", "--help"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 

@@ -78,6 +78,8 @@ def to_table(report: AuditReport, width: int = 140) -> str:
         p = report.ports
         console.print(f"ports of {p.host}: open {_ports(p.open_ports)}; new {_ports(p.new_ports)}; "
                       f"closed since {_ports(p.closed_since)}", highlight=False, markup=False)
+        for f in p.findings:
+            console.print(f"[{f.severity.upper()}] {f.rule} {f.title}", highlight=False, markup=False)
     return buf.getvalue()
 
 
