@@ -52,7 +52,7 @@ def test_a_no_change_is_clean(loop: tuple[Loop, ExitStack]) -> None:
     rc, doc, _ = _audit(lp, "--nginx-config", str(lp.nginx_main), "--metrics", str(metrics))
     summary = doc["summary"]
     assert isinstance(summary, dict)
-    assert rc == 0, summary
+    assert rc == 0, (summary, doc["routes"], doc["probe_drift"], doc["config"])
     assert summary["drift"] is False and summary["routes_added"] == 0 and summary["config_changes"] == 0
     assert summary["findings_new"] == 0 and summary["outcome_changes"] == 0
     samples = _parse_prometheus(metrics.read_text())
