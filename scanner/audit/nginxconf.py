@@ -1,7 +1,8 @@
 """Compare two NGINX configs semantically (crossplane): directives added, removed or changed
 per context (``http > server 127.0.0.1:8080 > location = /v1/models``).
 
-Comments, whitespace, quoting and include layout are ignored (includes are inlined). Order
+Comments, whitespace, quoting and include layout are ignored (includes are inlined), and
+named locations are compared by content, not by their generated names (``@~`` + a hash). Order
 is ignored where NGINX ignores it; it is compared where it matters: the rewrite-phase
 directives of one context (``set``, ``rewrite``, ``return``, ``break``, ``if``) and the
 sequence of regex locations of one server (first match wins).
@@ -9,6 +10,9 @@ sequence of regex locations of one server (first match wins).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,9 +63,46 @@ def parse(main: str | Path) -> dict[str, Context]:
         err = payload["errors"][0]
         raise ConfigError(f"{err.get('file', path)}:{err.get('line', '?')}: not a valid NGINX config: "
                           f"{err.get('error', '')}")
+    parsed = payload["config"][0]["parsed"]
     out: dict[str, Context] = {}
-    _walk(payload["config"][0]["parsed"], "main", out)
+    _walk(_substitute(parsed, canonical_names(parsed)), "main", out)
     return out
+
+
+_NAMED = re.compile(r"@[A-Za-z0-9_]+")
+
+
+def _named_blocks(block: Sequence[Mapping[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
+    for d in block:
+        args = d.get("args", [])
+        if d["directive"] == "location" and len(args) == 1 and str(args[0]).startswith("@"):
+            out[str(args[0])] = d.get("block", [])
+        if "block" in d:
+            _named_blocks(d["block"], out)
+    return out
+
+
+def _substitute(obj: Any, names: Mapping[str, str]) -> Any:
+    if isinstance(obj, str):
+        return _NAMED.sub(lambda m: names.get(m.group(0), m.group(0)), obj)
+    if isinstance(obj, list):
+        return [_substitute(x, names) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(v, names) if k in ("args", "block") else v for k, v in obj.items()
+                if k not in ("line", "file", "includes")}
+    return obj
+
+
+def canonical_names(parsed: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Named locations (``@perimeter_up_36_0``) renamed by their content, so a location added
+    before them does not make every generated name (and each reference to it) a change."""
+    blocks = _named_blocks(parsed, {})
+    names: dict[str, str] = {}
+    for _ in range(4):  # references between named locations settle within their nesting depth
+        names = {name: "@~" + hashlib.sha256(json.dumps(_substitute(b, names), sort_keys=True)
+                                             .encode()).hexdigest()[:10]
+                 for name, b in blocks.items()}
+    return names
 
 
 def _line(d: Mapping[str, Any]) -> str:
