@@ -12,16 +12,36 @@ Output files (names relative to the output directory):
 
 Design (see :mod:`scanner.generate.envoy_model` for the route table):
 
-* Keys: a Lua filter hashes the bearer key with a pure-Lua SHA-256 (LuaJIT ``bit``) and
-  looks the digest up in the 0600 file; results are cached per distinct
-  ``Authorization`` value in worker memory (bounded, never logged). Envoy's own
-  ``api_key_auth`` would need the keys in plaintext, so it is not used.
-* JSON caps and forbidden fields: a second Lua filter, only on routes that need it,
-  reads the top-level object strictly (see ``templates/envoy_body.lua.j2``).
+* Paths: ``normalize_path``, ``merge_slashes`` and ``REJECT_REQUEST`` for encoded slashes;
+  the upstream gets the normalised path. Exact ``path`` + ``:method`` matches per allowed
+  pair (templates: the plan's anchored narrow regex); per known path a 405 (with ``Allow``)
+  or 404, then a catch-all 404. HEAD is a method like any other.
+* Marker: ``local_reply_config`` adds ``X-Perimeter-Decision: deny`` (and a reason) to every
+  reply Envoy makes itself, including the 400 for encoded slashes; allowed routes remove
+  both headers from upstream replies.
+* Keys: one Lua filter hashes the bearer key with a pure-Lua SHA-256 (LuaJIT ``bit``) and
+  looks the digest up in the 0600 file; results are cached per distinct ``Authorization``
+  value in worker memory (bounded, never logged). Envoy's own ``api_key_auth`` would need
+  the keys in plaintext, so it is not used. The principal goes to dynamic metadata; the
+  router sets ``X-Perimeter-Principal`` from it (client copies and ``Authorization`` are
+  removed). Keys are read when Envoy starts: restart (or hot-restart) to pick up new ones.
+* Body: on routes with caps or forbidden fields the same Lua filter checks the declared
+  size, reads the body and parses the top-level JSON object strictly (escaped keys,
+  duplicates, strings/floats/booleans as pydantic reads them; see
+  ``templates/envoy_json.lua.j2``). ``strip`` rewrites the body without the fields.
+  The buffer filter enforces ``body_bytes`` (413) for Content-Length and chunked bodies.
 * Rate: one ``local_ratelimit`` filter per audience and rate with a descriptor (bucket)
-  per principal; auth "none" routes get a bucket per client address.
-* Concurrency: a cluster per principal (per audience limit) with circuit breakers;
-  overflow (flag ``UO``) is answered 429.
+  per principal, keyed on the metadata the key check wrote; auth "none" routes get a
+  bucket per client address.
+* Concurrency: a cluster per principal (per audience limit) with circuit breakers: at most
+  N requests in flight to vLLM and N waiting for a connection; beyond, overflow (flag
+  ``UO``) is answered 429. Lua picks the cluster (``cluster_header`` + route re-match).
+* Known gaps: form bodies (multipart, urlencoded) are size-limited but not parsed (vLLM's
+  JSON endpoints refuse them); the contents of strings other than keys and capped values
+  are not validated (Python's parser rejects invalid ones itself); JSON nested deeper than
+  128 levels is refused; JSON-checked routes without ``body_bytes`` are limited to Envoy's
+  1 MiB stream buffer. The access log's ``decision`` is ``"deny"`` for every proxy reply
+  and null when vLLM answered (``details`` is then ``via_upstream``).
 
 Generator options (``GenerateOptions.extra``):
 

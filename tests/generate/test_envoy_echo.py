@@ -83,7 +83,7 @@ audiences:
 body: {{cache_salt: {body}, chat_template: {body}}}
 routes:
   - {{path: /v1/chat/completions, methods: [POST], audience: inference}}
-  - {{path: /v1/completions, methods: [POST], audience: inference}}
+  - {{path: /v1/completions, methods: [POST], audience: inference, limits: {{body_bytes: 3000000}}}}
   - {{path: "/v1/responses/{{response_id}}", methods: [GET], audience: inference}}
   - {{path: /v1/audio/transcriptions, methods: [POST], audience: inference}}
   - {{path: /slow, methods: [POST], audience: slow}}
@@ -340,6 +340,18 @@ def test_body_over_limit_is_413(setup: Setup, chunked: bool) -> None:
     assert_denied(setup.post("/v1/chat/completions", _json_of_size(200_000), chunked=chunked),
                   413, "body-too-large")
     assert seen(setup.post("/v1/chat/completions", _json_of_size(4096), chunked=chunked))["body"]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_checked_bodies_above_envoys_default_buffer(setup: Setup, chunked: bool) -> None:
+    # 1.5 MB is over Envoy's 1 MiB default stream buffer: the route raises it for the JSON check
+    body = b'{"max_tokens": 5, "prompt": "' + b"a" * 1_500_000 + b'"}'
+    got = seen(setup.post("/v1/completions", body, chunked=chunked, timeout=30))
+    assert len(got["body"]) == len(body)  # type: ignore[arg-type]
+    over = b'{"max_tokens": 500, "prompt": "' + b"a" * 1_500_000 + b'"}'
+    assert_denied(setup.post("/v1/completions", over, chunked=chunked, timeout=30), 400, "json-cap:max_tokens")
+    too_big = b'{"prompt": "' + b"a" * 3_000_000 + b'"}'
+    assert_denied(setup.post("/v1/completions", too_big, chunked=chunked, timeout=30), 413)
 
 
 # --- routes, methods, paths ------------------------------------------------------------------------
