@@ -480,3 +480,18 @@ def test_trusted_proxy_forwarded_for(tmp_path: Path) -> None:
         assert headers_of(got)["x-forwarded-for"] == ["127.0.0.3"]
         # the same header from an untrusted peer is not believed
         assert_denied(raw(s.port, "POST", "/pause", headers=ops, body=b"", source="127.0.0.1"), 403)
+
+
+def test_missing_key_file_refuses_every_key(tmp_path: Path) -> None:
+    _, ks = make_principals(tmp_path, ("alice", "user"), ("ops", "operator"))
+    with EchoServer() as echo:
+        policy = POLICY.format(port=free_port(), upstream=echo.port, body="reject", extra="")
+        envoy = RunningEnvoy(make_plan(INVENTORY, policy, tmp_path), tmp_path / "envoy",
+                             extra={"config_dir": str(tmp_path / "nowhere")})
+        with envoy:
+            reply = raw(envoy.port, "POST", "/v1/chat/completions", body=b"{}",
+                        headers={"Authorization": f"Bearer {ks['alice']}"})
+            assert_denied(reply, 401, "bad-key")
+            seen(raw(envoy.port, "GET", "/health"))  # routes without keys still work
+        log = (tmp_path / "envoy" / "envoy.log").read_text(encoding="utf-8", errors="replace")
+        assert "could not be read" in log and ks["alice"] not in log
