@@ -39,6 +39,7 @@ INVENTORY = inventory_of(
     ("/v1/models", ("GET", "HEAD")),
     ("/slow", ("POST",)),
     ("/health", ("GET",)),
+    ("/metrics", ("GET",)),
     ("/pause", ("POST",)),
     ("/invocations", ("POST",)),
     ("/docs", ("GET", "HEAD")),
@@ -75,6 +76,11 @@ audiences:
     kind: monitoring
     networks: [users, admin]
     auth: none
+  scrapers:
+    kind: monitoring
+    networks: [users]
+    auth: none
+    limits: {{rate: {{rps: 0.2, burst: 2}}}}
   operator:
     kind: operator
     networks: [admin]
@@ -89,6 +95,7 @@ routes:
   - {{path: /slow, methods: [POST], audience: slow}}
   - {{path: /v1/models, methods: [GET], audience: limited}}
   - {{path: /health, methods: [GET], audience: monitoring}}
+  - {{path: /metrics, methods: [GET], audience: scrapers}}
   - {{path: /pause, methods: [POST], audience: operator}}
   - {{path: /invocations, audience: none}}
 """
@@ -397,6 +404,12 @@ def test_rate_per_principal(setup: Setup) -> None:
     reply = raw(setup.port, "GET", "/v1/models", headers=setup.auth("carol"))
     assert_denied(reply, 429, "rate")
     seen(raw(setup.port, "GET", "/v1/models", headers=setup.auth("dave")))  # another principal
+
+
+def test_rate_per_client_address_without_keys(setup: Setup) -> None:
+    statuses = [raw(setup.port, "GET", "/metrics", source="127.0.0.1").status for _ in range(3)]
+    assert statuses == [200, 200, 429], statuses
+    seen(raw(setup.port, "GET", "/metrics", source="127.0.0.2"))  # another address, another bucket
 
 
 def test_concurrency_per_principal(setup: Setup) -> None:
