@@ -155,3 +155,26 @@ def _cli_main(argv: list[str]) -> tuple[int, str]:
     p = subprocess.run([sys.executable, "-m", "scanner.cli.main", *argv], capture_output=True, text=True,
                        timeout=60, check=False)
     return p.returncode, p.stderr
+
+
+def test_evidence_pack_baseline_is_verified_first(loop: tuple[Loop, ExitStack], tmp_path: Path) -> None:
+    lp, _ = loop
+    key = tmp_path / "evidence.key"
+    assert invoke("keys", "signing-key", "--out", str(key)).return_value in (0, None)
+    b = lp.baseline
+    configs = [a for f in sorted((b / "nginx").iterdir()) for a in ("--config", str(f))]
+    pack = tmp_path / "pack"
+    res = invoke("evidence", "build", str(pack), "--inventory", str(b / "inventory.json"), "--policy",
+                 str(b / "policy.yaml"), "--plan", str(b / "plan.json"), "--probe", str(b / "probe.json"),
+                 *configs, "--signing-key", str(key))
+    assert res.return_value in (0, None), res.output
+    out = tmp_path / "r.json"
+    res = invoke("audit", str(pack), lp.proxy_url, *lp.key_args(), "--public-key", f"{key}.pub",
+                 "--nginx-config", str(lp.nginx_main), "--check", "matrix", "--rate", "0", "-q",
+                 "--format", "json", "-o", str(out), env=lp.env())
+    doc = json.loads(out.read_text())
+    assert res.return_value == 0, doc["summary"]
+    assert doc["signed_by"].startswith("sha256:") and doc["summary"]["config_changes"] == 0
+    (pack / "files" / "probe" / "probe.json").write_text("{}")
+    rc, err = _cli_main(["audit", str(pack), lp.proxy_url, "--public-key", f"{key}.pub", "-q"])
+    assert rc == 2 and "verification failed" in err and len(err.strip().splitlines()) == 1, err
