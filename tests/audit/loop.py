@@ -34,7 +34,7 @@ GROWN_CATALOG = "vllm-0.29.0-everything"
 NETWORKS = ("public=127.0.0.1/32", "monitoring=127.0.0.2/32", "admin=127.0.0.3/32")
 ROLES = (("alice", "user"), ("billing-svc", "service"), ("ops", "operator"))
 KEY_SPECS = tuple(f"{role}=env:AUDIT_TEST_KEY_{role.upper()}" for _n, role in ROLES)
-OPTIONS = ProbeOptions(rate=0, concurrency=8, max_time=60)
+OPTIONS = ProbeOptions(rate=0, concurrency=8, max_time=60, timeout=15)
 
 
 @dataclass(frozen=True)

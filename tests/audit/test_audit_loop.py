@@ -32,7 +32,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loop, ExitS
 def _audit(lp: Loop, *extra: str) -> tuple[int, dict[str, object], str]:
     out = lp.work / f"report-{len(list(lp.work.glob('report-*')))}.json"
     res = invoke("audit", str(lp.baseline), lp.proxy_url, *lp.key_args(),
-                 "--upstream-url", lp.upstream_url, "--format", "json", "-o", str(out), "-q", "--rate", "0", *extra,
+                 "--upstream-url", lp.upstream_url, "--format", "json", "-o", str(out), "-q", "--rate", "0", "--timeout", "15", *extra,
                  env=lp.env())
     return int(res.return_value), json.loads(out.read_text()), res.output
 
