@@ -19,7 +19,7 @@ from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
 from scanner.resources import data_file
-from scanner.runtime import nginx
+from scanner.runtime import envoy, nginx
 
 NETWORKS = {"public": ("127.0.0.1/32",), "monitoring": ("127.0.0.2/32",), "admin": ("127.0.0.3/32",)}
 VANTAGES = (Vantage("public", "127.0.0.1"), Vantage("monitoring", "127.0.0.2"),
@@ -72,6 +72,15 @@ def test_nginx_in_front_of_real_vllm_has_zero_findings(setup, build_name: str, t
     if build_ is None:
         pytest.fail(f"NGINX {build_name} missing") if __import__("os").environ.get("CI") else pytest.skip(build_name)
     with nginx.process(plan, build_, tmp_path, ENGINELESS):
+        res = probe(plan, Target(f"http://127.0.0.1:{plan.listen.port}"), creds, VANTAGES, OPTIONS)
+    assert not res.unreachable, res.reason
+    assert res.findings == (), _summary(res)
+    assert len(res.attempts) > 5000
+
+
+def test_envoy_in_front_of_real_vllm_has_zero_findings(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    plan, creds, _ = setup
+    with envoy.process(plan, tmp_path):
         res = probe(plan, Target(f"http://127.0.0.1:{plan.listen.port}"), creds, VANTAGES, OPTIONS)
     assert not res.unreachable, res.reason
     assert res.findings == (), _summary(res)

