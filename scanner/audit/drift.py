@@ -13,8 +13,10 @@ from scanner.probe.interface import Attempt, Finding, ProbeResult
 RouteChangeKind = Literal["added", "removed"]
 # FastAPI keeps these out of /openapi.json; their absence from a spec is not a vanished route.
 NOT_IN_SPEC = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-# Attempts whose outcome is timing-dependent are not compared.
+# Attempts whose outcome is timing-dependent are not compared: the rate and limit checks, and
+# any answer the proxy throttled (429/413 "limited": a burst, not a policy change).
 STABLE_CHECKS = frozenset({"matrix", "bypass", "spoof", "sweep"})
+TIMING_OUTCOMES = frozenset({"limited"})
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def outcome_changes(old: Iterable[Attempt], new: Iterable[Attempt]) -> tuple[Out
     out = []
     for a in new:
         b = before.get(_key(a))
-        if b is not None and b.outcome != a.outcome:
+        if b is not None and b.outcome != a.outcome and not {a.outcome, b.outcome} & TIMING_OUTCOMES:
             out.append(OutcomeChange(a.check, a.request_line, a.credential, a.vantage, _state(b), _state(a)))
     return tuple(sorted(out, key=lambda c: (c.request_line, c.credential, c.vantage)))
 

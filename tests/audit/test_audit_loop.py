@@ -52,7 +52,9 @@ def test_a_no_change_is_clean(loop: tuple[Loop, ExitStack]) -> None:
     rc, doc, _ = _audit(lp, "--nginx-config", str(lp.nginx_main), "--metrics", str(metrics))
     summary = doc["summary"]
     assert isinstance(summary, dict)
-    assert rc == 0, (summary, doc["routes"], doc["probe_drift"], doc["config"])
+    changes = [(c["request_line"], c["credential"], c["old"], c["new"])
+               for c in doc["probe_drift"]["outcome_changes"]]  # type: ignore[index]
+    assert rc == 0, (summary, doc["routes"], changes, doc["config"])
     assert summary["drift"] is False and summary["routes_added"] == 0 and summary["config_changes"] == 0
     assert summary["findings_new"] == 0 and summary["outcome_changes"] == 0
     samples = _parse_prometheus(metrics.read_text())
@@ -178,3 +180,18 @@ def test_evidence_pack_baseline_is_verified_first(loop: tuple[Loop, ExitStack], 
     (pack / "files" / "probe" / "probe.json").write_text("{}")
     rc, err = _cli_main(["audit", str(pack), lp.proxy_url, "--public-key", f"{key}.pub", "-q"])
     assert rc == 2 and "verification failed" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("fmt, marker", [("markdown", "## Config drift"), ("html", '<table class="config">'),
+                                         ("table", "config drift")])
+def test_writers_show_the_config_drift(loop: tuple[Loop, ExitStack], fmt: str, marker: str) -> None:
+    lp, _ = loop
+    deployed = lp.work / "deployed-edited" / "nginx.conf"
+    if not deployed.exists():
+        deployed = edited_config(lp, lp.work / "deployed-edited")
+    out = lp.work / f"report.{fmt}"
+    res = invoke("audit", str(lp.baseline), lp.proxy_url, *lp.key_args(), "--nginx-config", str(deployed),
+                 "--check", "matrix", "--rate", "0", "-q", "--format", fmt, "-o", str(out), env=lp.env())
+    text = out.read_text()
+    assert res.return_value == 1 and marker in text and "location = /debug" in text
+    assert not any(k in text for k in lp.keys.values())

@@ -125,3 +125,21 @@ def test_chromium_renders_what_a_person_needs(page: Path) -> None:
     keep = os.environ.get("VLLM_PERIMETER_KEEP_SCREENSHOT")
     if keep:
         shutil.copyfile(png, keep)
+
+
+def test_probe_cli_html_with_diff(leaky_result: ProbeResult, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from scanner.cli.main import cli
+    from scanner.probe import result as result_doc
+
+    saved = tmp_path / "r.json"
+    saved.write_text(result_doc.to_json(leaky_result))
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(cli, ["probe", "merge", str(saved), "--format", "html", "--diff",
+                                   "vllm-0.29.0-default", "vllm-0.33.0-default", "-o", str(out)],
+                             standalone_mode=False)
+    assert res.exception is None and res.return_value == 1
+    assert "Upgrade diff: vllm-0.29.0-default" in out.read_text() and "/kv_event_sources" in out.read_text()
+    res = CliRunner().invoke(cli, ["probe", "merge", str(saved), "--diff", "a", "b"], standalone_mode=False)
+    assert "--diff goes with --format html" in str(res.exception)
