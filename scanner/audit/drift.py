@@ -68,6 +68,7 @@ class LiveSurface:
     spec_paths: Mapping[str, tuple[str, ...]] | None
     swept: Mapping[str, tuple[str, ...]]
     note: str = ""
+    error: str = ""          # the sweep could not run (upstream unreachable): no route verdict
 
 
 def _template(path: str) -> re.Pattern[str] | None:

@@ -58,8 +58,9 @@ def render(report: AuditReport) -> str:
                      [(_labels(base), s["ports_new"] if s["ports_new"] is not None else -1)])
     lines += _family("vllm_perimeter_drift", "1 when any drift was found.", "gauge",
                      [(_labels(base), 1 if report.drift else 0)])
-    lines += _family("vllm_perimeter_target_up", "1 when the target answered the probe.", "gauge",
-                     [(_labels(base), 0 if report.probe.unreachable else 1)])
+    lines += _family("vllm_perimeter_target_up", "1 when the target answered the probe (and the "
+                     "upstream the route sweep).", "gauge",
+                     [(_labels(base), 0 if report.unreachable else 1)])
     lines += _family("vllm_perimeter_audit_timestamp_seconds", "When the audit ran (unix time).", "gauge",
                      [(_labels(base), round(report.started_at, 3))])
     return "\n".join(lines) + "\n"

@@ -45,6 +45,16 @@ class AuditReport:
     probe: ProbeResult
     probe_drift: ProbeDrift
     ports: PortDrift | None
+    surface_error: str = ""         # the route sweep could not run: the audit is incomplete (exit 3)
+
+    @property
+    def unreachable(self) -> bool:
+        return self.probe.unreachable or bool(self.surface_error)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(r for r in (self.probe.reason, self.surface_error and
+                                     f"route sweep at {self.surface_url}: {self.surface_error}") if r)
 
     @property
     def config_hash_short(self) -> str:
@@ -62,7 +72,7 @@ class AuditReport:
         return counts
 
     def exit_code(self, fail_on: Severity = "high") -> int:
-        if self.probe.unreachable:
+        if self.unreachable:
             return EXIT_UNREACHABLE
         worst = min((severity_rank(s) for s, n in self.severity_counts().items() if n),
                     default=len(SEVERITIES))
@@ -87,6 +97,7 @@ class AuditReport:
             "baseline": self.baseline, "signed_by": self.signed_by, "release": self.release,
             "config_hash": self.config_hash, "plan_matches": self.plan_matches,
             "target": self.target, "surface_url": self.surface_url, "surface_note": self.surface_note,
+            "surface_error": self.surface_error,
             "started_at": self.started_at, "summary": self.summary(),
             "routes": [r.to_dict() for r in self.routes],
             "config": [c.to_dict() for c in self.config] if self.config is not None else None,

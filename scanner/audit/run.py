@@ -49,6 +49,7 @@ def run(baseline: Baseline, req: AuditRequest, say: Say = lambda _m: None) -> Au
         baseline=str(baseline.root), signed_by=baseline.signed_by, release=baseline.release,
         config_hash=baseline.plan.digest, plan_matches=baseline.plan_matches,
         target=req.target.base_url, surface_url=surface_url, surface_note=surface.note,
+        surface_error=surface.error,
         started_at=started, routes=drift.route_drift(baseline.inventory, surface),
         config=config, config_note=config_note, probe=current,
         probe_drift=drift.probe_drift(baseline.probe, current), ports=ports)
@@ -69,16 +70,18 @@ def _config(baseline: Baseline, deployed: Path | None) -> tuple[Changes | None, 
 def _surface(baseline: Baseline, req: AuditRequest, current: ProbeResult, url: str) -> drift.LiveSurface:
     spec, note = _spec_paths(url, req.surface_timeout, req.target.ca_bundle)
     attempts: Sequence[Attempt] = current.attempts
+    error = ""
     if req.upstream_url is not None:
         upstream = Target(req.upstream_url.rstrip("/"), ca_bundle=req.target.ca_bundle)
         options = dataclasses.replace(req.options, checks=("sweep",))
-        attempts = probe(baseline.plan, upstream, req.credentials[:1], (Vantage(),), options).attempts
+        swept = probe(baseline.plan, upstream, req.credentials[:1], (Vantage(),), options)
+        attempts, error = swept.attempts, swept.reason if swept.unreachable else ""
     declared = dict(catalog_paths(req.options.catalog_dir))
-    swept: dict[str, tuple[str, ...]] = {}
+    found: dict[str, tuple[str, ...]] = {}
     for a in attempts:
         if a.check == "sweep" and a.outcome == "reached":
-            swept.setdefault(a.path, declared.get(a.path, (a.method,)))
-    return drift.LiveSurface(spec, swept, note)
+            found.setdefault(a.path, declared.get(a.path, (a.method,)))
+    return drift.LiveSurface(spec, found, note, error)
 
 
 def _spec_paths(url: str, timeout: float, ca: str | None) -> tuple[dict[str, tuple[str, ...]] | None, str]:

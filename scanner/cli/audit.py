@@ -100,8 +100,8 @@ def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_s
     write_text(output, writers.render(report, fmt, _diff(diff_refs)))
     if metrics_file:
         write_text(metrics_file, metrics.render(report))
-    if report.probe.unreachable:
-        click.echo(f"error: target unreachable or partial results: {report.probe.reason}", err=True)
+    if report.unreachable:
+        click.echo(f"error: target unreachable or partial results: {report.reason}", err=True)
     return report.exit_code(fail_on)
 
 

@@ -38,8 +38,8 @@ def _headline(report: AuditReport) -> list[str]:
     ]
     if not report.plan_matches:
         lines.append("the baseline's plan.json no longer matches its inventory + policy")
-    if report.probe.unreachable:
-        lines.append(f"TARGET UNREACHABLE / PARTIAL: {report.probe.reason}")
+    if report.unreachable:
+        lines.append(f"TARGET UNREACHABLE / PARTIAL: {report.reason}")
     return lines
 
 

@@ -195,3 +195,14 @@ def test_writers_show_the_config_drift(loop: tuple[Loop, ExitStack], fmt: str, m
     text = out.read_text()
     assert res.return_value == 1 and marker in text and "location = /debug" in text
     assert not any(k in text for k in lp.keys.values())
+
+
+def test_unreachable_upstream_or_target_is_exit_3(loop: tuple[Loop, ExitStack]) -> None:
+    lp, _ = loop
+    from scanner.net import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    rc, doc, _ = _audit(lp, "--check", "matrix", "--upstream-url", dead)
+    assert rc == 3 and doc["surface_error"]
+    res = invoke("audit", str(lp.baseline), dead, "-q", "--check", "matrix", "-o", str(lp.work / "dead.txt"))
+    assert res.return_value == 3
