@@ -49,11 +49,11 @@ class DemoResult:
     nginx_build: str
 
 
-def _principals(directory: Path) -> tuple[Credential, ...]:
-    """Fresh keys for each role: hashes in the principals file, keys only in memory."""
+def make_principals(directory: Path, roles: tuple[tuple[str, str], ...] = ROLES) -> tuple[Credential, ...]:
+    """Fresh keys for each (name, role): hashes in ``principals.yaml``, keys only in memory."""
     secrets: dict[str, str] = {}
     specs = []
-    for name, role in ROLES:
+    for name, role in roles:
         key = keys.new_key()
         keys.append_principal(directory / "principals.yaml", name, role, key)
         secrets[f"DEMO_KEY_{role.upper()}"] = key
@@ -83,7 +83,7 @@ def run(say: Callable[[str], None], options: ProbeOptions | None = None) -> Demo
     inventory = load_ref(CATALOG)
     with ExitStack() as stack:
         work = stack.enter_context(_workdir())
-        creds = _principals(work)
+        creds = make_principals(work)
         upstream_port, proxy_port = free_port(), free_port()
         plan = _plan(inventory, work, proxy_port, upstream_port)
         say(f"1/4 plan: {len(plan.allowed)} method+path pairs allowed, {len(plan.denied)} denied "

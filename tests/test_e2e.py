@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from scanner.demo import make_principals
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.build import build
 from scanner.plan.model import Plan
-from scanner.policy import keys
 from scanner.policy.load import loads
-from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
 from scanner.resources import data_file
@@ -24,21 +23,10 @@ from scanner.runtime import envoy, nginx
 NETWORKS = {"public": ("127.0.0.1/32",), "monitoring": ("127.0.0.2/32",), "admin": ("127.0.0.3/32",)}
 VANTAGES = (Vantage("public", "127.0.0.1"), Vantage("monitoring", "127.0.0.2"),
             Vantage("admin", "127.0.0.3"), Vantage("outside", "127.0.0.66"))
-ROLES = (("alice", "user"), ("svc", "service"), ("ops", "operator"))
 OPTIONS = ProbeOptions(rate=0, concurrency=8, max_time=120)
 # The engine-less app closes its connection after each handler error (500): no upstream
 # keep-alive, or the proxy's next POST on that connection would be a 502.
 ENGINELESS = {"upstream_keepalive": "0"}
-
-
-def _credentials(directory: Path) -> tuple[Credential, ...]:
-    env, specs = {}, []
-    for name, role in ROLES:
-        key = keys.new_key()
-        keys.append_principal(directory / "principals.yaml", name, role, key)
-        env[f"K_{role}"] = key
-        specs.append(f"{role}=env:K_{role}")
-    return config.credentials(specs, environ=env)
 
 
 def _plan(directory: Path, upstream_port: int) -> Plan:
@@ -55,7 +43,7 @@ def _summary(res: ProbeResult) -> list[str]:
 @pytest.fixture(scope="module")
 def setup(real_vllm, tmp_path_factory) -> tuple[Plan, tuple[Credential, ...], Path]:  # type: ignore[no-untyped-def]
     work = tmp_path_factory.mktemp("e2e")
-    creds = _credentials(work)
+    creds = make_principals(work)
     return _plan(work, real_vllm.port), creds, work
 
 

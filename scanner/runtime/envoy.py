@@ -34,9 +34,12 @@ def write(plan: Plan, directory: Path, extra: dict[str, str] | None = None) -> P
 
 
 def process(plan: Plan, directory: Path, extra: dict[str, str] | None = None,
-            concurrency: int = 1) -> ManagedProcess:
+            concurrency: int = 1, flush_ms: int = 0) -> ManagedProcess:
+    """The Envoy process for ``plan``; ``flush_ms`` > 0 flushes the access log that often."""
     main = write(plan, directory, extra)
     argv = [binary(), "-c", str(main), "--concurrency", str(concurrency), "--disable-hot-restart",
             "--log-level", "warning", "--log-path", str(directory / "envoy.log")]
+    if flush_ms:
+        argv += ["--file-flush-interval-msec", str(flush_ms)]
     return ManagedProcess("envoy", argv, plan.listen.address, plan.listen.port,
                           log=directory / "envoy.stderr")

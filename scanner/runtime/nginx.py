@@ -52,6 +52,7 @@ def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] 
     """Render the plan into ``directory/conf`` with runtime files in ``directory/run``."""
     run = directory / "run"
     run.mkdir(parents=True, exist_ok=True)
+    run.chmod(0o755)  # worker processes may run as an unprivileged user
     extra = dict(extra or {})
     if build.njs_module:
         extra["njs_module"] = build.njs_module

