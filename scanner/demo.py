@@ -78,7 +78,7 @@ def _workdir() -> Iterator[Path]:
 
 def run(say: Callable[[str], None], options: ProbeOptions | None = None) -> DemoResult:
     """Run the demo; every process and temp file is gone when this returns or raises."""
-    options = options or ProbeOptions(rate=0, concurrency=8, max_time=120)
+    options = options or ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=180)
     build_ = nginx.any_build()
     inventory = load_ref(CATALOG)
     with ExitStack() as stack:

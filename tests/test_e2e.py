@@ -23,7 +23,7 @@ from scanner.runtime import envoy, nginx
 NETWORKS = {"public": ("127.0.0.1/32",), "monitoring": ("127.0.0.2/32",), "admin": ("127.0.0.3/32",)}
 VANTAGES = (Vantage("public", "127.0.0.1"), Vantage("monitoring", "127.0.0.2"),
             Vantage("admin", "127.0.0.3"), Vantage("outside", "127.0.0.66"))
-OPTIONS = ProbeOptions(rate=0, concurrency=8, max_time=120)
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=180)
 # The engine-less app closes its connection after each handler error (500): no upstream
 # keep-alive, or the proxy's next POST on that connection would be a 502.
 ENGINELESS = {"upstream_keepalive": "0"}

@@ -35,18 +35,18 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import demo, evidence, inventory, netscan, plan, probe, standin
+    from scanner.cli import audit, demo, evidence, inventory, netscan, plan, probe, standin
 
     cli.add_command(demo.command)
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)
     cli.add_command(probe.command)
+    cli.add_command(audit.command)
     cli.add_command(netscan.command)
     cli.add_command(evidence.group)
     cli.add_command(standin.command)
     cli.add_command(plan.keys_group)
-    cli.add_command(__import__('scanner.cli.audit', fromlist=['command']).command)
 
 
 _register()
