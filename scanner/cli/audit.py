@@ -13,9 +13,8 @@ import click
 from scanner.audit import baseline as baselines
 from scanner.audit import metrics
 from scanner.audit.run import AuditRequest, run
+from scanner.cli.options import load_diff
 from scanner.errors import UsageError
-from scanner.inventory import catalog
-from scanner.inventory.diff import InventoryDiff, diff
 from scanner.netscan import ports as port_sets
 from scanner.output import write_text
 from scanner.plan import inputs
@@ -97,18 +96,13 @@ def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_s
         netscan_host=netscan_host,
         netscan_ports=port_sets.parse_ports(netscan_ports) if netscan_ports else ())
     report = run(base, req, say=(lambda _m: None) if quiet else (lambda m: click.echo(m, err=True)))
-    write_text(output, writers.render(report, fmt, _diff(diff_refs)))
+    write_text(output, writers.render(report, fmt, load_diff(diff_refs)))
     if metrics_file:
         write_text(metrics_file, metrics.render(report))
     if report.unreachable:
         click.echo(f"error: target unreachable or partial results: {report.reason}", err=True)
     return report.exit_code(fail_on)
 
-
-def _diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
-    if not refs:
-        return None
-    return diff(catalog.load_ref(refs[0]), catalog.load_ref(refs[1]), refs[0], refs[1])
 
 
 @command.command("baseline")

@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 import click
 
 from scanner.errors import UsageError
+from scanner.inventory.catalog import load_ref
+from scanner.inventory.diff import InventoryDiff, diff
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,3 +41,10 @@ def plan_inputs(func: F) -> F:
                         help="Inventory JSON from `inventory ...`, or a bundled catalog name "
                              "such as vllm-0.29.0-default.")(func)
     return func
+
+
+def load_diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
+    """``--diff OLD NEW`` (files or catalog names) into an inventory diff for the HTML report."""
+    if not refs:
+        return None
+    return diff(load_ref(refs[0]), load_ref(refs[1]), refs[0], refs[1])

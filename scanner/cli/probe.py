@@ -13,9 +13,8 @@ from typing import Any
 
 import click
 
-from scanner.cli.options import plan_inputs
+from scanner.cli.options import load_diff, plan_inputs
 from scanner.errors import UsageError
-from scanner.inventory.diff import InventoryDiff, diff
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.probe import config, result
@@ -114,16 +113,11 @@ def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity,
             diff_refs: tuple[str, str] | None = None) -> int:
     if diff_refs and fmt != "html":
         raise UsageError("--diff goes with --format html")
-    write_text(output, html.render_probe(res, _diff(diff_refs)) if diff_refs else render(res, fmt))
+    write_text(output, html.render_probe(res, load_diff(diff_refs)) if diff_refs else render(res, fmt))
     if res.unreachable:
         click.echo(f"error: target unreachable or partial results: {res.reason}", err=True)
     return res.exit_code(fail_on)
 
-
-def _diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
-    if not refs:
-        return None
-    return diff(inputs.load_inventory(refs[0]), inputs.load_inventory(refs[1]), refs[0], refs[1])
 
 
 def _target(base_url: str, ca: str | None, cert: str | None, key: str | None) -> Target:
