@@ -44,3 +44,30 @@ def test_demo_cli_prints_report_and_leaves_nothing_running() -> None:
     assert "vp_" not in r.stdout + r.stderr
     leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-demo-"], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""
+
+
+def test_demo_cleans_up_on_ctrl_c() -> None:
+    import glob
+    import os
+    import signal
+    import tempfile
+    import time
+
+    if nginx.static_build() is None and nginx.debian_build() is None:
+        pytest.skip("no NGINX installed")
+    proc = subprocess.Popen([sys.executable, "-m", "scanner.cli.main", "demo"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until NGINX and the stand-in are up
+        line = proc.stderr.readline()
+        if line.startswith("3/4") or not line:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    time.sleep(0.5)
+    assert glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-demo-*")) == []
+    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-demo-"], capture_output=True, text=True, check=False)
+    assert leftover.stdout.strip() == ""
