@@ -11,6 +11,8 @@ Output files (names relative to the output directory):
     config then needs the njs module loaded and should set ``pcre_jit on;`` (the JSON
     fast path is a PCRE match over each inspected body; without JIT it costs several
     times more CPU).
+``perimeter-proxy.conf``
+    The request headers every proxying location sends upstream (included per location).
 ``perimeter-principals.conf`` (mode 0600)
     ``map``s from the sha256 of a key to the principal's name and role.
 ``perimeter.js``
@@ -54,6 +56,7 @@ from scanner.plan.model import Plan
 MAIN = "nginx.conf"
 HTTP = "perimeter-http.conf"
 PRINCIPALS = "perimeter-principals.conf"
+PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
 
 
@@ -76,12 +79,14 @@ class NginxGenerator:
         if unknown:
             raise GenerateError(f"nginx generator: unknown option(s) {', '.join(unknown)} "
                                 f"(known: {', '.join(NGINX_EXTRA_OPTIONS)})")
-        model = build_model(plan, options, files={"http": HTTP, "principals": PRINCIPALS, "njs": NJS})
+        files = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS}
+        model = build_model(plan, options, files=files)
         env = _environment()
         try:
             main = env.get_template("nginx.conf.j2").render(m=model)
             http = env.get_template("nginx-http.conf.j2").render(m=model)
             principals = env.get_template("nginx-principals.conf.j2").render(m=model)
+            proxy = env.get_template("nginx-proxy.conf.j2").render(m=model)
             njs = Path(resources.data_file("templates", "nginx-perimeter.js")).read_text(encoding="utf-8")
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
@@ -91,6 +96,7 @@ class NginxGenerator:
                 GeneratedFile(MAIN, main),
                 GeneratedFile(HTTP, http),
                 GeneratedFile(PRINCIPALS, principals, mode=0o600),
+                GeneratedFile(PROXY, proxy),
                 GeneratedFile(NJS, njs),
             ),
             main=MAIN,

@@ -82,15 +82,17 @@ def test_no_keys_or_secrets_in_output(tmp_path: Path) -> None:
 
 
 def test_shape_of_the_allowlist(tmp_path: Path) -> None:
-    http = {f.name: f.content for f in
-            NginxGenerator().render(golden_plan(tmp_path), GOLDEN_OPTIONS).files}["perimeter-http.conf"]
+    files = {f.name: f.content for f in NginxGenerator().render(golden_plan(tmp_path), GOLDEN_OPTIONS).files}
+    http = files["perimeter-http.conf"]
     # exact routes carry their URI in proxy_pass; no bare proxy_pass anywhere
     assert "proxy_pass http://vllm_upstream/v1/models;" in http
     assert not re.search(r"proxy_pass http://vllm_upstream;", http)
     assert "location = /invocations" not in http and "location = /collective_rpc" not in http
     assert "limit_except" not in http
     assert 'location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})$"' in http
-    assert "proxy_set_header Authorization \"\";" in http
+    # every proxying location sends the shared header set: Authorization blanked, markers cleared
+    assert 'proxy_set_header Authorization "";' in files["perimeter-proxy.conf"]
+    assert http.count('include "perimeter-proxy.conf";') == http.count("proxy_pass ") > 0
     assert "proxy_hide_header X-Perimeter-Decision;" in http
 
 
