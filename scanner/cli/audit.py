@@ -13,7 +13,7 @@ import click
 from scanner.audit import baseline as baselines
 from scanner.audit import metrics
 from scanner.audit.run import AuditRequest, run
-from scanner.cli.options import load_diff
+from scanner.cli.options import bound_options, credential_options, load_diff
 from scanner.errors import UsageError
 from scanner.netscan import ports as port_sets
 from scanner.output import write_text
@@ -47,10 +47,7 @@ def command() -> None:
 @command.command("run")
 @click.argument("baseline_dir")
 @click.argument("target_url")
-@click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
-              help="A role's API key, by reference only (repeatable).")
-@click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
-              help="Send from this local address too (repeatable).")
+@credential_options
 @click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
               help="Override a policy network (default: the baseline plan's networks).")
 @click.option("--public-key", default=None, metavar="PEM",
@@ -62,10 +59,7 @@ def command() -> None:
 @click.option("--netscan-host", default=None, metavar="HOST", help="Also sweep this host's TCP ports.")
 @click.option("--netscan-ports", default=None, metavar="LIST", help="Ports for --netscan-host.")
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
-@click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True)
-@click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True)
-@click.option("--max-time", type=click.FloatRange(1), default=300.0, show_default=True)
+@bound_options(max_time=300.0)
 @click.option("--check", "checks", multiple=True, metavar="ID", help="Probe only these checks.")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default="high", show_default=True,
               help="Exit 1 on drift, or on a finding at least this severe.")

@@ -48,3 +48,26 @@ def load_diff(refs: tuple[str, str] | None) -> InventoryDiff | None:
     if not refs:
         return None
     return diff(load_ref(refs[0]), load_ref(refs[1]), refs[0], refs[1])
+
+
+def credential_options(func: F) -> F:
+    """``--key ROLE=env:VAR|file:PATH`` (never the key itself) and ``--vantage NAME=ADDRESS``."""
+    func = click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
+                        help="Send from this local address too (repeatable).")(func)
+    func = click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
+                        help="A role's API key, by reference only (repeatable). Never the key itself.")(func)
+    return func
+
+
+def bound_options(max_time: float) -> Callable[[F], F]:
+    """How hard and how long a probe may push a live target."""
+    def apply(func: F) -> F:
+        func = click.option("--max-time", type=click.FloatRange(1), default=max_time, show_default=True,
+                            help="Seconds for the whole run; then partial results and exit 3.")(func)
+        func = click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
+                            help="Seconds per request.")(func)
+        func = click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True,
+                            help="Requests per second (0: unlimited); rate-limit bursts are exempt.")(func)
+        func = click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)(func)
+        return func
+    return apply

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from scanner.cli.options import load_diff, plan_inputs
+from scanner.cli.options import bound_options, credential_options, load_diff, plan_inputs
 from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
@@ -58,25 +58,16 @@ def _render_options(func: Any) -> Any:
 @command.command("run")
 @click.argument("base_url")
 @plan_inputs
-@click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
-              help="A role's API key, by reference only (repeatable). Never the key itself.")
-@click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
-              help="Send from this local address too (repeatable).")
+@credential_options
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
 @click.option("--client-cert", default=None, metavar="FILE", help="Client certificate (mTLS).")
 @click.option("--client-key", default=None, metavar="FILE", help="Client certificate's key (mTLS).")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
-@click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True,
-              help="Requests per second (0: unlimited); rate-limit bursts are exempt.")
+@bound_options(max_time=120.0)
 @click.option("--pipeline", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP/1.1 requests in flight per connection (pipelining; 1: off).")
 @click.option("--client", type=click.Choice(["stream", "httpx"]), default="stream", show_default=True,
               help="HTTP client: verbatim keep-alive streams, or httpx (request variants always "
                    "go over streams: httpx normalises paths).")
-@click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
-              help="Seconds per request.")
-@click.option("--max-time", type=click.FloatRange(1), default=120.0, show_default=True,
-              help="Seconds for the whole run; then partial results and exit 3.")
 @click.option("--check", "checks", multiple=True, metavar="ID",
               help="Run only these checks: matrix, bypass, spoof, normalise, mounts, sweep, limits, rate.")
 @click.option("--allow-state-changes", is_flag=True,
