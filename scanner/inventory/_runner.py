@@ -20,6 +20,7 @@ from scanner.errors import (
     UsageError,
     VllmNotFoundError,
 )
+from scanner.secrets import scrub
 
 WORKER = Path(__file__).with_name("_worker.py")
 _ERRORS: dict[str, type[PerimeterError]] = {
@@ -65,7 +66,8 @@ def run_worker(
         except subprocess.TimeoutExpired:
             raise InternalError(f"route extraction in {python} did not finish in {timeout:.0f}s") from None
         if not res_path.exists():
-            tail = _scrub(proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:], secrets)
+            stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            tail = [scrub(line, secrets) for line in stderr[-1:]]
             raise InternalError(
                 f"route extraction in {python} exited {proc.returncode} without a result"
                 + (f": {tail[0]}" if tail else "")
@@ -75,19 +77,10 @@ def run_worker(
         data: dict[str, Any] = result["data"]
         return data
     err = result.get("error", {})
-    message = _scrub([str(err.get("message", "unknown error"))], secrets)[0]
+    message = scrub(str(err.get("message", "unknown error")), secrets)
     cls = _ERRORS.get(str(err.get("kind")))
     if cls is None:
-        where = " | ".join(_scrub([str(w).strip() for w in err.get("where", [])], secrets))
+        where = " | ".join(scrub(str(w).strip(), secrets) for w in err.get("where", []))
         raise InventoryError(f"route extraction failed: {message}" + (f" [{where}]" if where else ""))
     raise cls(message)
 
-
-def _scrub(lines: list[str], secrets: tuple[str, ...]) -> list[str]:
-    out = []
-    for line in lines:
-        for s in secrets:
-            if s:
-                line = line.replace(s, "<redacted>")
-        out.append(line)
-    return out

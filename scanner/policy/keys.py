@@ -9,6 +9,9 @@ import secrets
 from pathlib import Path
 
 from scanner.errors import UsageError
+from scanner.secrets import fingerprint
+
+__all__ = ["KEY_PREFIX", "append_principal", "fingerprint", "key_sha256", "new_key"]
 
 KEY_PREFIX = "vp_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -21,10 +24,6 @@ def new_key() -> str:
 
 def key_sha256(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def fingerprint(key: str) -> str:
-    return "sha256:" + key_sha256(key)[:12]
 
 
 def append_principal(path: str | Path, name: str, role: str, key: str) -> None:

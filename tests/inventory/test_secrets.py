@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from scanner import secrets
-from scanner.inventory._runner import _scrub
 from scanner.inventory.vllm_app import VllmExtraction, recorded_env
 
 
@@ -42,7 +41,9 @@ def test_secret_values_collects_every_form() -> None:
 
 
 def test_scrub_replaces_secret_values() -> None:
-    assert _scrub(["bad value 'key-one' for x"], ("key-one",)) == ["bad value '<redacted>' for x"]
+    assert secrets.scrub("bad value 'key-one' for x", ("key-one",)) == "bad value '<redacted>' for x"
+    # the longer secret first, so a secret that contains another is hidden whole
+    assert secrets.scrub("k=abc-long", ("abc", "abc-long")) == "k=<redacted>"
 
 
 def test_redact_url() -> None:
