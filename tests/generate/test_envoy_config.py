@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from scanner.plan.model import Plan
 from scanner.policy.keys import key_sha256
 from scanner.policy.load import loads
 from scanner.policy.model import Listen, Principal, Rate, TlsServer, TlsUpstream, Upstream
+from tests.generate.golden import assert_matches_golden
 from tests.generate.test_envoy_harness import FIXED_INVENTORY, GOLDEN, REPO, make_plan, validate
 
 GOLDEN_OPTIONS = GenerateOptions(runtime_dir="/var/lib/vllm-perimeter")
@@ -58,14 +58,7 @@ def test_golden_default_policy(tmp_path: Path) -> None:
     config = render(golden_plan(tmp_path))
     assert config.main == "envoy.yaml"
     assert [f.name for f in config.files] == ["envoy.yaml", "envoy-principals.tsv"]
-    update = os.environ.get("UPDATE_GOLDEN") == "1"
-    for f in config.files:
-        golden = GOLDEN / "default" / f.name
-        if update:
-            golden.parent.mkdir(parents=True, exist_ok=True)
-            golden.write_text(f.content, encoding="utf-8")
-        assert golden.exists(), f"missing golden file {golden} (run with UPDATE_GOLDEN=1)"
-        assert f.content == golden.read_text(encoding="utf-8"), f"{f.name} differs from {golden}"
+    assert_matches_golden(config, GOLDEN / "default")
 
 
 def test_deterministic(tmp_path: Path) -> None:

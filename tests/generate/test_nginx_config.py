@@ -4,7 +4,6 @@ and the native JSON fast-path regex against Python's own reading of bodies."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from scanner.generate.nginx_regex import json_key, uint_at_most, unsafe_body
 from scanner.inventory.model import load as load_inventory
 from scanner.plan.model import Plan
 from scanner.policy.keys import key_sha256
+from tests.generate.golden import assert_matches_golden
 from tests.generate.nginx_harness import (
     BUILDS,
     GOLDEN,
@@ -47,14 +47,7 @@ def golden_plan(tmp: Path) -> Plan:
 def test_golden_default_policy(tmp_path: Path) -> None:
     config = NginxGenerator().render(golden_plan(tmp_path), GOLDEN_OPTIONS)
     assert config.main == "nginx.conf"
-    update = os.environ.get("UPDATE_GOLDEN") == "1"
-    for f in config.files:
-        golden = GOLDEN / "default" / f.name
-        if update:
-            golden.parent.mkdir(parents=True, exist_ok=True)
-            golden.write_text(f.content, encoding="utf-8")
-        assert golden.exists(), f"missing golden file {golden} (run with UPDATE_GOLDEN=1)"
-        assert f.content == golden.read_text(encoding="utf-8"), f"{f.name} differs from {golden}"
+    assert_matches_golden(config, GOLDEN / "default")
     modes = {f.name: f.mode for f in config.files}
     assert modes["perimeter-principals.conf"] == 0o600
     assert all(m == 0o644 for n, m in modes.items() if n != "perimeter-principals.conf")
