@@ -45,13 +45,14 @@ EVERYTHING_TASKS = PROFILES["everything"].tasks
 
 @pytest.fixture(scope="session")
 def real_vllm(vllm_python: str):  # type: ignore[no-untyped-def]
-    """The real vLLM 0.29.0 app, engine-less, on a random loopback port (no --api-key).
+    """The real vLLM 0.29.0 app, engine-less, on a random loopback port (no --api-key), behind
+    the upstream witness (scanner/standin/_witness.py: it records what reaches the app).
 
     Yields a started :class:`scanner.standin.real.RealVllmServer`; ``.url`` is its base URL.
     """
     from scanner.standin.real import RealVllmServer
 
-    with RealVllmServer(PROFILES["everything"].extraction(vllm_python)) as server:
+    with RealVllmServer(PROFILES["everything"].extraction(vllm_python), witness=True) as server:
         yield server
 
 

@@ -120,10 +120,16 @@ def outcome_changes(old: Iterable[Attempt], new: Iterable[Attempt]) -> tuple[Out
 def probe_drift(old: ProbeResult | None, new: ProbeResult) -> ProbeDrift:
     if old is None:
         return ProbeDrift(new.findings, (), ())
+    # only what both runs checked compares (an audit may run fewer checks than the baseline)
+    both = old.checks() & new.checks()
+
+    def ours(f: Finding) -> bool:
+        return not f.check or f.check in both
+
     old_ids = {f.id for f in old.findings}
     new_ids = {f.id for f in new.findings}
-    return ProbeDrift(new_findings=tuple(f for f in new.findings if f.id not in old_ids),
-                      resolved_findings=tuple(f for f in old.findings if f.id not in new_ids),
+    return ProbeDrift(new_findings=tuple(f for f in new.findings if f.id not in old_ids and ours(f)),
+                      resolved_findings=tuple(f for f in old.findings if f.id not in new_ids and ours(f)),
                       outcome_changes=outcome_changes(old.attempts, new.attempts))
 
 

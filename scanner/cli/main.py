@@ -35,13 +35,14 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import audit, demo, evidence, inventory, netscan, plan, probe, standin
+    from scanner.cli import audit, demo, evidence, inventory, netscan, plan, probe, standin, verify
 
     cli.add_command(demo.command)
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)
     cli.add_command(probe.command)
+    cli.add_command(verify.command)
     cli.add_command(audit.command)
     cli.add_command(netscan.command)
     cli.add_command(evidence.group)

@@ -26,13 +26,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scanner import patterns
+from scanner import patterns, reasons
 from scanner.errors import GenerateError
 from scanner.plan.model import (
     DECISION_HEADER,
+    FORWARDED_HEADERS,
     PRINCIPAL_HEADER,
     REASON_HEADER,
     SPOOFABLE_HEADERS,
+    WEBSOCKET_HEADERS,
     Decision,
     Plan,
 )
@@ -45,6 +47,10 @@ BASE_CLUSTER = "vllm"
 BODY_METHODS = ("POST", "PUT", "PATCH")
 FORBIDDEN_FIELDS = {"cache_salt": ("cache_salt",),
                     "chat_template": ("chat_template", "chat_template_kwargs")}
+# Besides the forwarded headers, what the Lua filter must leave for Envoy itself: the body's
+# framing, the key (read by Lua, removed by the router), and what Envoy set as the edge proxy.
+ENVOY_KEPT = frozenset({"content-length", "transfer-encoding", "authorization", "x-forwarded-for",
+                        "x-forwarded-proto", "x-request-id", UPSTREAM_HEADER})
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -71,7 +77,7 @@ class RouteView:
     cluster_header: str = ""
     timeout: str = "0s"
     networks: tuple[Cidr, ...] | None = None   # None: any source
-    lua_group: str = ""       # Lua group id (key, roles, body check); "" = Lua off
+    lua_group: str = ""       # Lua group id (headers, key, roles, body check); "" = Lua off
     buffer_bytes: int = 0     # buffer filter limit; 0 = no body limit from the policy
     stream_buffer: int = 0    # route request_body_buffer_limit (Lua reads bodies > 1 MiB)
     rate_filter: str = ""
@@ -92,6 +98,7 @@ class LuaGroup:
     check_fields: bool = False                   # forbidden fields (body policy reject/strip)
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
     caps: tuple[tuple[str, int], ...] = ()
+    websocket: bool = False                      # also pass the WebSocket handshake headers
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class RateFilter:
     bucket: Bucket
     principals: tuple[str, ...]    # a descriptor (own bucket) per principal
     per_address: bool              # auth "none": a bucket per client address
+    audience: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,8 @@ class Model:
     clusters: tuple[ClusterView, ...]
     reject_fields: tuple[str, ...]
     strip_fields: tuple[str, ...]
+    kept_headers: tuple[str, ...]         # passed on from the client (lower case); the rest dropped
+    websocket_headers: tuple[str, ...]
     request_headers_to_remove: tuple[str, ...]
     principals: tuple[Principal, ...]
     decision_header: str = DECISION_HEADER
@@ -219,15 +229,15 @@ def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tupl
 class _Registry:
     principals: tuple[Principal, ...]
     lua: dict[tuple[object, ...], LuaGroup] = field(default_factory=dict)
-    rate: dict[tuple[str, float, int, bool], RateFilter] = field(default_factory=dict)
+    rate: dict[str, RateFilter] = field(default_factory=dict)      # by Decision.rate_zone
     clusters: dict[str, ClusterView] = field(default_factory=dict)
-    concurrency: dict[tuple[str, int, bool], str] = field(default_factory=dict)
+    concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
 
     def concurrency_group(self, d: Decision) -> str:
         """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
         limit = d.limits.concurrency
         assert limit is not None
-        key = (d.audience, limit, d.auth == "key")
+        key = d.conn_zone
         if key not in self.concurrency:
             gid = f"{BASE_CLUSTER}.{d.audience}.c{limit}"
             self.concurrency[key] = gid
@@ -241,14 +251,13 @@ class _Registry:
 
     def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool,
                   check_fields: bool) -> str:
-        """The Lua group of a route; "" when Lua has nothing to do there."""
+        """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
-        if not key_needed and not check_body:
-            return ""
+        websocket = d.kind == "websocket"
         caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
-                 check_fields, limit, caps)
+                 check_fields, limit, caps, websocket)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -256,19 +265,20 @@ class _Registry:
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, check_fields=check_fields and check_body,
-                body_limit=limit, caps=caps)
+                body_limit=limit, caps=caps, websocket=websocket)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
         rate = d.limits.rate
         if rate is None:
             return ""
-        key = (d.audience, rate.rps, rate.burst, d.auth == "key")
+        key = d.rate_zone
         if key not in self.rate:
-            n = sum(1 for k in self.rate if k[0] == d.audience)
+            n = sum(1 for f in self.rate.values() if f.audience == d.audience)
             name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
             principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
-            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth != "key")
+            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth != "key",
+                                        audience=d.audience)
         return self.rate[key].name
 
 
@@ -320,11 +330,11 @@ def _fallback_route(path: str, decisions: tuple[Decision, ...]) -> RouteView:
     allowed = sorted({d.method for d in decisions if d.allowed})
     if allowed:
         return RouteView(name=_route_name("method", "", path), status=405,
-                         reason="method-not-allowed", allow=", ".join(allowed),
+                         reason=reasons.token("method-not-allowed"), allow=", ".join(allowed),
                          rule=f"allowed methods: {', '.join(allowed)}", path=_exact(path), regex=_regex(path))
-    reasons = sorted({d.reason for d in decisions})
-    return RouteView(name=_route_name("deny", "", path), status=404, reason="denied-route",
-                     rule="; ".join(reasons), path=_exact(path), regex=_regex(path))
+    why = sorted({d.reason for d in decisions})
+    return RouteView(name=_route_name("deny", "", path), status=404, reason=reasons.token("not-allowlisted"),
+                     rule="; ".join(why), path=_exact(path), regex=_regex(path))
 
 
 def _path_order(path: str) -> tuple[int, int, str]:
@@ -345,7 +355,8 @@ def _routes(reg: _Registry, plan: Plan, check_fields: bool) -> tuple[RouteView, 
         ds = tuple(sorted(by_path[path], key=lambda d: d.method))
         out.extend(_allowed_route(reg, d, check_fields) for d in ds if d.allowed)
         out.append(_fallback_route(path, ds))
-    out.append(RouteView(name="deny:unknown", regex="", path="", status=404, reason="unknown-route",
+    out.append(RouteView(name="deny:unknown", regex="", path="", status=404,
+                         reason=reasons.token("not-allowlisted"),
                          rule="no route in the inventory (default deny)"))
     return tuple(out)
 
@@ -442,6 +453,8 @@ def build_model(plan: Plan, access_log: str, keys_file: str,
         rate_filters=tuple(reg.rate.values()),
         clusters=(ClusterView(BASE_CLUSTER), *sorted(reg.clusters.values(), key=lambda c: c.name)),
         reject_fields=reject, strip_fields=strip,
+        kept_headers=tuple(sorted({h.lower() for h in FORWARDED_HEADERS} | ENVOY_KEPT)),
+        websocket_headers=tuple(sorted(h.lower() for h in (*WEBSOCKET_HEADERS, "Upgrade", "Connection"))),
         request_headers_to_remove=_removed_headers(),
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
     )

@@ -45,9 +45,10 @@ from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
     DECISION_HEADER,
+    FORWARDED_HEADERS,
     PRINCIPAL_HEADER,
     REASON_HEADER,
-    SPOOFABLE_HEADERS,
+    WEBSOCKET_HEADERS,
     Decision,
     Plan,
 )
@@ -65,9 +66,6 @@ _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:~/{}-]*$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _SAFE_FILE = re.compile(r'^[^\x00-\x1f"$\\;{}]+$')
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-# Inbound headers the template sets itself (the other spoofable ones are removed).
-_SET_BY_TEMPLATE = frozenset({"x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host",
-                              "x-forwarded-port", "x-forwarded-prefix", PRINCIPAL_HEADER.lower()})
 
 # (status, reason when none was set, decision header value)
 DENY_PAGES: tuple[tuple[int, str, str], ...] = (
@@ -156,7 +154,8 @@ class Model:
     body_policy: str
     strip: bool
     locations: tuple[Location, ...]
-    spoofable: tuple[str, ...]
+    forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
+    websocket_headers: tuple[tuple[str, str], ...]
     deny_pages: tuple[tuple[int, str, str], ...] = DENY_PAGES
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -228,8 +227,8 @@ class _Registry:
 
     geos: dict[tuple[str, ...], str] = field(default_factory=dict)
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
-    rate: dict[tuple[str, str, str], Zone] = field(default_factory=dict)
-    conn: dict[tuple[str, str], Zone] = field(default_factory=dict)
+    rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
+    conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
     checks: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], BodyCheck] = field(
         default_factory=dict)
 
@@ -249,22 +248,20 @@ class _Registry:
         rate = d.limits.rate
         if rate is None:
             return None
-        key = (d.audience, d.auth, _rate(rate.rps))
-        if key not in self.rate:
-            self.rate[key] = Zone(
-                name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=key[2],
+        if d.rate_zone not in self.rate:
+            self.rate[d.rate_zone] = Zone(
+                name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=_rate(rate.rps),
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
-        return self.rate[key]
+        return self.rate[d.rate_zone]
 
     def conn_zone(self, d: Decision) -> Zone | None:
         if d.limits.concurrency is None:
             return None
-        key = (d.audience, d.auth)
-        if key not in self.conn:
-            self.conn[key] = Zone(
+        if d.conn_zone not in self.conn:
+            self.conn[d.conn_zone] = Zone(
                 name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth),
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
-        return self.conn[key]
+        return self.conn[d.conn_zone]
 
     def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...]) -> BodyCheck:
         key = (tuple(sorted(caps.items())), forbidden)
@@ -274,6 +271,12 @@ class _Registry:
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), forbidden))
         return self.checks[key]
+
+
+def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(header, the NGINX variable holding the client's value) for headers passed on as sent."""
+    return tuple((n, "$content_type" if n.lower() == "content-type"
+                   else "$http_" + n.lower().replace("-", "_")) for n in names)
 
 
 def _zone_key(auth: str) -> str:
@@ -425,5 +428,5 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
         body_policy=f"cache_salt={plan.body.cache_salt} chat_template={plan.body.chat_template}",
         strip="strip" in (plan.body.cache_salt, plan.body.chat_template),
         locations=locations,
-        spoofable=tuple(h for h in SPOOFABLE_HEADERS if h.lower() not in _SET_BY_TEMPLATE),
+        forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
     )

@@ -25,17 +25,18 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def _load_walker() -> Any:
-    """Load _walker.py from beside this file without putting this folder on sys.path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_walker.py")
-    spec = importlib.util.spec_from_file_location("_vllm_perimeter_walker", path)
+def _load(relative: str, name: str) -> Any:
+    """Load a standard-library-only module of this project by path, without putting this
+    folder on sys.path (the worker runs in vLLM's Python, not ours)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_walker = _load_walker()
+_walker = _load("_walker.py", "_vllm_perimeter_walker")
 find_routes, middleware_names, walk_routes = (
     _walker.find_routes, _walker.middleware_names, _walker.walk_routes)
 
@@ -275,6 +276,8 @@ def serve_vllm(req: dict[str, Any], result_path: str) -> None:
     import uvicorn
 
     app, args, facts = _build_vllm(req)
+    if req.get("witness"):   # record what reaches the app, for the prober (scanner/standin/_witness.py)
+        app = _load(os.path.join("..", "standin", "_witness.py"), "_vllm_perimeter_witness").Witness(app)
     _write_result(result_path, {"ok": True, "data": {**facts, "pid": os.getpid()}})
     uvicorn.run(
         app, host=str(req.get("host", "127.0.0.1")), port=int(req["port"]), lifespan="off",

@@ -9,6 +9,7 @@ from scanner.errors import PlanError
 from scanner.inventory.model import Inventory, Route
 from scanner.plan.model import Decision, Plan
 from scanner.policy.model import Audience, Policy, RouteRule
+from scanner.state_changing import is_state_changing
 
 # The upgrade request of a WebSocket route is a GET; a mount answers any method,
 # and the plan never allows a mount (its sub-paths are unknown).
@@ -63,12 +64,20 @@ def _rule_for(rules: tuple[RouteRule, ...], route: Route, method: str) -> RouteR
     return None
 
 
+def _state_changing(route: Route, rule: RouteRule | None) -> tuple[bool, str]:
+    """The policy's flag merged with the built-in list, and who said so."""
+    said = [who for who, flag in (("policy", bool(rule and rule.state_changing)),
+                                  ("built-in", is_state_changing(route.path))) if flag]
+    return bool(said), "+".join(said)
+
+
 def _deny(route: Route, method: str, reason: str, rule: RouteRule | None = None,
           audience: Audience | None = None) -> Decision:
+    changes, by = _state_changing(route, rule)
     return Decision(
         method=method, path=route.path, kind=route.kind, action="deny", reason=reason,
         audience=audience.name if audience else "",
-        state_changing=rule.state_changing if rule else False,
+        state_changing=changes, state_changing_by=by,
         upstream_guarded=route.guarded, rule_line=rule.line if rule else 0,
     )
 
@@ -83,11 +92,13 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         return _deny(route, method, f"{where}: a mounted sub-app cannot be allowlisted exactly",
                      rule, audience)
     cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
+    changes, by = _state_changing(route, rule)
     return Decision(
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
         audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
         roles=tuple(sorted(audience.roles)), networks=cidrs,
         limits=audience.limits.merged(rule.limits),
-        state_changing=rule.state_changing, upstream_guarded=route.guarded, rule_line=rule.line,
+        state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
+        rule_line=rule.line,
     )

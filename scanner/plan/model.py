@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from scanner import canonical, patterns
@@ -22,6 +23,16 @@ PLAN_SCHEMA_VERSION = 1
 DECISION_HEADER = "X-Perimeter-Decision"
 REASON_HEADER = "X-Perimeter-Reason"
 PRINCIPAL_HEADER = "X-Perimeter-Principal"
+# The only request headers the perimeter forwards as the client sent them; every other one is
+# dropped (default deny for headers too: vLLM reads X-Vllm-Priority, X-data-parallel-rank,
+# X-Session-ID and X-Request-Id from requests, and a release may add more).
+FORWARDED_HEADERS: tuple[str, ...] = ("Accept", "Content-Type", "User-Agent", "traceparent", "tracestate")
+# ... and on an allowed WebSocket route, the handshake's own headers.
+WEBSOCKET_HEADERS: tuple[str, ...] = ("Sec-WebSocket-Key", "Sec-WebSocket-Version", "Sec-WebSocket-Protocol",
+                                      "Sec-WebSocket-Extensions")
+# Request headers vLLM itself acts on (0.28 - 0.33): never a client's to set.
+VLLM_REQUEST_HEADERS: tuple[str, ...] = ("X-Request-Id", "X-Vllm-Priority", "X-data-parallel-rank",
+                                         "X-Session-ID", "endpoint-load-metrics-format")
 # Inbound headers a client could use to confuse the upstream or an app behind it.
 SPOOFABLE_HEADERS: tuple[str, ...] = (
     "X-Original-URL", "X-Rewrite-URL", "X-Original-Method", "X-HTTP-Method-Override",
@@ -46,7 +57,8 @@ class Decision:
     roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key: any principal
     networks: tuple[str, ...] = ()  # CIDRs the request may come from
     limits: Limits = field(default_factory=Limits)
-    state_changing: bool = False
+    state_changing: bool = False    # the policy flags it, or it is on the built-in list
+    state_changing_by: str = ""     # "policy", "built-in", "policy+built-in" or ""
     upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
     rule_line: int = 0              # policy line of the deciding rule; 0 = default deny
 
@@ -62,6 +74,19 @@ class Decision:
     def allowed(self) -> bool:
         return self.action == "allow"
 
+    @property
+    def rate_zone(self) -> str:
+        """The rate limiter bucket family both proxies use: one bucket per principal
+        (auth "key") or client address (auth "none") in it. "" when not rate-limited."""
+        rate = self.limits.rate
+        return f"{self.audience}:{self.auth}:{rate.rps:g}/{rate.burst}" if rate else ""
+
+    @property
+    def conn_zone(self) -> str:
+        """The concurrency limit family, counted per principal or client address; "" if none."""
+        limit = self.limits.concurrency
+        return f"{self.audience}:{self.auth}:{limit}" if limit else ""
+
     def to_dict(self) -> dict[str, Any]:
         lim = self.limits
         return {
@@ -73,7 +98,8 @@ class Decision:
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
             },
-            "state_changing": self.state_changing, "upstream_guarded": self.upstream_guarded,
+            "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
+            "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,
         }
 
@@ -110,11 +136,29 @@ class Plan:
             out.setdefault(d.path, []).append(d)
         return {p: tuple(sorted(ds, key=lambda d: d.method)) for p, ds in sorted(out.items())}
 
-    def decision(self, method: str, path: str) -> Decision | None:
+    @cached_property
+    def _index(self) -> dict[tuple[str, str], Decision]:
+        out: dict[tuple[str, str], Decision] = {}
+        for d in self.decisions:  # sorted by (path, kind, method): an http route before a mount
+            out.setdefault((d.method, d.path), d)
+        return out
+
+    @cached_property
+    def _by_path(self) -> dict[str, tuple[Decision, ...]]:
+        out: dict[str, list[Decision]] = {}
         for d in self.decisions:
-            if d.method == method and d.path == path:
-                return d
-        return None
+            if d.kind != "mount":
+                out.setdefault(d.path, []).append(d)
+        return {p: tuple(ds) for p, ds in out.items()}
+
+    def decision(self, method: str, path: str) -> Decision | None:
+        """The decision for ``method`` on the route template ``path`` (an exact route
+        before a mount of the same path)."""
+        return self._index.get((method, path))
+
+    def routes(self) -> dict[str, tuple[Decision, ...]]:
+        """Decisions per path of HTTP and WebSocket routes (a mount has no exact path)."""
+        return self._by_path
 
     def body_dict(self) -> dict[str, Any]:
         tls = self.upstream.tls

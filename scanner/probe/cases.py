@@ -11,7 +11,10 @@ from scanner.probe.interface import Credential, Vantage
 
 # A concrete value for every {param}: matches the proxies' narrow parameter regex.
 PARAM_VALUE = "probe-x1"
-Role = Literal["declared", "undeclared", "variant", "limit", "sweep", "spoof"]
+Role = Literal["declared", "undeclared", "variant", "limit", "sweep", "spoof", "witness"]
+# When a case may be sent within its pacing lane (scanner.probe.pace): ordinary cases first,
+# then the concurrency check (held requests), then the rate burst, which empties the bucket.
+Phase = Literal[0, 1, 2]
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class Case:
     credential: Credential
     vantage: Vantage
     expected: Literal["allow", "deny"]
+    reasons: tuple[str, ...] = ()  # deny: the reasons that prove it; allow: refusals also accepted
+    subject: str = ""              # the plan decision or limit this case is evidence for
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes | None = None
     chunked: bool = False
@@ -35,6 +40,8 @@ class Case:
     role: Role = "declared"
     state_changing: bool = False
     json_body: bool = False        # the body is JSON the upstream validates (400 JSON = reached)
+    phase: Phase = 0
+    hold_ms: int = 0               # ask the witness upstream to hold the answer this long
 
     def all_headers(self) -> dict[str, str]:
         h = dict(self.credential.headers())

@@ -4,46 +4,39 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from scanner.plan.model import DECISION_HEADER
+from scanner.plan.model import DECISION_HEADER, REASON_HEADER
 from scanner.probe.interface import Layer, Outcome
 
-_PROXY_LIMIT = (413, 429, 503)  # body too large, rate limited, over its concurrency limit
-
-
 _MARKER = DECISION_HEADER.lower()
+_REASON = REASON_HEADER.lower()
 
 
-def lower_keys(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k.lower(): v for k, v in headers.items()}
+def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, str, str]:
+    """(layer, outcome, marker value, reason) for one answer; ``headers`` keys in lower case.
 
-
-def layer_of(headers: Mapping[str, str]) -> Layer:
-    """The proxy answered if its marker header is present; otherwise the upstream did."""
-    return "proxy" if _MARKER in lower_keys(headers) else "upstream"
-
-
-def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, str]:
-    """(layer, outcome, marker value) for one answer; ``headers`` keys in lower case.
-
-    Reachable means the upstream answered (no marker) with anything but a deny: vLLM's
-    own 401 on its key-guarded prefixes is ``guarded`` (not reached, but not the
-    perimeter's doing either), 403 is a deny by the upstream, 404 and a non-JSON 400
-    (the server refused the request line) mean there is nothing there.
+    The proxy answered when its marker header is present: ``reached`` when it says allow
+    (never on a refusal), ``limited`` for a 429, ``error`` for its own 5xx, else ``denied``.
+    Otherwise the upstream did: vLLM's own 401 on its key-guarded prefixes is ``guarded``
+    (not reached, but not the perimeter's doing either), 403 is a deny by the upstream, 404
+    and a non-JSON 400 (the server refused the request line) mean there is nothing there.
     """
     marker = headers.get(_MARKER)
     if marker is not None:
+        reason = headers.get(_REASON, "")
         if marker.lower().startswith("allow") and status < 400:
-            return "proxy", "reached", marker
-        if status in _PROXY_LIMIT:
-            return "proxy", "limited", marker
-        return "proxy", "denied", marker
+            return "proxy", "reached", marker, reason
+        if status == 429:
+            return "proxy", "limited", marker, reason
+        if status >= 500:
+            return "proxy", "error", marker, reason
+        return "proxy", "denied", marker, reason
     if status == 401 or status == 403:
-        return "upstream", "guarded", ""
+        return "upstream", "guarded", "", ""
     if status == 404:
-        return "upstream", "absent", ""
+        return "upstream", "absent", "", ""
     if status == 400 and not _is_json(headers):
-        return "upstream", "absent", ""
-    return "upstream", "reached", ""
+        return "upstream", "absent", "", ""
+    return "upstream", "reached", "", ""
 
 
 def _is_json(headers: Mapping[str, str]) -> bool:

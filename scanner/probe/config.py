@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from scanner.errors import UsageError
@@ -38,16 +39,22 @@ def parse_key(spec: str, environ: Mapping[str, str] | None = None) -> Credential
 
 
 def credentials(specs: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[Credential, ...]:
-    """The fixed credentials (none, malformed, wrong) and one per ``--key``."""
+    """The fixed credentials (none, malformed, wrong) and one per ``--key``. Several keys of
+    one role are several principals: each has its own limiter buckets, so the probe spreads
+    its cases over them and runs them in parallel (labels ``role:user``, ``role:user#2``, ...)."""
     wrong = new_key()
     out = [Credential("none", "none"), Credential("malformed-bearer", "malformed"),
            Credential("wrong-key", "wrong", secret=wrong, fingerprint=fingerprint(wrong))]
+    count: dict[str, int] = {}
     seen: set[str] = set()
     for spec in specs:
         cred = parse_key(spec, environ)
-        if cred.role in seen:
-            raise UsageError(f"--key {cred.role}=...: given twice")
-        seen.add(cred.role)
+        if cred.fingerprint in seen:
+            raise UsageError(f"--key {cred.role}=...: the same key is given twice")
+        seen.add(cred.fingerprint)
+        count[cred.role] = count.get(cred.role, 0) + 1
+        if count[cred.role] > 1:
+            cred = replace(cred, label=f"{cred.label}#{count[cred.role]}")
         out.append(cred)
     return tuple(out)
 

@@ -1,4 +1,5 @@
-"""The expected outcome of one cell, from the plan alone."""
+"""The expected outcome of one cell, from the plan alone: allowed, or denied and for which
+reasons (:mod:`scanner.reasons`). A denial is proven only by one of those reasons."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ from typing import Literal
 from scanner.plan.model import Decision
 from scanner.probe.interface import Credential
 
-# Why a cell is expected to be denied; "" when it is expected to be allowed.
-Why = Literal["", "plan", "network", "auth", "role"]
-
 
 @dataclass(frozen=True)
 class Expectation:
+    """``allow``: the upstream must answer, unless the perimeter refuses for one of ``reasons``
+    (e.g. ``rate`` during a burst). ``deny``: the perimeter must refuse for one of ``reasons``."""
+
     expected: Literal["allow", "deny"]
-    why: Why
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def denied(self) -> bool:
+        return self.expected == "deny"
 
 
-ALLOW = Expectation("allow", "")
+ALLOW = Expectation("allow")
+NOT_ALLOWLISTED = Expectation("deny", ("not-allowlisted",))
 
 
 @lru_cache(maxsize=4096)
@@ -32,23 +38,46 @@ def in_networks(address: str | None, cidrs: tuple[str, ...]) -> bool:
     return any(ip in ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
-def credential_ok(decision: Decision, cred: Credential) -> Why:
+def key_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
+    """Why the key check refuses ``cred`` on ``decision`` (empty: it admits it)."""
     if decision.auth == "none":
-        return ""
+        return ()
+    if cred.kind == "none":
+        return ("missing-key",)
+    if cred.kind == "malformed":
+        return ("missing-key", "unknown-key")   # "Bearer" with no token: either reading is a refusal
     if cred.kind != "role":
-        return "auth"
+        return ("unknown-key",)
     if decision.roles and cred.role not in decision.roles:
-        return "role"
-    return ""
+        return ("role",)
+    return ()
 
 
-def expect(decision: Decision | None, cred: Credential, source_address: str | None) -> Expectation:
-    """Allowed only if the plan allows it, the source is in its networks and the key fits."""
+def expect(decision: Decision | None, cred: Credential, source_address: str | None,
+           path_allowed: tuple[Decision, ...] = ()) -> Expectation:
+    """Allowed only if the plan allows it, the source is in its networks and the key fits.
+
+    ``path_allowed``: the allowed decisions on the same path. A method the path does not
+    allow is refused as ``method-not-allowed`` where some method is allowed (NGINX may check
+    the network first), as ``not-allowlisted`` where none is.
+    """
     if decision is None or not decision.allowed:
-        return Expectation("deny", "plan")
-    why = credential_ok(decision, cred)
-    if why:
-        return Expectation("deny", why)
-    if not in_networks(source_address, decision.networks):
-        return Expectation("deny", "network")
-    return ALLOW
+        if not path_allowed:
+            return NOT_ALLOWLISTED
+        outside = any(not in_networks(source_address, d.networks) for d in path_allowed)
+        return Expectation("deny", ("method-not-allowed", "network") if outside else ("method-not-allowed",))
+    reasons: tuple[str, ...] = () if in_networks(source_address, decision.networks) else ("network",)
+    reasons += key_reasons(decision, cred)
+    return Expectation("deny", reasons) if reasons else ALLOW
+
+
+def rule_for(exp: Expectation) -> str:
+    """The finding rule when a request denied for ``exp.reasons`` got through."""
+    why = set(exp.reasons)
+    if why & {"not-allowlisted", "method-not-allowed", "missing-key", "unknown-key"}:
+        return "VP001"
+    if "role" in why:
+        return "VP002"
+    if "network" in why:
+        return "VP003"
+    return "VP001"

@@ -39,14 +39,31 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("VP007", "high", "unexpected route reachable",
          "A known vLLM route the plan does not list answered: re-run inventory for this deployment "
          "and make sure the perimeter denies everything it does not list."),
-    Rule("VP008", "low", "undeclared method or preflight forwarded to the upstream",
-         "Allow only the plan's methods per path at the perimeter; answer everything else there."),
+    Rule("VP008", "low", "request the perimeter must refuse was forwarded to the upstream",
+         "Allow only the plan's methods and paths at the perimeter and answer everything else "
+         "there (the upstream refused this one itself, or it was a method or preflight)."),
     Rule("VP010", "high", "proxy forwards the raw request target",
          "Forward the normalised path the perimeter matched (NGINX: a URI in proxy_pass, or "
          "$uri; Envoy: normalize_path and merge_slashes), never the client's raw target."),
     Rule("VP009", "low", "denied only by the upstream's own key guard",
          "vLLM's --api-key refused this, not the perimeter: it was not reached, but the "
          "perimeter should deny it itself (defence in depth)."),
+    Rule("VP011", "medium", "not proven",
+         "The probe could not establish this (see why): fix the cause (a 5xx, a timeout, a limit "
+         "met by another case) and probe again, or prove it another way. Never read it as passed."),
+    Rule("VP012", "high", "client credential forwarded to the upstream",
+         "Remove Authorization (and Proxy-Authorization) from every request the perimeter "
+         "forwards; present the upstream's own key instead if vLLM runs with --api-key."),
+    Rule("VP013", "high", "spoofable or hop-by-hop header forwarded to the upstream",
+         "Replace or remove X-Forwarded-*, Forwarded, X-Real-IP, X-Original-URL, X-Rewrite-URL, "
+         "method overrides and the perimeter's own headers; never forward hop-by-hop headers "
+         "(Upgrade, HTTP2-Settings, TE, Proxy-*, headers named in Connection)."),
+    Rule("VP014", "high", "principal header missing or chosen by the client",
+         "Set X-Perimeter-Principal from the key check only (empty on routes without a key) "
+         "and replace any copy the client sent."),
+    Rule("VP015", "medium", "the upstream received something other than what the plan says",
+         "Forward exactly the checked request: the normalised path, the query, and the body with "
+         "the policy's stripped fields removed and nothing else changed."),
 )}
 
 
@@ -69,7 +86,23 @@ def make(rule_id: str, attempts: Iterable[Attempt], detail: str, *, severity: Se
         title=f"{title or rule.title}: {method} {first.path}",
         method=method, path=first.path, vantage=first.vantage,
         detail=detail + more, remediation=rule.remediation,
-        evidence=tuple(Evidence.of(a) for a in items[:MAX_EVIDENCE]),
+        evidence=tuple(Evidence.of(a) for a in items[:MAX_EVIDENCE]), check=first.check,
+    )
+
+
+def not_proven(check: str, subject: str, method: str, path: str, why: str,
+               attempts: list[Attempt]) -> Finding:
+    """VP011: ``check`` applies to ``subject`` but could not prove it."""
+    rule = RULES["VP011"]
+    vantages = sorted({a.vantage for a in attempts})
+    more = f" ({len(attempts)} attempts; {MAX_EVIDENCE} shown)" if len(attempts) > MAX_EVIDENCE else ""
+    return Finding(
+        id=finding_id("VP011", method, path, check, subject),
+        rule="VP011", severity=rule.severity, title=f"not proven ({check}): {subject}",
+        method=method, path=path, vantage=vantages[0] if len(vantages) == 1 else "*",
+        detail=f"The {check} check applies here but could not prove it: {why}.{more}",
+        remediation=rule.remediation,
+        evidence=tuple(Evidence.of(a) for a in attempts[:MAX_EVIDENCE]), check=check,
     )
 
 

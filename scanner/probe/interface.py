@@ -12,7 +12,7 @@ and never reach an attempt, a finding or a writer: those carry a label and a fin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -24,14 +24,23 @@ Severity = Literal["critical", "high", "medium", "low", "info"]
 SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low", "info")
 Layer = Literal["proxy", "upstream", "none"]
 # What an answer means for reachability:
-#   denied    the perimeter (marker header) refused it
-#   limited   the perimeter throttled it (429) or refused the body size (413)
+#   denied    the perimeter (marker header) refused it (X-Perimeter-Reason says why)
+#   limited   the perimeter throttled it (429: rate or concurrency)
 #   guarded   the upstream's own guard refused it (vLLM's 401 on its key-guarded prefixes)
 #   absent    the upstream has no such route (404) or rejected the request line (400, not JSON)
 #   reached   the upstream answered anything else: the request got through
-#   error     nothing answered (timeout, connection refused, TLS failure, ...)
+#   error     nothing answered (timeout, connection refused, TLS failure, ...), or the proxy
+#             failed (5xx with the marker)
 #   skipped   not sent (would change server state; see --allow-state-changes)
 Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", "skipped"]
+# What an answer proves against the plan's expectation (scanner.probe.verdict):
+#   proved        allowed and answered by the upstream, or refused for an expected reason
+#   failed        the perimeter let through what it must deny, or refused what it must allow
+#   inconclusive  another answer (a 429 on a body case, a proxy 5xx, a timeout): retried, and
+#                 reported as "not proven" if it stays so
+#   skipped       not sent
+Verdict = Literal["proved", "failed", "inconclusive", "skipped"]
+VERDICTS: tuple[Verdict, ...] = ("proved", "failed", "inconclusive", "skipped")
 CredentialKind = Literal["none", "malformed", "wrong", "role"]
 PROBE_SCHEMA_VERSION = 1
 
@@ -95,8 +104,41 @@ class ProbeOptions:
     catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files
     max_burst: int = 1000          # hard cap on one rate-limit burst
     max_body_bytes: int = 32 * 1024 * 1024  # body-limit checks above this are skipped
+    max_tries: int = 3             # sends per case while its answer is inconclusive
+    witness: str | None = None     # base URL of the upstream witness (stand-in), if any
+    stop_on_failure: bool = False  # stop sending at the first failed case (mutation runs)
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What the upstream witness recorded for one probe request (credentials as fingerprints)."""
+
+    method: str
+    path: str                      # the raw path the proxy sent
+    query: str = ""                # without the probe's own parameters
+    headers: tuple[tuple[str, str], ...] = ()   # the watched ones (scanner.probe.witness.WATCHED)
+    body_bytes: int = 0
+    body_sha256: str = ""
+    body: str | None = None        # JSON object bodies up to 64 KiB
+
+    def header(self, name: str) -> str | None:
+        """The value of ``name`` (lower case) if it reached the upstream (several: joined)."""
+        values = [v for k, v in self.headers if k == name]
+        return ", ".join(values) if values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "path": self.path, "query": self.query,
+                "headers": [list(h) for h in self.headers], "body_bytes": self.body_bytes,
+                "body_sha256": self.body_sha256, "body": self.body}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Upstream:
+        return Upstream(method=d["method"], path=d["path"], query=d.get("query", ""),
+                        headers=tuple((str(k), str(v)) for k, v in d.get("headers", ())),
+                        body_bytes=int(d.get("body_bytes", 0)), body_sha256=d.get("body_sha256", ""),
+                        body=d.get("body"))
 
 
 @dataclass(frozen=True)
@@ -119,18 +161,31 @@ class Attempt:
     latency_ms: float = 0.0
     sent_at: float = 0.0           # monotonic clock when sent (durations within one run only)
     note: str = ""                 # which variant, which limit, ...
+    reason: str = ""               # X-Perimeter-Reason of a proxy answer
+    reasons: tuple[str, ...] = ()  # the reasons that prove the expected denial (scanner.reasons)
+    verdict: Verdict = "inconclusive"
+    why: str = ""                  # what the verdict rests on, for the report
+    tries: int = 1                 # 1 for the first send of a case, 2.. for retries
+    probe_id: str = ""             # correlates the request with the upstream witness's record
+    subject: str = ""              # the plan decision or limit this attempt is evidence for
+    upstream: Upstream | None = None  # what reached the upstream (a witness run only)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _ATTEMPT_FIELDS}
+        d = {k: getattr(self, k) for k in _ATTEMPT_FIELDS}
+        d["reasons"] = list(self.reasons)
+        d["upstream"] = self.upstream.to_dict() if self.upstream else None
+        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Attempt:
-        return Attempt(**{k: d[k] for k in _ATTEMPT_FIELDS if k in d})
+        values = {k: d[k] for k in _ATTEMPT_FIELDS if k in d}
+        values["reasons"] = tuple(values.get("reasons", ()))
+        up = values.get("upstream")
+        values["upstream"] = Upstream.from_dict(up) if up else None
+        return Attempt(**values)
 
 
-_ATTEMPT_FIELDS = ("check", "method", "path", "request_line", "credential", "fingerprint", "vantage",
-                   "expected", "status", "error", "layer", "decision", "outcome", "latency_ms", "note",
-                   "sent_at")
+_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
 
 
 @dataclass(frozen=True)
@@ -142,15 +197,42 @@ class Evidence:
     layer: Layer
     outcome: Outcome
     note: str = ""
+    reason: str = ""               # X-Perimeter-Reason of a proxy answer
+    why: str = ""                  # what the verdict rests on
 
     def to_dict(self) -> dict[str, Any]:
         return {"request_line": self.request_line, "credential": self.credential,
                 "vantage": self.vantage, "status": self.status, "layer": self.layer,
-                "outcome": self.outcome, "note": self.note}
+                "outcome": self.outcome, "note": self.note, "reason": self.reason, "why": self.why}
 
     @staticmethod
     def of(a: Attempt) -> Evidence:
-        return Evidence(a.request_line, a.credential, a.vantage, a.status, a.layer, a.outcome, a.note)
+        return Evidence(a.request_line, a.credential, a.vantage, a.status, a.layer, a.outcome, a.note,
+                        a.reason, a.why)
+
+
+CoverageStatus = Literal["proved", "failed", "not-proven", "not-applicable"]
+COVERAGE_STATUSES: tuple[CoverageStatus, ...] = ("proved", "failed", "not-proven", "not-applicable")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What one check established about one plan decision or limit (its subject)."""
+
+    check: str
+    subject: str                   # "POST /v1/chat/completions", "json-cap max_tokens: POST /v1/...", ...
+    status: CoverageStatus
+    why: str = ""                  # for not-proven and not-applicable: why; else a short summary
+    attempts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "subject": self.subject, "status": self.status, "why": self.why,
+                "attempts": self.attempts}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Coverage:
+        return Coverage(check=d["check"], subject=d["subject"], status=d["status"], why=d.get("why", ""),
+                        attempts=int(d.get("attempts", 0)))
 
 
 @dataclass(frozen=True)
@@ -165,11 +247,12 @@ class Finding:
     detail: str
     remediation: str
     evidence: tuple[Evidence, ...] = ()
+    check: str = ""                # the check that found it
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
                 "method": self.method, "path": self.path, "vantage": self.vantage,
-                "detail": self.detail, "remediation": self.remediation,
+                "detail": self.detail, "remediation": self.remediation, "check": self.check,
                 "evidence": [e.to_dict() for e in self.evidence]}
 
     @staticmethod
@@ -177,7 +260,7 @@ class Finding:
         ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
         return Finding(id=d["id"], rule=d["rule"], severity=d["severity"], title=d["title"],
                        method=d["method"], path=d["path"], vantage=d["vantage"], detail=d["detail"],
-                       remediation=d["remediation"], evidence=ev)
+                       remediation=d["remediation"], evidence=ev, check=d.get("check", ""))
 
 
 # --- events --------------------------------------------------------------------------------
@@ -205,14 +288,34 @@ class FindingFound:
 
 
 @dataclass(frozen=True)
+class Covered:
+    coverage: Coverage
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The run stopped early (Ctrl-C, --max-time): what was proven so far is still reported."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Errored:
+    """A check failed with an internal error: the other checks' results still stand."""
+
+    check: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Finished:
     elapsed_s: float
     sent: int
-    unreachable: bool              # nothing answered, the run ran out of time, or TLS failed
-    reason: str = ""               # why unreachable, for the user
+    unreachable: bool              # nothing answered, the run was cut short, or TLS failed
+    reason: str = ""               # why unreachable or partial, for the user
 
 
-Event = Started | AttemptDone | FindingFound | Finished
+Event = Started | AttemptDone | FindingFound | Covered | Interrupted | Errored | Finished
 
 
 @dataclass(frozen=True)
@@ -227,6 +330,7 @@ class ProbeResult:
     elapsed_s: float
     unreachable: bool
     reason: str = ""
+    coverage: tuple[Coverage, ...] = ()
 
     def exit_code(self, fail_on: Severity = "high") -> int:
         """The one exit code of a run: 3 unreachable/partial, 1 findings >= fail_on, else 0."""
@@ -239,4 +343,16 @@ class ProbeResult:
         out: dict[str, int] = {s: 0 for s in SEVERITIES}
         for f in self.findings:
             out[f.severity] = out.get(f.severity, 0) + 1
+        return out
+
+    def checks(self) -> frozenset[str]:
+        """The checks this run ran (an older result without coverage: those with attempts)."""
+        return frozenset(c.check for c in self.coverage) | frozenset(a.check for a in self.attempts)
+
+    def coverage_counts(self) -> dict[str, dict[str, int]]:
+        """check -> status -> number of subjects, in registry order of first appearance."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.coverage:
+            row = out.setdefault(c.check, {s: 0 for s in COVERAGE_STATUSES})
+            row[c.status] += 1
         return out

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from scanner.errors import ConfigError
-from scanner.probe.interface import PROBE_SCHEMA_VERSION, Attempt, Finding, ProbeResult, severity_rank
+from scanner.probe.interface import (
+    PROBE_SCHEMA_VERSION,
+    Attempt,
+    Coverage,
+    Finding,
+    ProbeResult,
+    severity_rank,
+)
 
 
 def to_dict(r: ProbeResult) -> dict[str, Any]:
@@ -19,8 +26,9 @@ def to_dict(r: ProbeResult) -> dict[str, Any]:
         "vantages": list(r.vantages),
         "credentials": [{"label": label, "fingerprint": fp} for label, fp in r.credentials],
         "elapsed_s": r.elapsed_s, "unreachable": r.unreachable, "reason": r.reason,
-        "summary": {"attempts": len(r.attempts), "findings": r.counts()},
+        "summary": {"attempts": len(r.attempts), "findings": r.counts(), "coverage": r.coverage_counts()},
         "findings": [f.to_dict() for f in r.findings],
+        "coverage": [c.to_dict() for c in r.coverage],
         "attempts": [a.to_dict() for a in r.attempts],
     }
 
@@ -40,6 +48,7 @@ def from_dict(d: dict[str, Any], name: str = "<result>") -> ProbeResult:
             attempts=tuple(Attempt.from_dict(a) for a in d["attempts"]),
             findings=tuple(Finding.from_dict(f) for f in d["findings"]),
             elapsed_s=float(d["elapsed_s"]), unreachable=bool(d["unreachable"]), reason=d.get("reason", ""),
+            coverage=tuple(Coverage.from_dict(c) for c in d.get("coverage", ())),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: invalid probe result: {exc}") from None
@@ -80,4 +89,20 @@ def merge(results: Sequence[ProbeResult]) -> ProbeResult:
         elapsed_s=round(sum(r.elapsed_s for r in results), 3),
         unreachable=any(r.unreachable for r in results),
         reason="; ".join(r.reason for r in results if r.reason),
+        coverage=_merged_coverage(results),
     )
+
+
+# A subject failed anywhere failed; else proved from any host or vantage is proved.
+_MERGE_ORDER = ("failed", "proved", "not-proven", "not-applicable")
+
+
+def _merged_coverage(results: Sequence[ProbeResult]) -> tuple[Coverage, ...]:
+    best: dict[tuple[str, str], Coverage] = {}
+    for r in results:
+        for c in r.coverage:
+            key = (c.check, c.subject)
+            old = best.get(key)
+            if old is None or _MERGE_ORDER.index(c.status) < _MERGE_ORDER.index(old.status):
+                best[key] = c
+    return tuple(best.values())

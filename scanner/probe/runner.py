@@ -1,55 +1,61 @@
-"""Run a probe: cases from the registered checks, sent bounded in concurrency, rate and
-time, yielded as events; then each check judges its attempts into findings.
+"""Run a probe: cases from the registered checks, sent paced by the plan's own limits,
+bounded in concurrency, rate and time, yielded as events; then each check judges its
+attempts into findings and coverage.
 
     async for event in run_probe(plan, target, credentials, vantages, options): ...
     result = summarize(events)        # or: result = probe(plan, target, ...)
+
+Every answer gets a verdict (:mod:`scanner.probe.verdict`); an inconclusive one is sent
+again (bounded: ``max_tries`` per case, a run-wide budget), after the limiter it met has
+refilled. Ctrl-C, ``--max-time`` or a check that fails internally never lose what was
+already proven: the run still judges every attempt it has and reports the rest as not
+proven (``Interrupted`` / ``Errored`` events; the result is partial, exit 3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from itertools import islice
+from dataclasses import replace
 from pathlib import Path
 
+from scanner import reasons as R
 from scanner.plan.model import Plan
-from scanner.probe.cases import Case
+from scanner.probe import checks as _builtin_checks  # noqa: F401  (registers the built-in checks)
+from scanner.probe import coverage as cov
+from scanner.probe.cases import Case, with_query
+from scanner.probe.coverage import Subject
 from scanner.probe.interface import (
     Attempt,
     AttemptDone,
+    Covered,
     Credential,
+    Errored,
     Event,
     FindingFound,
     Finished,
+    Interrupted,
     ProbeOptions,
     ProbeResult,
     Started,
     Target,
+    Upstream,
     Vantage,
     severity_rank,
 )
+from scanner.probe.pace import FREE, Gcra, Lane, LaneState, lane_of, paced_model, refill_wait
 from scanner.probe.registry import Check, CheckContext, selected
 from scanner.probe.send import Sender, skipped
+from scanner.probe.verdict import verdict
+from scanner.probe.witness import WitnessError, fetch, seen_verdict
+from scanner.standin._witness import HOLD_PARAM, PROBE_PARAM
 
-
-class _Bucket:
-    """Token bucket over the whole run: at most ``rate`` sends per second (0: unlimited)."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate if rate > 0 else 0.0
-        self.next = time.monotonic()
-        self.lock = asyncio.Lock()
-
-    async def take(self) -> None:
-        if not self.interval:
-            return
-        async with self.lock:
-            now = time.monotonic()
-            at = max(now, self.next)
-            self.next = at + self.interval
-        if at > now:
-            await asyncio.sleep(at - now)
+RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)
+POLL = 0.02                    # a worker with nothing ready looks again after this long
+# With --stop-on-failure, these checks' allowed requests are compared with the witness at once.
+EARLY_WITNESS = frozenset({"upstream", "limits"})
 
 
 def catalog_paths(directory: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -78,53 +84,288 @@ def catalog_paths(directory: str | None) -> tuple[tuple[str, tuple[str, ...]], .
     return tuple(sorted(out.items()))
 
 
+class _Schedule:
+    """Which case goes next: lanes paced by the plan's limits (scanner.probe.pace), one
+    global rate, per-case retries within a bounded budget."""
+
+    def __init__(self, ctx: CheckContext, cases: Sequence[Case], options: ProbeOptions,
+                 deadline: float) -> None:
+        self.ctx, self.cases, self.options, self.deadline = ctx, cases, options, deadline
+        self.glob = Gcra(options.rate, 1.0)
+        self.lanes: dict[str, LaneState] = {}
+        self.lane_key: list[str] = []
+        self.tries = [0] * len(cases)
+        self.not_before = [0.0] * len(cases)
+        self.slots: dict[str, int] = {}
+        self.budget = max(50, len(cases) // 5)
+        for i, case in enumerate(cases):
+            lane = FREE if case.skip else lane_of(ctx.plan, case, ctx.source_address(case.vantage))
+            st = self.lanes.get(lane.key)
+            if st is None:
+                st = self.lanes[lane.key] = LaneState(lane, paced_model(lane))
+            st.queues[case.phase].append(i)
+            self.lane_key.append(lane.key)
+        free = self.lanes.get("")
+        if free is not None:   # one vantage at a time: a pipelined chunk then shares one connection
+            ordered = sorted(free.queues[0], key=lambda i: cases[i].vantage.name)
+            free.queues[0].clear()
+            free.queues[0].extend(ordered)
+
+    def pending(self) -> bool:
+        return any(st.pending() for st in self.lanes.values())
+
+    def unsent(self) -> int:
+        return sum(len(q) for st in self.lanes.values() for q in st.queues)
+
+    def pick(self, now: float) -> tuple[list[int], float]:
+        """(cases to send now, 0) or ([], seconds to wait); ([], -1) when nothing is left."""
+        if now >= self.deadline:
+            return [], -1.0
+        best: tuple[float, LaneState, int] | None = None
+        for st in self.lanes.values():
+            phase = st.phase()
+            if phase is None:
+                continue
+            lane = st.lane
+            if phase != 1 and lane.slots and self.slots.get(lane.slots_key, 0) >= lane.slots:
+                continue
+            head = st.queues[phase][0]
+            at = max(now, self.not_before[head])
+            if phase != 2 and not self.cases[head].skip:
+                at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)
+            if best is None or at < best[0]:
+                best = (at, st, phase)
+        if best is None:
+            return [], (POLL if self.pending() else -1.0)
+        at, st, phase = best
+        if at > now:
+            return [], min(at - now, 0.25)
+        depth = self.options.pipeline if st.lane is FREE or not st.lane.key else 1
+        out: list[int] = []
+        q = st.queues[phase]
+        while q and len(out) < depth and self.not_before[q[0]] <= now:
+            i = q.popleft()
+            out.append(i)
+            st.busy[phase] += 1
+            if not self.cases[i].skip and phase != 2:
+                st.model.take(now)
+                if phase == 0:
+                    self.glob.take(now)
+            if st.lane.slots and phase != 1:
+                self.slots[st.lane.slots_key] = self.slots.get(st.lane.slots_key, 0) + 1
+        return out, 0.0
+
+    def settle(self, i: int, attempt: Attempt, now: float) -> bool:
+        """Record the end of one send of case ``i``; True if it goes again."""
+        case = self.cases[i]
+        st = self.lanes[self.lane_key[i]]
+        st.busy[case.phase] -= 1
+        if st.lane.slots and case.phase != 1:
+            self.slots[st.lane.slots_key] -= 1
+        self.tries[i] += 1
+        if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline:
+            return False
+        if self.tries[i] >= self.options.max_tries or self.budget <= 0:
+            return False
+        self.budget -= 1
+        kind, _ = R.parse(attempt.reason)
+        if kind in R.THROTTLE and attempt.layer == "proxy":
+            st.model.empty(now, refill_wait(st.lane))
+            self.not_before[i] = now + (refill_wait(st.lane) if st.lane is FREE or not st.lane.key else 0.0)
+        else:
+            self.not_before[i] = now + RETRY_DELAY
+        st.queues[0].append(i)
+        return True
+
+
+class _Run:
+    """One probe run's state: cases, their latest attempts, the witness's records."""
+
+    def __init__(self, ctx: CheckContext, items: Sequence[tuple[Check, Case]], sender: Sender,
+                 options: ProbeOptions, deadline: float) -> None:
+        self.ctx, self.items, self.sender, self.options = ctx, items, sender, options
+        self.cases = [c for _k, c in items]
+        self.schedule = _Schedule(ctx, self.cases, options, deadline)
+        self.latest: list[Attempt | None] = [None] * len(items)
+        self.run_id = secrets.token_hex(3)
+        self.counter = 0
+        self.sent = 0
+        self.failed = 0
+
+    @property
+    def unanswered(self) -> bool:
+        """Requests were sent and not one got an answer."""
+        return bool(self.sent) and all(a is None or a.status is None for a in self.latest)
+
+    def _wire(self, case: Case) -> tuple[Case, str]:
+        """The case as sent: with a probe id (and hold) when a witness records the upstream."""
+        if not self.options.witness:
+            return case, ""
+        self.counter += 1
+        pid = f"{self.run_id}-{self.counter}"
+        query = f"{PROBE_PARAM}={pid}" + (f"&{HOLD_PARAM}={case.hold_ms}" if case.hold_ms else "")
+        return replace(case, target=with_query(case.target, query)), pid
+
+    async def execute(self) -> AsyncIterator[Attempt]:
+        """Send every case (and its retries); yield each attempt as it settles."""
+        queue: asyncio.Queue[Attempt | None] = asyncio.Queue()
+        workers = max(1, self.options.concurrency)
+
+        held: set[asyncio.Task[None]] = set()
+
+        async def worker() -> None:
+            try:
+                while True:
+                    batch, wait = self.schedule.pick(time.monotonic())
+                    if wait < 0:
+                        return
+                    if not batch:
+                        await asyncio.sleep(wait)
+                    elif self.cases[batch[0]].hold_ms:
+                        # held open on purpose: never ties up a worker (or the others would wait)
+                        task = asyncio.create_task(self._send(batch, queue))
+                        held.add(task)
+                        task.add_done_callback(held.discard)
+                    else:
+                        await self._send(batch, queue)
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+        try:
+            finished = 0
+            while finished < workers:
+                item = await queue.get()
+                if item is None:
+                    finished += 1
+                else:
+                    yield item
+        finally:
+            for t in (*tasks, *held):
+                t.cancel()
+            await asyncio.gather(*tasks, *held, return_exceptions=True)
+
+    async def _send(self, batch: list[int], queue: asyncio.Queue[Attempt | None]) -> None:
+        wired = [self._wire(self.cases[i]) for i in batch]
+        live = [(i, c, pid) for i, (c, pid) in zip(batch, wired, strict=True) if not c.skip]
+        attempts: dict[int, Attempt] = {i: skipped(c, c.skip) for i, (c, _p) in zip(batch, wired, strict=True)
+                                        if c.skip}
+        if live:
+            sent = await self.sender.send_many([c for _i, c, _p in live])
+            for (i, _c, pid), a in zip(live, sent, strict=True):
+                attempts[i] = replace(a, probe_id=pid)
+        now = time.monotonic()
+        for i in batch:
+            case = self.cases[i]
+            a = attempts[i]
+            v, why = verdict(case.expected, case.reasons, a)
+            a = replace(a, verdict=v, why=why, reasons=case.reasons, subject=case.subject,
+                        tries=self.schedule.tries[i] + 1)
+            if self.options.stop_on_failure and self.options.witness and v != "failed" and \
+                    case.check in EARLY_WITNESS and case.expected == "allow":
+                a = await self._witnessed(i, a)   # a failure only the witness sees stops the run too
+            self.latest[i] = a
+            self.failed += a.verdict == "failed"
+            self.sent += a.outcome != "skipped"
+            self.schedule.settle(i, a, now)
+            if a.verdict == "failed" and self.options.stop_on_failure:
+                self.schedule.deadline = now      # one failure decides it: send nothing more
+            await queue.put(a)
+
+    async def _witnessed(self, i: int, a: Attempt) -> Attempt:
+        chk, case = self.items[i]
+        assert self.options.witness is not None
+        try:
+            seen = await fetch(self.options.witness, a.probe_id, self.options.timeout, exact=True)
+        except WitnessError:
+            return a
+        return chk.review(self.ctx, case, seen_verdict(case, a, seen.get(a.probe_id)))
+
+    def finals(self, records: dict[str, Upstream] | None) -> dict[str, list[tuple[Case, Attempt]]]:
+        """Each sent case with its last attempt (witness verdicts applied), per check id."""
+        out: dict[str, list[tuple[Case, Attempt]]] = {}
+        for (chk, case), a in zip(self.items, self.latest, strict=True):
+            if a is None:
+                continue
+            if records is not None:
+                a = chk.review(self.ctx, case, seen_verdict(case, a, records.get(a.probe_id)))
+            out.setdefault(chk.id, []).append((case, a))
+        return out
+
+
 async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential],
                     vantages: Sequence[Vantage], options: ProbeOptions) -> AsyncIterator[Event]:
-    """The probe as a stream of events: Started, AttemptDone..., FindingFound..., Finished."""
+    """The probe as a stream of events: Started, AttemptDone..., FindingFound..., Covered...,
+    [Interrupted], [Errored...], Finished."""
     t0 = time.monotonic()
     ctx = CheckContext(plan=plan, target=target, credentials=tuple(credentials),
                        vantages=tuple(vantages) or (Vantage(),), options=options,
                        catalog_paths=catalog_paths(options.catalog_dir))
     checks = selected(options.checks)
-    cases = [(chk, c) for chk in checks for c in chk.generate(ctx)]
+    items: list[tuple[Check, Case]] = []
+    subjects: dict[str, tuple[Subject, ...]] = {}
+    broken: list[Errored] = []
+    for chk in checks:
+        try:
+            subjects[chk.id] = tuple(chk.subjects(ctx))
+            items += [(chk, c) for c in chk.generate(ctx)]
+        except Exception as exc:  # a bug in one check: the others still run
+            broken.append(Errored(chk.id, f"{type(exc).__name__}: {exc}"))
     yield Started(target=target.base_url, plan_digest=plan.digest, policy=plan.policy_name,
-                  total=len(cases), vantages=tuple(v.name for v in ctx.vantages),
+                  total=len(items), vantages=tuple(v.name for v in ctx.vantages),
                   credentials=tuple((c.label, c.fingerprint) for c in ctx.credentials),
                   started_at=time.time())
+    for e in broken:
+        yield e
     sender = Sender(target, options.timeout, options.transport_factory, options.client)
-    results: dict[str, list[tuple[Case, Attempt]]] = {chk.id: [] for chk in checks}
-    deadline = t0 + options.max_time
-    sent = 0
+    run = _Run(ctx, items, sender, options, t0 + options.max_time)
     reason = ""
+    records: dict[str, Upstream] | None = None
     try:
         reason = await _preflight(sender, ctx)
         if not reason:
-            # one vantage at a time: a worker's pipelined chunk then shares one connection
-            plain = sorted(((k, c) for k, c in cases if not c.burst), key=lambda kc: kc[1].vantage.name)
-            bursts: dict[str, list[tuple[Check, Case]]] = {}
-            for k, c in cases:
-                if c.burst:
-                    bursts.setdefault(c.burst, []).append((k, c))
-            batches = [(plain, _Bucket(options.rate))] + [(b, _Bucket(0)) for b in bursts.values()]
-            for batch, bucket in batches:
-                stream = _execute(batch, sender, options.concurrency, bucket, deadline, options.pipeline)
-                async for chk, case, attempt in stream:
-                    results[chk.id].append((case, attempt))
-                    sent += attempt.outcome != "skipped"
-                    yield AttemptDone(attempt)
-            done = sum(len(v) for v in results.values())
-            if done < len(cases):
-                reason = (f"--max-time {options.max_time:g}s exceeded: {len(cases) - done} of "
-                          f"{len(cases)} cases not sent (partial results)")
-            elif sent and not any(a.outcome not in ("error", "skipped")
-                                  for v in results.values() for _c, a in v):
+            async for attempt in run.execute():
+                yield AttemptDone(attempt)
+            unsent = run.schedule.unsent()
+            if unsent:
+                why = ("stopped at the first failure" if options.stop_on_failure and run.failed
+                       else f"--max-time {options.max_time:g}s exceeded")
+                reason = f"{why}: {unsent} of {len(items)} cases not sent (partial results)"
+                yield Interrupted(reason)
+            elif run.unanswered:
                 reason = "nothing answered: every request failed"
+        if options.witness and run.sent and not run.unanswered:
+            # also after a cut-short run: what was sent is judged with the witness's view
+            records = await fetch(options.witness, f"{run.run_id}-", options.timeout)
+    except WitnessError as exc:
+        reason = str(exc)
+        yield Errored("witness", reason)
+    except asyncio.CancelledError:
+        reason = "interrupted: partial results"
+        yield Interrupted(reason)
+    except Exception as exc:  # an internal error while sending: keep what was proven
+        reason = f"internal error while probing: {type(exc).__name__}: {exc}"
+        yield Errored("runner", reason)
     finally:
         await sender.aclose()
+    results = run.finals(records)
     for chk in checks:
-        for finding in chk.judge(ctx, results[chk.id]):
+        if chk.id not in subjects:
+            continue
+        try:
+            own = results.get(chk.id, [])
+            for finding in chk.judge(ctx, own):
+                yield FindingFound(finding)
+            covered = tuple(chk.cover(ctx, subjects[chk.id], own, interrupted=bool(reason)))
+        except Exception as exc:
+            reason = reason or f"check {chk.id} failed: {type(exc).__name__}"
+            yield Errored(chk.id, f"{type(exc).__name__}: {exc}")
+            continue
+        for c in covered:
+            yield Covered(c)
+        for finding in cov.not_proven_findings(chk.id, subjects[chk.id], covered, own):
             yield FindingFound(finding)
-    yield Finished(elapsed_s=round(time.monotonic() - t0, 3), sent=sent, unreachable=bool(reason),
+    yield Finished(elapsed_s=round(time.monotonic() - t0, 3), sent=run.sent, unreachable=bool(reason),
                    reason=reason)
 
 
@@ -133,57 +374,11 @@ async def _preflight(sender: Sender, ctx: CheckContext) -> str:
     for vantage in ctx.vantages:
         case = Case("preflight", "GET", "/", "GET", "/", ctx.credentials[0], vantage, "deny")
         a = await sender.send(case)
-        if a.outcome == "error":
+        if a.outcome == "error" and a.status is None:
             tls = a.error.startswith("tls")
             hint = " (check --ca-bundle; verification is never turned off)" if tls else ""
             return f"{ctx.target.base_url} from vantage {vantage.name}: {a.error}{hint}"
     return ""
-
-
-async def _execute(batch: Sequence[tuple[Check, Case]], sender: Sender, concurrency: int,
-                   bucket: _Bucket, deadline: float, depth: int = 1,
-                   ) -> AsyncIterator[tuple[Check, Case, Attempt]]:
-    """Send ``batch`` with ``concurrency`` workers (each pipelining up to ``depth`` requests on
-    its connection); stop taking new cases at ``deadline``."""
-    queue: asyncio.Queue[tuple[Check, Case, Attempt] | None] = asyncio.Queue()
-    it = iter(batch)
-
-    async def worker() -> None:
-        try:
-            while time.monotonic() < deadline:
-                chunk = list(islice(it, depth))
-                if not chunk:
-                    return
-                live = []
-                for chk, case in chunk:
-                    if case.skip:
-                        await queue.put((chk, case, skipped(case, case.skip)))
-                    else:
-                        live.append((chk, case))
-                for _ in live:
-                    await bucket.take()
-                if time.monotonic() >= deadline:
-                    return
-                attempts = await sender.send_many([c for _k, c in live])
-                for (chk, case), attempt in zip(live, attempts, strict=True):
-                    await queue.put((chk, case, attempt))
-        finally:
-            await queue.put(None)
-
-    n = max(1, concurrency)
-    tasks = [asyncio.create_task(worker()) for _ in range(n)]
-    try:
-        finished = 0
-        while finished < n:
-            item = await queue.get()
-            if item is None:
-                finished += 1
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def summarize(events: Iterable[Event]) -> ProbeResult:
@@ -192,6 +387,7 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
     end: Finished | None = None
     attempts: list[Attempt] = []
     findings = []
+    coverage = []
     for e in events:
         if isinstance(e, Started):
             start = e
@@ -199,6 +395,8 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
             attempts.append(e.attempt)
         elif isinstance(e, FindingFound):
             findings.append(e.finding)
+        elif isinstance(e, Covered):
+            coverage.append(e.coverage)
         elif isinstance(e, Finished):
             end = e
     if start is None:
@@ -210,6 +408,7 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
         elapsed_s=end.elapsed_s if end else 0.0,
         unreachable=end.unreachable if end else True,
         reason=end.reason if end else "the run did not finish",
+        coverage=tuple(coverage),
     )
 
 
@@ -221,3 +420,6 @@ def probe(plan: Plan, target: Target, credentials: Sequence[Credential], vantage
           options: ProbeOptions) -> ProbeResult:
     """Synchronous convenience: run the probe and summarise it."""
     return summarize(asyncio.run(collect(run_probe(plan, target, credentials, vantages, options))))
+
+
+__all__ = ["Lane", "catalog_paths", "collect", "probe", "run_probe", "summarize"]

@@ -20,10 +20,10 @@ asserts the validation answer, never a handler's 500.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from scanner.inventory.model import HTTP_METHODS
-from scanner.state_changing import is_state_changing as _builtin_state_changing
 
 # The safe request body for JSON-bodied probes of routes that are *not* state-changing:
 # vLLM rejects it in validation (missing fields), so no inference runs.
@@ -65,13 +65,20 @@ _DECLARED: dict[tuple[str, str], SafeRequest] = {
 }
 
 
-def is_state_changing(path: str, flagged: bool = False) -> bool:
-    return flagged or _builtin_state_changing(path)
-
-
 def declared_probe(method: str, path: str) -> SafeRequest | None:
     """A verified non-acting request with the route's own method, if one is known."""
     return _DECLARED.get((method, path))
+
+
+def carrier(method: str, path: str) -> tuple[str, dict[str, object]] | None:
+    """(query, JSON fields) of the verified non-acting request for ``method path``: a body
+    built on these fields (plus a padding string, a capped field, ...) with this query is
+    still rejected by vLLM's validation before the handler runs. None if there is none."""
+    req = declared_probe(method, path)
+    if req is None:
+        return None
+    fields = json.loads(req.body) if req.body else {}
+    return req.query, dict(fields)
 
 
 def wrong_method(declared: tuple[str, ...] | list[str] | set[str]) -> str:
@@ -80,11 +87,6 @@ def wrong_method(declared: tuple[str, ...] | list[str] | set[str]) -> str:
         if m not in declared:
             return m
     return "TRACE"
-
-
-def wrong_method_probe(declared: tuple[str, ...] | list[str] | set[str]) -> SafeRequest:
-    return SafeRequest(wrong_method(declared), how="a method the route does not declare: router 405",
-                       upstream_status=(405,))
 
 
 def safe_request(method: str, path: str, declared: tuple[str, ...] | list[str] | set[str],

@@ -20,16 +20,18 @@ from typing import Any, TypeVar
 import httpx
 
 from scanner.errors import UsageError
-from scanner.plan.model import DECISION_HEADER
+from scanner.plan.model import DECISION_HEADER, REASON_HEADER
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason
 from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
+from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
 _MARKER_LOWER = DECISION_HEADER.lower()
 # The response headers the prober reads; one C-level pass over the head instead of a parse.
 _WANTED = re.compile(rb"\r\n(content-length|transfer-encoding|connection|content-type|"
-                     + re.escape(_MARKER_LOWER.encode()) + rb")[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE)
+                     + re.escape(_MARKER_LOWER.encode()) + rb"|" + re.escape(REASON_HEADER.lower().encode())
+                     + rb")[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE)
 T = TypeVar("T")
 
 
@@ -87,17 +89,20 @@ class Sender:
                 w.close()
         self._idle.clear()
 
+    def timeout_for(self, case: Case) -> float:
+        """The per-request timeout; a request the witness holds may also wait in the proxy's queue."""
+        return self.timeout + 2 * case.hold_ms / 1000
+
     async def send(self, case: Case) -> Attempt:
         start = time.monotonic()
         try:
             if not self.use_httpx or (case.raw and self.factory is None):
-                status, headers = await _bounded(self._send_raw(case), self.timeout)
+                status, headers = await _bounded(self._send_raw(case), self.timeout_for(case))
             else:
                 status, headers = await self._send_httpx(case)
         except Exception as exc:  # every failure is data
-            return _attempt(case, start, error=_redacted(error_reason(exc), case))
-        layer, outcome, marker = classify(status, headers)
-        return _attempt(case, start, status=status, layer=layer, outcome=outcome, decision=marker)
+            return _attempt(case, start, error=scrub(error_reason(exc), _secrets(case)))
+        return _attempt(case, start, status=status, headers=headers)
 
     async def send_many(self, cases: Sequence[Case]) -> list[Attempt]:
         """Several cases: pipelined per vantage on one kept-alive connection where eligible."""
@@ -125,9 +130,7 @@ class Sender:
             await _bounded(self._pipeline(cases, got), self.timeout)
         out = []
         for c, (status, headers, at) in zip(cases, got, strict=False):
-            layer, outcome, marker = classify(status, headers)
-            out.append(_attempt(c, start, status=status, layer=layer, outcome=outcome, decision=marker,
-                                end=at))
+            out.append(_attempt(c, start, status=status, headers=headers, end=at))
         for c in cases[len(got):]:
             out.append(await self.send(c))
         return out
@@ -187,8 +190,7 @@ class Sender:
                 conn = await self._connect(case.vantage)
             reader, writer = conn
             try:
-                writer.write(data)
-                await writer.drain()
+                reader = await _write(reader, writer, data)
                 status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
                 keep = await _skip_body(reader, headers, status, case.send_method == "HEAD")
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -209,6 +211,26 @@ class Sender:
         return await asyncio.open_connection(
             url.host, self._port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
             local_addr=local, limit=_MAX_HEAD)
+
+
+async def _write(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 data: bytes) -> asyncio.StreamReader:
+    """Write a request; the reader to read its answer from. A server may answer before reading
+    all of a large body (a 413) and reset the connection: if the write fails but an answer
+    had arrived, that answer stands (a reader over what was received; the stream's own
+    reader would only repeat the reset)."""
+    try:
+        writer.write(data)
+        await writer.drain()
+        return reader
+    except ConnectionError:
+        received = bytes(reader._buffer)   # type: ignore[attr-defined]
+        if not received:                   # nothing came back: a real failure
+            raise
+    replay = asyncio.StreamReader(limit=_MAX_HEAD)
+    replay.feed_data(received)
+    replay.feed_eof()
+    return replay
 
 
 async def _skip_body(reader: asyncio.StreamReader, headers: Mapping[str, str], status: int,
@@ -246,9 +268,10 @@ async def _bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
 def raw_request(case: Case, host: str, prefix: str = "", keep_alive: bool = False) -> bytes:
     """The request bytes for ``case``: its target verbatim (origin- or absolute-form)."""
     target = case.target if case.target.startswith(("http://", "https://")) else prefix + case.target
-    lines = [f"{case.send_method} {target} HTTP/1.1", f"Host: {host}",
-             f"Connection: {'keep-alive' if keep_alive else 'close'}"]
     headers = case.all_headers()
+    lines = [f"{case.send_method} {target} HTTP/1.1", f"Host: {host}"]
+    if not any(k.lower() == "connection" for k in headers):
+        lines.append(f"Connection: {'keep-alive' if keep_alive else 'close'}")
     body = case.body or b""
     if case.body is not None:
         if case.chunked:
@@ -277,24 +300,24 @@ def request_line(case: Case) -> str:
     return f"{case.send_method} {case.target} HTTP/1.1"
 
 
-def _redacted(text: str, case: Case) -> str:
+def _secrets(case: Case) -> tuple[str, ...]:
     """An error message never carries the key (a client library may quote a header)."""
-    secret = case.credential.secret
-    return text.replace(secret, "<redacted>") if secret else text
+    return (case.credential.secret,) if case.credential.secret else ()
 
 
 def _pipelinable(case: Case) -> bool:
-    return not case.raw and not case.chunked and len(case.body or b"") <= 65536
+    return not case.raw and not case.chunked and not case.hold_ms and len(case.body or b"") <= 65536
 
 
 def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",
-             layer: str = "none", outcome: str = "error", decision: str = "",
-             end: float | None = None) -> Attempt:
+             headers: Mapping[str, str] | None = None, end: float | None = None) -> Attempt:
+    layer, outcome, marker, reason = classify(status, headers or {}) if status is not None \
+        else ("none", "error", "", "")
     return Attempt(
         check=case.check, method=case.method, path=case.path, request_line=request_line(case),
         credential=case.credential.label, fingerprint=case.credential.fingerprint,
         vantage=case.vantage.name, expected=case.expected, status=status, error=error,
-        layer=layer, decision=decision, outcome=outcome,  # type: ignore[arg-type]
+        layer=layer, decision=marker, outcome=outcome, reason=reason,
         latency_ms=round(((end or time.monotonic()) - start) * 1000, 2), note=case.note, sent_at=start)
 
 

@@ -8,12 +8,17 @@ from rich.console import Console
 from rich.table import Table
 
 from scanner.demo import DemoResult
-from scanner.probe.interface import SEVERITIES, ProbeResult
+from scanner.probe.interface import COVERAGE_STATUSES, SEVERITIES, ProbeResult
 
 
 def _counts(res: ProbeResult) -> str:
     counts = res.counts()
     return ", ".join(f"{counts[s]} {s}" for s in SEVERITIES)
+
+
+def _coverage(res: ProbeResult) -> str:
+    counts = {s: sum(1 for c in res.coverage if c.status == s) for s in COVERAGE_STATUSES}
+    return "coverage: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + " (subjects over all checks)"
 
 
 def render(result: DemoResult, width: int = 110) -> str:
@@ -23,7 +28,7 @@ def render(result: DemoResult, width: int = 110) -> str:
     out.print(f"[1] through the generated NGINX ({result.nginx_build}): {len(p.attempts)} requests "
               f"in {p.elapsed_s:.1f}s from {len(p.vantages)} vantages")
     out.print(f"    findings: {_counts(p)}")
-    out.print(f"    state-changing requests that reached the upstream: {result.state_changes_through_proxy}")
+    out.print(f"    {_coverage(p)}")
     for f in p.findings:
         out.print(f"    - {f.severity} {f.rule} {f.method} {f.path} [{f.vantage}]: {f.title}")
     b = result.bare
@@ -44,6 +49,7 @@ def render(result: DemoResult, width: int = 110) -> str:
     out.print(table)
     out.print("    (state-changing routes were proven reachable with requests vLLM rejects before its "
               f"handler runs; requests that would have changed state: {result.state_changes_bare})")
-    verdict = "PASS" if not p.findings and not p.unreachable else "FAIL"
+    proved = all(c.status in ("proved", "not-applicable") for c in p.coverage)
+    verdict = "PASS" if not p.findings and not p.unreachable and proved else "FAIL"
     out.print(f"\nperimeter verdict: {verdict}")
     return buf.getvalue()

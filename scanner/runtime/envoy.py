@@ -36,7 +36,13 @@ def write(plan: Plan, directory: Path, extra: dict[str, str] | None = None) -> P
 def process(plan: Plan, directory: Path, extra: dict[str, str] | None = None,
             concurrency: int = 1, flush_ms: int = 0) -> ManagedProcess:
     """The Envoy process for ``plan``; ``flush_ms`` > 0 flushes the access log that often."""
-    main = write(plan, directory, extra)
+    write(plan, directory, extra)
+    return start(plan, directory, concurrency, flush_ms)
+
+
+def start(plan: Plan, directory: Path, concurrency: int = 1, flush_ms: int = 0) -> ManagedProcess:
+    """The Envoy process for the config already written under ``directory`` (see ``write``)."""
+    main = directory / "envoy.yaml"
     argv = [binary(), "-c", str(main), "--concurrency", str(concurrency), "--disable-hot-restart",
             "--log-level", "warning", "--log-path", str(directory / "envoy.log")]
     if flush_ms:

@@ -63,10 +63,16 @@ def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] 
     return directory / "conf" / config.main
 
 
+def start(plan: Plan, build: NginxBuild, directory: Path) -> ManagedProcess:
+    """The NGINX process for the config already written under ``directory`` (see ``write``)."""
+    argv = [build.binary, "-p", f"{directory / 'run'}/", "-c", str(directory / "conf" / "nginx.conf"),
+            "-g", "daemon off;"]
+    return ManagedProcess(f"nginx ({build.name})", argv, plan.listen.address, plan.listen.port,
+                          log=directory / "run" / "nginx.stderr")
+
+
 def process(plan: Plan, build: NginxBuild, directory: Path,
             extra: dict[str, str] | None = None) -> ManagedProcess:
     """The NGINX process for ``plan`` (``extra``: generator options, see scanner/generate/nginx.py)."""
-    main = write(plan, build, directory, extra)
-    argv = [build.binary, "-p", f"{directory / 'run'}/", "-c", str(main), "-g", "daemon off;"]
-    return ManagedProcess(f"nginx ({build.name})", argv, plan.listen.address, plan.listen.port,
-                          log=directory / "run" / "nginx.stderr")
+    write(plan, build, directory, extra)
+    return start(plan, build, directory)

@@ -4,7 +4,8 @@ Same ``--api-key`` semantics as the vLLM version the inventory came from (its
 guarded prefixes after ``root_path``, OPTIONS skipped, ``{"error": "Unauthorized"}``
 with 401), real 404/405 answers, and a counter of every request that would have
 reached the handler of a state-changing route. Proxy CI uses it where the real app
-cannot run; ``/__standin__/stats`` reports the counters (that path is not a vLLM route).
+cannot run; ``/__standin__/stats`` reports the counters and ``/__standin__/witness`` what
+reached it per probe request (neither path is a vLLM route).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hmac
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
+from scanner.standin._witness import Witness
 from scanner.state_changing import is_state_changing, validation_error
 
 STATS_PATH = "/__standin__/stats"
@@ -110,6 +113,13 @@ def _routes(inventory: Inventory, counters: Counters) -> list[BaseRoute]:
 
 
 def build_app(inventory: Inventory, api_keys: tuple[str, ...] = ()) -> tuple[ASGIApp, Counters]:
+    """The stand-in app behind its upstream witness (scanner.standin._witness), which records
+    every request that reaches it, vLLM's key check included, as the real app would be wrapped."""
+    app, counters = _app(inventory, api_keys)
+    return cast(ASGIApp, Witness(app)), counters
+
+
+def _app(inventory: Inventory, api_keys: tuple[str, ...]) -> tuple[ASGIApp, Counters]:
     counters = Counters()
 
     async def stats(_: Request) -> Response:

@@ -11,7 +11,6 @@ import json
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +31,7 @@ class RealVllmServer:
     host: str = "127.0.0.1"
     port: int = 0
     start_timeout: float = 90.0
+    witness: bool = False          # wrap the app in the upstream witness (scanner.standin._witness)
     facts: dict[str, Any] = field(default_factory=dict)
     _proc: subprocess.Popen[bytes] | None = None
     _tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -46,8 +46,8 @@ class RealVllmServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="vllm-perimeter-real-")
         req = Path(self._tmp.name, "request.json")
         res = Path(self._tmp.name, "result.json")
-        req.write_text(json.dumps(worker_request(self.spec, "serve", host=self.host, port=self.port)),
-                       encoding="utf-8")
+        req.write_text(json.dumps(worker_request(self.spec, "serve", host=self.host, port=self.port,
+                                                 witness=self.witness)), encoding="utf-8")
         log = open(Path(self._tmp.name, "server.log"), "wb")  # noqa: SIM115 - closed with the dir
         self._proc = subprocess.Popen(
             [self.spec.python, str(WORKER), str(req), str(res)],
@@ -85,6 +85,3 @@ class RealVllmServer:
         self.stop()
 
 
-def default_spec(python: str, env: Mapping[str, str] | None = None, *serve_args: str) -> VllmExtraction:
-    return VllmExtraction(python=python, serve_args=("--model", "m", *serve_args),
-                          env=dict(env or {}), isolated_env=True)

@@ -148,8 +148,9 @@ def test_network_acl_and_filters_per_route(tmp_path: Path) -> None:
     assert principals == [{"direct_remote_ip": {"address_prefix": "10.30.0.0", "prefix_len": 16}}]
     # public (0.0.0.0/0 and ::/0): no RBAC at all
     assert "perimeter.network" not in routes["allow:POST /v1/chat/completions"]["typed_per_filter_config"]
-    # monitoring needs no key and no body check: Lua is off there
-    assert routes["allow:GET /health"]["typed_per_filter_config"]["perimeter.lua"]["disabled"] is True
+    # monitoring needs no key and no body check, but Lua still drops the headers not forwarded
+    assert "perimeter.lua" not in routes["allow:GET /health"]["typed_per_filter_config"]
+    assert routes["allow:GET /health"]["metadata"]["filter_metadata"]["perimeter.lua"]["g"]
     filters = [f["name"] for f in hcm["http_filters"]]
     assert filters[0] == "perimeter.network" and filters[1] == "perimeter.lua"
     assert filters[-2:] == ["perimeter.buffer", "envoy.filters.http.router"]

@@ -147,7 +147,7 @@ def _echo_app() -> Any:
 
     async def echo(request: Request) -> JSONResponse:
         body = await request.body()
-        sleep = float(request.headers.get("x-test-sleep", "0"))
+        sleep = float(request.query_params.get("test_sleep", "0"))  # headers are not forwarded
         if sleep:
             await asyncio.sleep(min(sleep, 5.0))
         return JSONResponse(

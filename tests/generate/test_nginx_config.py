@@ -83,8 +83,11 @@ def test_shape_of_the_allowlist(tmp_path: Path) -> None:
     assert "location = /invocations" not in http and "location = /collective_rpc" not in http
     assert "limit_except" not in http
     assert 'location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})$"' in http
-    # every proxying location sends the shared header set: Authorization blanked, markers cleared
-    assert 'proxy_set_header Authorization "";' in files["perimeter-proxy.conf"]
+    # every proxying location sends the shared header set: only listed client headers pass on
+    proxy = files["perimeter-proxy.conf"]
+    assert "proxy_pass_request_headers off;" in proxy
+    assert "proxy_set_header Content-Type $content_type;" in proxy
+    assert "Authorization" not in proxy.replace("the client's Authorization", "")
     assert http.count('include "perimeter-proxy.conf";') == http.count("proxy_pass ") > 0
     assert "proxy_hide_header X-Perimeter-Decision;" in http
 

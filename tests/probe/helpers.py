@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import httpx
 
 from scanner.inventory.model import Inventory, Route, Source
 from scanner.plan.build import build
-from scanner.plan.model import DECISION_HEADER, Plan
+from scanner.plan.model import DECISION_HEADER, REASON_HEADER, Plan
 from scanner.policy.load import loads
 from scanner.probe.cases import concrete
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
@@ -31,7 +32,7 @@ audiences:
     kind: end-user
     networks: [public]
     roles: [user]
-    limits: {body_bytes: 100, json_caps: {max_tokens: 10}, rate: {rps: 1, burst: 2}}
+    limits: {body_bytes: 100, json_caps: {max_tokens: 10}, rate: {rps: 20, burst: 10}}
   operator: {kind: operator, networks: [admin], roles: [operator]}
   monitoring: {kind: monitoring, networks: [monitoring], auth: none}
   none: {kind: none}
@@ -88,60 +89,96 @@ def open_upstream(p: Plan) -> Callable[[Vantage], httpx.AsyncBaseTransport]:
     return lambda v: httpx.MockTransport(lambda r: _upstream(p, r))
 
 
-def _deny(status: int = 403) -> httpx.Response:
-    return httpx.Response(status, headers={DECISION_HEADER: "deny"}, json={"error": "denied"})
+def _deny(status: int, reason: str) -> httpx.Response:
+    return httpx.Response(status, headers={DECISION_HEADER: "deny", REASON_HEADER: reason},
+                          json={"error": "denied"})
 
 
-def perimeter(p: Plan, burst_limit: int = 4) -> Callable[[Vantage], httpx.AsyncBaseTransport]:
-    """A correct default-deny perimeter enforcing the plan (exact paths, keys, networks, limits)."""
+class Bucket:
+    """A token bucket like the proxies': ``burst`` up front, refilled at ``rps``."""
+
+    def __init__(self, rps: float, burst: int) -> None:
+        self.rps, self.burst, self.tokens, self.at = rps, burst, float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rps)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def perimeter(p: Plan, broken: str = "") -> Callable[[Vantage], httpx.AsyncBaseTransport]:
+    """A correct default-deny perimeter enforcing the plan (exact paths, methods, networks, keys,
+    roles, body size, JSON caps, forbidden fields, rate per principal), with the reason header.
+    ``broken`` names one check to leave out (e.g. "network", "rate", "json-cap")."""
     from scanner.probe.expect import in_networks
 
     roles = {f"Bearer {USER_KEY}": "user", f"Bearer {OPER_KEY}": "operator"}
-    counter = {"n": 0}
+    buckets: dict[str, Bucket] = {}
 
     def handler(vantage: Vantage, request: httpx.Request) -> httpx.Response:
         raw = request.url.raw_path.decode().partition("?")[0]
-        decision = next((d for d in p.allowed if request.method == d.method and concrete(d.path) == raw), None)
-        if decision is None or set(request.headers) & {"x-original-url", "x-http-method-override"}:
-            return _deny(404)
+        on_path = [d for d in p.allowed if concrete(d.path) == raw]
+        if not on_path:
+            return _deny(404, "not-allowlisted")
+        decision = next((d for d in on_path if d.method == request.method), None)
+        if decision is None and broken != "method":
+            return _deny(405, "method-not-allowed")
+        decision = decision or on_path[0]
         source = vantage.address or "127.0.0.1"
-        role = roles.get(request.headers.get("authorization", ""))
-        if decision.auth == "key" and (role is None or role not in decision.roles):
-            return _deny(401)
-        if not in_networks(source, decision.networks):
-            return _deny(403)
+        if not in_networks(source, decision.networks) and broken != "network":
+            return _deny(403, "network")
+        auth = request.headers.get("authorization", "")
+        if decision.auth == "key" and broken != "key":
+            if not auth.partition(" ")[2]:
+                return _deny(401, "missing-key")
+            if auth not in roles:
+                return _deny(401, "unknown-key")
+            if decision.roles and roles[auth] not in decision.roles:
+                return _deny(403, "role")
         lim = decision.limits
+        if lim.rate is not None and broken != "rate":
+            who = auth if decision.auth == "key" else source
+            bucket = buckets.setdefault(who, Bucket(lim.rate.rps, lim.rate.burst))
+            if not bucket.take():
+                return _deny(429, "rate")
         body = request.content
-        if lim.body_bytes is not None and len(body) > lim.body_bytes:
-            return _deny(413)
-        if body and lim.json_caps and not _caps_ok(body, dict(lim.json_caps)):
-            return _deny(400)
-        if lim.rate is not None:
-            counter["n"] += 1
-            if counter["n"] > burst_limit:
-                return _deny(429)
+        if lim.body_bytes is not None and len(body) > lim.body_bytes and broken != "body":
+            return _deny(413, "body-too-large")
+        if body and request.method == "POST":
+            why = _body_refusal(body, dict(lim.json_caps), broken)
+            if why:
+                return _deny(400, why)
         return _upstream(p, request)
 
     return lambda v: httpx.MockTransport(lambda r: handler(v, r))
 
 
-def _caps_ok(body: bytes, caps: dict[str, int]) -> bool:
-    def no_dupes(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        keys = [k for k, _ in pairs]
-        if len(keys) != len(set(keys)):
-            raise ValueError("duplicate key")
-        return dict(pairs)
-
+def _body_refusal(body: bytes, caps: dict[str, int], broken: str) -> str:
     try:
-        doc = json.loads(body, object_pairs_hook=no_dupes)
+        doc = json.loads(body, object_pairs_hook=_no_dupes)
     except ValueError:
-        return False
-    for name, cap in caps.items():
-        if name in doc:
-            v = doc[name]
-            if type(v) is not int or v > cap:
-                return False
-    return True
+        return "bad-json"
+    if not isinstance(doc, dict):
+        return "bad-json"
+    if broken != "json-cap":
+        for name, cap in caps.items():
+            if name in doc and (type(doc[name]) is not int or doc[name] > cap):
+                return f"json-cap:{name}"
+    for name in ("cache_salt", "chat_template", "chat_template_kwargs"):
+        if name in doc and broken != "fields":
+            return f"forbidden-field:{name}"
+    return ""
+
+
+def _no_dupes(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError("duplicate key")
+    return dict(pairs)
 
 
 def run(factory: Callable[[Vantage], httpx.AsyncBaseTransport], *roles: str,

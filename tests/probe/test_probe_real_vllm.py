@@ -3,6 +3,8 @@ and the safe-probe claim verified route by route."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -12,6 +14,7 @@ from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy.load import load
 from scanner.probe import safe
+from scanner.probe.checks.limits import padded_json
 from scanner.probe.config import credentials
 from scanner.probe.interface import ProbeOptions, Target, Vantage
 from scanner.probe.runner import probe
@@ -28,7 +31,7 @@ def default_plan(everything_inventory: Inventory) -> Plan:
 def _state_changing_paths(plan: Plan) -> dict[str, tuple[str, ...]]:
     out: dict[str, set[str]] = {}
     for d in plan.decisions:
-        if d.kind != "mount" and safe.is_state_changing(d.path, d.state_changing):
+        if d.kind != "mount" and d.state_changing:
             out.setdefault(d.path, set()).add(d.method)
     return {p: tuple(sorted(m)) for p, m in out.items()}
 
@@ -71,10 +74,10 @@ def test_safe_probes_are_rejected_before_the_handler(real_vllm, default_plan: Pl
     with httpx.Client(base_url=real_vllm.url, timeout=10) as client:
         for path, declared in sorted(sc.items()):
             concrete = path.replace("{adapter_name}", "probe-x1")
-            wrong = safe.wrong_method_probe(declared)
-            resp = client.request(wrong.method, concrete)
+            wrong = safe.wrong_method(declared)
+            resp = client.request(wrong, concrete)
             if resp.status_code != 405 or "Method Not Allowed" not in resp.text:
-                problems.append(f"{wrong.method} {path}: {resp.status_code} {resp.text[:80]}")
+                problems.append(f"{wrong} {path}: {resp.status_code} {resp.text[:80]}")
             for method in declared:
                 probe_req = safe.declared_probe(method, path)
                 if probe_req is None:
@@ -84,8 +87,15 @@ def test_safe_probes_are_rejected_before_the_handler(real_vllm, default_plan: Pl
                 resp = client.request(method, url, content=probe_req.body, headers=headers)
                 ok = resp.status_code in (400, 422) and "validation error" in resp.text
                 (verified if ok else problems).append(f"{method} {url}: {resp.status_code} {resp.text[:80]}")
+                # the limits check builds its bodies on the same request: still refused first
+                _query, fields = safe.carrier(method, path) or ("", {})
+                for body in (padded_json(65537, fields), json.dumps({**fields, "max_tokens": 10**9}).encode(),
+                             json.dumps({**fields, "cache_salt": "x"}).encode()):
+                    resp = client.request(method, url, content=body, headers={"Content-Type": "application/json"})
+                    ok = resp.status_code in (400, 422) and "validation error" in resp.text
+                    (verified if ok else problems).append(f"{method} {url} (limit body): {resp.status_code}")
     assert not problems, problems
-    assert len(verified) == 6, verified  # every declared-method probe in the table was exercised
+    assert len(verified) == 6 * 4, verified  # every declared-method probe in the table was exercised
 
 
 def test_cli_against_real_vllm(real_vllm, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ import pytest
 
 from scanner.errors import UsageError
 from scanner.probe import config
-from scanner.probe.classify import classify, error_reason, lower_keys
+from scanner.probe.classify import classify, error_reason
 from scanner.probe.expect import expect
 from scanner.probe.interface import Credential, Vantage
 from tests.probe import helpers as h
@@ -19,16 +19,52 @@ def _rules(result: object) -> set[tuple[str, str, str]]:
     return {(f.rule, f.method, f.path) for f in result.findings}  # type: ignore[attr-defined]
 
 
+# From the loopback address the prober binds, and two addresses the mock takes as the caller's.
+VANTAGES = (Vantage(), Vantage("admin", "10.30.0.5"), Vantage("monitoring", "10.20.0.5"))
+
+
 def test_correct_perimeter_has_no_findings_and_exits_0() -> None:
-    r = h.run(h.perimeter(h.plan()), "user", "operator")
+    r = h.run(h.perimeter(h.plan()), "user", "operator", vantages=VANTAGES, allow_state_changes=True)
     assert not r.unreachable, r.reason
     assert r.findings == (), [f.title for f in r.findings]
     assert r.exit_code("low") == 0
     checks = {a.check for a in r.attempts}
     assert {"matrix", "bypass", "spoof", "limits", "rate"} <= checks
-    # the rate burst met 429s; the limit checks met the proxy's 413/400
-    assert any(a.status == 429 for a in r.attempts if a.check == "rate")
-    assert all(a.layer == "proxy" for a in r.attempts if a.check == "limits")
+    # the rate burst met 429s; the limit checks met the proxy's 413/400, for the reason under test
+    assert any(a.status == 429 and a.reason == "rate" for a in r.attempts if a.check == "rate")
+    over = [a for a in r.attempts if a.check == "limits" and a.expected == "deny"]
+    assert over and all(a.layer == "proxy" and a.verdict == "proved" for a in over)
+    # ... and the requests exactly at the limits went through
+    at = [a for a in r.attempts if a.check == "limits" and a.expected == "allow"]
+    assert at and all(a.outcome == "reached" for a in at)
+    # every subject of every check is proved or not applicable, none left unproven
+    assert r.coverage and all(c.status in ("proved", "not-applicable") for c in r.coverage), \
+        [c for c in r.coverage if c.status not in ("proved", "not-applicable")]
+
+
+def test_what_safe_mode_cannot_send_is_not_proven_never_passed() -> None:
+    r = h.run(h.perimeter(h.plan()), "user", "operator", vantages=VANTAGES)
+    gaps = {(f.rule, f.title) for f in r.findings}
+    # /sleep changes state and has no request vLLM rejects before its handler: not sent, so not proven
+    assert ("VP011", "not proven (matrix): POST /sleep") in gaps
+    assert all(rule == "VP011" for rule, _ in gaps), gaps
+    cov = {(c.check, c.subject): c for c in r.coverage}
+    assert cov[("matrix", "POST /sleep")].status == "not-proven"
+    assert "state-changing" in cov[("matrix", "POST /sleep")].why
+    # ... while /pause has one (a bad query value): its limits are proven in safe mode
+    assert cov[("limits", "fields POST /pause")].status == "proved"
+    assert r.exit_code("high") == 0 and r.exit_code("medium") == 1
+
+
+def test_a_single_vantage_leaves_what_it_cannot_reach_unproven() -> None:
+    r = h.run(h.perimeter(h.plan()), "user", "operator", allow_state_changes=True)
+    cov = {(c.check, c.subject): c for c in r.coverage}
+    # no vantage inside admin: /pause's allowed cell and its limits cannot be exercised
+    assert cov[("limits", "fields POST /pause")].status == "not-proven"
+    assert "no credential and vantage" in cov[("limits", "fields POST /pause")].why
+    # the inference routes are open to every IPv4 address: nothing to spoof
+    assert cov[("spoof", "spoof GET /v1/models")].status == "not-applicable"
+    assert any(f.rule == "VP011" and f.path == "/pause" for f in r.findings)
 
 
 def test_open_upstream_is_critical_and_exits_1() -> None:
@@ -109,7 +145,8 @@ def test_vantages_are_separate_cells() -> None:
     assert {a.vantage for a in r.attempts} == {"outside", "admin"}
     pause = [a for a in r.attempts if a.request_line.startswith("POST /pause?") and a.credential == "role:operator"]
     assert {a.vantage: a.expected for a in pause} == {"outside": "deny", "admin": "allow"}
-    assert r.findings == ()
+    # only what safe mode could not send (POST /sleep) is left unproven
+    assert [(f.rule, f.title) for f in r.findings] == [("VP011", "not proven (matrix): POST /sleep")]
 
 
 def test_expectation_rules() -> None:
@@ -117,19 +154,24 @@ def test_expectation_rules() -> None:
     chat = p.decision("POST", "/v1/chat/completions")
     user, oper = h.creds("user", "operator")[3:]
     assert expect(chat, user, "1.2.3.4").expected == "allow"
-    assert expect(chat, oper, "1.2.3.4").why == "role"
-    assert expect(chat, Credential("none", "none"), "1.2.3.4").why == "auth"
+    assert expect(chat, oper, "1.2.3.4").reasons == ("role",)
+    assert expect(chat, Credential("none", "none"), "1.2.3.4").reasons == ("missing-key",)
+    assert expect(chat, Credential("x", "malformed"), "1.2.3.4").reasons == ("missing-key", "unknown-key")
     health = p.decision("GET", "/health")
     assert expect(health, Credential("none", "none"), "10.20.1.1").expected == "allow"
-    assert expect(health, Credential("none", "none"), "127.0.0.1").why == "network"
-    assert expect(p.decision("POST", "/invocations"), user, "10.20.1.1").why == "plan"
-    assert expect(None, user, None).why == "plan"
+    assert expect(health, Credential("none", "none"), "127.0.0.1").reasons == ("network",)
+    # a path nothing is allowed on is unknown to the perimeter; a method it does not allow is refused
+    assert expect(p.decision("POST", "/invocations"), user, "10.20.1.1").reasons == ("not-allowlisted",)
+    assert expect(None, user, None).reasons == ("not-allowlisted",)
+    assert expect(None, user, "1.2.3.4", (health,)).reasons == ("method-not-allowed", "network")
+    assert expect(None, user, "10.20.1.1", (health,)).reasons == ("method-not-allowed",)
 
 
 def test_classification() -> None:
-    assert classify(404, lower_keys({"X-Perimeter-Decision": "deny"}))[:2] == ("proxy", "denied")
+    marker = {"x-perimeter-decision": "deny", "x-perimeter-reason": "network"}
+    assert classify(403, marker) == ("proxy", "denied", "deny", "network")
     assert classify(429, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
-    assert classify(503, {"x-perimeter-decision": "deny"})[:2] == ("proxy", "limited")
+    assert classify(503, {"x-perimeter-decision": "error"})[:2] == ("proxy", "error")
     assert classify(401, {})[:2] == ("upstream", "guarded")
     assert classify(404, {})[:2] == ("upstream", "absent")
     assert classify(400, {"content-type": "text/plain"})[:2] == ("upstream", "absent")
@@ -161,7 +203,7 @@ def test_vantage_parsing() -> None:
 
 
 def test_httpx_collapses_dot_segments_so_variants_go_raw() -> None:
-    from scanner.probe.checks import path_variants
+    from scanner.probe.checks.access import path_variants
     from scanner.probe.send import raw_request
 
     assert httpx.URL("http://x/v1/../invocations").raw_path == b"/invocations"
@@ -178,10 +220,10 @@ def test_httpx_collapses_dot_segments_so_variants_go_raw() -> None:
     assert data.endswith(b"Content-Length: 2\r\n\r\n{}")
 
 
-def test_rate_judge_is_inconclusive_when_the_burst_was_too_slow() -> None:
+def test_rate_judge_is_not_proven_when_the_burst_was_too_slow() -> None:
     from dataclasses import replace
 
-    from scanner.probe.checks import RateBurst
+    from scanner.probe.checks.limits import RateBurst
     from scanner.probe.interface import ProbeOptions, Vantage
     from scanner.probe.registry import CheckContext
 
@@ -189,7 +231,8 @@ def test_rate_judge_is_inconclusive_when_the_burst_was_too_slow() -> None:
                        vantages=(Vantage(),), options=ProbeOptions())
     check = RateBurst()
     cases = list(check.generate(ctx))
-    assert len(cases) == 5  # burst 2 + 2 x rps 1 + 1
+    assert len(cases) == 51  # burst 10 + 2 x rps 20 + 1
+    assert {c.phase for c in cases} == {2}   # after every other case of the lane
 
     def attempts(spacing: float) -> list[tuple[object, object]]:
         from scanner.probe.interface import Attempt
@@ -198,14 +241,19 @@ def test_rate_judge_is_inconclusive_when_the_burst_was_too_slow() -> None:
         for i, c in enumerate(cases):
             a = Attempt(check="rate", method=c.method, path=c.path, request_line="x", credential="role:user",
                         fingerprint="", vantage="default", expected="allow", status=200,
-                        layer="upstream", outcome="reached", sent_at=100.0 + i * spacing)
+                        layer="upstream", outcome="reached", sent_at=100.0 + i * spacing, verdict="proved",
+                        subject=c.subject)
             out.append((c, replace(a)))
         return out
 
+    subjects = list(check.subjects(ctx))
     fast = list(check.judge(ctx, attempts(0.001)))  # type: ignore[arg-type]
+    assert [f.rule for f in fast] == ["VP005"] and "not enforced" in fast[0].title
+    assert [c.status for c in check.cover(ctx, subjects, attempts(0.001))] == ["failed"]  # type: ignore[arg-type]
     slow = list(check.judge(ctx, attempts(1.0)))    # type: ignore[arg-type]
-    assert [f.severity for f in fast] == ["medium"] and "not enforced" in fast[0].title
-    assert [f.severity for f in slow] == ["info"] and "Inconclusive" in slow[0].detail
+    assert slow == []
+    covered = list(check.cover(ctx, subjects, attempts(1.0)))  # type: ignore[arg-type]
+    assert [c.status for c in covered] == ["not-proven"] and "raise --concurrency" in covered[0].why
 
 
 def test_error_messages_never_carry_the_key() -> None:

@@ -62,4 +62,6 @@ def test_vantage_source_addresses(deny_server: str, pipeline: int, client: str) 
     assert sent and all(a.status == 404 and a.layer == "proxy" for a in sent), \
         {(a.request_line, a.status, a.error) for a in sent if a.status != 404}
     # expected-allow cells met a deny: reported as availability findings, never as reachability
-    assert {f.rule for f in r.findings} <= {"VP006"}
+    # (a refusal that names no reason proves no denial either: not proven, never passed)
+    assert {f.rule for f in r.findings} <= {"VP006", "VP011"}
+    assert any(f.rule == "VP011" for f in r.findings)

@@ -27,7 +27,7 @@ HOSTILE = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 def _leaky(p: Plan) -> Callable[[Vantage], httpx.AsyncBaseTransport]:
     """A correct perimeter, except that /invocations goes straight to vLLM."""
-    good, bad = h.perimeter(p, burst_limit=100_000), h.open_upstream(p)
+    good, bad = h.perimeter(p), h.open_upstream(p)
 
     def factory(v: Vantage) -> httpx.AsyncBaseTransport:
         g, b = good(v), bad(v)

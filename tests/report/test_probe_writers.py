@@ -28,7 +28,7 @@ def test_json_round_trip_and_merge(open_result: ProbeResult) -> None:
     merged = result_doc.merge([back, other])
     assert set(merged.vantages) == {"default", "b"}
     assert len(merged.attempts) == len(back.attempts) + len(other.attempts)
-    assert {f.vantage for f in merged.findings} == {"default", "b"}
+    assert {f.vantage for f in merged.findings if f.rule != "VP011"} == {"default", "b"}
     assert merged.exit_code() == 1
 
 

@@ -1,0 +1,107 @@
+"""``vllm-perimeter verify``: the closed loop for CI on your own inventory and policy, and
+``--mutate``, the prober's own sensitivity (thin: parse, wire, render, exit)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from scanner import verify
+from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
+from scanner.output import write_text
+from scanner.plan import inputs
+from scanner.probe.interface import SEVERITIES, ProbeOptions, Severity
+from scanner.report import mutation as render_mutation
+from scanner.report.probe_writers import FORMATS, render
+from scanner.runtime.proxy import PROXIES, get
+
+TEXT_FORMATS = ("table", "markdown")
+
+
+@click.command("verify")
+@click.option("--inventory", "inventory", required=True, metavar="FILE|CATALOG",
+              help="Inventory JSON from `inventory ...`, or a bundled catalog name.")
+@click.option("--policy", "policy", default=None, metavar="FILE",
+              help="Policy YAML (default: the bundled vllm-default policy).")
+@click.option("--proxy", "proxies", multiple=True, type=click.Choice(PROXIES),
+              help="Proxy to generate, run and probe (repeatable; default: nginx).")
+@click.option("--keys-per-role", type=click.IntRange(1, 8), default=2, show_default=True,
+              help="Throwaway keys per role: each is its own limiter bucket, so more keys run "
+                   "the rate-limited cases in parallel.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--timeout", type=click.FloatRange(0.1), default=15.0, show_default=True,
+              help="Seconds per request.")
+@click.option("--max-time", type=click.FloatRange(1), default=300.0, show_default=True,
+              help="Seconds per probe run; then partial results and exit 3.")
+@click.option("--mutate", is_flag=True,
+              help="Also run every mutation operator against the proxy: each weakened config must be "
+                   "caught; exit 1 when one survives.")
+@click.option("--operator", "only", multiple=True, metavar="ID",
+              help="With --mutate: run only these operators (e.g. nginx.rate-limit-removed).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the report to FILE (with several proxies: FILE.<proxy>.<ext> each).")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default="low", show_default=True,
+              help="Exit 1 when a finding is at least this severe.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
+            concurrency: int, timeout: float, max_time: float, mutate: bool, only: tuple[str, ...],
+            fmt: str, output: str | None, fail_on: Severity, quiet: bool) -> int:
+    """Generate, validate, run and probe the proxy for your inventory and policy, on loopback.
+
+    \b
+    For each --proxy: throwaway keys per role replace the policy's principals; each policy
+    network becomes a loopback address of its own (and one vantage is outside them all);
+    the stand-in serves the inventory behind its upstream witness; the generated config is
+    checked with `nginx -t` / `envoy --mode validate`, started, and probed with every check,
+    state-changing requests included (the stand-in has no state). Everything is cleaned up.
+
+    \b
+    Exit: 0 clean, 1 findings at or above --fail-on (or a mutant survived), 2 usage error,
+    3 a proxy rejected its config, a run was cut short, or an internal error.
+
+    \b
+    Examples:
+      vllm-perimeter verify --inventory inv.json --policy policy.yaml --proxy nginx --proxy envoy
+      vllm-perimeter verify --inventory vllm-0.29.0-default --mutate --format json -o verify.json
+    """
+    names = proxies or ("nginx",)
+    runtimes = [get(n) for n in names]
+    inv = inputs.load_inventory(inventory)
+    pol = inputs.load_policy(policy)
+    if len(names) > 1 and output is None and fmt not in TEXT_FORMATS:
+        raise UsageError(f"--format {fmt} with several proxies needs -o FILE (one report per proxy)")
+    options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time)
+    say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
+    if mutate:
+        baselines, mutants = verify.mutants(inv, pol, runtimes, options, keys_per_role, only, say)
+        runs = baselines
+    else:
+        runs, mutants = verify.run(inv, pol, runtimes, options, keys_per_role, say), []
+    _write_reports(runs, fmt, output)
+    if mutate:
+        click.echo(render_mutation.render(runs, mutants), nl=False)
+    codes = [r.result.exit_code(fail_on) for r in runs]
+    if mutate and any(m.status in ("survived", "invalid") for m in mutants):
+        codes.append(EXIT_FINDINGS)
+    if mutate and any(r.result.findings or r.result.unreachable for r in runs):
+        codes.append(EXIT_UNREACHABLE if any(r.result.unreachable for r in runs) else EXIT_FINDINGS)
+    for r in runs:
+        if r.result.unreachable:
+            click.echo(f"error: {r.proxy}: partial results: {r.result.reason}", err=True)
+    return max(codes, default=EXIT_OK)
+
+
+def _write_reports(runs: list[verify.ProxyRun], fmt: str, output: str | None) -> None:
+    if len(runs) == 1 or (fmt in TEXT_FORMATS and output is None):
+        text = "".join((f"== {r.proxy} ==\n" if len(runs) > 1 else "") + render(r.result, fmt) for r in runs)
+        write_text(output, text)
+        return
+    assert output is not None
+    base = Path(output)
+    for r in runs:
+        write_text(str(base.with_name(f"{base.stem}.{r.proxy}{base.suffix}")), render(r.result, fmt))
+        if sys.stderr.isatty():
+            click.echo(f"wrote {base.with_name(f'{base.stem}.{r.proxy}{base.suffix}')}", err=True)

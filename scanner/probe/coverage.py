@@ -1,0 +1,73 @@
+"""Coverage: what each check established about each subject (a plan decision or limit), and
+the "not proven" finding (VP011) for every subject a check applies to but could not prove."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scanner.probe import findings
+from scanner.probe.interface import Attempt, Coverage, Finding
+
+if TYPE_CHECKING:
+    from scanner.probe.cases import Case
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Something a check applies to: ``key`` names it in coverage and on its cases."""
+
+    key: str
+    method: str = ""
+    path: str = ""
+    applies: bool = True
+    why: str = ""                  # not applicable: why; applies but no case possible: why
+
+
+def na(key: str, why: str, method: str = "", path: str = "") -> Subject:
+    return Subject(key, method, path, applies=False, why=why)
+
+
+def generic(check: str, subjects: Sequence[Subject], results: Sequence[tuple[Case, Attempt]],
+            interrupted: bool = False) -> list[Coverage]:
+    """Per subject: failed if any case failed; not proven if any stayed inconclusive or was
+    skipped, or if none was sent; else proved. Not-applicable subjects say why."""
+    by_subject: dict[str, list[Attempt]] = {}
+    for _c, a in results:
+        by_subject.setdefault(a.subject, []).append(a)
+    out = []
+    for s in subjects:
+        if not s.applies:
+            out.append(Coverage(check, s.key, "not-applicable", s.why))
+            continue
+        out.append(of_attempts(check, s, by_subject.get(s.key, []), interrupted))
+    return out
+
+
+def of_attempts(check: str, s: Subject, attempts: Sequence[Attempt], interrupted: bool = False) -> Coverage:
+    if not attempts:
+        why = s.why or ("not sent: the run was cut short" if interrupted else "no case could be generated")
+        return Coverage(check, s.key, "not-proven", why)
+    n = len(attempts)
+    for status, verdicts in (("failed", ("failed",)), ("not-proven", ("inconclusive", "skipped"))):
+        hit = next((a for a in attempts if a.verdict in verdicts), None)
+        if hit is not None:
+            return Coverage(check, s.key, status, hit.why, n)  # type: ignore[arg-type]
+    return Coverage(check, s.key, "proved", f"{n} attempt{'s' if n != 1 else ''}", n)
+
+
+def not_proven_findings(check: str, subjects: Sequence[Subject], covered: Iterable[Coverage],
+                        results: Sequence[tuple[Case, Attempt]]) -> Iterable[Finding]:
+    """One VP011 finding per subject the check applies to but could not prove."""
+    by_key = {s.key: s for s in subjects}
+    evidence: dict[str, list[Attempt]] = {}
+    for _c, a in results:
+        if a.verdict in ("inconclusive", "skipped"):
+            evidence.setdefault(a.subject, []).append(a)
+    for c in covered:
+        if c.status != "not-proven":
+            continue
+        s = by_key.get(c.subject, Subject(c.subject))
+        yield findings.not_proven(check, s.key, s.method or "*", s.path or "*", c.why,
+                                  evidence.get(s.key, []))

@@ -1,0 +1,136 @@
+"""Pacing: which limiter a case spends, and a schedule that keeps every limiter within what
+the plan allows, so that only the checks about limits ever meet one.
+
+A request spends a token of a rate bucket (and holds a concurrency slot) only when it
+passes the perimeter's network, method, key and role checks: that is the plan's
+decision for the method on the wire, the credential and the source address. Buckets
+are per :attr:`Decision.rate_zone` and principal (``auth: key``) or source address
+(``auth: none``), exactly as both generators key them; each gets a *lane*.
+
+Within a lane, cases are sent through a conservative model of the proxy's bucket:
+half the burst up front, then 95% of the rate (a generic cell rate algorithm). NGINX's
+leaky bucket admits that; Envoy's bucket, filled once per interval, stays above empty as
+long as half the burst covers one interval's worth (true of every default audience). A lane's
+ordinary cases go first (phase 0), then its held-open concurrency cases (phase 1), then
+its rate burst (phase 2, sent unpaced: meeting the limiter is the point). An unexpected
+429 empties the model (the real bucket is empty) and the case is tried again later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from scanner.plan.model import Plan
+from scanner.probe.cases import Case
+from scanner.probe.expect import expect, in_networks
+
+# The share of a bucket the schedule counts on: half the burst, 80% of the rate.
+BURST_SHARE = 0.5
+RATE_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One limiter bucket (or none: ``key`` ""), and the concurrency slots its cases use."""
+
+    key: str = ""
+    rps: float = 0.0               # 0: not rate-limited
+    burst: int = 0
+    slots_key: str = ""            # concurrency family and subject; "" if none
+    slots: int = 0                 # in flight at most (0: unbounded)
+
+
+FREE = Lane()
+
+
+def lane_of(plan: Plan, case: Case, source_address: str | None) -> Lane:
+    """The lane of ``case``: the buckets the request on the wire spends, from the plan."""
+    d = plan.decision(case.send_method, case.path)
+    if d is None or not d.allowed or d.kind == "mount":
+        return FREE
+    if expect(d, case.credential, source_address).denied:
+        return FREE                # refused before any limiter
+    if not d.rate_zone and not d.conn_zone:
+        return FREE
+    subject = case.credential.label if d.auth == "key" else (source_address or case.vantage.name)
+    rate = d.limits.rate
+    return Lane(
+        key=f"{d.rate_zone}|{d.conn_zone}|{subject}",
+        rps=rate.rps if rate else 0.0, burst=rate.burst if rate else 0,
+        slots_key=f"{d.conn_zone}|{subject}" if d.conn_zone else "",
+        slots=d.limits.concurrency or 0,
+    )
+
+
+def outside(source_address: str | None, cidrs: tuple[str, ...]) -> bool:
+    return source_address is not None and not in_networks(source_address, cidrs)
+
+
+@dataclass
+class Gcra:
+    """A generic cell rate algorithm: when may the next request go, for ``rps`` with
+    ``burst`` requests up front. ``rps`` 0: always now."""
+
+    rps: float
+    burst: float
+    tat: float = 0.0               # theoretical arrival time
+
+    @property
+    def interval(self) -> float:
+        return 1.0 / self.rps if self.rps > 0 else 0.0
+
+    def ready_at(self, now: float) -> float:
+        if self.rps <= 0:
+            return now
+        return max(now, self.tat - (max(1.0, self.burst) - 1) * self.interval)
+
+    def take(self, now: float) -> float:
+        at = self.ready_at(now)
+        if self.rps > 0:
+            self.tat = max(self.tat, at) + self.interval
+        return at
+
+    def empty(self, now: float, wait: float) -> None:
+        """The real bucket is empty: nothing before ``now + wait``, then one at a time."""
+        if self.rps > 0:
+            self.tat = now + wait + max(1.0, self.burst) * self.interval
+
+
+@dataclass
+class LaneState:
+    lane: Lane
+    model: Gcra
+    queues: tuple[deque[int], deque[int], deque[int]] = field(
+        default_factory=lambda: (deque(), deque(), deque()))
+    busy: list[int] = field(default_factory=lambda: [0, 0, 0])  # sent, not yet settled, per phase
+
+    def phase(self) -> int | None:
+        """The phase whose next case may go now: a phase starts once every earlier phase has
+        been sent and settled (its retries included)."""
+        for i, q in enumerate(self.queues):
+            if q:
+                return i
+            if self.busy[i]:
+                return None
+        return None
+
+    def pending(self) -> bool:
+        return any(self.queues) or any(self.busy)
+
+
+def paced_model(lane: Lane) -> Gcra:
+    """The schedule's model of ``lane``'s bucket (see the module docstring)."""
+    if lane.rps <= 0:
+        return Gcra(0.0, 0.0)
+    return Gcra(lane.rps * RATE_SHARE, max(1.0, lane.burst * BURST_SHARE))
+
+
+def refill_wait(lane: Lane) -> float:
+    """How long an emptied bucket needs before the model sends again (one fill interval)."""
+    return max(1.0, 1.0 / lane.rps) if lane.rps > 0 else 0.5
+
+
+def now() -> float:
+    return time.monotonic()

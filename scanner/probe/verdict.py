@@ -1,0 +1,48 @@
+"""What one answer proves against the plan's expectation for its case.
+
+* expected **allow**: proved when the upstream answered (anything but its own key guard or
+  a 404); refused by the perimeter for a reason the case accepts (a burst meeting its rate
+  limit) is proved too; throttled otherwise, a proxy 5xx or no answer is *inconclusive*;
+  any other refusal *failed* (the plan's route is blocked).
+* expected **deny**: proved only when the perimeter answered with the status and
+  ``X-Perimeter-Reason`` of one of the case's reasons. A throttled answer, a refusal for
+  another reason, a proxy 5xx or no answer is *inconclusive*: the denial the case is about
+  was never exercised. The upstream answering (whatever it said) *failed*: the perimeter
+  let the request through.
+
+Inconclusive attempts are retried (scanner.probe.pace); what stays inconclusive is
+reported as not proven, never as passed.
+"""
+
+from __future__ import annotations
+
+from scanner import reasons as R
+from scanner.probe.interface import Attempt, Verdict
+
+
+def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdict, str]:
+    """(verdict, why) for one attempt of a case expecting ``expected`` with ``accepted`` reasons."""
+    if a.outcome == "skipped":
+        return "skipped", a.error.removeprefix("skipped: ")
+    if a.status is None:
+        return "inconclusive", f"no answer ({a.error or 'unknown error'})"
+    proxy = a.layer == "proxy"
+    kind, _detail = R.parse(a.reason)
+    if proxy and a.status >= 500:
+        return "inconclusive", f"the proxy failed: {a.status} {a.reason or a.decision or ''}".rstrip()
+    if proxy and a.outcome != "reached":
+        if any(R.proves(r, a.status, a.reason) for r in accepted):
+            return "proved", f"{a.status} {a.reason}"
+        if kind in R.THROTTLE:
+            return "inconclusive", f"throttled ({a.status} {a.reason}) before the case was decided"
+        if expected == "allow":
+            return "failed", f"refused by the perimeter: {a.status} {a.reason or 'no reason given'}"
+        want = " or ".join(accepted) or "a reason"
+        return "inconclusive", (f"refused for another reason ({a.status} {a.reason or 'no reason given'}) "
+                                f"than the one under test ({want})")
+    # the upstream answered
+    if expected == "allow":
+        if a.outcome == "reached":
+            return "proved", f"{a.status} from the upstream"
+        return "failed", f"{a.status} from the upstream ({a.outcome})"
+    return "failed", f"the perimeter let it through: {a.status} from the upstream ({a.outcome})"

@@ -1,0 +1,80 @@
+"""The prober's side of the upstream witness (``scanner/standin/_witness.py``): fetch what
+reached the upstream for this run, and what that changes in each attempt's verdict.
+
+With a witness, every request carries ``vp_probe=<run>-<n>`` in its query. A request the
+plan denies that the witness saw was let through, whatever the answer looked like; an
+allowed request answered by an upstream that has no record of it was sent somewhere else
+or lost its probe id on the way: neither is proven.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import httpx
+
+from scanner.plan.model import (
+    DECISION_HEADER,
+    PRINCIPAL_HEADER,
+    REASON_HEADER,
+    SPOOFABLE_HEADERS,
+    VLLM_REQUEST_HEADERS,
+)
+from scanner.probe.cases import Case
+from scanner.probe.interface import Attempt, Upstream
+from scanner.standin._witness import WITNESS_PATH
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and upgrade requests: never forwarded as the client sent them.
+HOP_BY_HOP: tuple[str, ...] = ("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization",
+                               "TE", "Trailer", "Upgrade", "HTTP2-Settings")
+# A header the prober names in Connection: a proxy must drop it.
+CONNECTION_NAMED = "X-Vp-Hop"
+# Headers whose upstream copy the prober keeps (the rest of what the witness saw is dropped).
+WATCHED: frozenset[str] = frozenset(
+    h.lower() for h in (*SPOOFABLE_HEADERS, *HOP_BY_HOP, *VLLM_REQUEST_HEADERS, CONNECTION_NAMED,
+                        "Authorization", DECISION_HEADER, REASON_HEADER, PRINCIPAL_HEADER))
+
+
+class WitnessError(Exception):
+    """The witness could not be read."""
+
+
+async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False) -> dict[str, Upstream]:
+    """probe id -> what the upstream saw, for the requests whose id starts with ``prefix`` (a
+    run: ``"<run>-"``), or (``exact``) for the one request of that id."""
+    url = base_url.rstrip("/") + WITNESS_PATH
+    async with httpx.AsyncClient(timeout=max(timeout, 10.0), trust_env=False) as client:
+        try:
+            resp = await client.get(url, params={"id" if exact else "prefix": prefix})
+            resp.raise_for_status()
+            records = resp.json()["records"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise WitnessError(f"witness {base_url}: cannot read its records: {exc}") from None
+    out: dict[str, Upstream] = {}
+    for r in records:
+        if prefix and not str(r["id"]).startswith(prefix):
+            continue
+        out[str(r["id"])] = Upstream(
+            method=str(r["method"]), path=str(r["path"]), query=str(r.get("query", "")),
+            headers=tuple((str(k), str(v)) for k, v in r.get("headers", ()) if str(k) in WATCHED),
+            body_bytes=int(r.get("body_bytes", 0)), body_sha256=str(r.get("body_sha256", "")),
+            body=r.get("body"))
+    return out
+
+
+def seen_verdict(case: Case, a: Attempt, seen: Upstream | None) -> Attempt:
+    """``a`` with what the witness saw, and the verdict that follows from it (also for a
+    request that got no answer: what reached the upstream is known all the same)."""
+    if a.outcome == "skipped":
+        return a
+    if seen is not None:
+        a = replace(a, upstream=seen)
+    if case.expected == "deny" and seen is not None:
+        outcome = "reached" if a.layer == "proxy" else a.outcome   # the proxy's answer hid it
+        return replace(a, verdict="failed", outcome=outcome,
+                       why=f"the upstream received it (witness); the answer was {a.status}")
+    if case.expected == "allow" and seen is None and a.layer == "upstream":
+        return replace(a, verdict="failed",
+                       why="answered without the proxy's marker, but the upstream witness has no record "
+                           "of it: the probe id was dropped or another server answered")
+    return a

@@ -1,0 +1,69 @@
+"""Why the perimeter refused a request: the one vocabulary both generators write into
+``X-Perimeter-Reason`` and the prober reads back as proof of a denial.
+
+A reason header value is ``KIND`` or ``KIND:DETAIL`` (``json-cap:max_tokens``,
+``forbidden-field:cache_salt``); every kind has exactly one status. A denial is proven
+only when the status and the kind (and, where the case names one, the field) are the
+ones the plan expects: a 429 where a 413 was expected proves nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Kind = Literal[
+    "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
+    "body-too-large", "json-cap", "forbidden-field", "bad-json", "bad-request", "upgrade", "rate",
+    "concurrency",
+]
+
+# kind -> the status the perimeter answers with
+STATUS: dict[str, int] = {
+    "not-allowlisted": 404,
+    "method-not-allowed": 405,
+    "missing-key": 401,
+    "unknown-key": 401,
+    "role": 403,
+    "network": 403,
+    "body-too-large": 413,
+    "json-cap": 400,
+    "forbidden-field": 400,
+    "bad-json": 400,
+    "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash)
+    "upgrade": 403,              # a protocol upgrade (WebSocket) on a route that is not one
+    "rate": 429,
+    "concurrency": 429,
+}
+KINDS: tuple[str, ...] = tuple(STATUS)
+# Denials that depend on timing and load, not on the request: never proof of another reason.
+THROTTLE: frozenset[str] = frozenset({"rate", "concurrency"})
+
+
+def token(kind: str, detail: str = "") -> str:
+    """The header value for ``kind`` (and a field name or other detail)."""
+    if kind not in STATUS:
+        raise ValueError(f"unknown reason kind {kind!r}")
+    return f"{kind}:{detail}" if detail else kind
+
+
+def parse(value: str) -> tuple[str, str]:
+    """``"json-cap:max_tokens:over-4096"`` -> ``("json-cap", "max_tokens")``; unknown -> ("", "")."""
+    kind, _, rest = value.strip().partition(":")
+    if kind not in STATUS:
+        return "", ""
+    return kind, rest.partition(":")[0]
+
+
+ANY = "*"                      # any refusal but a throttle proves it
+
+
+def proves(expected: str, status: int | None, value: str) -> bool:
+    """Does an answer (status, reason header) prove the expected reason (``KIND[:FIELD]``, or
+    ``*`` for any refusal that is not a throttle)?"""
+    want_kind, _, want_detail = expected.partition(":")
+    kind, detail = parse(value)
+    if expected == ANY:
+        return bool(kind) and kind not in THROTTLE and status == STATUS[kind]
+    if kind != want_kind or status != STATUS.get(kind):
+        return False
+    return not want_detail or detail == want_detail

@@ -1,0 +1,136 @@
+"""The upstream witness: ASGI middleware that records what reached the upstream for each
+probe request, so the prober can see through the proxy.
+
+Standard library only: the real vLLM app is wrapped with it inside vLLM's own Python
+(``scanner/inventory/_worker.py`` loads this file by path), the catalog stand-in in ours.
+
+* A request whose query has ``vp_probe=<id>`` is recorded under that id: method, the
+  raw path as the proxy sent it, the query without the probe's own parameters, every
+  header (credentials only as a fingerprint: ``sha256:`` + 12 hex of the token), and the
+  body's size, sha256 and (JSON objects up to 64 KiB) its text. Requests without an id
+  are recorded too, under ``""``: something reached the upstream that the prober did not
+  send, or sent without its id.
+* ``vp_hold=<ms>`` (at most 30 s) holds the request before the app sees it: the prober's
+  concurrency check keeps requests in flight with it.
+* ``GET /__standin__/witness?prefix=P`` returns the records whose id starts with ``P``
+  (``{"records": [...]}``), ``?id=I`` the one of that id; this path never reaches the app,
+  and no proxy should route it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import urllib.parse
+from typing import Any
+
+WITNESS_PATH = "/__standin__/witness"
+PROBE_PARAM = "vp_probe"
+HOLD_PARAM = "vp_hold"
+MAX_RECORDS = 200_000
+MAX_HOLD_MS = 30_000
+MAX_BODY_TEXT = 65_536
+MAX_BODY = 64 * 1024 * 1024
+# Header values recorded only as a fingerprint.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+
+
+def fingerprint(value: str) -> str:
+    """``sha256:`` + 12 hex of the credential in a header value (``Bearer X`` -> of ``X``)."""
+    scheme, _, rest = value.strip().partition(" ")
+    token = rest.strip() if scheme.lower() in ("bearer", "basic") and rest else value.strip()
+    return "sha256:" + hashlib.sha256(token.encode("latin-1", "replace")).hexdigest()[:12]
+
+
+class Witness:
+    """Wrap an ASGI app: record every HTTP request that reaches it (see the module docstring)."""
+
+    def __init__(self, app: Any, max_records: int = MAX_RECORDS) -> None:
+        self.app = app
+        self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_records)
+        self.by_id: dict[str, dict[str, Any]] = {}   # the newest record per probe id
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") == WITNESS_PATH:
+            await self._serve(scope, send)
+            return
+        query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                       keep_blank_values=True)
+        probe = next((v for k, v in query if k == PROBE_PARAM), "")
+        hold = next((v for k, v in query if k == HOLD_PARAM), "")
+        body, more = await _read_body(receive)
+        record: dict[str, Any] = {
+            "id": probe,
+            "method": scope.get("method", ""),
+            "path": (scope.get("raw_path") or scope.get("path", "").encode()).decode("latin-1"),
+            "query": urllib.parse.urlencode([(k, v) for k, v in query if k not in (PROBE_PARAM, HOLD_PARAM)]),
+            "headers": [[k.decode("latin-1").lower(), _value(k, v)] for k, v in scope.get("headers", [])],
+            "body_bytes": len(body),
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+            "body": _json_text(body),
+        }
+        if len(self.records) == self.records.maxlen:
+            self.by_id.pop(self.records[0]["id"], None)
+        self.records.append(record)
+        if probe:
+            self.by_id[probe] = record
+        if hold.isdigit():
+            await asyncio.sleep(min(int(hold), MAX_HOLD_MS) / 1000)
+        replay = [{"type": "http.request", "body": body, "more_body": more}]
+
+        async def replayed() -> Any:
+            if replay:
+                return replay.pop()
+            return await receive() if more else {"type": "http.disconnect"}
+
+        await self.app(scope, replayed, send)
+
+    async def _serve(self, scope: dict[str, Any], send: Any) -> None:
+        query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        if "id" in query:
+            found = [r for r in (self.by_id.get(query["id"]),) if r is not None]
+        else:
+            prefix = query.get("prefix", "")
+            found = [r for r in list(self.records) if r["id"].startswith(prefix)]
+        payload = json.dumps({"records": found}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _value(name: bytes, value: bytes) -> str:
+    text = value.decode("latin-1")
+    return fingerprint(text) if name.decode("latin-1").lower() in SECRET_HEADERS else text
+
+
+async def _read_body(receive: Any) -> tuple[bytes, bool]:
+    """The whole request body (up to MAX_BODY); True if more was left unread."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+        if size > MAX_BODY:
+            return b"".join(chunks), True
+
+
+def _json_text(body: bytes) -> str | None:
+    if not body or len(body) > MAX_BODY_TEXT or not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        json.loads(body)
+    except ValueError:
+        return None
+    return body.decode("utf-8", "replace")

@@ -1,0 +1,227 @@
+"""``verify``: the closed loop on your own inventory and policy, on loopback.
+
+For each proxy: throwaway keys per role (the policy's principals are replaced), each
+policy network mapped to a loopback address of its own (plus one outside them all), the
+stand-in upstream serving the inventory behind its witness, the generated config checked by
+the proxy's own validator, the proxy started, and the probe run with the witness and state
+changes allowed (the stand-in has no state). Every process and temporary file is gone when
+this returns or raises, Ctrl-C included.
+
+``mutate`` runs the same loop against weakened copies of the generated config
+(:mod:`scanner.mutate`): each must be caught, i.e. leave at least one finding.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from scanner.errors import InternalError, UsageError
+from scanner.inventory.model import Inventory
+from scanner.net import free_port
+from scanner.plan.build import build
+from scanner.plan.model import Plan
+from scanner.policy import keys
+from scanner.policy.model import Listen, Policy, Principal, Upstream
+from scanner.probe import config
+from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
+from scanner.probe.runner import probe
+from scanner.runtime.proxy import Proxy
+from scanner.standin.serve import StandinThread
+
+OUTSIDE = "outside"
+DEFAULT_ROLE = "user"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one verify run probes with: the plan (loopback networks, throwaway principals),
+    the credentials, the vantages."""
+
+    plan: Plan
+    credentials: tuple[Credential, ...]
+    vantages: tuple[Vantage, ...]
+    networks: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class ProxyRun:
+    proxy: str
+    result: ProbeResult
+    seconds: float
+
+
+MutantStatus = Literal["caught", "survived", "invalid", "not-applicable"]
+
+
+@dataclass(frozen=True)
+class MutantRun:
+    proxy: str
+    operator: str
+    title: str
+    status: MutantStatus
+    what: str = ""                 # what the operator changed, or why it could not
+    rules: tuple[str, ...] = ()    # the findings that caught it
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"proxy": self.proxy, "operator": self.operator, "title": self.title, "status": self.status,
+                "what": self.what, "rules": list(self.rules), "seconds": self.seconds}
+
+
+def caught_by(result: ProbeResult) -> tuple[str, ...]:
+    """The rules of what the probe established against a mutant: findings, and subjects it tried
+    and could not prove. Subjects left unsent by an early stop are not evidence."""
+    rules = {f.rule for f in result.findings if f.rule != "VP011"}
+    if any(c.status == "failed" for c in result.coverage):
+        rules.add("failed")
+    if any(c.status == "not-proven" and c.attempts for c in result.coverage):
+        rules.add("VP011")
+    return tuple(sorted(rules))
+
+
+def roles_of(policy: Policy) -> tuple[str, ...]:
+    """Every role a key may have: the audiences' roles and the policy's own principals'."""
+    roles = {r for a in policy.audiences.values() if a.auth == "key" for r in a.roles}
+    roles |= {p.role for p in policy.principals}
+    return tuple(sorted(roles)) or (DEFAULT_ROLE,)
+
+
+def loopback(policy: Policy) -> tuple[dict[str, tuple[str, ...]], tuple[Vantage, ...]]:
+    """Each policy network as one loopback address of its own (127.0.0.10, .11, ...), a vantage
+    there, and one vantage outside every network."""
+    names = sorted(policy.networks)
+    if len(names) > 200:
+        raise UsageError("verify maps each policy network to a loopback address: at most 200 networks")
+    nets: dict[str, tuple[str, ...]] = {n: (f"127.0.0.{10 + i}/32",) for i, n in enumerate(names)}
+    outside = OUTSIDE if OUTSIDE not in nets else f"{OUTSIDE}-all"
+    vantages = tuple(Vantage(n, f"127.0.0.{10 + i}") for i, n in enumerate(names))
+    return nets, (*vantages, Vantage(outside, "127.0.0.250"))
+
+
+def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: int,
+          keys_per_role: int = 1) -> Setup:
+    """The plan and credentials for one run; the keys exist only in memory (and their hashes
+    in ``directory``)."""
+    secrets: dict[str, str] = {}
+    specs: list[str] = []
+    principals: list[Principal] = []
+    for role in roles_of(policy):
+        for i in range(keys_per_role):
+            key = keys.new_key()
+            name = f"verify-{role}-{i + 1}"
+            keys.append_principal(directory / "principals.yaml", name, role, key)
+            principals.append(Principal(name, role, keys.key_sha256(key)))
+            var = f"VERIFY_KEY_{len(specs)}"
+            secrets[var] = key
+            specs.append(f"{role}=env:{var}")
+    nets, vantages = loopback(policy)
+    local = replace(policy, principals=tuple(principals),
+                    listen=Listen("127.0.0.1", free_port()), upstream=Upstream("127.0.0.1", upstream_port))
+    return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets)
+
+
+@contextmanager
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="vllm-perimeter-verify-") as tmp:
+        yield Path(tmp)
+
+
+def probe_options(base: ProbeOptions, witness: str) -> ProbeOptions:
+    """The stand-in has no state to change and records what reaches it."""
+    return replace(base, allow_state_changes=True, witness=witness)
+
+
+def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:
+    """Validate the written config with the proxy itself, then start it (both or an error)."""
+    problem = proxy.validate(plan, directory)
+    if problem:
+        raise InternalError(f"{proxy.name} rejected the generated config: {problem}")
+    stack.enter_context(proxy.start(plan, directory))
+
+
+def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, witness: str) -> ProxyRun:
+    """Validate and start the config written under ``directory``, probe it, stop it."""
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        start_checked(proxy, s.plan, directory, stack)
+        res = probe(s.plan, Target(f"http://127.0.0.1:{s.plan.listen.port}"), s.credentials, s.vantages,
+                    probe_options(options, witness))
+    return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
+
+
+def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
+        keys_per_role: int = 1, say: Callable[[str], None] = lambda _m: None) -> list[ProxyRun]:
+    """The closed loop for each proxy; one probe result per proxy."""
+    out = []
+    with workdir() as work:
+        upstream_port = free_port()
+        s = setup(inventory, policy, work, upstream_port, keys_per_role)
+        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
+            for proxy in proxies:
+                directory = work / proxy.name
+                proxy.write(s.plan, directory)
+                say(f"{proxy.name}: probing {len(s.plan.decisions)} decisions from {len(s.vantages)} "
+                    f"vantages through 127.0.0.1:{s.plan.listen.port}")
+                out.append(proxy_run(s, proxy, directory, options, standin.url))
+    return out
+
+
+def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
+            keys_per_role: int = 1, only: Sequence[str] = (),
+            say: Callable[[str], None] = lambda _m: None) -> tuple[list[ProxyRun], list[MutantRun]]:
+    """The unmutated run per proxy, then one run per mutation operator (scanner.mutate), each
+    on a freshly generated config with one weakening; a mutant is caught when the probe finds
+    anything. A proxy whose unmutated run is not clean gets no mutants: nothing to compare to."""
+    from scanner import mutate
+
+    baselines: list[ProxyRun] = []
+    out: list[MutantRun] = []
+    fast = replace(options, stop_on_failure=True)    # a mutant is caught by one failure
+    with workdir() as work:
+        upstream_port = free_port()
+        s = setup(inventory, policy, work, upstream_port, keys_per_role)
+        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
+            for proxy in proxies:
+                directory = work / proxy.name
+                proxy.write(s.plan, directory)
+                base = proxy_run(s, proxy, directory, options, standin.url)
+                baselines.append(base)
+                if base.result.findings or base.result.unreachable:
+                    say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.findings)} "
+                        "findings): no mutation run")
+                    continue
+                for op in mutate.operators(proxy.kind):
+                    if only and op.id not in only and op.id.partition(".")[2] not in only:
+                        continue
+                    out.append(mutant(s, proxy, op, work / f"{proxy.name}-{op.id}", fast, standin.url))
+                    say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
+    return baselines, out
+
+
+def mutant(s: Setup, proxy: Proxy, op: Any, directory: Path, options: ProbeOptions,
+           witness: str) -> MutantRun:
+    """One mutation operator against ``proxy``: a fresh config, the weakening, the proxy's own
+    validator, the proxy started and probed (stopping at the first failure)."""
+    from scanner import mutate
+
+    files = proxy.write(s.plan, directory)
+    try:
+        what = op.apply(files, s.plan)
+    except mutate.NotApplicable as exc:
+        return MutantRun(proxy.name, op.id, op.title, "not-applicable", str(exc))
+    problem = proxy.validate(s.plan, directory)
+    if problem:
+        return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {problem}")
+    try:
+        run_ = proxy_run(s, proxy, directory, options, witness)
+    except InternalError as exc:
+        return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {exc}")
+    rules = caught_by(run_.result)
+    return MutantRun(proxy.name, op.id, op.title, "caught" if rules else "survived", what, rules,
+                     run_.seconds)

@@ -1,0 +1,80 @@
+"""``verify``: the closed loop on the stand-in, and the mutation score on every proxy (100%)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from scanner import mutate, verify
+from scanner.cli.main import cli
+from scanner.inventory.catalog import load_ref
+from scanner.plan.inputs import load_policy
+from scanner.probe.interface import ProbeOptions
+from scanner.runtime.proxy import get
+
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
+PROXIES = ("nginx", "nginx-debian", "envoy")
+
+
+def _proxy(name: str):  # type: ignore[no-untyped-def]
+    from scanner.errors import UsageError
+
+    try:
+        return get(name)
+    except UsageError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"{name} is not installed")
+
+
+def test_every_proxy_kind_has_at_least_15_operators() -> None:
+    for kind in ("nginx", "envoy"):
+        assert len(mutate.operators(kind)) >= 15, kind
+
+
+@pytest.mark.parametrize("name", PROXIES)
+def test_mutation_score_is_100_percent(name: str) -> None:
+    proxy = _proxy(name)
+    runs, mutants = verify.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
+                                   keys_per_role=2)
+    base = runs[0].result
+    assert not base.findings and not base.unreachable, [f.title for f in base.findings] or base.reason
+    applicable = [m for m in mutants if m.status != "not-applicable"]
+    assert len(applicable) >= 15
+    survivors = [(m.operator, m.status, m.what) for m in applicable if m.status != "caught"]
+    assert not survivors, survivors
+    # each was caught by what it weakened, not only by something it left unproven
+    assert all(set(m.rules) - {"VP011"} for m in applicable if "lua-disabled" not in m.operator), \
+        [(m.operator, m.rules) for m in applicable]
+
+
+def test_verify_cli_json_report_and_exit_0(tmp_path: Path) -> None:
+    out = tmp_path / "verify.json"
+    res = CliRunner().invoke(cli, ["verify", "--inventory", "vllm-0.29.0-default", "--proxy", "nginx",
+                                   "--format", "json", "-o", str(out), "-q"], standalone_mode=False)
+    assert res.exception is None, res.output
+    assert res.return_value == 0
+    doc = json.loads(out.read_text())
+    assert doc["findings"] == [] and doc["coverage"]
+    statuses = {c["status"] for c in doc["coverage"]}
+    assert statuses <= {"proved", "not-applicable"} and "proved" in statuses
+    assert doc["summary"]["coverage"]["concurrency"]["proved"] >= 1   # the witness held requests open
+    assert "vp_" not in out.read_text().replace("vp_probe", "").replace("vp_hold", "")  # no key value
+
+
+def test_verify_cli_several_proxies_need_an_output_file_for_machine_formats() -> None:
+    res = CliRunner().invoke(cli, ["verify", "--inventory", "vllm-0.29.0-default", "--proxy", "nginx",
+                                   "--proxy", "envoy", "--format", "json"], standalone_mode=False)
+    assert res.exception is not None and "needs -o FILE" in str(res.exception)
+
+
+def test_loopback_vantages_one_per_network_and_one_outside() -> None:
+    nets, vantages = verify.loopback(load_policy(None))
+    assert set(nets) == {"public", "monitoring", "admin"}
+    assert [v.name for v in vantages] == ["admin", "monitoring", "public", "outside"]
+    assert all(n[0].endswith("/32") for n in nets.values())
+    assert len({v.address for v in vantages}) == 4
