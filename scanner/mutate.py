@@ -603,6 +603,7 @@ def _e_upgrade(env: _Envoy, plan: Plan) -> str:
     d = plain_get(plan)
     r = env.allowed(d)
     r["route"]["upgrade_configs"] = [{"upgrade_type": "websocket", "enabled": True}]
+    env.hcm.setdefault("upgrade_configs", [{"upgrade_type": "websocket", "enabled": False}])
     env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["upgrade"] = true, ["connection"] = true, '
                               '["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ', 1)
     return f"{d.method} {d.path}"

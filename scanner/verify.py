@@ -182,7 +182,8 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
 
     baselines: list[ProxyRun] = []
     out: list[MutantRun] = []
-    fast = replace(options, stop_on_failure=True)    # a mutant is caught by one failure
+    # a mutant is caught by one failure; an unanswered request is not tried a third time
+    fast = replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2))
     with workdir() as work:
         upstream_port = free_port()
         s = setup(inventory, policy, work, upstream_port, keys_per_role)

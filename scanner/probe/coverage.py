@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scanner.probe import findings
-from scanner.probe.interface import Attempt, Coverage, Finding
+from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Finding
 
 if TYPE_CHECKING:
     from scanner.probe.cases import Case
@@ -39,7 +39,7 @@ def generic(check: str, subjects: Sequence[Subject], results: Sequence[tuple[Cas
     out = []
     for s in subjects:
         if not s.applies:
-            out.append(Coverage(check, s.key, "not-applicable", s.why))
+            out.append(Coverage(check, s.key, "not-applicable", s.why, 0, s.method, s.path))
             continue
         out.append(of_attempts(check, s, by_subject.get(s.key, []), interrupted))
     return out
@@ -48,13 +48,22 @@ def generic(check: str, subjects: Sequence[Subject], results: Sequence[tuple[Cas
 def of_attempts(check: str, s: Subject, attempts: Sequence[Attempt], interrupted: bool = False) -> Coverage:
     if not attempts:
         why = s.why or ("not sent: the run was cut short" if interrupted else "no case could be generated")
-        return Coverage(check, s.key, "not-proven", why)
+        return Coverage(check, s.key, "not-proven", why, 0, s.method, s.path)
+    return status_of(check, s, *judged(attempts))
+
+
+def judged(attempts: Sequence[Attempt]) -> tuple[CoverageStatus, str, int]:
+    """Failed if any attempt failed; not proven if any stayed inconclusive or was skipped."""
     n = len(attempts)
     for status, verdicts in (("failed", ("failed",)), ("not-proven", ("inconclusive", "skipped"))):
         hit = next((a for a in attempts if a.verdict in verdicts), None)
         if hit is not None:
-            return Coverage(check, s.key, status, hit.why, n)  # type: ignore[arg-type]
-    return Coverage(check, s.key, "proved", f"{n} attempt{'s' if n != 1 else ''}", n)
+            return status, hit.why, n  # type: ignore[return-value]
+    return "proved", f"{n} attempt{'s' if n != 1 else ''}", n
+
+
+def status_of(check: str, s: Subject, status: CoverageStatus, why: str, n: int) -> Coverage:
+    return Coverage(check, s.key, status, why, n, s.method, s.path)
 
 
 def not_proven_findings(check: str, subjects: Sequence[Subject], covered: Iterable[Coverage],

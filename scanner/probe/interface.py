@@ -224,15 +224,18 @@ class Coverage:
     status: CoverageStatus
     why: str = ""                  # for not-proven and not-applicable: why; else a short summary
     attempts: int = 0
+    method: str = ""               # the decision's method and path ("*" for several)
+    path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.check, "subject": self.subject, "status": self.status, "why": self.why,
-                "attempts": self.attempts}
+                "attempts": self.attempts, "method": self.method, "path": self.path}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Coverage:
         return Coverage(check=d["check"], subject=d["subject"], status=d["status"], why=d.get("why", ""),
-                        attempts=int(d.get("attempts", 0)))
+                        attempts=int(d.get("attempts", 0)), method=d.get("method", ""),
+                        path=d.get("path", ""))
 
 
 @dataclass(frozen=True)

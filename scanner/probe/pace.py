@@ -45,16 +45,18 @@ class Lane:
 FREE = Lane()
 
 
-def lane_of(plan: Plan, case: Case, source_address: str | None) -> Lane:
-    """The lane of ``case``: the buckets the request on the wire spends, from the plan."""
+def lane_of(plan: Plan, case: Case, source_address: str | None, passes: bool = False) -> Lane:
+    """The lane of ``case``: the buckets the request on the wire spends, from the plan (with
+    ``passes``: as if the network, key and role checks let it through)."""
     d = plan.decision(case.send_method, case.path)
     if d is None or not d.allowed or d.kind == "mount":
         return FREE
-    if expect(d, case.credential, source_address).denied:
+    if not passes and expect(d, case.credential, source_address).denied:
         return FREE                # refused before any limiter
     if not d.rate_zone and not d.conn_zone:
         return FREE
-    subject = case.credential.label if d.auth == "key" else (source_address or case.vantage.name)
+    subject = case.credential.label if d.auth == "key" and case.credential.kind == "role" \
+        else (source_address or case.vantage.name)
     rate = d.limits.rate
     return Lane(
         key=f"{d.rate_zone}|{d.conn_zone}|{subject}",

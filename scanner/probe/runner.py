@@ -100,9 +100,7 @@ class _Schedule:
         self.budget = max(50, len(cases) // 5)
         for i, case in enumerate(cases):
             lane = FREE if case.skip else lane_of(ctx.plan, case, ctx.source_address(case.vantage))
-            st = self.lanes.get(lane.key)
-            if st is None:
-                st = self.lanes[lane.key] = LaneState(lane, paced_model(lane))
+            st = self._lane(lane)
             st.queues[case.phase].append(i)
             self.lane_key.append(lane.key)
         free = self.lanes.get("")
@@ -170,12 +168,24 @@ class _Schedule:
         self.budget -= 1
         kind, _ = R.parse(attempt.reason)
         if kind in R.THROTTLE and attempt.layer == "proxy":
+            if not st.lane.key:
+                # throttled though the plan says it is refused before any limiter: the perimeter
+                # let it get that far, so it spends that limiter's tokens: pace it there
+                st = self._lane(lane_of(self.ctx.plan, case, self.ctx.source_address(case.vantage),
+                                        passes=True))
+                self.lane_key[i] = st.lane.key
             st.model.empty(now, refill_wait(st.lane))
-            self.not_before[i] = now + (refill_wait(st.lane) if st.lane is FREE or not st.lane.key else 0.0)
+            self.not_before[i] = now + (refill_wait(st.lane) if not st.lane.key else 0.0)
         else:
             self.not_before[i] = now + RETRY_DELAY
         st.queues[0].append(i)
         return True
+
+    def _lane(self, lane: Lane) -> LaneState:
+        st = self.lanes.get(lane.key)
+        if st is None:
+            st = self.lanes[lane.key] = LaneState(lane, paced_model(lane))
+        return st
 
 
 class _Run:

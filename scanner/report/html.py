@@ -17,7 +17,7 @@ import jinja2
 
 from scanner import __version__, resources
 from scanner.inventory.diff import InventoryDiff
-from scanner.probe.interface import Attempt, ProbeResult
+from scanner.probe.interface import COVERAGE_STATUSES, Attempt, ProbeResult
 
 if TYPE_CHECKING:
     from scanner.audit.model import AuditReport
@@ -96,7 +96,7 @@ def _environment() -> jinja2.Environment:
 
 def _probe_context(result: ProbeResult) -> dict[str, Any]:
     return {"probe": result, "matrix": matrix(result), "legend": LEGEND, "counts": result.counts(),
-            "credentials": result.credentials}
+            "credentials": result.credentials, "coverage_statuses": COVERAGE_STATUSES}
 
 
 def _render(context: dict[str, Any]) -> str:

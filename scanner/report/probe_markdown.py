@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scanner.probe.interface import ProbeResult
+from scanner.probe.interface import COVERAGE_STATUSES, ProbeResult
 
 
 def _cell(text: str) -> str:
@@ -35,4 +35,20 @@ def render(result: ProbeResult) -> str:
                       f"{e.status or 'no answer'} ({e.layer}, {e.outcome}){' - ' + e.note if e.note else ''}"
                       for e in f.evidence]
             lines.append("")
+    lines += coverage(result)
     return "\n".join(lines) + "\n"
+
+
+def coverage(result: ProbeResult) -> list[str]:
+    """The coverage table per check, then every subject not proven or not applicable, with why."""
+    if not result.coverage:
+        return []
+    lines = ["", "## Coverage", "", "| check | " + " | ".join(COVERAGE_STATUSES) + " |",
+             "|---" * (len(COVERAGE_STATUSES) + 1) + "|"]
+    for check, row in result.coverage_counts().items():
+        lines.append(f"| {check} | " + " | ".join(str(row[s]) for s in COVERAGE_STATUSES) + " |")
+    gaps = [c for c in result.coverage if c.status in ("not-proven", "not-applicable", "failed")]
+    if gaps:
+        lines += ["", "| check | subject | status | why |", "|---|---|---|---|"]
+        lines += [f"| {c.check} | {_cell(c.subject)} | {c.status} | {_cell(c.why)} |" for c in gaps]
+    return lines

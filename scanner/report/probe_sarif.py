@@ -40,6 +40,13 @@ def _result(f: Finding, target: str, index: dict[str, int]) -> dict[str, Any]:
     }
 
 
+def _not_applicable(result: ProbeResult) -> list[dict[str, Any]]:
+    """What a check did not apply to, and why (not proven subjects are VP011 results)."""
+    return [{"level": "note", "descriptor": {"id": f"coverage/{c.check}"},
+             "message": {"text": f"{c.check}: not applicable to {c.subject}: {c.why}"}}
+            for c in result.coverage if c.status == "not-applicable"]
+
+
 def render(result: ProbeResult) -> str:
     rule_ids = sorted({f.rule for f in result.findings} | set(RULES))
     index = {r: i for i, r in enumerate(rule_ids)}
@@ -51,9 +58,10 @@ def render(result: ProbeResult) -> str:
                                 "informationUri": "https://github.com/vllm-perimeter/vllm-perimeter",
                                 "rules": [_rule(r) for r in rule_ids]}},
             "invocations": [{"executionSuccessful": not result.unreachable,
-                             **({"exitCodeDescription": result.reason} if result.reason else {})}],
+                             **({"exitCodeDescription": result.reason} if result.reason else {}),
+                             "toolExecutionNotifications": _not_applicable(result)}],
             "properties": {"target": result.target, "planDigest": result.plan_digest,
-                           "attempts": len(result.attempts)},
+                           "attempts": len(result.attempts), "coverage": result.coverage_counts()},
             "results": [_result(f, result.target, index) for f in result.findings],
         }],
     }

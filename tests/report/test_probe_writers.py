@@ -71,3 +71,32 @@ def test_no_key_value_in_any_output(open_result: ProbeResult) -> None:
             for key in (h.USER_KEY, h.OPER_KEY, "vp_wrong"):
                 assert key not in text, (fmt, key)
         assert any(fp for _l, fp in res.credentials)  # fingerprints are shown instead
+
+
+def test_coverage_in_every_writer(open_result: ProbeResult) -> None:
+    # a single default vantage cannot reach /pause's admin network: not proven, and said so
+    res = h.run(h.perimeter(h.plan()), "user", "operator")
+    gaps = [c for c in res.coverage if c.status == "not-proven"]
+    skipped = [c for c in res.coverage if c.status == "not-applicable"]
+    assert gaps and skipped
+    doc = json.loads(render(res, "json"))
+    assert doc["summary"]["coverage"]["matrix"]["proved"] > 0
+    assert {c["subject"] for c in doc["coverage"]} >= {gaps[0].subject, skipped[0].subject}
+    assert result_doc.from_dict(doc).coverage == res.coverage
+    table = render(res, "table")
+    assert "coverage" in table and all(check in table for check in res.coverage_counts())
+    md = render(res, "markdown")
+    assert "## Coverage" in md and gaps[0].subject in md and gaps[0].why[:30] in md
+    junit = ET.fromstring(render(res, "junit"))
+    cases = {c.get("name"): c for c in junit.iter("testcase")}
+    assert cases[gaps[0].subject].find("failure") is not None
+    assert cases[skipped[0].subject].find("skipped") is not None
+    assert int(junit.get("skipped", "0")) == len(skipped)
+    assert int(junit.get("failures", "0")) == len(gaps) + sum(c.status == "failed" for c in res.coverage)
+    sarif = json.loads(render(res, "sarif"))
+    run = sarif["runs"][0]
+    assert any(r["ruleId"] == "VP011" for r in run["results"])
+    notes = run["invocations"][0]["toolExecutionNotifications"]
+    assert len(notes) == len(skipped) and skipped[0].why in notes[0]["message"]["text"]
+    html = render(res, "html")
+    assert "<h2>Coverage</h2>" in html and gaps[0].subject in html

@@ -16,7 +16,7 @@ from scanner.probe import safe
 from scanner.probe.cases import Case, concrete, with_query
 from scanner.probe.coverage import Subject, na
 from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Vantage
+from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credential, Finding, Vantage
 from scanner.probe.pace import RATE_SHARE
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
@@ -283,10 +283,9 @@ class RateBurst(BaseCheck):
             if not attempts:
                 yield cov.of_attempts(self.id, s, [], interrupted)
                 continue
-            status, why, n = self._assess(ctx, attempts)
-            yield Coverage(self.id, s.key, status, why, n)  # type: ignore[arg-type]
+            yield cov.status_of(self.id, s, *self._assess(ctx, attempts))
 
-    def _assess(self, ctx: CheckContext, attempts: list[Attempt]) -> tuple[str, str, int]:
+    def _assess(self, ctx: CheckContext, attempts: list[Attempt]) -> tuple[CoverageStatus, str, int]:
         answered = [a for a in attempts if a.status is not None]
         d = ctx.decision(attempts[0].method, attempts[0].path)
         rate = d.limits.rate if d else None
@@ -389,10 +388,9 @@ class Concurrency(BaseCheck):
             if not s.applies or not attempts:
                 yield from cov.generic(self.id, [s], [], interrupted)
                 continue
-            status, why, n = self._assess(attempts)
-            yield Coverage(self.id, s.key, status, why, n)  # type: ignore[arg-type]
+            yield cov.status_of(self.id, s, *self._assess(attempts))
 
-    def _assess(self, attempts: list[Attempt]) -> tuple[str, str, int]:
+    def _assess(self, attempts: list[Attempt]) -> tuple[CoverageStatus, str, int]:
         n = len(attempts)
         limited = [a for a in attempts if R.proves("concurrency", a.status, a.reason)]
         if limited:

@@ -49,7 +49,8 @@ HOSTILE: tuple[tuple[str, str], ...] = (
     ("X-HTTP-Method", "PROBE"), ("X-Method-Override", "PROBE"),
     (PRINCIPAL_HEADER, "probe-mallory"), (DECISION_HEADER, "allow-probe"), (REASON_HEADER, "probe"),
     ("Proxy-Authorization", "Bearer vp-probe-proxy-credential"), ("Proxy-Connection", "vp-probe"),
-    ("TE", "vp-probe"), ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"), (CONNECTION_NAMED, "vp-probe"), ("Connection", f"close, {CONNECTION_NAMED}"),
+    ("TE", "vp-probe"), ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"), (CONNECTION_NAMED, "vp-probe"),
+    ("Connection", f"close, {CONNECTION_NAMED}"),
     *((name, f"vp-probe-{i}") for i, name in enumerate(VLLM_REQUEST_HEADERS)),
 )
 # Client-chosen values a trusted proxy may legitimately pass on (X-Forwarded-* from trusted peers).
