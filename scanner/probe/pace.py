@@ -49,7 +49,7 @@ def lane_of(plan: Plan, case: Case, source_address: str | None, passes: bool = F
     """The lane of ``case``: the buckets the request on the wire spends, from the plan (with
     ``passes``: as if the network, key and role checks let it through)."""
     d = plan.decision(case.send_method, case.path)
-    if d is None or not d.allowed or d.kind == "mount":
+    if d is None or not d.allowed or d.kind == "mount" or (case.before_limits and not passes):
         return FREE
     if not passes and expect(d, case.credential, source_address).denied:
         return FREE                # refused before any limiter

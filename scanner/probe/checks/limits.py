@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from scanner import reasons as R
@@ -132,8 +133,11 @@ class Limits(BaseCheck):
             over = padded_json(limit + 1, out.base)
             for chunked in (False, True):
                 how = "chunked" if chunked else "Content-Length"
-                yield out.case("body-size", "deny", ("body-too-large",), over,
-                               f"body {limit + 1} bytes > body_bytes {limit} ({how})", chunked)
+                case = out.case("body-size", "deny", ("body-too-large",), over,
+                                f"body {limit + 1} bytes > body_bytes {limit} ({how})", chunked)
+                # a declared length over the limit is refused on the request head (NGINX before
+                # its limiters, Envoy's Lua before its rate filter); a chunked body only once read
+                yield replace(case, before_limits=not chunked)
         if caps or limit is not None:
             size = limit if limit is not None and limit <= ctx.options.max_body_bytes else 0
             fields = {**out.base, **caps}
@@ -308,8 +312,6 @@ class RateBurst(BaseCheck):
 
 
 def _phase(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0) -> Case:
-    from dataclasses import replace
-
     return replace(case, phase=phase, expected="allow", reasons=reasons, burst=burst,  # type: ignore[arg-type]
                    hold_ms=hold_ms)
 
@@ -364,9 +366,10 @@ class Concurrency(BaseCheck):
                 continue
             n = 2 * d.limits.concurrency + 2
             hold = hold_seconds(ctx, d, n)
-            cell = ctx.allowed_cell(d)
-            if hold > MAX_HOLD_S or cell is None:
+            cells = ctx.allowed_cells(d)
+            if hold > MAX_HOLD_S or not cells:
                 continue
+            cell = cells[-1]   # another principal than the rate burst's, when there are several: in parallel
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit",
                                 subject=f"{self.id} {zone}",

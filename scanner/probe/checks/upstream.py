@@ -135,11 +135,13 @@ class Upstream(BaseCheck):
                               why="" if ctx.allowed_cell(d) else "no credential and vantage it admits")
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        turn = 0
         for d, key, sent in self._routes(ctx):
-            cell = ctx.allowed_cell(d)
-            if not sent or cell is None:
+            cells = ctx.allowed_cells(d)
+            if not sent or not cells:
                 continue
-            cred, vantage = cell
+            cred, vantage = cells[turn % len(cells)]   # several principals: their limiters in parallel
+            turn += 1
             real = concrete(d.path)
             if not ctx.witness:
                 yield ctx.case(self.id, d.method, d.path, cred, vantage, "declared", subject=key,
