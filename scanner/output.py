@@ -7,7 +7,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rich.console import Console
+
 from scanner.errors import UsageError
+
+
+def text_console(file: object, width: int) -> Console:
+    """A plain-text console for reports: data is shown as it is (no markup, no emoji codes:
+    a zone ``inference:key:10/20`` must not turn into a key emoji, a path ``[x]`` into a style)."""
+    return Console(file=file, width=width, force_terminal=False, color_system=None,  # type: ignore[arg-type]
+                   markup=False, emoji=False, highlight=False)
 
 
 def write_text(path: str | Path | None, text: str, mode: int = 0o644) -> None:

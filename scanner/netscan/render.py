@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 
 from scanner import canonical
 from scanner.netscan.model import ScanResult
 from scanner.netscan.ports import known
+from scanner.output import text_console
 
 
 def render(result: ScanResult, fmt: str) -> str:
@@ -18,7 +18,7 @@ def render(result: ScanResult, fmt: str) -> str:
 
 def to_table(result: ScanResult, width: int = 140) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     v = result.vantage
     console.print(f"netscan {result.host} ({result.address}) from {v.label} "
                   f"[networks: {', '.join(v.networks) or '-'}], policy {result.policy}", markup=False)

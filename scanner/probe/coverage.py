@@ -68,15 +68,20 @@ def status_of(check: str, s: Subject, status: CoverageStatus, why: str, n: int) 
 
 def not_proven_findings(check: str, subjects: Sequence[Subject], covered: Iterable[Coverage],
                         results: Sequence[tuple[Case, Attempt]]) -> Iterable[Finding]:
-    """One VP011 finding per subject the check applies to but could not prove."""
-    by_key = {s.key: s for s in subjects}
+    """One VP011 finding per cause: the subjects the check applies to but could not prove, for
+    the same reason (each subject is in the coverage)."""
     evidence: dict[str, list[Attempt]] = {}
     for _c, a in results:
         if a.verdict in ("inconclusive", "skipped"):
             evidence.setdefault(a.subject, []).append(a)
+    by_why: dict[str, list[Coverage]] = {}
     for c in covered:
-        if c.status != "not-proven":
-            continue
-        s = by_key.get(c.subject, Subject(c.subject))
-        yield findings.not_proven(check, s.key, s.method or "*", s.path or "*", c.why,
-                                  evidence.get(s.key, []))
+        if c.status == "not-proven":
+            by_why.setdefault(c.why, []).append(c)
+    for why, group in by_why.items():
+        methods = {c.method for c in group}
+        paths = {c.path for c in group}
+        attempts = [a for c in group for a in evidence.get(c.subject, [])]
+        method = methods.pop() if len(methods) == 1 else "*"
+        path = paths.pop() if len(paths) == 1 else "*"
+        yield findings.not_proven(check, [c.subject for c in group], method, path, why, attempts)

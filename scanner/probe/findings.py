@@ -90,17 +90,22 @@ def make(rule_id: str, attempts: Iterable[Attempt], detail: str, *, severity: Se
     )
 
 
-def not_proven(check: str, subject: str, method: str, path: str, why: str,
+MAX_LISTED = 20
+
+
+def not_proven(check: str, subjects: list[str], method: str, path: str, why: str,
                attempts: list[Attempt]) -> Finding:
-    """VP011: ``check`` applies to ``subject`` but could not prove it."""
+    """VP011: ``check`` applies to ``subjects`` but could not prove them, for one reason."""
     rule = RULES["VP011"]
     vantages = sorted({a.vantage for a in attempts})
     more = f" ({len(attempts)} attempts; {MAX_EVIDENCE} shown)" if len(attempts) > MAX_EVIDENCE else ""
+    title = subjects[0] if len(subjects) == 1 else f"{len(subjects)} subjects"
+    listed = "; ".join(subjects[:MAX_LISTED]) + ("; ..." if len(subjects) > MAX_LISTED else "")
     return Finding(
-        id=finding_id("VP011", method, path, check, subject),
-        rule="VP011", severity=rule.severity, title=f"not proven ({check}): {subject}",
+        id=finding_id("VP011", method, path, check, why if len(subjects) > 1 else subjects[0]),
+        rule="VP011", severity=rule.severity, title=f"not proven ({check}): {title}",
         method=method, path=path, vantage=vantages[0] if len(vantages) == 1 else "*",
-        detail=f"The {check} check applies here but could not prove it: {why}.{more}",
+        detail=f"The {check} check applies here but could not prove it: {why}. Not proven: {listed}.{more}",
         remediation=rule.remediation,
         evidence=tuple(Evidence.of(a) for a in attempts[:MAX_EVIDENCE]), check=check,
     )

@@ -6,11 +6,11 @@ import io
 import json
 from collections.abc import Callable, Sequence
 
-from rich.console import Console
 from rich.table import Table
 
 from scanner.audit.model import AuditReport
 from scanner.inventory.diff import InventoryDiff
+from scanner.output import text_console
 from scanner.report import html
 
 FORMATS: tuple[str, ...] = ("table", "json", "markdown", "html")
@@ -56,7 +56,7 @@ def _table(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]
 
 def to_table(report: AuditReport, width: int = 140) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     for line in _headline(report):
         console.print(line, highlight=False, markup=False)
     if report.routes:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 
 from scanner.demo import DemoResult
+from scanner.output import text_console
 from scanner.probe.interface import COVERAGE_STATUSES, SEVERITIES, ProbeResult
 
 
@@ -23,7 +23,7 @@ def _coverage(res: ProbeResult) -> str:
 
 def render(result: DemoResult, width: int = 110) -> str:
     buf = io.StringIO()
-    out = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    out = text_console(buf, width)
     p = result.proxied
     out.print(f"[1] through the generated NGINX ({result.nginx_build}): {len(p.attempts)} requests "
               f"in {p.elapsed_s:.1f}s from {len(p.vantages)} vantages")

@@ -6,17 +6,17 @@ import io
 import shlex
 from collections.abc import Iterable, Sequence
 
-from rich.console import Console
 from rich.table import Table
 
 from scanner import canonical
 from scanner.inventory.catalog import CatalogEntry, Profile
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
+from scanner.output import text_console
 
 
 def to_table(inv: Inventory, width: int = 120) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     title = f"{len(inv.routes)} routes from {inv.source.kind} {inv.source.target}".strip()
     table = Table(title=title, show_lines=False)
     table.add_column("path", overflow="fold")
@@ -76,7 +76,7 @@ def catalog_list(entries: Sequence[CatalogEntry], fmt: str, width: int = 120) ->
             for e in entries
         ])
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     table = Table(title=f"{len(entries)} bundled catalogs", show_lines=False)
     for col in ("name", "vLLM", "routes", "outside guard", "tasks"):
         table.add_column(col, overflow="fold")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 
 from scanner import canonical
 from scanner.inventory.diff import DiffSide, InventoryDiff, PathSurface, RouteChange
+from scanner.output import text_console
 
 _MARK = {"added": "+ added", "removed": "- removed", "changed": "~ changed"}
 
@@ -61,7 +61,7 @@ def _summary(d: InventoryDiff) -> str:
 
 def to_table(d: InventoryDiff, width: int = 120) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     console.print(f"old: {_side(d.old)}\nnew: {_side(d.new)}")
     if d.guard_prefixes_changed:
         console.print(f"NOTE: vLLM's guarded prefixes changed: "

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.table import Table
 
+from scanner.output import text_console
 from scanner.verify import MutantRun, ProxyRun
 
 
@@ -19,7 +19,7 @@ def score(mutants: Sequence[MutantRun], proxy: str) -> tuple[int, int]:
 
 def render(runs: Sequence[ProxyRun], mutants: Sequence[MutantRun], width: int = 140) -> str:
     buf = io.StringIO()
-    out = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    out = text_console(buf, width)
     for run in runs:
         caught, total = score(mutants, run.proxy)
         clean = not run.result.findings and not run.result.unreachable

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 
+from scanner.output import text_console
 from scanner.plan.model import Decision, Plan
 
 
@@ -26,7 +26,7 @@ def _limits(d: Decision) -> str:
 
 def to_table(plan: Plan, width: int = 140) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     table = Table(title=f"plan: policy {plan.policy_name} on vLLM {plan.vllm_version or '?'}")
     for col in ("method", "path", "action", "audience", "auth", "roles", "networks", "limits", "reason"):
         table.add_column(col, overflow="fold")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console
 from rich.table import Table
 
+from scanner.output import text_console
 from scanner.probe.interface import COVERAGE_STATUSES, ProbeResult
 
 
 def render(result: ProbeResult, width: int = 140) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console = text_console(buf, width)
     table = Table(title=f"{len(result.findings)} findings for {result.target}")
     for col in ("severity", "rule", "finding", "vantage", "evidence"):
         table.add_column(col, overflow="fold")
