@@ -17,7 +17,7 @@ from scanner.cli.options import bound_options, credential_options, load_diff, pl
 from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
-from scanner.probe import config, result
+from scanner.probe import config, registry, result
 from scanner.probe.interface import SEVERITIES, Event, ProbeOptions, ProbeResult, Severity, Started, Target
 from scanner.probe.runner import run_probe, summarize
 from scanner.report import html
@@ -68,8 +68,12 @@ def _render_options(func: Any) -> Any:
 @click.option("--client", type=click.Choice(["stream", "httpx"]), default="stream", show_default=True,
               help="HTTP client: verbatim keep-alive streams, or httpx (request variants always "
                    "go over streams: httpx normalises paths).")
-@click.option("--check", "checks", multiple=True, metavar="ID",
-              help="Run only these checks: matrix, bypass, spoof, normalise, mounts, sweep, limits, rate.")
+@click.option("--check", "checks", multiple=True, type=click.Choice(registry.ids()),
+              help="Run only these checks (repeatable; default: all).")
+@click.option("--witness", default=None, metavar="URL",
+              help="Base URL of the upstream witness (the stand-in's own address, not the proxy's): "
+                   "what reached the upstream is then checked too (headers, path, key, bodies, "
+                   "concurrency).")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -78,14 +82,15 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
-            allow_state_changes: bool, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
-            diff_refs: tuple[str, str] | None) -> int:
+            witness: str | None, allow_state_changes: bool, quiet: bool, fmt: str, output: str | None,
+            fail_on: Severity, diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
     options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
                            client="httpx" if client == "httpx" else "stream", max_time=max_time,
-                           allow_state_changes=allow_state_changes, checks=checks)
+                           allow_state_changes=allow_state_changes, checks=checks,
+                           witness=_base_url("--witness", witness) if witness else None)
     events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
     res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs)
@@ -111,9 +116,14 @@ def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity,
 
 
 
+def _base_url(what: str, url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{what} must start with http:// or https:// (got {url!r})")
+    return url.rstrip("/")
+
+
 def _target(base_url: str, ca: str | None, cert: str | None, key: str | None) -> Target:
-    if not base_url.startswith(("http://", "https://")):
-        raise UsageError(f"BASE_URL must start with http:// or https:// (got {base_url!r})")
+    _base_url("BASE_URL", base_url)
     if key and not cert:
         raise UsageError("--client-key needs --client-cert")
     return Target(base_url.rstrip("/"), ca_bundle=ca, client_cert=cert, client_key=key)
