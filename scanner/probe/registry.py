@@ -17,7 +17,7 @@ from scanner.plan.model import Decision, Plan
 from scanner.probe import coverage, safe
 from scanner.probe.cases import Case, Role, concrete, with_query
 from scanner.probe.coverage import Subject
-from scanner.probe.expect import Expectation, expect
+from scanner.probe.expect import Expectation, expect, in_networks
 from scanner.probe.interface import Attempt, Coverage, Credential, Finding, ProbeOptions, Target, Vantage
 
 
@@ -77,6 +77,15 @@ class CheckContext:
     def allowed_cell(self, d: Decision) -> tuple[Credential, Vantage] | None:
         cells = self.allowed_cells(d)
         return cells[0] if cells else None
+
+    def no_cell(self, d: Decision) -> str:
+        """Why no credential and vantage of this run is admitted by ``d`` ("" when one is)."""
+        if self.allowed_cells(d):
+            return ""
+        inside = [v for v in self.vantages if in_networks(self.source_address(v), d.networks)]
+        if not inside:
+            return f"no vantage inside its networks ({', '.join(d.networks)}): add a --vantage there"
+        return f"no --key with a role it admits ({', '.join(d.roles) or 'any principal'})"
 
     def case(self, check: str, method: str, path: str, cred: Credential, vantage: Vantage, role: Role, *,
              subject: str, exp: Expectation | None = None, target: str | None = None, raw: bool = False,

@@ -145,8 +145,15 @@ def test_vantages_are_separate_cells() -> None:
     assert {a.vantage for a in r.attempts} == {"outside", "admin"}
     pause = [a for a in r.attempts if a.request_line.startswith("POST /pause?") and a.credential == "role:operator"]
     assert {a.vantage: a.expected for a in pause} == {"outside": "deny", "admin": "allow"}
-    # only what safe mode could not send (POST /sleep) is left unproven
-    assert [(f.rule, f.title) for f in r.findings] == [("VP011", "not proven (matrix): POST /sleep")]
+    # left unproven: what safe mode could not send (POST /sleep), and the allowed routes no cell
+    # of this run is admitted by (no user key; no vantage in the monitoring network)
+    assert {f.rule for f in r.findings} == {"VP011"}
+    cov = {c.subject: c for c in r.coverage if c.check == "matrix" and c.status == "not-proven"}
+    assert set(cov) == {"POST /sleep", "GET /health", "POST /v1/chat/completions", "GET /v1/models",
+                        "GET /v1/responses/{response_id}"}, set(cov)
+    assert "no vantage inside its networks (10.20.0.0/16)" in cov["GET /health"].why
+    assert "no --key with a role it admits (user)" in cov["GET /v1/models"].why
+    assert r.exit_code("high") == 0
 
 
 def test_expectation_rules() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from scanner import patterns
@@ -15,7 +16,7 @@ from scanner.probe.cases import Case, concrete
 from scanner.probe.coverage import Subject, na
 from scanner.probe.expect import NOT_ALLOWLISTED, Expectation, expect, in_networks, rule_for
 from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Credential, Finding, Severity, Vantage
+from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Severity, Vantage
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.state_changing import is_state_changing
 
@@ -45,6 +46,15 @@ class Matrix(BaseCheck):
             for d in decisions:
                 yield Subject(f"{d.method} {path}", d.method, path)
             yield Subject(f"other methods {path}", "*", path)
+
+    def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
+              interrupted: bool = False) -> Iterable[Coverage]:
+        """An allowed decision is proved only when an allowed cell was too: denials alone say
+        nothing about whether the route works for those it is meant for."""
+        for c in super().cover(ctx, subjects, results, interrupted):
+            d = ctx.decision(c.method, c.path) if c.method != "*" else None
+            why = ctx.no_cell(d) if d is not None and d.allowed and c.status == "proved" else ""
+            yield replace(c, status="not-proven", why=f"never sent as allowed: {why}") if why else c
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         slots = ctx.slots()
