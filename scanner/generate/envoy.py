@@ -62,20 +62,17 @@ part of the bootstrap (pass ``--log-path`` to Envoy).
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
 
 import jinja2
 import yaml
 
 from scanner.errors import GenerateError, InternalError
-from scanner.generate.envoy_model import Model, build_model
+from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
 from scanner.plan.model import Plan
 from scanner.resources import data_dir
 
 MAIN = "envoy.yaml"
-PRINCIPALS = "envoy-principals.tsv"
-ENVOY_EXTRA_OPTIONS = ("admin", "ca_bundle", "config_dir")
 
 
 def yaml_quote(value: object) -> str:
@@ -107,19 +104,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def _keys_file(options: GenerateOptions) -> str:
-    config_dir = options.extra.get("config_dir") or options.runtime_dir
-    if not config_dir.startswith("/"):
-        raise GenerateError(f"envoy generator: config_dir {config_dir!r} must be an absolute path "
-                            "(Lua opens the key-hash file by absolute path)")
-    return str(PurePosixPath(config_dir) / PRINCIPALS)
-
-
 def _check_paths(options: GenerateOptions) -> None:
-    unknown = sorted(set(options.extra) - set(ENVOY_EXTRA_OPTIONS))
-    if unknown:
-        raise GenerateError(f"envoy generator: unknown option(s) {', '.join(unknown)} "
-                            f"(known: {', '.join(ENVOY_EXTRA_OPTIONS)})")
     for what, value in (("access_log", options.access_log), ("runtime_dir", options.runtime_dir)):
         if any(c in value for c in "\n\r\0"):
             raise GenerateError(f"envoy generator: {what} {value!r} holds a control character")
@@ -143,8 +128,7 @@ class EnvoyGenerator:
 
     def render(self, plan: Plan, options: GenerateOptions) -> GeneratedConfig:
         _check_paths(options)
-        model = build_model(plan, access_log=options.access_log, keys_file=_keys_file(options),
-                            extra=options.extra)
+        model = build_model(plan, options)
         main, principals = render_model(model)
         return GeneratedConfig(
             generator=self.name,

@@ -22,13 +22,15 @@ circuit breaker; overflow is mapped to 429.
 from __future__ import annotations
 
 import ipaddress
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from scanner import patterns, reasons
 from scanner.errors import GenerateError
+from scanner.generate.common import EnvoyOptions, retries_allowed, safe_name, timeout_ms, upstream_tls
+from scanner.generate.interface import GenerateOptions
 from scanner.plan.model import (
+    BODY_METHODS,
     DECISION_HEADER,
     FORWARDED_HEADERS,
     PRINCIPAL_HEADER,
@@ -41,17 +43,14 @@ from scanner.plan.model import (
 from scanner.policy.model import Principal, Rate
 
 LUA_FILTER = "perimeter.lua"
+PRINCIPALS = "envoy-principals.tsv"
 STREAM_BUFFER = 1048576    # Envoy's default per-connection buffer limit
 UPSTREAM_HEADER = "x-perimeter-upstream"   # internal: the concurrency cluster Lua picked
 BASE_CLUSTER = "vllm"
-BODY_METHODS = ("POST", "PUT", "PATCH")
-FORBIDDEN_FIELDS = {"cache_salt": ("cache_salt",),
-                    "chat_template": ("chat_template", "chat_template_kwargs")}
 # Besides the forwarded headers, what the Lua filter must leave for Envoy itself: the body's
 # framing, the key (read by Lua, removed by the router), and what Envoy set as the edge proxy.
 ENVOY_KEPT = frozenset({"content-length", "transfer-encoding", "authorization", "x-forwarded-for",
                         "x-forwarded-proto", "x-request-id", UPSTREAM_HEADER})
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,7 @@ def duration(seconds: float | None) -> str:
     """Envoy duration text; None (no limit in the policy) -> 0s (no timeout)."""
     if seconds is None:
         return "0s"
-    ms = max(1, round(seconds * 1000))
+    ms = timeout_ms(seconds)
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms / 1000:.3f}s"
 
 
@@ -211,11 +210,7 @@ def bucket(rate: Rate) -> Bucket:
 
 
 def _check_name(kind: str, name: str) -> str:
-    if not _NAME.match(name):
-        raise GenerateError(f"envoy generator: {kind} {name!r} cannot be used in headers, "
-                            "cluster names and rate-limit descriptors; use letters, digits, "
-                            "'.', '_' or '-' (at most 64)")
-    return name
+    return safe_name("envoy", kind, name)
 
 
 def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tuple[str, ...]:
@@ -320,8 +315,8 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
         stream_buffer=body_bytes if check_body and body_bytes > STREAM_BUFFER else 0,
         rate_filter=reg.rate_filter(d), websocket=websocket,
         # a state-changing request is retried only if it never reached the upstream
-        retry="" if websocket else ("connect-failure,reset-before-request" if d.state_changing
-                                    else "connect-failure,reset"),
+        retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
+                                    else "connect-failure,reset-before-request"),
         path=_exact(d.path), regex=_regex(d.path),
     )
 
@@ -364,42 +359,15 @@ def _routes(reg: _Registry, plan: Plan, check_fields: bool) -> tuple[RouteView, 
 # --- TLS -------------------------------------------------------------------------------
 
 
-def _upstream_tls(plan: Plan, extra: Mapping[str, str]) -> UpstreamTls | None:
-    up = plan.upstream
-    if not up.use_tls:
+def _upstream_tls(plan: Plan, opts: EnvoyOptions) -> UpstreamTls | None:
+    tls = upstream_tls(plan, "envoy", opts.ca_bundle)
+    if tls is None:
         return None
-    tls = up.tls
-    ca = (tls.ca if tls and tls.ca else extra.get("ca_bundle", "/etc/ssl/certs/ca-certificates.crt"))
-    cert, key = (tls.client_cert or "", tls.client_key or "") if tls else ("", "")
-    if bool(cert) != bool(key):
-        raise GenerateError("envoy generator: upstream mTLS needs both client_cert and client_key")
-    server_name = tls.server_name if tls and tls.server_name else ""
-    try:
-        ipaddress.ip_address(up.host)
-        host_ip = True
-    except ValueError:
-        host_ip = False
     # Envoy checks the certificate against a SAN only when told to: the server name if given,
     # else the upstream host (DNS name or IP address).
-    san_dns = server_name or ("" if host_ip else up.host)
-    san_ip = up.host if host_ip and not server_name else ""
-    return UpstreamTls(ca=ca, sni=server_name or ("" if host_ip else up.host),
-                       san_dns=san_dns, san_ip=san_ip, client_cert=cert, client_key=key)
-
-
-def _admin(extra: Mapping[str, str]) -> tuple[str, int] | None:
-    text = extra.get("admin", "")
-    if not text:
-        return None
-    host, _, port = text.rpartition(":")
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback or not port.isdigit() or not 0 < int(port) < 65536:
-        raise GenerateError(f"envoy generator: admin {text!r} must be a loopback address:port, "
-                            "e.g. 127.0.0.1:9901 (the admin interface is off unless set)")
-    return host.strip("[]"), int(port)
+    return UpstreamTls(ca=tls.ca, sni=tls.server_name, san_dns=tls.server_name,
+                       san_ip=tls.host if tls.host_is_ip and not tls.server_name else "",
+                       client_cert=tls.client_cert, client_key=tls.client_key)
 
 
 def _ip(what: str, text: str) -> str:
@@ -415,19 +383,26 @@ def _removed_headers() -> tuple[str, ...]:
     return tuple(sorted(spoofable | internal))
 
 
+def keys_file(options: GenerateOptions, opts: EnvoyOptions) -> str:
+    """Where the key-hash file is at run time: Lua opens it by absolute path."""
+    directory = opts.config_dir or options.runtime_dir
+    if not directory.startswith("/"):
+        raise GenerateError(f"envoy generator: config_dir {directory!r} must be an absolute path "
+                            "(Lua opens the key-hash file by absolute path)")
+    return str(PurePosixPath(directory) / PRINCIPALS)
+
+
 # --- entry point -----------------------------------------------------------------------
 
 
-def build_model(plan: Plan, access_log: str, keys_file: str,
-                extra: Mapping[str, str]) -> Model:
+def build_model(plan: Plan, options: GenerateOptions) -> Model:
+    opts = EnvoyOptions.parse(options.extra)
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
-    body = plan.body
-    reject = tuple(sorted(f for k, fs in FORBIDDEN_FIELDS.items()
-                          if getattr(body, k) == "reject" for f in fs))
-    strip = tuple(sorted(f for k, fs in FORBIDDEN_FIELDS.items()
-                         if getattr(body, k) == "strip" for f in fs))
+    modes = plan.field_modes()
+    reject = tuple(sorted(f for f, mode in modes.items() if mode == "reject"))
+    strip = tuple(sorted(f for f, mode in modes.items() if mode == "strip"))
     reg = _Registry(plan.principals)
     routes = _routes(reg, plan, check_fields=bool(reject or strip))
     if not 0 < plan.listen.port < 65536 or not 0 < plan.upstream.port < 65536:
@@ -444,10 +419,10 @@ def build_model(plan: Plan, access_log: str, keys_file: str,
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,
         upstream_host=plan.upstream.host, upstream_port=plan.upstream.port,
-        upstream_ip=upstream_ip, upstream_tls=_upstream_tls(plan, extra),
+        upstream_ip=upstream_ip, upstream_tls=_upstream_tls(plan, opts),
         trusted_proxies=tuple(sorted({cidr(c) for c in plan.trusted_proxies},
                                      key=lambda c: (c.address, c.prefix_len))),
-        access_log=access_log, keys_file=keys_file, admin=_admin(extra),
+        access_log=options.access_log, keys_file=keys_file(options, opts), admin=opts.admin,
         routes=routes,
         lua_groups=tuple(reg.lua.values()),
         rate_filters=tuple(reg.rate.values()),

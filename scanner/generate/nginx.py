@@ -50,14 +50,8 @@ import jinja2
 from scanner import resources
 from scanner.errors import GenerateError
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
-from scanner.generate.nginx_model import NGINX_EXTRA_OPTIONS, build_model
+from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, build_model
 from scanner.plan.model import Plan
-
-MAIN = "nginx.conf"
-HTTP = "perimeter-http.conf"
-PRINCIPALS = "perimeter-principals.conf"
-PROXY = "perimeter-proxy.conf"
-NJS = "perimeter.js"
 
 
 def _environment() -> jinja2.Environment:
@@ -75,12 +69,7 @@ class NginxGenerator:
     name = "nginx"
 
     def render(self, plan: Plan, options: GenerateOptions) -> GeneratedConfig:
-        unknown = sorted(set(options.extra) - set(NGINX_EXTRA_OPTIONS))
-        if unknown:
-            raise GenerateError(f"nginx generator: unknown option(s) {', '.join(unknown)} "
-                                f"(known: {', '.join(NGINX_EXTRA_OPTIONS)})")
-        files = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS}
-        model = build_model(plan, options, files=files)
+        model = build_model(plan, options)
         env = _environment()
         try:
             main = env.get_template("nginx.conf.j2").render(m=model)

@@ -34,16 +34,17 @@ with the body check); a ``map`` from hash to name and role is kept in the 0600 f
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scanner import patterns
 from scanner.errors import GenerateError
+from scanner.generate.common import NginxOptions, safe_name, timeout_ms, upstream_tls
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
+    BODY_METHODS,
     DECISION_HEADER,
     FORWARDED_HEADERS,
     PRINCIPAL_HEADER,
@@ -54,16 +55,18 @@ from scanner.plan.model import (
 )
 from scanner.policy.model import Limits
 
-NGINX_EXTRA_OPTIONS: tuple[str, ...] = ("ca_bundle", "config_dir", "njs_module", "upstream_keepalive", "user",
-                                        "worker_processes")
 UPSTREAM = "vllm_upstream"
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAIN = "nginx.conf"
+HTTP = "perimeter-http.conf"
+PRINCIPALS = "perimeter-principals.conf"
+PROXY = "perimeter-proxy.conf"
+NJS = "perimeter.js"
+INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
 EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
 # Characters a route may contain to be written into the config (vLLM's routes do).
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_.:~/{}-]*$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _SAFE_FILE = re.compile(r'^[^\x00-\x1f"$\\;{}]+$')
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -176,10 +179,7 @@ def _path(route: str) -> str:
 
 
 def _name(kind: str, value: str) -> str:
-    if not _SAFE_NAME.match(value):
-        raise GenerateError(f"nginx generator: {kind} {value!r} is not a safe name "
-                            "(letters, digits, '_', '.', '@', '-'; at most 64)")
-    return value
+    return safe_name("nginx", kind, value)
 
 
 def _file(kind: str, value: str) -> str:
@@ -206,7 +206,7 @@ def _rate(rps: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    ms = math.ceil(seconds * 1000)
+    ms = timeout_ms(seconds)
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
@@ -284,12 +284,7 @@ def _zone_key(auth: str) -> str:
 
 
 def _forbidden(plan: Plan) -> tuple[str, ...]:
-    names: list[str] = []
-    if plan.body.cache_salt != "pass":
-        names.append("cache_salt")
-    if plan.body.chat_template != "pass":
-        names += ["chat_template", "chat_template_kwargs"]
-    return tuple(names)
+    return tuple(plan.field_modes())
 
 
 def _profile(d: Decision) -> tuple[object, ...]:
@@ -306,7 +301,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     lim = d.limits
     websocket = d.kind == "websocket"
     forbidden = _forbidden(plan)
-    inspect = (not websocket and bool(BODY_METHODS & set(methods))
+    inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
                and bool(lim.json_caps or forbidden))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
@@ -363,48 +358,29 @@ def _principals(plan: Plan) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
-def _upstream_tls(plan: Plan, options: GenerateOptions) -> dict[str, str]:
-    up = plan.upstream
-    if not up.use_tls and up.tls is None:
+def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
+    tls = upstream_tls(plan, "nginx", opts.ca_bundle)
+    if tls is None:
         return {}
-    tls = up.tls
-    out = {"ca": _file("upstream CA", (tls.ca if tls and tls.ca else None)
-                       or options.extra.get("ca_bundle", "/etc/ssl/certs/ca-certificates.crt")),
-           "name": (tls.server_name if tls and tls.server_name else up.host)}
-    if not re.match(r"^[A-Za-z0-9.:-]+$", out["name"]):
-        raise GenerateError(f"nginx generator: upstream TLS server name {out['name']!r} is not valid")
-    if tls and (tls.client_cert or tls.client_key):
-        if not (tls.client_cert and tls.client_key):
-            raise GenerateError("nginx generator: upstream mTLS needs both client_cert and client_key")
+    out = {"ca": _file("upstream CA", tls.ca), "name": tls.verify_name}
+    if tls.client_cert:
         out["cert"] = _file("upstream client certificate", tls.client_cert)
         out["key"] = _file("upstream client key", tls.client_key)
     return out
 
 
-def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) -> Model:
+def build_model(plan: Plan, options: GenerateOptions) -> Model:
+    opts = NginxOptions.parse(options.extra)
     reg = _Registry()
-    up_tls = _upstream_tls(plan, options)
+    up_tls = _upstream_tls(plan, opts)
     scheme = "https" if up_tls else "http"
     locations = tuple(_location(reg, plan, i + 1, route, ds, scheme)
                       for i, (route, ds) in enumerate(plan.allowed_paths().items()))
-    extra = options.extra
-    config_dir = extra.get("config_dir", "")
-    if config_dir and not config_dir.startswith("/"):
-        raise GenerateError("nginx generator: config_dir must be an absolute path")
-    base = config_dir.rstrip("/") + "/" if config_dir else ""
-    includes = {k: _file("config", base + v) for k, v in files.items()}
+    base = opts.config_dir.rstrip("/") + "/" if opts.config_dir else ""
+    includes = {k: _file("config", base + v) for k, v in INCLUDED.items()}
     listen = plan.listen
     tls_cert = _file("listener certificate", listen.tls.cert) if listen.tls else ""
     tls_key = _file("listener key", listen.tls.key) if listen.tls else ""
-    user = extra.get("user", "")
-    if user and not re.match(r"^[A-Za-z0-9_.-]+( [A-Za-z0-9_.-]+)?$", user):
-        raise GenerateError(f"nginx generator: user {user!r} is not valid")
-    workers = extra.get("worker_processes", "auto")
-    if not re.match(r"^(auto|[1-9][0-9]{0,2})$", workers):
-        raise GenerateError(f"nginx generator: worker_processes {workers!r} is not 'auto' or a number")
-    keepalive = extra.get("upstream_keepalive", "32")
-    if not re.match(r"^(0|[1-9][0-9]{0,3})$", keepalive):
-        raise GenerateError(f"nginx generator: upstream_keepalive {keepalive!r} is not a number")
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
     return Model(
@@ -413,8 +389,9 @@ def build_model(plan: Plan, options: GenerateOptions, files: Mapping[str, str]) 
         runtime_dir=_file("runtime_dir", options.runtime_dir.rstrip("/") or "/"),
         access_log=_file("access_log", options.access_log),
         error_log=_file("error_log", options.error_log),
-        njs_module=_file("njs_module", extra["njs_module"]) if extra.get("njs_module") else "",
-        user=user, worker_processes=workers, upstream_keepalive=int(keepalive), includes=includes,
+        njs_module=_file("njs_module", opts.njs_module) if opts.njs_module else "",
+        user=opts.user, worker_processes=opts.worker_processes, upstream_keepalive=opts.upstream_keepalive,
+        includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
         upstream_server=_hostport(plan.upstream.host, plan.upstream.port),
         upstream_scheme=scheme, upstream_tls=up_tls,

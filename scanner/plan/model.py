@@ -33,6 +33,13 @@ WEBSOCKET_HEADERS: tuple[str, ...] = ("Sec-WebSocket-Key", "Sec-WebSocket-Versio
 # Request headers vLLM itself acts on (0.28 - 0.33): never a client's to set.
 VLLM_REQUEST_HEADERS: tuple[str, ...] = ("X-Request-Id", "X-Vllm-Priority", "X-data-parallel-rank",
                                          "X-Session-ID", "endpoint-load-metrics-format")
+# Methods whose request bodies the perimeter reads and checks (size, JSON caps, governed fields).
+BODY_METHODS: tuple[str, ...] = ("DELETE", "PATCH", "POST", "PUT")
+# Request fields a body policy governs: the policy key -> the top-level fields it names.
+GOVERNED_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "cache_salt": ("cache_salt",),
+    "chat_template": ("chat_template", "chat_template_kwargs"),
+}
 # Inbound headers a client could use to confuse the upstream or an app behind it.
 SPOOFABLE_HEADERS: tuple[str, ...] = (
     "X-Original-URL", "X-Rewrite-URL", "X-Original-Method", "X-HTTP-Method-Override",
@@ -150,6 +157,11 @@ class Plan:
             if d.kind != "mount":
                 out.setdefault(d.path, []).append(d)
         return {p: tuple(ds) for p, ds in out.items()}
+
+    def field_modes(self) -> dict[str, str]:
+        """Each governed field the body policy does not pass -> "reject" or "strip"."""
+        return {f: mode for key, fields in GOVERNED_FIELDS.items()
+                if (mode := getattr(self.body, key)) != "pass" for f in fields}
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route

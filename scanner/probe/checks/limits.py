@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from scanner import reasons as R
-from scanner.plan.model import Decision
+from scanner.plan.model import BODY_METHODS, Decision
 from scanner.probe import coverage as cov
 from scanner.probe import safe
 from scanner.probe.cases import Case, concrete, with_query
@@ -21,10 +21,6 @@ from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credentia
 from scanner.probe.pace import RATE_SHARE
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
-BODY_METHODS = ("POST", "PUT", "PATCH")
-# Fields a body policy governs (cache_salt, chat_template): the one list is the generators'.
-FORBIDDEN_FIELDS: dict[str, tuple[str, ...]] = {
-    "cache_salt": ("cache_salt",), "chat_template": ("chat_template", "chat_template_kwargs")}
 MAX_HOLD_S = 30.0
 STATE_CHANGING = ("state-changing: not sent (--allow-state-changes against a staging upstream or "
                   "the stand-in)")
@@ -53,13 +49,6 @@ def cap_bodies(name: str, cap: int) -> list[tuple[str, bytes]]:
     ]
 
 
-def forbidden_fields(ctx: CheckContext) -> dict[str, str]:
-    """field -> body policy mode (reject or strip) for the fields the policy does not pass."""
-    body = ctx.plan.body
-    return {f: mode for group_, fs in FORBIDDEN_FIELDS.items()
-            if (mode := getattr(body, group_)) != "pass" for f in fs}
-
-
 def body_decisions(ctx: CheckContext) -> list[Decision]:
     return [d for d in ctx.plan.allowed if d.method in BODY_METHODS and d.kind == "http"]
 
@@ -81,7 +70,7 @@ class Limits(BaseCheck):
     title: ClassVar[str] = "body size, JSON caps, forbidden fields"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        fields = forbidden_fields(ctx)
+        fields = ctx.plan.field_modes()
         for d in body_decisions(ctx):
             where = f"{d.method} {d.path}"
             blocked = carrier(ctx, d) is None
@@ -107,7 +96,7 @@ class Limits(BaseCheck):
                 yield Subject(f"at-limits {where}", d.method, d.path, why=why)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        fields = forbidden_fields(ctx)
+        fields = ctx.plan.field_modes()
         variants_done: set[tuple[tuple[str, int], ...]] = set()
         names = sorted(f for f, mode in fields.items() if mode == "reject" or ctx.witness)
         for n, d in enumerate(body_decisions(ctx)):

@@ -1,0 +1,152 @@
+"""What both generators decide the same way, decided once: names they will write, durations,
+upstream TLS, retry safety, generator options (typed, validated once). The renderers
+(``nginx_model``, ``envoy_model``) only turn these facts into their proxy's syntax.
+
+Body methods and governed fields are the plan's (:data:`scanner.plan.model.BODY_METHODS`,
+:meth:`scanner.plan.model.Plan.field_modes`): the prober reads them from there too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scanner.errors import GenerateError
+from scanner.plan.model import Decision, Plan
+
+# Principal, role and audience names go into maps, headers, cluster names and rate-limit
+# descriptors: one rule for both proxies.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def safe_name(generator: str, kind: str, value: str) -> str:
+    if not NAME.match(value):
+        raise GenerateError(f"{generator} generator: {kind} {value!r} is not a safe name (letters, digits, "
+                            "'_', '.', '@', '-'; at most 64, starting with a letter or digit)")
+    return value
+
+
+def timeout_ms(seconds: float) -> int:
+    """A policy timeout in whole milliseconds, rounded up: never shorter than the policy says."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def retries_allowed(d: Decision) -> bool:
+    """May the proxy resend this request after the upstream reset it? Only if it changes no state
+    (the plan's merged flag: the policy's and the built-in list's)."""
+    return not d.state_changing
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """TLS (or mutual TLS) to vLLM, as both proxies must verify it."""
+
+    ca: str                        # CA file the upstream certificate must chain to
+    server_name: str               # name to send (SNI) and verify; "" when the host is an IP
+    host: str                      # the upstream host itself (DNS name or IP address)
+    host_is_ip: bool
+    client_cert: str = ""
+    client_key: str = ""
+
+    @property
+    def verify_name(self) -> str:
+        """The name the certificate must carry: the server name, else the host (IP included)."""
+        return self.server_name or self.host
+
+
+def upstream_tls(plan: Plan, generator: str, ca_bundle: str) -> UpstreamTls | None:
+    up = plan.upstream
+    if not up.use_tls:
+        return None
+    tls = up.tls
+    cert, key = (tls.client_cert or "", tls.client_key or "") if tls else ("", "")
+    if bool(cert) != bool(key):
+        raise GenerateError(f"{generator} generator: upstream mTLS needs both client_cert and client_key")
+    try:
+        ipaddress.ip_address(up.host)
+        host_ip = True
+    except ValueError:
+        host_ip = False
+    server_name = tls.server_name if tls and tls.server_name else ("" if host_ip else up.host)
+    if server_name and not re.match(r"^[A-Za-z0-9.-]+$", server_name):
+        raise GenerateError(f"{generator} generator: upstream TLS server name {server_name!r} is not valid")
+    return UpstreamTls(ca=(tls.ca if tls and tls.ca else None) or ca_bundle, server_name=server_name,
+                       host=up.host, host_is_ip=host_ip, client_cert=cert, client_key=key)
+
+
+# --- options: each generator's GenerateOptions.extra, parsed and checked once -----------------
+
+
+def _unknown(generator: str, extra: Mapping[str, str], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise GenerateError(f"{generator} generator: unknown option(s) {', '.join(unknown)} "
+                            f"(known: {', '.join(known)})")
+
+
+def _absolute(generator: str, what: str, value: str) -> str:
+    if value and not value.startswith("/"):
+        raise GenerateError(f"{generator} generator: {what} {value!r} must be an absolute path")
+    return value
+
+
+@dataclass(frozen=True)
+class NginxOptions:
+    njs_module: str = ""
+    config_dir: str = ""
+    upstream_keepalive: int = 32
+    user: str = ""
+    worker_processes: str = "auto"
+    ca_bundle: str = DEFAULT_CA_BUNDLE
+
+    KNOWN = ("ca_bundle", "config_dir", "njs_module", "upstream_keepalive", "user", "worker_processes")
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, str]) -> NginxOptions:
+        _unknown("nginx", extra, cls.KNOWN)
+        user = extra.get("user", "")
+        if user and not re.match(r"^[A-Za-z0-9_.-]+( [A-Za-z0-9_.-]+)?$", user):
+            raise GenerateError(f"nginx generator: user {user!r} is not valid")
+        workers = extra.get("worker_processes", "auto")
+        if not re.match(r"^(auto|[1-9][0-9]{0,2})$", workers):
+            raise GenerateError(f"nginx generator: worker_processes {workers!r} is not 'auto' or a number")
+        keepalive = extra.get("upstream_keepalive", "32")
+        if not re.match(r"^(0|[1-9][0-9]{0,3})$", keepalive):
+            raise GenerateError(f"nginx generator: upstream_keepalive {keepalive!r} is not a number")
+        return cls(njs_module=extra.get("njs_module", ""),
+                   config_dir=_absolute("nginx", "config_dir", extra.get("config_dir", "")),
+                   upstream_keepalive=int(keepalive), user=user, worker_processes=workers,
+                   ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE))
+
+
+@dataclass(frozen=True)
+class EnvoyOptions:
+    config_dir: str = ""
+    ca_bundle: str = DEFAULT_CA_BUNDLE
+    admin: tuple[str, int] | None = None
+
+    KNOWN = ("admin", "ca_bundle", "config_dir")
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, str]) -> EnvoyOptions:
+        _unknown("envoy", extra, cls.KNOWN)
+        return cls(config_dir=_absolute("envoy", "config_dir", extra.get("config_dir", "")),
+                   ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE), admin=_admin(extra.get("admin", "")))
+
+
+def _admin(text: str) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback or not port.isdigit() or not 0 < int(port) < 65536:
+        raise GenerateError(f"envoy generator: admin {text!r} must be a loopback address:port, "
+                            "e.g. 127.0.0.1:9901 (the admin interface is off unless set)")
+    return host.strip("[]"), int(port)
