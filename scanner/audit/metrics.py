@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scanner.audit.model import AuditReport
-from scanner.probe.interface import SEVERITIES
+from scanner.severity import SEVERITIES
 
 LABELS = frozenset({"release", "config_hash", "severity", "kind"})
 

@@ -10,7 +10,8 @@ from scanner.audit.nginxconf import DirectiveChange
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
 from scanner.netscan.model import Finding as PortFinding
 from scanner.probe import result as probe_result
-from scanner.probe.interface import SEVERITIES, ProbeResult, Severity, severity_rank
+from scanner.probe.interface import ProbeResult
+from scanner.severity import SEVERITIES, Severity, severity_rank
 
 AUDIT_SCHEMA_VERSION = 1
 

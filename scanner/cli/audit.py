@@ -19,8 +19,9 @@ from scanner.netscan import ports as port_sets
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.probe import config
-from scanner.probe.interface import SEVERITIES, ProbeOptions, Severity, Target
+from scanner.probe.interface import ProbeOptions, Target
 from scanner.report import audit as writers
+from scanner.severity import SEVERITIES, Severity
 
 
 class _DefaultGroup(click.Group):

@@ -9,6 +9,7 @@ import click
 from scanner.cli.options import output_options, parse_env_pairs
 from scanner.inventory import asgi, catalog, openapi, vllm_app
 from scanner.inventory import diff as inv_diff
+from scanner.inventory.interface import InventorySource
 from scanner.output import write_text
 from scanner.report import inventory as render_inventory
 from scanner.report import inventory_diff as render_diff
@@ -63,8 +64,7 @@ def vllm_cmd(python: str | None, tasks: tuple[str, ...], env_pairs: tuple[str, .
         model_config=model_config,
         allow_unsupported=allow_unsupported,
     )
-    inv, _ = vllm_app.extract(spec)
-    write_text(output, render_inventory.render(inv, fmt))
+    _write(spec, fmt, output)
 
 
 @group.command("asgi")
@@ -87,7 +87,7 @@ def asgi_cmd(target: str, python: str | None, app_dir: str, factory: bool,
     """
     spec = asgi.AsgiExtraction(target=target, python=python or sys.executable,
                                app_dir=app_dir, factory=factory)
-    write_text(output, render_inventory.render(asgi.extract(spec), fmt))
+    _write(spec, fmt, output)
 
 
 @group.command("openapi")
@@ -107,7 +107,11 @@ def openapi_cmd(url: str, timeout: float, ca_file: str | None, insecure: bool,
     this is a lower bound; `inventory vllm` is complete.
     """
     spec = openapi.OpenApiFetch(url=url, timeout=timeout, verify=not insecure, ca_file=ca_file)
-    write_text(output, render_inventory.render(openapi.fetch(spec), fmt))
+    _write(spec, fmt, output)
+
+
+def _write(source: InventorySource, fmt: str, output: str | None) -> None:
+    write_text(output, render_inventory.render(source.inventory(), fmt))
 
 
 @group.command("diff")

@@ -18,10 +18,11 @@ from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.probe import config, registry, result
-from scanner.probe.interface import SEVERITIES, Event, ProbeOptions, ProbeResult, Severity, Started, Target
+from scanner.probe.interface import Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
 from scanner.report import html
 from scanner.report.probe_writers import FORMATS, render
+from scanner.severity import SEVERITIES, Severity
 
 
 class _DefaultGroup(click.Group):

@@ -12,10 +12,11 @@ from scanner import verify
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
-from scanner.probe.interface import SEVERITIES, ProbeOptions, Severity
+from scanner.probe.interface import ProbeOptions
 from scanner.report import mutation as render_mutation
 from scanner.report.probe_writers import FORMATS, render
 from scanner.runtime.proxy import PROXIES, get
+from scanner.severity import SEVERITIES, Severity
 
 TEXT_FORMATS = ("table", "markdown")
 

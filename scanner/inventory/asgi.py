@@ -44,6 +44,9 @@ class AsgiExtraction:
             "factory": self.factory,
         }
 
+    def inventory(self) -> Inventory:
+        return extract(self)
+
 
 def check_target(target: str) -> None:
     """Reject a malformed ``module:attr`` before starting a subprocess."""

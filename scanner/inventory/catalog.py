@@ -92,10 +92,6 @@ class CatalogEntry:
         return sum(1 for r in self.inventory.routes if not r.guarded)
 
 
-def catalog_name(version: str, profile: str) -> str:
-    return f"vllm-{version}-{profile}"
-
-
 def profile(name: str) -> Profile:
     try:
         return PROFILES[name]

@@ -38,6 +38,7 @@ __all__ = [
 
 
 class InventorySource(Protocol):
-    """Anything that can produce an inventory."""
+    """Anything that can produce an inventory: :class:`~scanner.inventory.vllm_app.VllmExtraction`,
+    :class:`~scanner.inventory.asgi.AsgiExtraction`, :class:`~scanner.inventory.openapi.OpenApiFetch`."""
 
     def inventory(self) -> Inventory: ...

@@ -141,9 +141,6 @@ class Inventory:
     def to_json(self) -> str:
         return canonical.dumps(self.to_dict())
 
-    def route_map(self) -> dict[tuple[str, RouteKind], Route]:
-        return {r.key: r for r in self.routes}
-
     def with_routes(self, routes: Sequence[Route]) -> Inventory:
         return replace(self, routes=tuple(routes))
 

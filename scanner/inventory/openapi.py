@@ -57,6 +57,9 @@ class OpenApiFetch:
                 raise UsageError(f"--ca-file {self.ca_file}: cannot load CA bundle: {exc}") from None
         return self.verify
 
+    def inventory(self) -> Inventory:
+        return fetch(self)
+
 
 def fetch(spec: OpenApiFetch, transport: httpx.BaseTransport | None = None) -> Inventory:
     """GET the spec and turn it into an inventory (source kind ``openapi``)."""

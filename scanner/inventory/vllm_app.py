@@ -56,6 +56,10 @@ class VllmExtraction:
         hidden.update(v for k, v in env.items() if secrets.is_secret_env(k) and v)
         return tuple(sorted(h for h in hidden if len(h) >= 4))
 
+    def inventory(self) -> Inventory:
+        """The routes of the app vLLM's ``build_app()`` builds for these serve arguments."""
+        return extract(self)[0]
+
 
 def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
     """The ``VLLM_*`` variables that shape the app, secrets redacted."""

@@ -1,7 +1,7 @@
 """Netscan records: one attempt per port, findings, and the result of a sweep.
 
-The finding vocabulary is the prober's (``scanner/probe/interface.py``): its severities and
-their ranking, a stable ``id``, a ``rule``, ``title``/``detail``/``remediation`` and evidence.
+The finding vocabulary is the project's (``scanner/severity.py``): severities and their
+ranking, a stable ``id``, a ``rule``, ``title``/``detail``/``remediation`` and evidence.
 A netscan finding is about a TCP port rather than a method and path, so it is its own
 frozen record (``port`` instead of ``method``/``path``; attempts as evidence).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
-from scanner.probe.interface import SEVERITIES, Severity, severity_rank
+from scanner.severity import SEVERITIES, Severity, severity_rank
 
 __all__ = ["SEVERITIES", "Attempt", "Finding", "ScanResult", "Severity", "Vantage", "severity_rank"]
 

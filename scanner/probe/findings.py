@@ -3,11 +3,12 @@ path and vantage, with a few attempts as evidence)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from scanner.probe.interface import Attempt, Evidence, Finding, Severity
+from scanner import severity
+from scanner.probe.interface import Attempt, Evidence, Finding
+from scanner.severity import Severity
 
 MAX_EVIDENCE = 5
 
@@ -68,8 +69,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
 
 
 def finding_id(rule: str, method: str, path: str, vantage: str, extra: str = "") -> str:
-    h = hashlib.sha256(f"{rule} {method} {path} {vantage} {extra}".encode()).hexdigest()[:10]
-    return f"{rule}-{h}"
+    return severity.finding_id(rule, method, path, vantage, extra)
 
 
 def make(rule_id: str, attempts: Iterable[Attempt], detail: str, *, severity: Severity | None = None,

@@ -19,9 +19,8 @@ from typing import Any, Literal
 import httpx
 
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
+from scanner.severity import SEVERITIES, Severity, at_or_above
 
-Severity = Literal["critical", "high", "medium", "low", "info"]
-SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low", "info")
 Layer = Literal["proxy", "upstream", "none"]
 # What an answer means for reachability:
 #   denied    the perimeter (marker header) refused it (X-Perimeter-Reason says why)
@@ -43,11 +42,6 @@ Verdict = Literal["proved", "failed", "inconclusive", "skipped"]
 VERDICTS: tuple[Verdict, ...] = ("proved", "failed", "inconclusive", "skipped")
 CredentialKind = Literal["none", "malformed", "wrong", "role"]
 PROBE_SCHEMA_VERSION = 1
-
-
-def severity_rank(s: str) -> int:
-    """0 for critical .. 4 for info; unknown strings rank below info."""
-    return SEVERITIES.index(s) if s in SEVERITIES else len(SEVERITIES)
 
 
 @dataclass(frozen=True)
@@ -339,8 +333,7 @@ class ProbeResult:
         """The one exit code of a run: 3 unreachable/partial, 1 findings >= fail_on, else 0."""
         if self.unreachable:
             return EXIT_UNREACHABLE
-        worst = min((severity_rank(f.severity) for f in self.findings), default=len(SEVERITIES))
-        return EXIT_FINDINGS if worst <= severity_rank(fail_on) else EXIT_OK
+        return EXIT_FINDINGS if at_or_above((f.severity for f in self.findings), fail_on) else EXIT_OK
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {s: 0 for s in SEVERITIES}

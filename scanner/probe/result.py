@@ -8,14 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from scanner.errors import ConfigError
-from scanner.probe.interface import (
-    PROBE_SCHEMA_VERSION,
-    Attempt,
-    Coverage,
-    Finding,
-    ProbeResult,
-    severity_rank,
-)
+from scanner.probe.interface import PROBE_SCHEMA_VERSION, Attempt, Coverage, Finding, ProbeResult
+from scanner.severity import severity_rank
 
 
 def to_dict(r: ProbeResult) -> dict[str, Any]:

@@ -43,13 +43,13 @@ from scanner.probe.interface import (
     Target,
     Upstream,
     Vantage,
-    severity_rank,
 )
 from scanner.probe.pace import FREE, Gcra, Lane, LaneState, lane_of, paced_model, refill_wait
 from scanner.probe.registry import Check, CheckContext, selected
 from scanner.probe.send import Sender, skipped
 from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
+from scanner.severity import severity_rank
 from scanner.standin._witness import HOLD_PARAM, PROBE_PARAM
 
 RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)

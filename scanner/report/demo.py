@@ -8,7 +8,8 @@ from rich.table import Table
 
 from scanner.demo import DemoResult
 from scanner.output import text_console
-from scanner.probe.interface import COVERAGE_STATUSES, SEVERITIES, ProbeResult
+from scanner.probe.interface import COVERAGE_STATUSES, ProbeResult
+from scanner.severity import SEVERITIES
 
 
 def _counts(res: ProbeResult) -> str:

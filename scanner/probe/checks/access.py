@@ -16,8 +16,9 @@ from scanner.probe.cases import Case, concrete
 from scanner.probe.coverage import Subject, na
 from scanner.probe.expect import NOT_ALLOWLISTED, Expectation, expect, in_networks, rule_for
 from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Severity, Vantage
+from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Vantage
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+from scanner.severity import Severity
 from scanner.state_changing import is_state_changing
 
 
