@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from scanner.inventory.model import Inventory
+from scanner.probe import registry
+from scanner.probe import runner as _runner  # noqa: F401  (registers the built-in checks)
 from scanner.probe.interface import Attempt, Finding, ProbeResult
 
 RouteChangeKind = Literal["added", "removed"]
 # FastAPI keeps these out of /openapi.json; their absence from a spec is not a vanished route.
 NOT_IN_SPEC = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-# Attempts whose outcome is timing-dependent are not compared: the rate and limit checks, and
-# any answer the proxy throttled (429/413 "limited": a burst, not a policy change).
-STABLE_CHECKS = frozenset({"matrix", "bypass", "spoof", "sweep"})
+# Attempts whose outcome is timing-dependent are not compared: checks that meet limiters (the
+# registry's stable flag says which are not), and any answer the proxy throttled (a burst, not a
+# policy change).
 TIMING_OUTCOMES = frozenset({"limited"})
 
 
@@ -108,7 +110,8 @@ def _state(a: Attempt) -> str:
 
 
 def outcome_changes(old: Iterable[Attempt], new: Iterable[Attempt]) -> tuple[OutcomeChange, ...]:
-    before = {_key(a): a for a in old if a.check in STABLE_CHECKS}
+    stable = registry.stable_ids()
+    before = {_key(a): a for a in old if a.check in stable}
     out = []
     for a in new:
         b = before.get(_key(a))

@@ -13,7 +13,15 @@ import click
 from scanner.audit import baseline as baselines
 from scanner.audit import metrics
 from scanner.audit.run import AuditRequest, run
-from scanner.cli.options import bound_options, credential_options, load_diff
+from scanner.cli.options import (
+    DefaultGroup,
+    bound_options,
+    checks_option,
+    credential_options,
+    load_diff,
+    network_option,
+    report_options,
+)
 from scanner.errors import UsageError
 from scanner.netscan import ports as port_sets
 from scanner.output import write_text
@@ -21,21 +29,10 @@ from scanner.plan import inputs
 from scanner.probe import config
 from scanner.probe.interface import ProbeOptions, Target
 from scanner.report import audit as writers
-from scanner.severity import SEVERITIES, Severity
+from scanner.severity import Severity
 
 
-class _DefaultGroup(click.Group):
-    """A group whose first argument, when not a subcommand, goes to the ``run`` command
-    (also ``audit baseline http://...``: a baseline directory named like a subcommand)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        url_second = len(args) > 1 and args[1].startswith(("http://", "https://"))
-        if args and (args[0] not in self.commands or url_second) and args[0] not in ("-h", "--help"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
-@click.group("audit", cls=_DefaultGroup)
+@click.group("audit", cls=DefaultGroup)
 def command() -> None:
     """Audit a live deployment for drift against a baseline (the nightly job).
 
@@ -49,8 +46,7 @@ def command() -> None:
 @click.argument("baseline_dir")
 @click.argument("target_url")
 @credential_options
-@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
-              help="Override a policy network (default: the baseline plan's networks).")
+@network_option
 @click.option("--public-key", default=None, metavar="PEM",
               help="Expected signer when BASELINE_DIR is an evidence pack.")
 @click.option("--upstream-url", default=None, metavar="URL",
@@ -61,15 +57,10 @@ def command() -> None:
 @click.option("--netscan-ports", default=None, metavar="LIST", help="Ports for --netscan-host.")
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
 @bound_options(max_time=300.0)
-@click.option("--check", "checks", multiple=True, metavar="ID", help="Probe only these checks.")
-@click.option("--fail-on", type=click.Choice(SEVERITIES), default="high", show_default=True,
-              help="Exit 1 on drift, or on a finding at least this severe.")
-@click.option("--format", "fmt", type=click.Choice(writers.FORMATS), default="table", show_default=True)
-@click.option("-o", "--output", default=None, metavar="FILE", help="Write the report to FILE.")
+@checks_option
+@report_options(writers.FORMATS, fail_help="Exit 1 on drift, or on a finding at least this severe.")
 @click.option("--metrics", "metrics_file", default=None, metavar="FILE",
               help="Write Prometheus text-format metrics to FILE (node_exporter textfile).")
-@click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
-              help="Add this upgrade diff (inventories or catalogs) to the HTML report.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_specs: tuple[str, ...],
             networks: tuple[str, ...], public_key: str | None, upstream_url: str | None,
@@ -104,8 +95,7 @@ def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_s
 @click.argument("out_dir")
 @click.option("--inventory", required=True, metavar="FILE|CATALOG", help="Inventory JSON or catalog name.")
 @click.option("--policy", required=True, metavar="FILE", help="Policy YAML (its principals file is copied).")
-@click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
-              help="Override a policy network (repeatable); recorded in plan.json.")
+@network_option
 @click.option("--nginx-config-dir", default=None, metavar="DIR",
               help="The generated NGINX config directory (from `generate nginx`).")
 @click.option("--probe-result", default=None, metavar="FILE", help="The last probe result (JSON).")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from scanner.cli.options import output_options, parse_env_pairs
+from scanner.cli.options import output_options, parse_pairs
 from scanner.inventory import asgi, catalog, openapi, vllm_app
 from scanner.inventory import diff as inv_diff
 from scanner.inventory.interface import InventorySource
@@ -59,7 +59,7 @@ def vllm_cmd(python: str | None, tasks: tuple[str, ...], env_pairs: tuple[str, .
         python=python or sys.executable,
         serve_args=serve_args,
         tasks=tasks or ("generate",),
-        env=parse_env_pairs(env_pairs),
+        env=parse_pairs("--env", env_pairs),
         isolated_env=isolated_env,
         model_config=model_config,
         allow_unsupported=allow_unsupported,

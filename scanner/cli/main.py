@@ -35,7 +35,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import audit, demo, evidence, inventory, netscan, plan, probe, standin, verify
+    from scanner.cli import audit, demo, evidence, inventory, keys, netscan, plan, probe, standin, verify
 
     cli.add_command(demo.command)
     cli.add_command(inventory.group)
@@ -47,7 +47,7 @@ def _register() -> None:
     cli.add_command(netscan.command)
     cli.add_command(evidence.group)
     cli.add_command(standin.command)
-    cli.add_command(plan.keys_group)
+    cli.add_command(keys.keys_group)
 
 
 _register()

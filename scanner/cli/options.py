@@ -10,6 +10,7 @@ import click
 from scanner.errors import UsageError
 from scanner.inventory.catalog import load_ref
 from scanner.inventory.diff import InventoryDiff, diff
+from scanner.severity import SEVERITIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,19 +23,61 @@ def output_options(func: F) -> F:
     return func
 
 
-def parse_env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
-    env: dict[str, str] = {}
+def parse_pairs(flag: str, pairs: tuple[str, ...]) -> dict[str, str]:
+    """``K=V`` values of a repeatable option; the error names the option, never the value
+    (it may be a secret)."""
+    out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--env expects K=V, got {pair.split('=')[0]!r}")
-        env[key] = value
-    return env
+            raise UsageError(f"{flag} expects K=V, got {pair.split('=')[0]!r}")
+        out[key] = value
+    return out
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand, goes to its ``run`` command
+    (``probe URL``, ``audit BASELINE URL``). An argument named like a subcommand but followed by a
+    URL is an argument too (``audit baseline http://...``: a baseline directory named so)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        url_second = len(args) > 1 and args[1].startswith(("http://", "https://"))
+        if args and (args[0] not in self.commands or url_second) and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+def report_options(formats: tuple[str, ...], fail_on: str = "high",
+                   fail_help: str = "Exit 1 when a finding is at least this severe.") -> Callable[[F], F]:
+    """``--format``, ``-o``, ``--fail-on`` and ``--diff`` (an upgrade diff in the HTML report)."""
+    def apply(func: F) -> F:
+        func = click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
+                            help="With --format html: add this upgrade diff (inventories or catalogs).")(func)
+        func = click.option("--fail-on", type=click.Choice(SEVERITIES), default=fail_on, show_default=True,
+                            help=fail_help)(func)
+        func = click.option("-o", "--output", default=None, metavar="FILE",
+                            help="Write the report to FILE.")(func)
+        func = click.option("--format", "fmt", type=click.Choice(formats), default="table",
+                            show_default=True)(func)
+        return func
+    return apply
+
+
+def network_option(func: F) -> F:
+    return click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
+                        help="Override a policy network (repeatable), e.g. admin=10.9.0.0/24.")(func)
+
+
+def checks_option(func: F) -> F:
+    from scanner.probe import runner  # noqa: F401  (registers the built-in checks)
+    from scanner.probe.registry import ids
+
+    return click.option("--check", "checks", multiple=True, type=click.Choice(ids()),
+                        help="Run only these checks (repeatable; default: all).")(func)
 
 
 def plan_inputs(func: F) -> F:
-    func = click.option("--network", "networks", multiple=True, metavar="NAME=CIDR[,CIDR]",
-                        help="Override a policy network (repeatable), e.g. admin=10.9.0.0/24.")(func)
+    func = network_option(func)
     func = click.option("--policy", "policy", default=None, metavar="FILE",
                         help="Policy YAML (default: the bundled vllm-default policy).")(func)
     func = click.option("--inventory", "inventory", required=True, metavar="FILE|CATALOG",

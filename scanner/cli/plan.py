@@ -1,15 +1,14 @@
-"""``plan``, ``generate`` and ``keys``: from inventory + policy to proxy configs."""
+"""``plan`` and ``generate``: from inventory + policy to proxy configs."""
 
 from __future__ import annotations
 
 import click
 
-from scanner.cli.options import output_options, plan_inputs
+from scanner.cli.options import output_options, parse_pairs, plan_inputs
 from scanner.generate import interface as gen
 from scanner.generate.write import write_config
 from scanner.output import write_text
 from scanner.plan import inputs
-from scanner.policy import keys as policy_keys
 from scanner.report import plan as render_plan
 
 
@@ -59,58 +58,7 @@ def generate_cmd(proxy: str, inventory: str, policy: str | None, networks: tuple
     """
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
     options = gen.GenerateOptions(runtime_dir=runtime_dir, access_log=access_log,
-                                  extra=dict(_pair(e) for e in extra))
+                                  extra=parse_pairs("--set", extra))
     config = gen.get(proxy).render(plan, options)
     for path in write_config(config, output_dir):
         click.echo(f"wrote {path}", err=True)
-
-
-def _pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise click.BadParameter(f"expected K=V, got {text!r}", param_hint="--set")
-    return key, value
-
-
-@click.group("keys")
-def keys_group() -> None:
-    """Make API keys for principals (only their hashes are stored), and evidence signing keys."""
-
-
-@keys_group.command("new")
-@click.argument("name")
-@click.option("--role", required=True, help="Role of the principal (e.g. user, service, operator).")
-@click.option("--file", "path", required=True, metavar="FILE",
-              help="Principals YAML to append to (created 0600 if missing); reference it from "
-                   "the policy with `principals_file:`.")
-def keys_new(name: str, role: str, path: str) -> None:
-    """Create a key for NAME, print it ONCE on stdout, and record only its hash.
-
-    \b
-    Example:
-      vllm-perimeter keys new alice --role user --file principals.yaml > alice.key
-    """
-    key = policy_keys.new_key()
-    policy_keys.append_principal(path, name, role, key)
-    click.echo(f"recorded {name} ({role}) {policy_keys.fingerprint(key)} in {path}; "
-               "the key is printed once on stdout", err=True)
-    click.echo(key)
-
-
-@keys_group.command("signing-key")
-@click.option("--out", "path", required=True, metavar="FILE",
-              help="Private key file to create (mode 0600); the public key goes to FILE.pub.")
-def keys_signing_key(path: str) -> None:
-    """Make an Ed25519 key for signing evidence packs; print its public fingerprint.
-
-    The private key is never printed. Keep FILE secret; hand FILE.pub to verifiers.
-
-    \b
-    Example:
-      vllm-perimeter keys signing-key --out evidence.key
-    """
-    from scanner.evidence import keys as evidence_keys
-
-    pub, fingerprint = evidence_keys.new_signing_key(path)
-    click.echo(f"wrote {path} (0600, private) and {pub} (public)", err=True)
-    click.echo(fingerprint)

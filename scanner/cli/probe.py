@@ -9,32 +9,30 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
 import click
 
-from scanner.cli.options import bound_options, credential_options, load_diff, plan_inputs
+from scanner.cli.options import (
+    DefaultGroup,
+    bound_options,
+    checks_option,
+    credential_options,
+    load_diff,
+    plan_inputs,
+    report_options,
+)
 from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
-from scanner.probe import config, registry, result
+from scanner.probe import config, result
 from scanner.probe.interface import Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
 from scanner.report import html
 from scanner.report.probe_writers import FORMATS, render
-from scanner.severity import SEVERITIES, Severity
+from scanner.severity import Severity
 
 
-class _DefaultGroup(click.Group):
-    """A group whose first argument, when not a subcommand, goes to the ``run`` command."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
-@click.group("probe", cls=_DefaultGroup)
+@click.group("probe", cls=DefaultGroup)
 def command() -> None:
     """Probe a live target (the proxy, or vLLM directly) against the plan.
 
@@ -42,18 +40,6 @@ def command() -> None:
     vllm-perimeter probe BASE_URL --inventory INV [--policy POLICY] [options]
     vllm-perimeter probe merge A.json B.json [--format ...]
     """
-
-
-def _render_options(func: Any) -> Any:
-    func = click.option("--fail-on", type=click.Choice(SEVERITIES), default="high", show_default=True,
-                        help="Exit 1 when a finding is at least this severe.")(func)
-    func = click.option("-o", "--output", default=None, metavar="FILE",
-                        help="Write the report to FILE.")(func)
-    func = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table",
-                        show_default=True)(func)
-    func = click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
-                        help="With --format html: add this upgrade diff (inventories or catalogs).")(func)
-    return func
 
 
 @command.command("run")
@@ -69,8 +55,7 @@ def _render_options(func: Any) -> Any:
 @click.option("--client", type=click.Choice(["stream", "httpx"]), default="stream", show_default=True,
               help="HTTP client: verbatim keep-alive streams, or httpx (request variants always "
                    "go over streams: httpx normalises paths).")
-@click.option("--check", "checks", multiple=True, type=click.Choice(registry.ids()),
-              help="Run only these checks (repeatable; default: all).")
+@checks_option
 @click.option("--witness", default=None, metavar="URL",
               help="Base URL of the upstream witness (the stand-in's own address, not the proxy's): "
                    "what reached the upstream is then checked too (headers, path, key, bodies, "
@@ -78,7 +63,7 @@ def _render_options(func: Any) -> Any:
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@_render_options
+@report_options(FORMATS)
 def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[str, ...],
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
@@ -99,7 +84,7 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
 
 @command.command("merge")
 @click.argument("files", nargs=-1, required=True, metavar="RESULT.json...")
-@_render_options
+@report_options(FORMATS)
 def merge_cmd(files: tuple[str, ...], fmt: str, output: str | None, fail_on: Severity,
               diff_refs: tuple[str, str] | None) -> int:
     """Merge JSON results from runs on different hosts into one report."""

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from scanner.cli.options import parse_env_pairs
+from scanner.cli.options import parse_pairs
 from scanner.errors import UsageError
 from scanner.inventory.vllm_app import VllmExtraction
 from scanner.plan.inputs import load_inventory
@@ -49,7 +49,7 @@ def command(inventory: str | None, real_python: str | None, tasks: tuple[str, ..
         raise UsageError("give exactly one of --inventory or --real")
     if real_python is not None:
         spec = VllmExtraction(python=real_python, serve_args=serve_args or ("--model", "m"),
-                              tasks=tasks or ("generate",), env=parse_env_pairs(env_pairs))
+                              tasks=tasks or ("generate",), env=parse_pairs("--env", env_pairs))
         serve.serve_real(spec, host, port, announce)
         return
     keys: tuple[str, ...] = ()

@@ -9,14 +9,17 @@ from pathlib import Path
 import click
 
 from scanner import verify
+from scanner.cli.options import load_diff, report_options
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
+from scanner.inventory.diff import InventoryDiff
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.probe.interface import ProbeOptions
+from scanner.report import html
 from scanner.report import mutation as render_mutation
 from scanner.report.probe_writers import FORMATS, render
 from scanner.runtime.proxy import PROXIES, get
-from scanner.severity import SEVERITIES, Severity
+from scanner.severity import Severity
 
 TEXT_FORMATS = ("table", "markdown")
 
@@ -41,15 +44,12 @@ TEXT_FORMATS = ("table", "markdown")
                    "caught; exit 1 when one survives.")
 @click.option("--operator", "only", multiple=True, metavar="ID",
               help="With --mutate: run only these operators (e.g. nginx.rate-limit-removed).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-@click.option("-o", "--output", default=None, metavar="FILE",
-              help="Write the report to FILE (with several proxies: FILE.<proxy>.<ext> each).")
-@click.option("--fail-on", type=click.Choice(SEVERITIES), default="low", show_default=True,
-              help="Exit 1 when a finding is at least this severe.")
+@report_options(FORMATS, fail_on="low")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
             concurrency: int, timeout: float, max_time: float, mutate: bool, only: tuple[str, ...],
-            fmt: str, output: str | None, fail_on: Severity, quiet: bool) -> int:
+            fmt: str, output: str | None, fail_on: Severity, diff_refs: tuple[str, str] | None,
+            quiet: bool) -> int:
     """Generate, validate, run and probe the proxy for your inventory and policy, on loopback.
 
     \b
@@ -81,7 +81,9 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
         runs = baselines
     else:
         runs, mutants = verify.run(inv, pol, runtimes, options, keys_per_role, say), []
-    _write_reports(runs, fmt, output)
+    if diff_refs and fmt != "html":
+        raise UsageError("--diff goes with --format html")
+    _write_reports(runs, fmt, output, load_diff(diff_refs))
     if mutate:
         click.echo(render_mutation.render(runs, mutants), nl=False)
     codes = [r.result.exit_code(fail_on) for r in runs]
@@ -95,14 +97,18 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     return max(codes, default=EXIT_OK)
 
 
-def _write_reports(runs: list[verify.ProxyRun], fmt: str, output: str | None) -> None:
+def _write_reports(runs: list[verify.ProxyRun], fmt: str, output: str | None,
+                   diff: InventoryDiff | None) -> None:
+    def text_of(r: verify.ProxyRun) -> str:
+        return html.render_probe(r.result, diff) if diff else render(r.result, fmt)
+
     if len(runs) == 1 or (fmt in TEXT_FORMATS and output is None):
-        text = "".join((f"== {r.proxy} ==\n" if len(runs) > 1 else "") + render(r.result, fmt) for r in runs)
-        write_text(output, text)
+        several = len(runs) > 1
+        write_text(output, "".join((f"== {r.proxy} ==\n" if several else "") + text_of(r) for r in runs))
         return
     assert output is not None
     base = Path(output)
     for r in runs:
-        write_text(str(base.with_name(f"{base.stem}.{r.proxy}{base.suffix}")), render(r.result, fmt))
+        write_text(str(base.with_name(f"{base.stem}.{r.proxy}{base.suffix}")), text_of(r))
         if sys.stderr.isatty():
             click.echo(f"wrote {base.with_name(f'{base.stem}.{r.proxy}{base.suffix}')}", err=True)

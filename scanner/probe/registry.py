@@ -125,6 +125,9 @@ class BaseCheck:
 
     id: ClassVar[str] = ""
     title: ClassVar[str] = ""
+    # Its answers do not depend on timing or load (no limiter involved): the drift audit compares
+    # them attempt by attempt with a baseline's.
+    stable: ClassVar[bool] = False
 
     def subjects(self, ctx: CheckContext) -> Iterable[Subject]:
         raise NotImplementedError
@@ -156,6 +159,11 @@ def register(cls: C) -> C:
         raise ValueError(f"check id {inst.id!r} is empty or taken")
     REGISTRY[inst.id] = inst
     return cls
+
+
+def stable_ids() -> frozenset[str]:
+    """The checks whose attempts the drift audit compares one by one."""
+    return frozenset(i for i, c in REGISTRY.items() if c.stable)
 
 
 def ids() -> tuple[str, ...]:

@@ -40,6 +40,7 @@ class Matrix(BaseCheck):
     """Every plan route x method x credential x vantage, against the plan's expectation."""
 
     id: ClassVar[str] = "matrix"
+    stable: ClassVar[bool] = True
     title: ClassVar[str] = "route x method x credential x vantage"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
@@ -174,6 +175,7 @@ class Bypass(BaseCheck):
     parameters, absolute-form targets, method-override and URL-override headers, preflight."""
 
     id: ClassVar[str] = "bypass"
+    stable: ClassVar[bool] = True
     title: ClassVar[str] = "request variants of denied routes"
 
     def _denied_at(self, ctx: CheckContext, path: str) -> list[Vantage]:
@@ -266,6 +268,7 @@ class Spoof(BaseCheck):
     """Routes allowed only from some networks must not open up to X-Forwarded-For & co."""
 
     id: ClassVar[str] = "spoof"
+    stable: ClassVar[bool] = True
     title: ClassVar[str] = "forwarding-header spoofing"
 
     def _cells(self, ctx: CheckContext, d: Decision) -> tuple[list[tuple[Credential, Vantage]], str]:
@@ -369,6 +372,7 @@ class Sweep(BaseCheck):
     """Known vLLM routes (bundled catalogs) that the plan does not list must be denied."""
 
     id: ClassVar[str] = "sweep"
+    stable: ClassVar[bool] = True
     title: ClassVar[str] = "known routes not in the plan"
 
     def _paths(self, ctx: CheckContext) -> list[tuple[str, tuple[str, ...]]]:
