@@ -56,6 +56,7 @@ def error_reason(exc: BaseException) -> str:
     """A short, key-free reason for a failed request: timeout, connect-refused, tls: ..."""
     import ssl
 
+    import h11
     import httpx
 
     chain = _chain(exc)
@@ -70,6 +71,8 @@ def error_reason(exc: BaseException) -> str:
         return "connect-refused"
     if any(isinstance(e, httpx.RemoteProtocolError | ConnectionResetError | httpx.ReadError) for e in chain):
         return "protocol: connection closed without an answer"
+    if any(isinstance(e, h11.ProtocolError) for e in chain):
+        return f"protocol: not a valid HTTP/1.1 answer ({text[:100]})"
     if any(isinstance(e, httpx.ConnectError | OSError) for e in chain):
         return f"connect-error: {text[:120]}"
     return f"{type(exc).__name__}: {text[:120]}"

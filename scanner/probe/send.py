@@ -11,27 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+import h11
 import httpx
 
 from scanner.errors import UsageError
-from scanner.plan.model import DECISION_HEADER, REASON_HEADER
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason
 from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
 from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
-_MARKER_LOWER = DECISION_HEADER.lower()
-# The response headers the prober reads; one C-level pass over the head instead of a parse.
-_WANTED = re.compile(rb"\r\n(content-length|transfer-encoding|connection|content-type|"
-                     + re.escape(_MARKER_LOWER.encode()) + rb"|" + re.escape(REASON_HEADER.lower().encode())
-                     + rb")[ \t]*:[ \t]*([^\r]*)", re.IGNORECASE)
 T = TypeVar("T")
 
 
@@ -63,7 +57,7 @@ class Sender:
         self.use_httpx = factory is not None or client == "httpx"
         self._ctx = ssl_context(target) if target.url.scheme == "https" else None
         self._clients: dict[str, httpx.AsyncClient] = {}
-        self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._idle: dict[str, list[_Conn]] = {}
         url = target.url
         self._url = url
         self._host = url.netloc.decode("ascii")
@@ -85,8 +79,8 @@ class Sender:
             await client.aclose()
         self._clients.clear()
         for conns in self._idle.values():
-            for _r, w in conns:
-                w.close()
+            for conn in conns:
+                conn.close()
         self._idle.clear()
 
     def timeout_for(self, case: Case) -> float:
@@ -137,14 +131,13 @@ class Sender:
 
     async def _pipeline(self, cases: Sequence[Case], got: list[tuple[int, dict[str, str], float]]) -> None:
         idle = self._idle.setdefault(cases[0].vantage.name, [])
-        reader, writer = conn = idle.pop() if idle else await self._connect(cases[0].vantage)
+        conn = idle.pop() if idle else await self._connect(cases[0].vantage)
         keep = False
         try:
-            writer.write(b"".join(raw_request(c, self._host, self._prefix, keep_alive=True) for c in cases))
-            await writer.drain()
+            await conn.write(b"".join(raw_request(c, self._host, self._prefix, keep_alive=True)
+                                      for c in cases))
             for c in cases:
-                status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
-                keep = await _skip_body(reader, headers, status, c.send_method == "HEAD")
+                status, headers, keep = await conn.response(c.send_method)
                 got.append((status, headers, time.monotonic()))
                 if not keep:
                     break
@@ -152,7 +145,7 @@ class Sender:
             if keep:
                 idle.append(conn)
             else:
-                writer.close()
+                conn.close()
 
     async def _send_httpx(self, case: Case) -> tuple[int, Mapping[str, str]]:
         base = self.target.url
@@ -188,72 +181,81 @@ class Sender:
             fresh = conn is None
             if conn is None:
                 conn = await self._connect(case.vantage)
-            reader, writer = conn
             try:
-                reader = await _write(reader, writer, data)
-                status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
-                keep = await _skip_body(reader, headers, status, case.send_method == "HEAD")
-            except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-                writer.close()
+                await conn.write(data)
+                status, headers, keep = await conn.response(case.send_method)
+            except (ConnectionError, h11.ProtocolError):
+                conn.close()
                 if fresh or last:
                     raise
                 continue  # a kept-alive connection the server had closed: once more, fresh
             if keep and not case.raw:
                 idle.append(conn)
             else:
-                writer.close()
+                conn.close()
             return status, headers
         raise AssertionError("unreachable")
 
-    async def _connect(self, vantage: Vantage) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, vantage: Vantage) -> _Conn:
         url = self._url
         local = (vantage.address, 0) if vantage.address else None
-        return await asyncio.open_connection(
+        reader, writer = await asyncio.open_connection(
             url.host, self._port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
             local_addr=local, limit=_MAX_HEAD)
+        return _Conn(reader, writer)
 
 
-async def _write(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 data: bytes) -> asyncio.StreamReader:
-    """Write a request; the reader to read its answer from. A server may answer before reading
-    all of a large body (a 413) and reset the connection: if the write fails but an answer
-    had arrived, that answer stands (a reader over what was received; the stream's own
-    reader would only repeat the reset)."""
-    try:
-        writer.write(data)
-        await writer.drain()
-        return reader
-    except ConnectionError:
-        received = bytes(reader._buffer)   # type: ignore[attr-defined]
-        if not received:                   # nothing came back: a real failure
-            raise
-    replay = asyncio.StreamReader(limit=_MAX_HEAD)
-    replay.feed_data(received)
-    replay.feed_eof()
-    return replay
+class _Conn:
+    """One connection: requests are written byte for byte (httpx would normalise their targets),
+    responses are read by h11 (told the method of each request, so a HEAD has no body), one
+    after the other, pipelined or not."""
 
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+        self.eof = False
 
-async def _skip_body(reader: asyncio.StreamReader, headers: Mapping[str, str], status: int,
-                     head_only: bool) -> bool:
-    """Read (and drop) the response body; True if the connection can be reused."""
-    h = headers
-    keep = "close" not in h.get("connection", "").lower()
-    if head_only or status in (204, 304) or status < 200:
-        return keep
-    if "chunked" in h.get("transfer-encoding", "").lower():
-        for _ in range(100_000):
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass
-                return keep
-            await reader.readexactly(size + 2)
-        return False
-    if "content-length" in h:
-        await reader.readexactly(int(h["content-length"]))
-        return keep
-    await reader.read(-1)
-    return False
+    async def write(self, data: bytes) -> None:
+        """A server may answer before reading all of a large body (a 413) and reset the
+        connection: if the write fails but an answer had arrived, that answer stands."""
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except ConnectionError:
+            received = bytes(self.reader._buffer)   # type: ignore[attr-defined]
+            if not received:                        # nothing came back: a real failure
+                raise
+            self.h11.receive_data(received)         # what the server said before the reset
+            self.h11.receive_data(b"")
+            self.eof = True
+
+    async def response(self, method: str) -> tuple[int, dict[str, str], bool]:
+        """(status, headers in lower case, can the connection be reused) of the next answer."""
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+        self.h11.send(h11.Request(method=method, target="/", headers=[("Host", "probe")]))
+        self.h11.send(h11.EndOfMessage())
+        status, headers = 0, {}
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                if self.eof:
+                    raise ConnectionError("connection closed without a complete answer")
+                data = await self.reader.read(65536)
+                if not data:
+                    self.eof = True
+                self.h11.receive_data(data)
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            elif isinstance(event, h11.EndOfMessage):
+                keep = self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE and not self.eof
+                return status, headers, keep
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("connection closed without an answer")
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 async def _bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
@@ -281,14 +283,6 @@ def raw_request(case: Case, host: str, prefix: str = "", keep_alive: bool = Fals
             headers["Content-Length"] = str(len(body))
     lines += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    """Status and the headers the prober reads (lower-case names), from a response head."""
-    if not head.startswith(b"HTTP/1.") or len(head) < 12 or not head[9:12].isdigit():
-        raise ConnectionError(f"not an HTTP response: {head[:60]!r}")
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in _WANTED.findall(head)}
-    return int(head[9:12]), headers
 
 
 async def _chunks(body: bytes, size: int = 65536) -> AsyncIterator[bytes]:
