@@ -37,7 +37,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from scanner import canonical
 from scanner.errors import InventoryFormatError
@@ -45,8 +45,6 @@ from scanner.errors import InventoryFormatError
 SCHEMA_VERSION = 1
 RouteKind = Literal["http", "websocket", "mount"]
 SourceKind = Literal["vllm", "asgi", "openapi", "sweep"]
-ROUTE_KINDS: tuple[str, ...] = ("http", "websocket", "mount")
-SOURCE_KINDS: tuple[str, ...] = ("vllm", "asgi", "openapi", "sweep")
 ANY_METHOD = "*"
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -176,98 +174,25 @@ def loads(text: str, name: str = "<inventory>") -> Inventory:
 
 
 def from_dict(data: Any, name: str = "<inventory>") -> Inventory:
-    v = _Validator(name)
-    doc = v.mapping(data, "document")
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        v.fail(f"schema_version is {version!r}; this tool reads version {SCHEMA_VERSION}")
-    src = v.mapping(doc.get("source"), "source")
-    kind = v.choice(src.get("kind"), SOURCE_KINDS, "source.kind")
-    target = v.string(src.get("target", ""), "source.target")
-    source = Source(kind=cast(SourceKind, kind), target=target)
-    routes = tuple(_route(v, r, i) for i, r in enumerate(v.sequence(doc.get("routes"), "routes")))
-    vllm = _vllm(v, doc["vllm"]) if doc.get("vllm") is not None else None
-    middleware = v.strings(doc.get("middleware", []), "middleware")
-    inv = Inventory(source=source, routes=routes, vllm=vllm, middleware=middleware)
-    claimed = doc.get("content_hash")
-    if claimed is not None and claimed != inv.content_hash:
-        v.fail(f"content_hash {claimed} does not match the content ({inv.content_hash}); "
-               "the file was edited after it was written")
+    """A validated inventory (scanner.documents.InventoryDoc) whose content hash, if it has one,
+    matches its content."""
+    from scanner.documents import InventoryDoc, validate
+
+    doc: InventoryDoc = validate("inventory", data, name, InventoryFormatError)
+    facts = doc.vllm
+    inv = Inventory(
+        source=Source(kind=doc.source.kind, target=doc.source.target),
+        routes=tuple(Route(path=r.path, methods=tuple(sorted({m.upper() for m in r.methods})), kind=r.kind,
+                           endpoint=r.endpoint, guarded=r.guarded, origin=r.origin) for r in doc.routes),
+        vllm=VllmFacts(version=facts.version, serve_args=tuple(facts.serve_args), env=dict(facts.env),
+                       tasks=tuple(facts.tasks), model_config=facts.model_config_,
+                       plugins=tuple(facts.plugins),
+                       guarded_prefixes=tuple(facts.guarded_prefixes), root_path=facts.root_path,
+                       api_key_configured=facts.api_key_configured) if facts else None,
+        middleware=tuple(doc.middleware),
+    )
+    if doc.content_hash is not None and doc.content_hash != inv.content_hash:
+        raise InventoryFormatError(f"{name}: invalid inventory: content_hash {doc.content_hash} does not "
+                                   f"match the content ({inv.content_hash}); the file was edited after it "
+                                   "was written")
     return inv
-
-
-def _route(v: _Validator, raw: Any, i: int) -> Route:
-    where = f"routes[{i}]"
-    r = v.mapping(raw, where)
-    path = v.string(r.get("path"), f"{where}.path")
-    if not path.startswith("/"):
-        v.fail(f"{where}.path {path!r} must start with '/'")
-    methods = tuple(m.upper() for m in v.strings(r.get("methods"), f"{where}.methods"))
-    if not methods:
-        v.fail(f"{where}.methods is empty")
-    for m in methods:
-        if m != ANY_METHOD and not m.isalpha():
-            v.fail(f"{where}.methods has an invalid method {m!r}")
-    kind = v.choice(r.get("kind", "http"), ROUTE_KINDS, f"{where}.kind")
-    return Route(
-        path=path,
-        methods=tuple(sorted(set(methods))),
-        kind=cast(RouteKind, kind),
-        endpoint=v.string(r.get("endpoint", ""), f"{where}.endpoint"),
-        guarded=v.boolean(r.get("guarded", False), f"{where}.guarded"),
-        origin=v.string(r.get("origin", "app.routes"), f"{where}.origin"),
-    )
-
-
-def _vllm(v: _Validator, raw: Any) -> VllmFacts:
-    d = v.mapping(raw, "vllm")
-    env = v.mapping(d.get("env", {}), "vllm.env")
-    return VllmFacts(
-        version=v.string(d.get("version"), "vllm.version"),
-        serve_args=v.strings(d.get("serve_args", []), "vllm.serve_args"),
-        env={str(k): v.string(val, f"vllm.env.{k}") for k, val in env.items()},
-        tasks=v.strings(d.get("tasks", []), "vllm.tasks"),
-        model_config=v.string(d.get("model_config", "none"), "vllm.model_config"),
-        plugins=v.strings(d.get("plugins", []), "vllm.plugins"),
-        guarded_prefixes=v.strings(d.get("guarded_prefixes", list(VLLM_GUARDED_PREFIXES)),
-                                   "vllm.guarded_prefixes"),
-        root_path=v.string(d.get("root_path", ""), "vllm.root_path"),
-        api_key_configured=v.boolean(d.get("api_key_configured", False),
-                                     "vllm.api_key_configured"),
-    )
-
-
-class _Validator:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def fail(self, msg: str) -> None:
-        raise InventoryFormatError(f"{self.name}: invalid inventory: {msg}")
-
-    def mapping(self, x: Any, what: str) -> dict[str, Any]:
-        if not isinstance(x, dict):
-            self.fail(f"{what} must be an object, not {type(x).__name__}")
-        return cast(dict[str, Any], x)
-
-    def sequence(self, x: Any, what: str) -> list[Any]:
-        if not isinstance(x, list):
-            self.fail(f"{what} must be a list, not {type(x).__name__}")
-        return cast(list[Any], x)
-
-    def string(self, x: Any, what: str) -> str:
-        if not isinstance(x, str):
-            self.fail(f"{what} must be a string, not {type(x).__name__}")
-        return cast(str, x)
-
-    def strings(self, x: Any, what: str) -> tuple[str, ...]:
-        return tuple(self.string(item, f"{what}[]") for item in self.sequence(x, what))
-
-    def boolean(self, x: Any, what: str) -> bool:
-        if not isinstance(x, bool):
-            self.fail(f"{what} must be true or false")
-        return cast(bool, x)
-
-    def choice(self, x: Any, choices: Sequence[str], what: str) -> str:
-        if x not in choices:
-            self.fail(f"{what} is {x!r}; expected one of {', '.join(choices)}")
-        return cast(str, x)

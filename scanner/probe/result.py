@@ -32,20 +32,21 @@ def to_json(r: ProbeResult) -> str:
 
 
 def from_dict(d: dict[str, Any], name: str = "<result>") -> ProbeResult:
-    try:
-        if d.get("schema_version") != PROBE_SCHEMA_VERSION:
-            raise ConfigError(f"{name}: not a probe result (schema_version {d.get('schema_version')!r})")
-        return ProbeResult(
-            target=d["target"], plan_digest=d["plan_digest"], policy=d["policy"],
-            vantages=tuple(d["vantages"]),
-            credentials=tuple((c["label"], c["fingerprint"]) for c in d["credentials"]),
-            attempts=tuple(Attempt.from_dict(a) for a in d["attempts"]),
-            findings=tuple(Finding.from_dict(f) for f in d["findings"]),
-            elapsed_s=float(d["elapsed_s"]), unreachable=bool(d["unreachable"]), reason=d.get("reason", ""),
-            coverage=tuple(Coverage.from_dict(c) for c in d.get("coverage", ())),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}: invalid probe result: {exc}") from None
+    """A probe result validated as scanner.documents.ProbeResultDoc."""
+    from scanner.documents import validate
+
+    if not isinstance(d, dict) or d.get("schema_version") != PROBE_SCHEMA_VERSION:
+        found = d.get("schema_version") if isinstance(d, dict) else None
+        raise ConfigError(f"{name}: not a probe result (schema_version {found!r})")
+    doc = validate("probe-result", d, name)
+    return ProbeResult(
+        target=doc.target, plan_digest=doc.plan_digest, policy=doc.policy, vantages=tuple(doc.vantages),
+        credentials=tuple((c.label, c.fingerprint) for c in doc.credentials),
+        attempts=tuple(Attempt.from_dict(a.model_dump()) for a in doc.attempts),
+        findings=tuple(Finding.from_dict(f.model_dump()) for f in doc.findings),
+        elapsed_s=doc.elapsed_s, unreachable=doc.unreachable, reason=doc.reason,
+        coverage=tuple(Coverage.from_dict(c.model_dump()) for c in doc.coverage),
+    )
 
 
 def load(path: str | Path) -> ProbeResult:

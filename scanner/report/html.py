@@ -17,22 +17,27 @@ import jinja2
 
 from scanner import __version__, resources
 from scanner.inventory.diff import InventoryDiff
+from scanner.inventory.model import HTTP_METHODS
 from scanner.probe.interface import COVERAGE_STATUSES, Attempt, ProbeResult
 
 if TYPE_CHECKING:
     from scanner.audit.model import AuditReport
 
 TEMPLATE = "report.html.j2"
-# Cell classes, worst first: a cell holding several attempts shows the worst.
-CELL_CLASSES: tuple[str, ...] = ("open", "blocked", "error", "limited", "allowed", "denied", "skipped")
-LEGEND: tuple[tuple[str, str], ...] = (
-    ("open", "reached but should be denied"),
-    ("blocked", "blocked but should be allowed"),
-    ("error", "error (no answer)"),
-    ("limited", "throttled or size-limited (429/413)"),
-    ("allowed", "reached, as expected"),
-    ("denied", "denied, as expected"),
-    ("skipped", "not sent (state-changing)"),
+# What happened to a request, worst first: a cell holding several attempts shows the worst,
+# with the counts of each in its tooltip.
+CELL_CLASSES: tuple[str, ...] = ("open", "blocked", "inconclusive", "refused", "guarded", "limited",
+                                 "allowed", "denied", "skipped")
+LEGEND: tuple[tuple[str, str, str], ...] = (
+    ("open", "served by vLLM (2xx/3xx) though the plan denies it", "#d32f2f"),
+    ("blocked", "refused though the plan allows it", "#fb8c00"),
+    ("inconclusive", "inconclusive (no answer, a proxy 5xx, a refusal for another reason)", "#7b1fa2"),
+    ("refused", "let through, refused by vLLM itself (404/405/422)", "#ffab91"),
+    ("guarded", "let through, refused by vLLM's own --api-key (401)", "#fff59d"),
+    ("limited", "limited by the perimeter (429), as a burst expects", "#80deea"),
+    ("allowed", "served, as the plan allows", "#66bb6a"),
+    ("denied", "denied by the perimeter for the expected reason", "#cfd8dc"),
+    ("skipped", "not sent (state-changing)", "#ffffff"),
 )
 
 
@@ -45,45 +50,61 @@ class Cell:
 
 @dataclass(frozen=True)
 class Matrix:
-    columns: tuple[tuple[str, str], ...]          # (credential, vantage)
-    rows: tuple[tuple[str, tuple[Cell, ...]], ...]  # ("POST /path", cells)
+    methods: tuple[str, ...]                       # columns
+    rows: tuple[tuple[str, tuple[Cell, ...]], ...]  # (path, one cell per method)
 
     def count(self, css: str) -> int:
         return sum(1 for _r, cells in self.rows for c in cells if c.css == css)
 
 
 def cell_class(a: Attempt) -> str:
-    if a.outcome == "skipped":
+    """What one attempt shows: by its verdict, and for a request let through, by who answered."""
+    if a.verdict == "skipped" or a.outcome == "skipped":
         return "skipped"
-    if a.outcome == "error":
-        return "error"
-    if a.outcome == "reached":
-        return "allowed" if a.expected == "allow" else "open"
-    if a.outcome == "limited":
-        return "limited"
-    return "blocked" if a.expected == "allow" else "denied"
+    if a.verdict == "inconclusive":
+        return "inconclusive"
+    if a.expected == "allow":
+        if a.verdict == "proved":
+            return "limited" if a.outcome == "limited" else "allowed"
+        return "blocked"
+    if a.verdict == "proved":
+        return "denied"
+    if a.outcome == "guarded":
+        return "guarded"
+    if a.outcome == "absent" or (a.layer == "upstream" and a.status in (400, 404, 405, 422)):
+        return "refused"
+    return "open"
 
 
 def _cell(attempts: Sequence[Attempt]) -> Cell:
     if not attempts:
         return Cell("none", "", "not probed")
-    worst = min(attempts, key=lambda a: CELL_CLASSES.index(cell_class(a)))
-    css = cell_class(worst)
-    shown = str(worst.status) if worst.status is not None else ("skip" if css == "skipped" else "err")
-    title = (f"{worst.request_line} as {worst.credential} from {worst.vantage}: expected {worst.expected}, "
-             f"got {worst.status if worst.status is not None else worst.error or 'no answer'} "
-             f"({worst.outcome}, layer {worst.layer}{', ' + worst.decision if worst.decision else ''})")
-    return Cell(css, shown, title)
+    classes = [cell_class(a) for a in attempts]
+    worst_css = min(classes, key=CELL_CLASSES.index)
+    worst = attempts[classes.index(worst_css)]
+    bad = sum(1 for c in classes if c == worst_css)
+    shown = (str(worst.status) if worst.status is not None else ("skip" if worst_css == "skipped" else "err"))
+    if worst_css not in ("allowed", "denied") and bad > 1:
+        shown += f"×{bad}"
+    counts = ", ".join(f"{n} {c}" for c in CELL_CLASSES if (n := classes.count(c)))
+    title = (f"{len(attempts)} attempts: {counts}. Worst: {worst.request_line} as {worst.credential} from "
+             f"{worst.vantage}: expected {worst.expected}, got "
+             f"{worst.status if worst.status is not None else worst.error or 'no answer'} "
+             f"({worst.outcome}, layer {worst.layer}{', ' + worst.reason if worst.reason else ''})"
+             f"{'; ' + worst.why if worst.why else ''}")
+    return Cell(worst_css, shown, title)
 
 
 def matrix(result: ProbeResult) -> Matrix:
-    cells: dict[tuple[str, str], dict[tuple[str, str], list[Attempt]]] = {}
+    """One row per path, one column per method, every credential and vantage in each cell."""
+    cells: dict[str, dict[str, list[Attempt]]] = {}
     for a in result.attempts:
         if a.check == "matrix":
-            cells.setdefault((a.path, a.method), {}).setdefault((a.credential, a.vantage), []).append(a)
-    columns = tuple((label, v) for label, _fp in result.credentials for v in result.vantages)
-    rows = tuple((f"{method} {path}", tuple(_cell(by_col.get(col, [])) for col in columns))
-                 for (path, method), by_col in sorted(cells.items()))
+            cells.setdefault(a.path, {}).setdefault(a.method, []).append(a)
+    methods = tuple(m for m in HTTP_METHODS if any(m in by for by in cells.values()))
+    extra = tuple(sorted({m for by in cells.values() for m in by} - set(methods)))
+    columns = methods + extra
+    rows = tuple((path, tuple(_cell(by.get(m, [])) for m in columns)) for path, by in sorted(cells.items()))
     return Matrix(columns, rows)
 
 

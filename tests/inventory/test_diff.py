@@ -109,7 +109,7 @@ def test_diff_with_invalid_file_is_exit_2(run_cli: Callable[..., CliResult], tmp
     p = tmp_path / "bad.json"
     p.write_text('{"schema_version": 1, "source": {"kind": "vllm"}, "routes": [{}]}', "utf-8")
     line = run_cli("inventory", "diff", str(p), "vllm-0.29.0-default").assert_one_line_error(2)
-    assert "bad.json: invalid inventory: routes[0].path must be a string" in line
+    assert "bad.json: invalid inventory: routes[0].path: Field required" in line
 
 
 def test_diff_with_unknown_name_is_exit_2(run_cli: Callable[..., CliResult]) -> None:

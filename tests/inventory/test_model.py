@@ -77,19 +77,20 @@ def _without_hash(mutate: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d.update(schema_version=2), "schema_version is 2"),
-    (lambda d: d.pop("schema_version"), "schema_version is None"),
-    (lambda d: d.update(source={"kind": "ftp"}), "source.kind is 'ftp'"),
-    (lambda d: d.update(routes={}), "routes must be a list"),
-    (lambda d: d["routes"][0].update(path="health"), "must start with '/'"),
-    (lambda d: d["routes"][0].update(methods=[]), "methods is empty"),
-    (lambda d: d["routes"][0].update(methods=["GE T"]), "invalid method"),
-    (lambda d: d["routes"][0].update(methods="GET"), "methods must be a list"),
-    (lambda d: d["routes"][0].update(kind="grpc"), r"routes\[0\].kind is 'grpc'"),
-    (lambda d: d["routes"][0].update(guarded="yes"), "guarded must be true or false"),
-    (lambda d: d["vllm"].update(tasks="generate"), "vllm.tasks must be a list"),
-    (lambda d: d["vllm"].update(version=29), "vllm.version must be a string"),
-    (lambda d: d.update(middleware=[1]), r"middleware\[\] must be a string"),
+    (lambda d: d.update(schema_version=2), "schema_version: Input should be 1"),
+    (lambda d: d.pop("schema_version"), "schema_version: Field required"),
+    (lambda d: d.update(source={"kind": "ftp"}), "source.kind: Input should be 'vllm'"),
+    (lambda d: d.update(routes={}), "routes: Input should be a valid list"),
+    (lambda d: d["routes"][0].update(path="health"), r"routes\[0\].path: String should match pattern '\^/'"),
+    (lambda d: d["routes"][0].update(methods=[]), r"routes\[0\].methods: List should have at least 1 item"),
+    (lambda d: d["routes"][0].update(methods=["GE T"]), r"routes\[0\].methods\[0\]: String should match"),
+    (lambda d: d["routes"][0].update(methods="GET"), r"routes\[0\].methods: Input should be a valid list"),
+    (lambda d: d["routes"][0].update(kind="grpc"), r"routes\[0\].kind: Input should be 'http'"),
+    (lambda d: d["routes"][0].update(guarded="yes"), r"routes\[0\].guarded: Input should be a valid boolean"),
+    (lambda d: d["vllm"].update(tasks="generate"), "vllm.tasks: Input should be a valid list"),
+    (lambda d: d["vllm"].update(version=29), "vllm.version: Input should be a valid string"),
+    (lambda d: d.update(middleware=[1]), r"middleware\[0\]: Input should be a valid string"),
+    (lambda d: d["routes"][0].update(colour="red"), r"routes\[0\].colour: Extra inputs are not permitted"),
 ])
 def test_validation_names_the_field(mutate: Any, message: str) -> None:
     with pytest.raises(InventoryFormatError, match=message) as exc:
@@ -106,7 +107,7 @@ def test_not_json_gives_line_number(tmp_path: Path) -> None:
 
 
 def test_top_level_not_an_object() -> None:
-    with pytest.raises(InventoryFormatError, match="document must be an object, not list"):
+    with pytest.raises(InventoryFormatError, match="document: Input should be a valid dictionary"):
         model.loads("[]")
 
 

@@ -72,15 +72,28 @@ def test_self_contained_and_escaped(page: Path, leaky_result: ProbeResult) -> No
 
 def test_grid_cells(leaky_result: ProbeResult) -> None:
     m = html.matrix(leaky_result)
-    assert len(m.columns) == len(leaky_result.credentials) * 2
-    by_route = dict(m.rows)
-    assert {c.css for c in by_route["POST /invocations"]} == {"open"}
-    assert {c.css for c in by_route["GET /health"]} <= {"denied", "allowed"}
-    assert m.count("blocked") == 0 and m.count("open") >= len(m.columns)
-    assert {r.split()[1] for r, cells in m.rows if any(c.css == "open" for c in cells)} == {"/invocations"}
-    limited = dataclasses.replace(leaky_result.attempts[0], outcome="limited", status=429, expected="allow")
+    # one row per path, one column per method: it fits a screen whatever the credentials
+    assert m.methods == ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    by_path = dict(m.rows)
+    post = m.methods.index("POST")
+    # the safe requests reached vLLM, which refused them itself (400 validation, 405 method): not
+    # the colour of a request it served, nor of one the perimeter denied
+    assert by_path["/invocations"][post].css == "refused"
+    assert {c.css for c in by_path["/invocations"]} == {"refused"}
+    served = dataclasses.replace(leaky_result.attempts[0], outcome="reached", status=200, expected="deny",
+                                 verdict="failed", layer="upstream")
+    assert html.cell_class(served) == "open"
+    assert {c.css for c in by_path["/health"]} <= {"denied", "allowed"}
+    assert m.count("blocked") == 0
+    assert {p for p, cells in m.rows if any(c.css in ("open", "refused") for c in cells)} == {"/invocations"}
+    limited = dataclasses.replace(leaky_result.attempts[0], outcome="limited", status=429, expected="allow",
+                                  verdict="proved")
     assert html.cell_class(limited) == "limited"
-    assert all(" expected " in c.title and "layer " in c.title for _r, cells in m.rows for c in cells)
+    guarded = dataclasses.replace(leaky_result.attempts[0], outcome="guarded", status=401, expected="deny",
+                                  verdict="failed", layer="upstream")
+    assert html.cell_class(guarded) == "guarded"
+    assert html.cell_class(dataclasses.replace(guarded, verdict="inconclusive")) == "inconclusive"
+    assert all("attempts: " in c.title and " expected " in c.title for _p, cells in m.rows for c in cells)
 
 
 def _chromium() -> str | None:
@@ -109,8 +122,8 @@ def test_chromium_renders_what_a_person_needs(page: Path) -> None:
     dom = _run_chromium(binary, "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     text = dom.stdout
-    assert re.search(r'<td class="open" title="POST /invocations HTTP/1.1 as none from default: expected deny, '
-                     r'got 400 \(reached, layer upstream', text)
+    assert re.search(r'<td class="refused" title="\d+ attempts: [^"]*Worst: POST /invocations HTTP/1.1 as none '
+                     r'from \w+: expected deny, got 400 \(reached, layer upstream', text)
     findings = text[text.index('<table class="findings">'):]
     findings = findings[:findings.index("</table>")]
     assert "critical" in findings and "/invocations" in findings

@@ -1,0 +1,455 @@
+"""Every document a user writes or a CI system reads, as pydantic models: the one place their
+shape is stated. The JSON Schemas under ``schemas/`` are generated from these
+(``vllm-perimeter schema NAME``; ``tests/test_documents.py`` keeps them current), every document
+the tool writes is validated against its model in the tests, and documents the tool reads back
+(inventories, probe results) are validated through them, with the file and field in the error.
+
+The policy YAML is validated by :mod:`scanner.policy.load`, which keeps each error's line
+number; its schema here is for editors and CI linters, and the tests check that both accept the
+same bundled policies and principals files.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scanner.errors import ConfigError
+
+Severity = Literal["critical", "high", "medium", "low", "info"]
+Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+class _Doc(BaseModel):
+    # strict: a "yes" is not a boolean, a 29 not a string (JSON documents, read as parsed)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# --- policy (YAML) and principals --------------------------------------------------------------
+
+
+class RateDoc(_Doc):
+    rps: float = Field(gt=0)
+    burst: int = Field(default=0, ge=0)
+
+
+class LimitsDoc(_Doc):
+    body_bytes: int | None = Field(default=None, ge=1)
+    json_caps: dict[Literal["max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
+                            "logprobs", "top_logprobs", "prompt_logprobs"], int] = {}
+    rate: RateDoc | None = None
+    concurrency: int | None = Field(default=None, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class AudienceDoc(_Doc):
+    kind: Literal["end-user", "service", "operator", "monitoring", "none"]
+    networks: list[str] = []
+    roles: list[str] = []
+    auth: Literal["key", "none"] | None = None
+    limits: LimitsDoc | None = None
+
+
+class PrincipalDoc(_Doc):
+    name: str = Field(min_length=1)
+    role: str = Field(min_length=1)
+    key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="sha256 hex of the key, never the key")
+
+
+class RouteRuleDoc(_Doc):
+    path: str = Field(pattern=r"^/")
+    audience: str
+    methods: list[str] = []
+    limits: LimitsDoc | None = None
+    state_changing: bool = False
+    note: str | None = None
+
+
+class TlsServerDoc(_Doc):
+    cert: str
+    key: str
+
+
+class TlsUpstreamDoc(_Doc):
+    ca: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    server_name: str | None = None
+
+
+class ListenDoc(_Doc):
+    address: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=1, le=65535)
+    tls: TlsServerDoc | None = None
+
+
+class PolicyUpstreamDoc(_Doc):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    tls: TlsUpstreamDoc | None = None
+
+
+class BodyDoc(_Doc):
+    cache_salt: Literal["pass", "reject", "strip"] = "reject"
+    chat_template: Literal["pass", "reject", "strip"] = "reject"
+
+
+class PortRuleDoc(_Doc):
+    port: int = Field(ge=1, le=65535)
+    networks: list[str] = Field(min_length=1)
+    note: str | None = None
+
+
+class PortsDoc(_Doc):
+    allow: list[PortRuleDoc]
+
+
+class PolicyDoc(_Doc):
+    """A policy (``policies/vllm-default.yaml``)."""
+
+    schema_version: Literal[1]
+    name: str = Field(min_length=1)
+    networks: dict[str, list[str]] = {}
+    audiences: dict[str, AudienceDoc]
+    principals: list[PrincipalDoc] = []
+    principals_file: str | None = None
+    routes: list[RouteRuleDoc]
+    body: BodyDoc | None = None
+    listen: ListenDoc | None = None
+    upstream: PolicyUpstreamDoc | None = None
+    trusted_proxies: list[str] = []
+    ports: PortsDoc | None = None
+
+
+class PrincipalsDoc(_Doc):
+    """A principals file (``keys new --file``): key hashes only, mode 0600."""
+
+    principals: list[PrincipalDoc] = []
+
+
+# --- inventory ---------------------------------------------------------------------------------
+
+
+class SourceDoc(_Doc):
+    kind: Literal["vllm", "asgi", "openapi", "sweep"]
+    target: str = ""
+
+
+class VllmFactsDoc(_Doc):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, protected_namespaces=(),
+                              populate_by_name=True)
+    version: str
+    serve_args: list[str] = []
+    env: dict[str, str] = {}
+    tasks: list[str] = []
+    model_config_: str = Field(default="none", alias="model_config")
+    plugins: list[str] = []
+    guarded_prefixes: list[str] = ["/v1", "/v2", "/inference", "/cohere"]
+    root_path: str = ""
+    api_key_configured: bool = False
+
+
+class RouteDoc(_Doc):
+    path: str = Field(pattern=r"^/")
+    methods: list[Annotated[str, Field(pattern=r"^([A-Za-z]+|\*)$")]] = Field(min_length=1)
+    kind: Literal["http", "websocket", "mount"] = "http"
+    endpoint: str = ""
+    guarded: bool = False
+    origin: str = "app.routes"
+
+
+class InventoryDoc(_Doc):
+    """The routes an app serves, and where that knowledge came from (``inventory ...``)."""
+
+    schema_version: Literal[1]
+    source: SourceDoc
+    vllm: VllmFactsDoc | None = None
+    middleware: list[str] = []
+    routes: list[RouteDoc]
+    content_hash: str | None = None
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+class PlanRateDoc(_Doc):
+    rps: float
+    burst: int
+
+
+class PlanLimitsDoc(_Doc):
+    body_bytes: int | None
+    json_caps: dict[str, int]
+    rate: PlanRateDoc | None
+    concurrency: int | None
+    timeout_s: float | None
+
+
+class DecisionDoc(_Doc):
+    method: str
+    path: str
+    kind: Literal["http", "websocket", "mount"]
+    action: Literal["allow", "deny"]
+    reason: str
+    audience: str
+    audience_kind: Literal["end-user", "service", "operator", "monitoring", "none"]
+    auth: Literal["key", "none"]
+    roles: list[str]
+    networks: list[str]
+    limits: PlanLimitsDoc
+    state_changing: bool
+    state_changing_by: str
+    upstream_guarded: bool
+    rule_line: int
+
+
+class PlanDoc(_Doc):
+    """One decision per method and path (``plan --format json``)."""
+
+    schema_version: Literal[1]
+    policy: dict[str, str]
+    inventory_hash: str
+    vllm_version: str
+    listen: dict[str, Any]
+    upstream: dict[str, Any]
+    body: BodyDoc
+    trusted_proxies: list[str]
+    networks: dict[str, list[str]]
+    principals: list[dict[str, str]]
+    decisions: list[DecisionDoc]
+    uncovered: list[str]
+    unused_rules: list[str]
+    digest: str
+
+
+# --- probe result ------------------------------------------------------------------------------
+
+Layer = Literal["proxy", "upstream", "none"]
+Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", "skipped"]
+
+
+class SeenDoc(_Doc):
+    """What the upstream witness recorded for one request."""
+
+    method: str
+    path: str
+    query: str = ""
+    headers: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = []
+    body_bytes: int = 0
+    body_sha256: str = ""
+    body: str | None = None
+
+
+class AttemptDoc(_Doc):
+    check: str
+    method: str
+    path: str
+    request_line: str
+    credential: str
+    fingerprint: str
+    vantage: str
+    expected: Literal["allow", "deny"]
+    status: int | None = None
+    error: str = ""
+    layer: Layer = "none"
+    decision: str = ""
+    outcome: Outcome = "error"
+    latency_ms: float = 0.0
+    sent_at: float = 0.0
+    note: str = ""
+    reason: str = ""
+    reasons: list[str] = []
+    verdict: Literal["proved", "failed", "inconclusive", "skipped"] = "inconclusive"
+    why: str = ""
+    tries: int = 1
+    probe_id: str = ""
+    subject: str = ""
+    upstream: SeenDoc | None = None
+
+
+class EvidenceDoc(_Doc):
+    request_line: str
+    credential: str
+    vantage: str
+    status: int | None
+    layer: Layer
+    outcome: Outcome
+    note: str = ""
+    reason: str = ""
+    why: str = ""
+
+
+class FindingDoc(_Doc):
+    id: str
+    rule: str
+    severity: Severity
+    title: str
+    method: str
+    path: str
+    vantage: str
+    detail: str
+    remediation: str
+    check: str = ""
+    evidence: list[EvidenceDoc] = []
+
+
+class CoverageDoc(_Doc):
+    check: str
+    subject: str
+    status: Literal["proved", "failed", "not-proven", "not-applicable"]
+    why: str = ""
+    attempts: int = 0
+    method: str = ""
+    path: str = ""
+
+
+class CredentialDoc(_Doc):
+    label: str
+    fingerprint: str
+
+
+class ProbeSummaryDoc(_Doc):
+    attempts: int
+    findings: dict[Severity, int]
+    coverage: dict[str, dict[str, int]] = {}
+
+
+class ProbeResultDoc(_Doc):
+    """A probe run (``probe --format json``): findings, coverage per check, every attempt."""
+
+    schema_version: Literal[1]
+    tool: Literal["vllm-perimeter probe"] = "vllm-perimeter probe"
+    target: str
+    plan_digest: str
+    policy: str
+    vantages: list[str]
+    credentials: list[CredentialDoc]
+    elapsed_s: float
+    unreachable: bool
+    reason: str = ""
+    summary: ProbeSummaryDoc | None = None
+    findings: list[FindingDoc]
+    coverage: list[CoverageDoc] = []
+    attempts: list[AttemptDoc]
+
+
+# --- netscan, audit, evidence -------------------------------------------------------------------
+
+
+class PortAttemptDoc(_Doc):
+    port: int
+    state: Literal["open", "closed", "filtered"]
+    method: Literal["syn", "connect"]
+    reason: str = ""
+    latency_ms: float = 0.0
+
+
+class PortFindingDoc(_Doc):
+    id: str
+    rule: str
+    severity: Severity
+    title: str
+    port: int
+    vantage: str
+    detail: str
+    remediation: str
+    evidence: list[PortAttemptDoc] = []
+
+
+class NetscanResultDoc(_Doc):
+    """Which TCP ports answer from a vantage (``netscan --format json``)."""
+
+    schema_version: Literal[1]
+    host: str
+    address: str
+    vantage: dict[str, Any]
+    method: Literal["syn", "connect"]
+    method_note: str
+    policy: str | None
+    started_at: float
+    elapsed_s: float
+    summary: dict[str, int]
+    attempts: list[PortAttemptDoc]
+    findings: list[PortFindingDoc]
+
+
+class AuditResultDoc(_Doc):
+    """Drift of a live deployment against a baseline (``audit --format json``)."""
+
+    schema_version: Literal[1]
+    tool: Literal["vllm-perimeter audit"]
+    baseline: str
+    signed_by: str
+    release: str
+    config_hash: str
+    plan_matches: bool
+    target: str
+    surface_url: str
+    surface_note: str
+    surface_error: str
+    started_at: float
+    summary: dict[str, Any]
+    routes: list[dict[str, Any]]
+    config: list[dict[str, Any]] | None
+    config_note: str
+    probe_drift: dict[str, Any]
+    ports: dict[str, Any] | None
+    probe: ProbeResultDoc
+
+
+class ManifestFileDoc(_Doc):
+    path: str
+    role: Literal["inventory", "policy", "principals", "plan", "config", "probe", "netscan"]
+    bytes: int
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class EvidenceManifestDoc(_Doc):
+    """The manifest of a signed evidence pack (``evidence build``)."""
+
+    kind: Literal["vllm-perimeter-evidence"]
+    schema_version: Literal[1]
+    tool: dict[str, str]
+    vllm_version: str | None
+    created: str
+    public_key_fingerprint: str
+    files: list[ManifestFileDoc]
+
+
+DOCUMENTS: dict[str, type[_Doc]] = {
+    "policy": PolicyDoc,
+    "principals": PrincipalsDoc,
+    "inventory": InventoryDoc,
+    "plan": PlanDoc,
+    "probe-result": ProbeResultDoc,
+    "netscan-result": NetscanResultDoc,
+    "audit-result": AuditResultDoc,
+    "evidence-manifest": EvidenceManifestDoc,
+}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    model = DOCUMENTS[name]
+    schema = model.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://vllm-perimeter.invalid/schemas/{name}.schema.json"
+    return schema
+
+
+def where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as the field path users read: ``routes[0].path``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "document"
+
+
+def validate(name: str, data: Any, source: str, error: type[ConfigError] = ConfigError) -> Any:
+    """``data`` validated as document ``name``; ``error`` naming ``source`` and the field."""
+    try:
+        return DOCUMENTS[name].model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise error(f"{source}: invalid {name}: {where(first['loc'])}: {first['msg']}{more}") from None
