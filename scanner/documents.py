@@ -367,7 +367,7 @@ class NetscanResultDoc(_Doc):
     method: Literal["syn", "connect"]
     method_note: str
     policy: str | None
-    started_at: float
+    started_at: str = Field(description="ISO 8601, UTC")
     elapsed_s: float
     summary: dict[str, int]
     attempts: list[PortAttemptDoc]
@@ -402,7 +402,7 @@ class ManifestFileDoc(_Doc):
     path: str
     role: Literal["inventory", "policy", "principals", "plan", "config", "probe", "netscan"]
     bytes: int
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
 
 
 class EvidenceManifestDoc(_Doc):

@@ -35,7 +35,19 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from scanner.cli import audit, demo, evidence, inventory, keys, netscan, plan, probe, standin, verify
+    from scanner.cli import (
+        audit,
+        demo,
+        evidence,
+        inventory,
+        keys,
+        netscan,
+        plan,
+        probe,
+        schema,
+        standin,
+        verify,
+    )
 
     cli.add_command(demo.command)
     cli.add_command(inventory.group)
@@ -48,6 +60,7 @@ def _register() -> None:
     cli.add_command(evidence.group)
     cli.add_command(standin.command)
     cli.add_command(keys.keys_group)
+    cli.add_command(schema.command)
 
 
 _register()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from scanner.audit.metrics import LABELS
+from scanner.documents import validate
 from scanner.inventory.catalog import load_ref
 from scanner.runtime import nginx
 from scanner.standin.serve import StandinThread
@@ -34,7 +35,9 @@ def _audit(lp: Loop, *extra: str) -> tuple[int, dict[str, object], str]:
     res = invoke("audit", str(lp.baseline), lp.proxy_url, *lp.key_args(),
                  "--upstream-url", lp.upstream_url, "--format", "json", "-o", str(out), "-q", "--rate", "0", "--timeout", "15", *extra,
                  env=lp.env())
-    return int(res.return_value), json.loads(out.read_text()), res.output
+    doc = json.loads(out.read_text())
+    validate("audit-result", doc, str(out))   # the published schema holds
+    return int(res.return_value), doc, res.output
 
 
 def test_baseline_layout(loop: tuple[Loop, ExitStack]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scanner.cli.main import main
+from scanner.documents import validate
 from scanner.evidence import keys
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,6 +74,7 @@ def test_build_and_verify(work: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert rc == 0, err
     assert "files/policy/principals.yaml" in out and "vLLM 0.29.0" in err
     manifest = json.loads((work / "pack/manifest.json").read_text())
+    validate("evidence-manifest", manifest, "manifest.json")   # the published schema holds
     assert manifest["vllm_version"] == "0.29.0" and manifest["tool"]["name"] == "vllm-perimeter"
     assert manifest["created"].endswith("+00:00")
     assert {f["role"] for f in manifest["files"]} == {"inventory", "policy", "principals", "netscan", "config"}

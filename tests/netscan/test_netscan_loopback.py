@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from scanner.cli.main import main
+from scanner.documents import validate
 from scanner.errors import UsageError
 from scanner.netscan import ports as port_sets
 from scanner.netscan import scan as scan_mod
@@ -63,6 +64,7 @@ def test_connect_finds_open_and_closed(listener: int, closed_port: int,
     rc, out, _ = run(["netscan", "127.0.0.1", "--method", "connect", "--format", "json",
                       "--ports", f"{listener},{closed_port}", "--timeout", "0.5"], capsys)
     doc = json.loads(out)
+    validate("netscan-result", doc, "netscan output")   # the published schema holds
     states = {a["port"]: (a["state"], a["method"], a["reason"]) for a in doc["attempts"]}
     assert states[listener] == ("open", "connect", "connected")
     assert states[closed_port] == ("closed", "connect", "refused")

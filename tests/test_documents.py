@@ -1,0 +1,76 @@
+"""The published JSON Schemas are current, and every document the tool writes holds to its model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scanner import documents
+from scanner.cli.schema import schema_text
+from scanner.errors import ConfigError
+from scanner.inventory import catalog
+from scanner.plan.inputs import make_plan
+from scanner.probe import result as probe_result
+from tests.probe import helpers as h
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", sorted(documents.DOCUMENTS))
+def test_published_schema_is_current(name: str) -> None:
+    published = REPO / "schemas" / f"{name}.schema.json"
+    assert published.exists(), f"run: vllm-perimeter schema {name} -o schemas/{name}.schema.json"
+    assert published.read_text() == schema_text(name), f"schemas/{name}.schema.json is stale"
+
+
+def test_every_bundled_catalog_is_an_inventory() -> None:
+    for name in catalog.names():
+        doc = json.loads((catalog.catalog_dir() / f"{name}.json").read_text())
+        documents.validate("inventory", doc, name)
+
+
+def test_plan_and_probe_result_hold_to_their_models() -> None:
+    plan = make_plan("vllm-0.29.0-everything", None)
+    documents.validate("plan", json.loads(plan.to_json()), "plan")
+    res = h.run(h.open_upstream(h.plan()), "user", "operator")
+    documents.validate("probe-result", probe_result.to_dict(res), "probe")
+    assert probe_result.from_dict(json.loads(probe_result.to_json(res))) == res
+
+
+def test_bundled_policy_and_the_loader_agree() -> None:
+    from scanner.policy.load import load
+
+    path = REPO / "policies" / "vllm-default.yaml"
+    documents.validate("policy", yaml.safe_load(path.read_text()), str(path))
+    load(path)
+    # what the loader refuses, the schema refuses too
+    for bad in ({"schema_version": 2}, {"name": ""}, {"body": {"cache_salt": "keep"}},
+                {"routes": [{"path": "v1", "audience": "x"}]}, {"colour": "red"}):
+        doc = {**yaml.safe_load(path.read_text()), **bad}
+        with pytest.raises(ConfigError):
+            documents.validate("policy", doc, "p.yaml")
+
+
+def test_errors_name_the_file_and_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"^r.json: invalid probe-result: findings\[0\].severity: Input should be"):
+        documents.validate("probe-result", {
+            "schema_version": 1, "target": "t", "plan_digest": "d", "policy": "p", "vantages": [],
+            "credentials": [], "elapsed_s": 0.0, "unreachable": False, "attempts": [],
+            "findings": [{"id": "x", "rule": "VP001", "severity": "urgent", "title": "", "method": "", "path": "",
+                          "vantage": "", "detail": "", "remediation": ""}]}, "r.json")
+
+
+def test_schema_cli_lists_and_prints(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from scanner.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["schema"], standalone_mode=False)
+    assert "probe-result" in res.output and "policy" in res.output
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(cli, ["schema", "policy", "-o", str(out)], standalone_mode=False)
+    assert res.exception is None
+    assert json.loads(out.read_text())["title"] == "PolicyDoc"
