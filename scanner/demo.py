@@ -42,18 +42,14 @@ def run(say: Callable[[str], None], options: ProbeOptions = OPTIONS, keys_per_ro
     build_ = nginx.any_build()
     proxy = NginxProxy(build_, "nginx")
     inventory = load_ref(CATALOG)
-    with verify.workdir() as work:
-        upstream_port = free_port()
-        s = verify.setup(inventory, load_policy(None), work, upstream_port, keys_per_role)
+    with verify.loop(inventory, load_policy(None), [proxy], keys_per_role) as (s, witness, written):
         say(f"1/4 plan: {len(s.plan.allowed)} method+path pairs allowed, {len(s.plan.denied)} denied "
             f"(catalog {CATALOG}, policy vllm-default)")
-        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
-            proxy.write(s.plan, work / "nginx")
-            say(f"2/4 stand-in with its upstream witness on {standin.url}; NGINX {build_.name} on "
-                f"http://127.0.0.1:{s.plan.listen.port} (config checked with nginx -t)")
-            names = ", ".join(v.name for v in s.vantages)
-            say(f"3/4 probing through NGINX from {len(s.vantages)} loopback vantages ({names})")
-            proxied = verify.proxy_run(s, proxy, work / "nginx", options, standin.url).result
+        say(f"2/4 stand-in with its upstream witness on {witness}; NGINX {build_.name} on "
+            f"http://127.0.0.1:{s.plan.listen.port} (config checked with nginx -t)")
+        names = ", ".join(v.name for v in s.vantages)
+        say(f"3/4 probing through NGINX from {len(s.vantages)} loopback vantages ({names})")
+        proxied = verify.proxy_run(s, proxy, written[0][1], options, witness).result
         if proxied.reason.startswith("interrupted"):
             raise KeyboardInterrupt
         say("4/4 the same stand-in with only vLLM's --api-key and no proxy (safe mode)")

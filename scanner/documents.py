@@ -16,6 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scanner.errors import ConfigError
+from scanner.netscan.model import Attempt as PortAttempt
+from scanner.netscan.model import Finding as PortFinding
+from scanner.probe.interface import Attempt, Coverage, Finding
 
 Severity = Literal["critical", "high", "medium", "low", "info"]
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -225,84 +228,6 @@ class PlanDoc(_Doc):
 
 # --- probe result ------------------------------------------------------------------------------
 
-Layer = Literal["proxy", "upstream", "none"]
-Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", "skipped"]
-
-
-class SeenDoc(_Doc):
-    """What the upstream witness recorded for one request."""
-
-    method: str
-    path: str
-    query: str = ""
-    headers: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = []
-    body_bytes: int = 0
-    body_sha256: str = ""
-    body: str | None = None
-
-
-class AttemptDoc(_Doc):
-    check: str
-    method: str
-    path: str
-    request_line: str
-    credential: str
-    fingerprint: str
-    vantage: str
-    expected: Literal["allow", "deny"]
-    status: int | None = None
-    error: str = ""
-    layer: Layer = "none"
-    decision: str = ""
-    outcome: Outcome = "error"
-    latency_ms: float = 0.0
-    sent_at: float = 0.0
-    note: str = ""
-    reason: str = ""
-    reasons: list[str] = []
-    verdict: Literal["proved", "failed", "inconclusive", "skipped"] = "inconclusive"
-    why: str = ""
-    tries: int = 1
-    probe_id: str = ""
-    subject: str = ""
-    upstream: SeenDoc | None = None
-
-
-class EvidenceDoc(_Doc):
-    request_line: str
-    credential: str
-    vantage: str
-    status: int | None
-    layer: Layer
-    outcome: Outcome
-    note: str = ""
-    reason: str = ""
-    why: str = ""
-
-
-class FindingDoc(_Doc):
-    id: str
-    rule: str
-    severity: Severity
-    title: str
-    method: str
-    path: str
-    vantage: str
-    detail: str
-    remediation: str
-    check: str = ""
-    evidence: list[EvidenceDoc] = []
-
-
-class CoverageDoc(_Doc):
-    check: str
-    subject: str
-    status: Literal["proved", "failed", "not-proven", "not-applicable"]
-    why: str = ""
-    attempts: int = 0
-    method: str = ""
-    path: str = ""
-
 
 class CredentialDoc(_Doc):
     label: str
@@ -316,8 +241,10 @@ class ProbeSummaryDoc(_Doc):
 
 
 class ProbeResultDoc(_Doc):
-    """A probe run (``probe --format json``): findings, coverage per check, every attempt."""
+    """A probe run (``probe --format json``): findings, coverage per check, every attempt.
+    Its records are the prober's own (scanner.probe.interface), read back as written."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
     schema_version: Literal[1]
     tool: Literal["vllm-perimeter probe"] = "vllm-perimeter probe"
     target: str
@@ -329,37 +256,18 @@ class ProbeResultDoc(_Doc):
     unreachable: bool
     reason: str = ""
     summary: ProbeSummaryDoc | None = None
-    findings: list[FindingDoc]
-    coverage: list[CoverageDoc] = []
-    attempts: list[AttemptDoc]
+    findings: list[Finding]
+    coverage: list[Coverage] = []
+    attempts: list[Attempt]
 
 
 # --- netscan, audit, evidence -------------------------------------------------------------------
 
 
-class PortAttemptDoc(_Doc):
-    port: int
-    state: Literal["open", "closed", "filtered"]
-    method: Literal["syn", "connect"]
-    reason: str = ""
-    latency_ms: float = 0.0
-
-
-class PortFindingDoc(_Doc):
-    id: str
-    rule: str
-    severity: Severity
-    title: str
-    port: int
-    vantage: str
-    detail: str
-    remediation: str
-    evidence: list[PortAttemptDoc] = []
-
-
 class NetscanResultDoc(_Doc):
     """Which TCP ports answer from a vantage (``netscan --format json``)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
     schema_version: Literal[1]
     host: str
     address: str
@@ -370,8 +278,8 @@ class NetscanResultDoc(_Doc):
     started_at: str = Field(description="ISO 8601, UTC")
     elapsed_s: float
     summary: dict[str, int]
-    attempts: list[PortAttemptDoc]
-    findings: list[PortFindingDoc]
+    attempts: list[PortAttempt]
+    findings: list[PortFinding]
 
 
 class AuditResultDoc(_Doc):

@@ -155,20 +155,31 @@ def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, wi
     return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
 
 
+@contextmanager
+def loop(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy],
+         keys_per_role: int) -> Iterator[tuple[Setup, str, list[tuple[Proxy, Path]]]]:
+    """The setup, the stand-in's (witness) URL, and each proxy's config written in a temporary
+    directory; everything is gone when the block ends."""
+    with workdir() as work:
+        upstream_port = free_port()
+        s = setup(inventory, policy, work, upstream_port, keys_per_role)
+        written = []
+        for proxy in proxies:
+            proxy.write(s.plan, work / proxy.name)
+            written.append((proxy, work / proxy.name))
+        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
+            yield s, standin.url, written
+
+
 def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
         keys_per_role: int = 1, say: Callable[[str], None] = lambda _m: None) -> list[ProxyRun]:
     """The closed loop for each proxy; one probe result per proxy."""
     out = []
-    with workdir() as work:
-        upstream_port = free_port()
-        s = setup(inventory, policy, work, upstream_port, keys_per_role)
-        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
-            for proxy in proxies:
-                directory = work / proxy.name
-                proxy.write(s.plan, directory)
-                say(f"{proxy.name}: probing {len(s.plan.decisions)} decisions from {len(s.vantages)} "
-                    f"vantages through 127.0.0.1:{s.plan.listen.port}")
-                out.append(proxy_run(s, proxy, directory, options, standin.url))
+    with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
+        for proxy, directory in written:
+            say(f"{proxy.name}: probing {len(s.plan.decisions)} decisions from {len(s.vantages)} "
+                f"vantages through 127.0.0.1:{s.plan.listen.port}")
+            out.append(proxy_run(s, proxy, directory, options, witness))
     return out
 
 
@@ -184,24 +195,19 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
     out: list[MutantRun] = []
     # a mutant is caught by one failure; an unanswered request is not tried a third time
     fast = replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2))
-    with workdir() as work:
-        upstream_port = free_port()
-        s = setup(inventory, policy, work, upstream_port, keys_per_role)
-        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
-            for proxy in proxies:
-                directory = work / proxy.name
-                proxy.write(s.plan, directory)
-                base = proxy_run(s, proxy, directory, options, standin.url)
-                baselines.append(base)
-                if base.result.findings or base.result.unreachable:
-                    say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.findings)} "
-                        "findings): no mutation run")
+    with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
+        for proxy, directory in written:
+            base = proxy_run(s, proxy, directory, options, witness)
+            baselines.append(base)
+            if base.result.findings or base.result.unreachable:
+                say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.findings)} "
+                    "findings): no mutation run")
+                continue
+            for op in mutate.operators(proxy.kind):
+                if only and op.id not in only and op.id.partition(".")[2] not in only:
                     continue
-                for op in mutate.operators(proxy.kind):
-                    if only and op.id not in only and op.id.partition(".")[2] not in only:
-                        continue
-                    out.append(mutant(s, proxy, op, work / f"{proxy.name}-{op.id}", fast, standin.url))
-                    say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
+                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
+                say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
     return baselines, out
 
 

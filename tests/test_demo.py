@@ -45,7 +45,7 @@ def test_demo_cli_prints_report_and_leaves_nothing_running() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "perimeter verdict: PASS" in r.stdout
     assert "vp_" not in r.stdout + r.stderr
-    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-demo-"], capture_output=True, text=True, check=False)
+    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""
 
 
@@ -71,6 +71,6 @@ def test_demo_cleans_up_on_ctrl_c() -> None:
     proc.communicate(timeout=60)
     assert proc.returncode == 130
     time.sleep(0.5)
-    assert glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-demo-*")) == []
-    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-demo-"], capture_output=True, text=True, check=False)
+    assert glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*")) == []
+    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == ""

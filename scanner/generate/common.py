@@ -17,6 +17,23 @@ from dataclasses import dataclass
 from scanner.errors import GenerateError
 from scanner.plan.model import Decision, Plan
 
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a generated config says it was made from (its header comments)."""
+
+    plan_digest: str
+    policy_name: str
+    policy_digest: str
+    inventory_hash: str
+    vllm_version: str
+
+    @staticmethod
+    def of(plan: Plan) -> Stamp:
+        return Stamp(plan.digest, plan.policy_name, plan.policy_digest, plan.inventory_hash,
+                     plan.vllm_version)
+
+
 # Principal, role and audience names go into maps, headers, cluster names and rate-limit
 # descriptors: one rule for both proxies.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")

@@ -27,7 +27,7 @@ from pathlib import PurePosixPath
 
 from scanner import patterns, reasons
 from scanner.errors import GenerateError
-from scanner.generate.common import EnvoyOptions, retries_allowed, safe_name, timeout_ms, upstream_tls
+from scanner.generate.common import EnvoyOptions, Stamp, retries_allowed, safe_name, timeout_ms, upstream_tls
 from scanner.generate.interface import GenerateOptions
 from scanner.plan.model import (
     BODY_METHODS,
@@ -135,11 +135,7 @@ class UpstreamTls:
 
 @dataclass(frozen=True)
 class Model:
-    plan_digest: str
-    policy_name: str
-    policy_digest: str
-    inventory_hash: str
-    vllm_version: str
+    stamp: Stamp
     listen_address: str
     listen_port: int
     listen_tls: tuple[str, str] | None
@@ -414,8 +410,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_ip = False
     listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
     return Model(
-        plan_digest=plan.digest, policy_name=plan.policy_name, policy_digest=plan.policy_digest,
-        inventory_hash=plan.inventory_hash, vllm_version=plan.vllm_version,
+        stamp=Stamp.of(plan),
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,
         upstream_host=plan.upstream.host, upstream_port=plan.upstream.port,

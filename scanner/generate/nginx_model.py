@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from scanner import patterns
 from scanner.errors import GenerateError
-from scanner.generate.common import NginxOptions, safe_name, timeout_ms, upstream_tls
+from scanner.generate.common import NginxOptions, Stamp, safe_name, timeout_ms, upstream_tls
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
@@ -128,11 +128,7 @@ class Location:
 
 @dataclass(frozen=True)
 class Model:
-    plan_digest: str
-    policy_name: str
-    policy_digest: str
-    inventory_hash: str
-    vllm_version: str
+    stamp: Stamp
     runtime_dir: str
     access_log: str
     error_log: str
@@ -384,8 +380,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
     return Model(
-        plan_digest=plan.digest, policy_name=plan.policy_name, policy_digest=plan.policy_digest,
-        inventory_hash=plan.inventory_hash, vllm_version=plan.vllm_version,
+        stamp=Stamp.of(plan),
         runtime_dir=_file("runtime_dir", options.runtime_dir.rstrip("/") or "/"),
         access_log=_file("access_log", options.access_log),
         error_log=_file("error_log", options.error_log),

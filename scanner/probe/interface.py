@@ -11,7 +11,7 @@ and never reach an attempt, a finding or a writer: those carry a label and a fin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -127,12 +127,6 @@ class Upstream:
                 "headers": [list(h) for h in self.headers], "body_bytes": self.body_bytes,
                 "body_sha256": self.body_sha256, "body": self.body}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Upstream:
-        return Upstream(method=d["method"], path=d["path"], query=d.get("query", ""),
-                        headers=tuple((str(k), str(v)) for k, v in d.get("headers", ())),
-                        body_bytes=int(d.get("body_bytes", 0)), body_sha256=d.get("body_sha256", ""),
-                        body=d.get("body"))
 
 
 @dataclass(frozen=True)
@@ -170,13 +164,6 @@ class Attempt:
         d["upstream"] = self.upstream.to_dict() if self.upstream else None
         return d
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Attempt:
-        values = {k: d[k] for k in _ATTEMPT_FIELDS if k in d}
-        values["reasons"] = tuple(values.get("reasons", ()))
-        up = values.get("upstream")
-        values["upstream"] = Upstream.from_dict(up) if up else None
-        return Attempt(**values)
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
@@ -225,11 +212,6 @@ class Coverage:
         return {"check": self.check, "subject": self.subject, "status": self.status, "why": self.why,
                 "attempts": self.attempts, "method": self.method, "path": self.path}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Coverage:
-        return Coverage(check=d["check"], subject=d["subject"], status=d["status"], why=d.get("why", ""),
-                        attempts=int(d.get("attempts", 0)), method=d.get("method", ""),
-                        path=d.get("path", ""))
 
 
 @dataclass(frozen=True)
@@ -252,12 +234,6 @@ class Finding:
                 "detail": self.detail, "remediation": self.remediation, "check": self.check,
                 "evidence": [e.to_dict() for e in self.evidence]}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Finding:
-        ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
-        return Finding(id=d["id"], rule=d["rule"], severity=d["severity"], title=d["title"],
-                       method=d["method"], path=d["path"], vantage=d["vantage"], detail=d["detail"],
-                       remediation=d["remediation"], evidence=ev, check=d.get("check", ""))
 
 
 # --- events --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from scanner.errors import ConfigError
-from scanner.probe.interface import PROBE_SCHEMA_VERSION, Attempt, Coverage, Finding, ProbeResult
+from scanner.probe.interface import PROBE_SCHEMA_VERSION, Coverage, Finding, ProbeResult
 from scanner.severity import severity_rank
 
 
@@ -42,10 +42,9 @@ def from_dict(d: dict[str, Any], name: str = "<result>") -> ProbeResult:
     return ProbeResult(
         target=doc.target, plan_digest=doc.plan_digest, policy=doc.policy, vantages=tuple(doc.vantages),
         credentials=tuple((c.label, c.fingerprint) for c in doc.credentials),
-        attempts=tuple(Attempt.from_dict(a.model_dump()) for a in doc.attempts),
-        findings=tuple(Finding.from_dict(f.model_dump()) for f in doc.findings),
+        attempts=tuple(doc.attempts), findings=tuple(doc.findings),
         elapsed_s=doc.elapsed_s, unreachable=doc.unreachable, reason=doc.reason,
-        coverage=tuple(Coverage.from_dict(c.model_dump()) for c in doc.coverage),
+        coverage=tuple(doc.coverage),
     )
 
 
