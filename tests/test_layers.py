@@ -1,0 +1,73 @@
+"""The package's shape: no import cycle, and no module importing one of a later stage.
+
+Stages, in the order data flows (a module may import its own stage and earlier ones):
+the shared vocabularies, inventory, policy, plan, generate, runtime, standin, probe, netscan,
+documents, evidence, audit, mutate, verify, demo, report, cli.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "scanner"
+BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "output", "resources",
+        "state_changing")
+STAGES = (*BASE, "inventory", "policy", "plan", "generate", "runtime", "standin", "probe", "netscan",
+          "documents", "evidence", "audit", "mutate", "verify", "demo", "report", "cli")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in ROOT.rglob("*.py"):
+        name = ".".join(f.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+        out[name] = f
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level imports between scanner modules (imports inside functions are deferred)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, f in mods.items():
+        for node in ast.parse(f.read_text()).body:
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scanner"):
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            graph[name] |= {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def _stage(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    assert part in STAGES, f"{module}: add its stage to STAGES"
+    return STAGES.index(part)
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph[n]):
+            if state.get(m) == 1 and not cycle:
+                cycle.extend([*path[path.index(m):], m])
+            elif m not in state:
+                visit(m, [*path, m])
+        state[n] = 2
+
+    for n in sorted(_modules()):
+        if n not in state and n != "scanner":
+            visit(n, [n])
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_stage_imports_a_later_one() -> None:
+    upward = [(a, b) for a, bs in _graph().items() if a != "scanner" for b in bs
+              if b != "scanner" and _stage(b) > _stage(a) and _stage(b) >= len(BASE)]
+    assert not upward, upward
