@@ -45,11 +45,17 @@ def test_demo_cli_prints_report_and_leaves_nothing_running() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "perimeter verdict: PASS" in r.stdout
     assert "vp_" not in r.stdout + r.stderr
-    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
-    assert leftover.stdout.strip() == ""
+    assert _verify_processes() == set()
 
 
-def test_demo_cleans_up_on_ctrl_c() -> None:
+def _verify_processes() -> set[str]:
+    """Processes whose command line names a verify (or demo) working directory."""
+    found = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
+    return set(found.stdout.split())
+
+
+@pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])   # SIGINT (Ctrl-C), SIGTERM
+def test_demo_cleans_up_when_stopped(signum: int, code: int) -> None:
     import glob
     import os
     import signal
@@ -58,19 +64,22 @@ def test_demo_cleans_up_on_ctrl_c() -> None:
 
     if nginx.static_build() is None and nginx.debian_build() is None:
         pytest.skip("no NGINX installed")
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*")))
+    running_before = _verify_processes()
     proc = subprocess.Popen([sys.executable, "-m", "scanner.cli.main", "demo"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until NGINX and the stand-in are up
+    while time.monotonic() < deadline:  # wait until NGINX and the stand-in are up and probing
         line = proc.stderr.readline()
         if line.startswith("3/4") or not line:
             break
-    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.send_signal(signum)
     proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == code
     time.sleep(0.5)
-    assert glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*")) == []
-    leftover = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
-    assert leftover.stdout.strip() == ""
+    left = set(glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*"))) - before
+    assert left == set()
+    assert _verify_processes() <= running_before   # nothing this run started is left running
