@@ -115,7 +115,8 @@ def denied_path(plan: Plan) -> str:
 
 
 def forbids_fields(plan: Plan) -> bool:
-    return "reject" in (plan.body.cache_salt, plan.body.chat_template)
+    """The body policy rejects or strips a field."""
+    return bool(plan.field_modes())
 
 
 # --- NGINX: text edits of perimeter-http.conf, perimeter-proxy.conf, the principals map ------
@@ -215,7 +216,7 @@ def _n_caps(directory: Path, plan: Plan) -> str:
 @operator("nginx", "forbidden-field-check-removed", "one route passes the fields the policy forbids")
 def _n_fields(directory: Path, plan: Plan) -> str:
     if not forbids_fields(plan):
-        raise NotApplicable("the body policy rejects no field")
+        raise NotApplicable("the body policy rejects or strips no field")
     d = capped(plan)
     passing = '        set $perimeter_body_policy "cache_salt=pass chat_template=pass";\n'
     _edit_route(directory, d.path, lambda b: b.replace(
@@ -490,7 +491,7 @@ def _e_caps(env: _Envoy, plan: Plan) -> str:
 @_e("forbidden-field-check-removed", "one route passes the fields the policy forbids")
 def _e_fields(env: _Envoy, plan: Plan) -> str:
     if not forbids_fields(plan):
-        raise NotApplicable("the body policy rejects no field")
+        raise NotApplicable("the body policy rejects or strips no field")
     d = capped(plan)
     _group_copy(env, env.allowed(d), fields="false")
     return f"{d.method} {d.path}"

@@ -81,3 +81,25 @@ def test_loopback_vantages_one_per_network_and_one_outside() -> None:
     assert [v.name for v in vantages] == ["admin", "monitoring", "public", "outside"]
     assert all(n[0].endswith("/32") for n in nets.values())
     assert len({v.address for v in vantages}) == 4
+
+
+@pytest.mark.parametrize("name", ("nginx", "envoy"))
+def test_a_limit_removed_from_one_route_of_a_shared_zone_is_caught(name: str) -> None:
+    # Measured: with the "everything" catalog the operators remove the operator zone's limit
+    # from POST /adapters, not from the route the zone's burst and held requests go to; the
+    # probe proved the zone there and missed it (19/21 on NGINX). Each route of a zone now has
+    # to meet the emptied bucket and the full zone itself.
+    proxy = _proxy(name)
+    only = ("rate-limit-removed", "concurrency-limit-removed")
+    runs, mutants = verify.mutants(load_ref("vllm-0.29.0-everything"), load_policy(None), [proxy], OPTIONS,
+                                   keys_per_role=2, only=only)
+    base = runs[0].result
+    assert not base.findings and not base.unreachable, [f.title for f in base.findings] or base.reason
+    members = [c for c in base.coverage if c.check in ("rate", "concurrency") and " via " in c.subject]
+    assert members and all(c.status == "proved" for c in members), [c for c in members if c.status != "proved"]
+    applicable = [m for m in mutants if m.status != "not-applicable"]
+    assert {m.operator.partition(".")[2] for m in applicable} == set(only)
+    # the mutated route is a zone member, not the route each zone is exercised on
+    assert any(c.path == "/adapters" for c in members)
+    assert all(m.status == "caught" and "VP005" in m.rules for m in applicable), \
+        [(m.operator, m.status, m.rules, m.what) for m in applicable]

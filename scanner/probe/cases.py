@@ -13,8 +13,9 @@ from scanner.probe.interface import Credential, Vantage
 PARAM_VALUE = "probe-x1"
 Role = Literal["declared", "undeclared", "variant", "limit", "sweep", "spoof", "witness"]
 # When a case may be sent within its pacing lane (scanner.probe.pace): ordinary cases first,
-# then the concurrency check (held requests), then the rate burst, which empties the bucket.
-Phase = Literal[0, 1, 2]
+# then the concurrency check (held requests), then the rate burst, which empties the bucket,
+# then one request to every other route of the burst's bucket, which must meet it empty.
+Phase = Literal[0, 1, 2, 3]
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,14 @@ class AttemptDone:
 
 
 @dataclass(frozen=True)
+class Witnessed:
+    """An attempt already reported, restated with what the upstream witness saw (its
+    ``upstream`` record, and the verdict that follows): it replaces the attempt of that probe id."""
+
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
 class FindingFound:
     finding: Finding
 
@@ -288,7 +296,7 @@ class Finished:
     reason: str = ""               # why unreachable or partial, for the user
 
 
-Event = Started | AttemptDone | FindingFound | Covered | Interrupted | Errored | Finished
+Event = Started | AttemptDone | Witnessed | FindingFound | Covered | Interrupted | Errored | Finished
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ half the burst up front, then 95% of the rate (a generic cell rate algorithm). N
 leaky bucket admits that; Envoy's bucket, filled once per interval, stays above empty as
 long as half the burst covers one interval's worth (true of every default audience). A lane's
 ordinary cases go first (phase 0), then its held-open concurrency cases (phase 1), then
-its rate burst (phase 2, sent unpaced: meeting the limiter is the point). An unexpected
+its rate burst (phase 2, sent unpaced: meeting the limiter is the point), then requests to
+the bucket's other routes, which must find it empty (phase 3, unpaced too). An unexpected
 429 empties the model (the real bucket is empty) and the case is tried again later.
 """
 
@@ -104,9 +105,9 @@ class Gcra:
 class LaneState:
     lane: Lane
     model: Gcra
-    queues: tuple[deque[int], deque[int], deque[int]] = field(
-        default_factory=lambda: (deque(), deque(), deque()))
-    busy: list[int] = field(default_factory=lambda: [0, 0, 0])  # sent, not yet settled, per phase
+    queues: tuple[deque[int], deque[int], deque[int], deque[int]] = field(
+        default_factory=lambda: (deque(), deque(), deque(), deque()))
+    busy: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # sent, not yet settled, per phase
 
     def phase(self) -> int | None:
         """The phase whose next case may go now: a phase starts once every earlier phase has

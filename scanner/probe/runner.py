@@ -43,6 +43,7 @@ from scanner.probe.interface import (
     Target,
     Upstream,
     Vantage,
+    Witnessed,
 )
 from scanner.probe.pace import FREE, Gcra, Lane, LaneState, lane_of, paced_model, refill_wait
 from scanner.probe.registry import Check, CheckContext, selected
@@ -51,6 +52,8 @@ from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
 from scanner.severity import severity_rank
 from scanner.standin._witness import HOLD_PARAM, PROBE_PARAM
+
+PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with their last attempts
 
 RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)
 POLL = 0.02                    # a worker with nothing ready looks again after this long
@@ -129,7 +132,7 @@ class _Schedule:
                 continue
             head = st.queues[phase][0]
             at = max(now, self.not_before[head])
-            if phase != 2 and not self.cases[head].skip:
+            if phase < 2 and not self.cases[head].skip:   # bursts and their follow-ups: unpaced
                 at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)
             if best is None or at < best[0]:
                 best = (at, st, phase)
@@ -145,7 +148,7 @@ class _Schedule:
             i = q.popleft()
             out.append(i)
             st.busy[phase] += 1
-            if not self.cases[i].skip and phase != 2:
+            if not self.cases[i].skip and phase < 2:
                 st.model.take(now)
                 if phase == 0:
                     self.glob.take(now)
@@ -291,21 +294,26 @@ class _Run:
             return a
         return chk.review(self.ctx, case, seen_verdict(case, a, seen.get(a.probe_id)))
 
-    def finals(self, records: dict[str, Upstream] | None) -> dict[str, list[tuple[Case, Attempt]]]:
-        """Each sent case with its last attempt (witness verdicts applied), per check id."""
-        out: dict[str, list[tuple[Case, Attempt]]] = {}
+    def finals(self, records: dict[str, Upstream] | None) -> tuple[PerCheck, list[Attempt]]:
+        """Each sent case with its last attempt (witness verdicts applied), per check id; and
+        the attempts the witness's view changed."""
+        out: PerCheck = {}
+        changed: list[Attempt] = []
         for (chk, case), a in zip(self.items, self.latest, strict=True):
             if a is None:
                 continue
             if records is not None:
-                a = chk.review(self.ctx, case, seen_verdict(case, a, records.get(a.probe_id)))
+                seen = chk.review(self.ctx, case, seen_verdict(case, a, records.get(a.probe_id)))
+                if seen != a:
+                    changed.append(seen)
+                a = seen
             out.setdefault(chk.id, []).append((case, a))
-        return out
+        return out, changed
 
 
 async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential],
                     vantages: Sequence[Vantage], options: ProbeOptions) -> AsyncIterator[Event]:
-    """The probe as a stream of events: Started, AttemptDone..., FindingFound..., Covered...,
+    """The probe as a stream of events: Started, AttemptDone..., Witnessed..., FindingFound..., Covered...,
     [Interrupted], [Errored...], Finished."""
     t0 = time.monotonic()
     ctx = CheckContext(plan=plan, target=target, credentials=tuple(credentials),
@@ -358,7 +366,9 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
         yield Errored("runner", reason)
     finally:
         await sender.aclose()
-    results = run.finals(records)
+    results, changed = run.finals(records)
+    for a in changed:
+        yield Witnessed(a)
     for chk in checks:
         if chk.id not in subjects:
             continue
@@ -392,10 +402,12 @@ async def _preflight(sender: Sender, ctx: CheckContext) -> str:
 
 
 def summarize(events: Iterable[Event]) -> ProbeResult:
-    """Fold a run's events into one result (the writers' input)."""
+    """Fold a run's events into one result (the writers' input); a Witnessed attempt replaces
+    the one of its probe id."""
     start: Started | None = None
     end: Finished | None = None
     attempts: list[Attempt] = []
+    witnessed: dict[str, Attempt] = {}
     findings = []
     coverage = []
     for e in events:
@@ -403,6 +415,8 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
             start = e
         elif isinstance(e, AttemptDone):
             attempts.append(e.attempt)
+        elif isinstance(e, Witnessed):
+            witnessed[e.attempt.probe_id] = e.attempt
         elif isinstance(e, FindingFound):
             findings.append(e.finding)
         elif isinstance(e, Covered):
@@ -413,7 +427,8 @@ def summarize(events: Iterable[Event]) -> ProbeResult:
         raise ValueError("no Started event")
     return ProbeResult(
         target=start.target, plan_digest=start.plan_digest, policy=start.policy,
-        vantages=start.vantages, credentials=start.credentials, attempts=tuple(attempts),
+        vantages=start.vantages, credentials=start.credentials,
+        attempts=tuple(witnessed.get(a.probe_id, a) if a.probe_id else a for a in attempts),
         findings=tuple(sorted(findings, key=lambda f: (severity_rank(f.severity), f.path, f.method, f.id))),
         elapsed_s=end.elapsed_s if end else 0.0,
         unreachable=end.unreachable if end else True,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from scanner.errors import UsageError
 from scanner.probe import config
+from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason
 from scanner.probe.expect import expect
-from scanner.probe.interface import Credential, Vantage
+from scanner.probe.interface import Attempt, Credential, Vantage
 from tests.probe import helpers as h
 
 
@@ -227,40 +229,80 @@ def test_httpx_collapses_dot_segments_so_variants_go_raw() -> None:
     assert data.endswith(b"Content-Length: 2\r\n\r\n{}")
 
 
-def test_rate_judge_is_not_proven_when_the_burst_was_too_slow() -> None:
-    from dataclasses import replace
-
-    from scanner.probe.checks.limits import RateBurst
+def _rate_ctx() -> tuple[object, list[Case]]:
+    from scanner.probe.checks.load import RateBurst
     from scanner.probe.interface import ProbeOptions, Vantage
     from scanner.probe.registry import CheckContext
 
     ctx = CheckContext(plan=h.plan(), target=h.TARGET, credentials=h.creds("user"),
                        vantages=(Vantage(),), options=ProbeOptions())
+    return ctx, list(RateBurst().generate(ctx))
+
+
+def _answer(c: Case, at: float, status: int = 200, reason: str = "") -> tuple[Case, Attempt]:
+    from scanner.probe.verdict import verdict
+
+    layer = "proxy" if reason else "upstream"
+    a = Attempt(check="rate", method=c.method, path=c.path, request_line="x", credential="role:user",
+                fingerprint="", vantage="default", expected="allow", status=status, layer=layer,  # type: ignore[arg-type]
+                outcome="limited" if reason else "reached", sent_at=at, reason=reason, subject=c.subject)
+    v, why = verdict(c.expected, c.reasons, a)
+    return c, replace(a, verdict=v, why=why)
+
+
+def test_rate_judge_is_not_proven_when_the_burst_was_too_slow() -> None:
+    from scanner.probe.checks.load import RateBurst
+
+    ctx, cases = _rate_ctx()
     check = RateBurst()
-    cases = list(check.generate(ctx))
-    assert len(cases) == 51  # burst 10 + 2 x rps 20 + 1
-    assert {c.phase for c in cases} == {2}   # after every other case of the lane
+    burst = [c for c in cases if c.phase == 2]
+    assert len(burst) == 51  # burst 10 + 2 x rps 20 + 1
+    zone = [s for s in check.subjects(ctx) if s.key == burst[0].subject]  # type: ignore[arg-type]
 
-    def attempts(spacing: float) -> list[tuple[object, object]]:
-        from scanner.probe.interface import Attempt
+    def attempts(spacing: float) -> list[tuple[Case, Attempt]]:
+        return [_answer(c, 100.0 + i * spacing) for i, c in enumerate(burst)]
 
-        out = []
-        for i, c in enumerate(cases):
-            a = Attempt(check="rate", method=c.method, path=c.path, request_line="x", credential="role:user",
-                        fingerprint="", vantage="default", expected="allow", status=200,
-                        layer="upstream", outcome="reached", sent_at=100.0 + i * spacing, verdict="proved",
-                        subject=c.subject)
-            out.append((c, replace(a)))
-        return out
-
-    subjects = list(check.subjects(ctx))
     fast = list(check.judge(ctx, attempts(0.001)))  # type: ignore[arg-type]
     assert [f.rule for f in fast] == ["VP005"] and "not enforced" in fast[0].title
-    assert [c.status for c in check.cover(ctx, subjects, attempts(0.001))] == ["failed"]  # type: ignore[arg-type]
+    assert [c.status for c in check.cover(ctx, zone, attempts(0.001))] == ["failed"]  # type: ignore[arg-type]
     slow = list(check.judge(ctx, attempts(1.0)))    # type: ignore[arg-type]
     assert slow == []
-    covered = list(check.cover(ctx, subjects, attempts(1.0)))  # type: ignore[arg-type]
+    covered = list(check.cover(ctx, zone, attempts(1.0)))  # type: ignore[arg-type]
     assert [c.status for c in covered] == ["not-proven"] and "raise --concurrency" in covered[0].why
+
+
+def test_every_other_route_of_a_rate_zone_must_meet_the_emptied_bucket() -> None:
+    from scanner.probe.checks.load import RateBurst
+
+    ctx, cases = _rate_ctx()
+    check = RateBurst()
+    burst = [c for c in cases if c.phase == 2]
+    follow = [c for c in cases if c.phase == 3]
+    members = sorted({c.subject for c in follow})
+    assert members and all(" via " in m for m in members)
+    assert (burst[0].method, burst[0].path) not in {(c.method, c.path) for c in follow}
+    subjects = list(check.subjects(ctx))  # type: ignore[arg-type]
+    assert set(members) <= {s.key for s in subjects}
+    # the burst empties the bucket: its last 41 requests meet 429 for rate
+    emptied = [_answer(c, 100 + i * 0.001, *((429, "rate") if i >= 10 else ())) for i, c in enumerate(burst)]
+    limited = [_answer(c, 100.1 + i * 0.001, 429, "rate") for i, c in enumerate(follow)]
+    statuses = {c.subject: c.status for c in check.cover(ctx, subjects, emptied + limited)}  # type: ignore[arg-type]
+    assert {statuses[m] for m in members} == {"proved"}
+
+    # one member without the limiter: every request to it passes right after the burst
+    gone = members[0]
+    bypass = [_answer(c, 100.1 + i * 0.001, *(() if c.subject == gone else (429, "rate")))
+              for i, c in enumerate(follow)]
+    found = list(check.judge(ctx, emptied + bypass))  # type: ignore[arg-type]
+    assert [f.rule for f in found] == ["VP005"] and "does not spend the zone's bucket" in found[0].detail
+    assert found[0].path == next(c.path for c in follow if c.subject == gone)
+
+    # the same passes spread over many seconds: a refill could explain them, so not proven
+    slow = [_answer(c, 100.1 + i * 1.0, *(() if c.subject == gone else (429, "rate")))
+            for i, c in enumerate(follow)]
+    assert list(check.judge(ctx, emptied + slow)) == []  # type: ignore[arg-type]
+    statuses = {c.subject: (c.status, c.why) for c in check.cover(ctx, subjects, emptied + slow)}  # type: ignore[arg-type]
+    assert statuses[gone][0] == "not-proven" and "refill" in statuses[gone][1]
 
 
 def test_error_messages_never_carry_the_key() -> None:

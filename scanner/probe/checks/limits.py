@@ -1,27 +1,34 @@
 """Limits inside an allowed request: body size (over, and exactly at it), JSON caps (over, in
-every encoding pydantic reads, and exactly at them), forbidden fields, the rate limit (a
-burst that must meet 429) and the concurrency limit (requests held open by the witness)."""
+every encoding pydantic reads, and exactly at them), forbidden fields. (Rate and concurrency
+limits: scanner.probe.checks.load.)
+
+With a witness, a request allowed at the limits is proven only if the upstream received its
+body as sent, less the fields the policy strips: a stripped field is otherwise invisible."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 from scanner import reasons as R
 from scanner.plan.model import BODY_METHODS, Decision
-from scanner.probe import coverage as cov
 from scanner.probe import safe
 from scanner.probe.cases import Case, concrete, with_query
 from scanner.probe.coverage import Subject, na
 from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credential, Finding, Vantage
-from scanner.probe.pace import RATE_SHARE
+from scanner.probe.interface import (
+    Attempt,
+    Credential,
+    Finding,
+    Upstream,
+    Vantage,
+    Verdict,
+)
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
-MAX_HOLD_S = 30.0
 STATE_CHANGING = ("state-changing: not sent (--allow-state-changes against a staging upstream or "
                   "the stand-in)")
 
@@ -158,6 +165,13 @@ class Limits(BaseCheck):
             else:
                 yield out.case("fields", "allow", (), body, f"field {name} to be stripped")
 
+    def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
+        if case.expected != "allow" or a.verdict != "proved" or a.upstream is None or case.body is None:
+            return a
+        strip = {f for f, mode in ctx.plan.field_modes().items() if mode == "strip"}
+        verdict, why = body_received(case.body, a.upstream, strip)
+        return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
+
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged = []
         for c, a in results:
@@ -165,6 +179,8 @@ class Limits(BaseCheck):
                 continue
             if c.expected == "allow" and a.outcome != "reached":
                 flagged.append(("VP006", a))      # refused at (not over) a limit: over-blocking
+            elif c.expected == "allow":
+                flagged.append(("VP015", a))      # reached, but not as the plan says
             elif c.expected == "deny":
                 flagged.append(("VP005", a))
         for (rule, _m, _p, _v), attempts in group(flagged).items():
@@ -172,9 +188,41 @@ class Limits(BaseCheck):
             if rule == "VP006":
                 yield make(rule, attempts, f"Requests exactly at the plan's limits were refused: {notes}.",
                            title="request at the plan's limits refused", extra="limits")
+            elif rule == "VP015":
+                whys = "; ".join(sorted({a.why for a in attempts if a.why}))
+                yield make(rule, attempts, f"The upstream received another body than the plan says: {whys}.",
+                           extra="limits")
             else:
                 yield make(rule, attempts, f"Requests over the plan's limits reached the upstream: {notes}.",
                            extra="limits")
+
+
+def body_received(sent: bytes, seen: Upstream, strip: set[str]) -> tuple[Verdict, str]:
+    """("proved" | "failed" | "inconclusive", why): did the upstream receive ``sent`` less the
+    top-level ``strip`` fields, and nothing else changed?"""
+    try:
+        obj = json.loads(sent)
+    except ValueError:
+        obj = None
+    stripped = sorted(strip & set(obj)) if isinstance(obj, dict) else []
+    if not stripped:   # forwarded byte for byte
+        if seen.body_sha256 == hashlib.sha256(sent).hexdigest():
+            return "proved", ""
+        return "failed", (f"the body was changed on the way ({len(sent)} bytes sent, "
+                          f"{seen.body_bytes} received)")
+    if seen.body is None:
+        return "inconclusive", ("the witness keeps the text of JSON bodies up to 64 KiB only: whether "
+                                f"{', '.join(stripped)} was stripped is unknown")
+    try:
+        got = json.loads(seen.body)
+    except ValueError:
+        return "failed", "the upstream received a body that is not JSON"
+    kept = sorted(f for f in stripped if isinstance(got, dict) and f in got)
+    if kept:
+        return "failed", f"{', '.join(kept)} reached the upstream (the policy strips it)"
+    if got != {k: v for k, v in obj.items() if k not in strip}:
+        return "failed", "the body was changed on the way beyond the stripped fields"
+    return "proved", ""
 
 
 class _Spread:
@@ -208,187 +256,3 @@ class _Out:
                     vantage, expected, reasons, f"{aspect} {d.method} {d.path}",  # type: ignore[arg-type]
                     body=body, chunked=chunked, role="limit", json_body=True,
                     state_changing=d.state_changing, note=note)
-
-
-def _representative(ctx: CheckContext, decisions: Sequence[Decision]) -> Decision | None:
-    """The decision a limit is exercised on: not state-changing (unless allowed), GET first."""
-    usable = [d for d in decisions if not d.state_changing or ctx.options.allow_state_changes]
-    usable.sort(key=lambda d: (d.method != "GET", d.method not in ("POST", "GET"), d.path))
-    return next((d for d in usable if ctx.allowed_cell(d)), None)
-
-
-def _zones(ctx: CheckContext, attr: str) -> dict[str, list[Decision]]:
-    out: dict[str, list[Decision]] = {}
-    for d in ctx.plan.allowed:
-        zone = getattr(d, attr)
-        if zone and d.kind == "http":
-            out.setdefault(zone, []).append(d)
-    return dict(sorted(out.items()))
-
-
-def _zone_subject(ctx: CheckContext, check: str, zone: str, decisions: Sequence[Decision],
-                  extra_why: str = "") -> Subject:
-    d = _representative(ctx, decisions)
-    if d is None:
-        why = ("every route in it changes state (--allow-state-changes against a staging upstream)"
-               if all(x.state_changing for x in decisions) else "no credential and vantage it admits")
-        return Subject(f"{check} {zone}", "*", "*", why=why)
-    return Subject(f"{check} {zone}", d.method, d.path, why=extra_why)
-
-
-@register
-class RateBurst(BaseCheck):
-    """A bounded burst (burst + 2 x rps + 1 requests) per rate zone must meet a 429 for rate."""
-
-    id: ClassVar[str] = "rate"
-    title: ClassVar[str] = "rate limits"
-
-    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        for zone, ds in _zones(ctx, "rate_zone").items():
-            yield _zone_subject(ctx, self.id, zone, ds)
-
-    def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        for zone, ds in _zones(ctx, "rate_zone").items():
-            d = _representative(ctx, ds)
-            rate = d.limits.rate if d else None
-            if d is None or rate is None:
-                continue
-            cell = ctx.allowed_cell(d)
-            assert cell is not None
-            n = min(ctx.options.max_burst, rate.burst + math.ceil(rate.rps * 2) + 1)
-            for i in range(n):
-                base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit",
-                                subject=f"{self.id} {zone}", note=f"burst {i + 1}/{n} (rps {rate.rps:g}, "
-                                f"burst {rate.burst})")
-                yield _phase(base, 2, ("rate",), burst=zone)
-
-    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        for attempts in _by_subject(results).values():
-            status, why, _n = self._assess(ctx, attempts)
-            if status == "failed":
-                yield make("VP005", attempts, why, title="rate limit not enforced", extra="rate")
-
-    def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
-              interrupted: bool = False) -> Iterable[Coverage]:
-        by = _by_subject(results)
-        for s in subjects:
-            attempts = by.get(s.key, [])
-            if not attempts:
-                yield cov.of_attempts(self.id, s, [], interrupted)
-                continue
-            yield cov.status_of(self.id, s, *self._assess(ctx, attempts))
-
-    def _assess(self, ctx: CheckContext, attempts: list[Attempt]) -> tuple[CoverageStatus, str, int]:
-        answered = [a for a in attempts if a.status is not None]
-        d = ctx.decision(attempts[0].method, attempts[0].path)
-        rate = d.limits.rate if d else None
-        n = len(attempts)
-        if rate is None or not answered:
-            return "not-proven", "no answer to the burst", n
-        limited = [a for a in answered if R.proves("rate", a.status, a.reason)]
-        if limited:
-            return "proved", f"{len(limited)} of {n} refused for rate", n
-        if any(a.verdict == "failed" for a in answered):
-            bad = next(a for a in answered if a.verdict == "failed")
-            return "failed", f"a burst request was refused for another reason: {bad.why}", n
-        took = max(a.sent_at + a.latency_ms / 1000 for a in answered) - min(a.sent_at for a in answered)
-        capacity = rate.burst + rate.rps * took
-        if len(answered) > capacity + 1:
-            return "failed", (f"{len(answered)} requests in {took:.2f}s (rps {rate.rps:g}, burst "
-                              f"{rate.burst}: at most {capacity:.0f} allowed) met no 429 for rate"), n
-        return "not-proven", (f"{len(answered)} requests took {took:.2f}s, within what rps {rate.rps:g} + "
-                              f"burst {rate.burst} allows ({capacity:.0f}): raise --concurrency"), n
-
-
-def _phase(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0) -> Case:
-    return replace(case, phase=phase, expected="allow", reasons=reasons, burst=burst,  # type: ignore[arg-type]
-                   hold_ms=hold_ms)
-
-
-def _by_subject(results: Results) -> dict[str, list[Attempt]]:
-    out: dict[str, list[Attempt]] = {}
-    for _c, a in results:
-        out.setdefault(a.subject, []).append(a)
-    return out
-
-
-def hold_seconds(ctx: CheckContext, d: Decision, n: int) -> float:
-    """How long each of ``n`` requests must be held so that all are in flight at once, given
-    the pace the rate limit allows (scanner.probe.pace)."""
-    rate = d.limits.rate
-    if rate is None:
-        return 1.5
-    # the first is sent when the lane may have no burst left; it must outlast the last one sent
-    return (n - 1) / (rate.rps * RATE_SHARE) + 1.5
-
-
-@register
-class Concurrency(BaseCheck):
-    """2 x limit + 2 requests held open at once by the witness must meet a 429 for concurrency
-    (NGINX refuses past the limit; Envoy queues up to the limit more, then refuses)."""
-
-    id: ClassVar[str] = "concurrency"
-    title: ClassVar[str] = "concurrency limits"
-
-    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        for zone, ds in _zones(ctx, "conn_zone").items():
-            if not ctx.witness:
-                yield na(f"{self.id} {zone}", "holding requests open needs a witness upstream "
-                         "(verify, or --witness with the stand-in)")
-                continue
-            s = _zone_subject(ctx, self.id, zone, ds)
-            d = ctx.decision(s.method, s.path)
-            if d is not None and d.limits.concurrency:
-                hold = hold_seconds(ctx, d, 2 * d.limits.concurrency + 2)
-                if hold > MAX_HOLD_S:
-                    n = 2 * d.limits.concurrency + 2
-                    s = Subject(s.key, s.method, s.path, why=f"its rate limit admits {n} requests at once "
-                                f"only over {hold:.0f}s (more than {MAX_HOLD_S:.0f}s)")
-            yield s
-
-    def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        if not ctx.witness:
-            return
-        for zone, ds in _zones(ctx, "conn_zone").items():
-            d = _representative(ctx, ds)
-            if d is None or not d.limits.concurrency:
-                continue
-            n = 2 * d.limits.concurrency + 2
-            hold = hold_seconds(ctx, d, n)
-            cells = ctx.allowed_cells(d)
-            if hold > MAX_HOLD_S or not cells:
-                continue
-            cell = cells[-1]   # another principal than the rate burst's, when there are several: in parallel
-            for i in range(n):
-                base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit",
-                                subject=f"{self.id} {zone}",
-                                note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, {hold:.1f}s)")
-                yield _phase(base, 1, ("concurrency",), hold_ms=math.ceil(hold * 1000))
-
-    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        for attempts in _by_subject(results).values():
-            status, why, _n = self._assess(attempts)
-            if status == "failed":
-                yield make("VP005", attempts, why, title="concurrency limit not enforced",
-                           extra="concurrency")
-
-    def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
-              interrupted: bool = False) -> Iterable[Coverage]:
-        by = _by_subject(results)
-        for s in subjects:
-            attempts = by.get(s.key, [])
-            if not s.applies or not attempts:
-                yield from cov.generic(self.id, [s], [], interrupted)
-                continue
-            yield cov.status_of(self.id, s, *self._assess(attempts))
-
-    def _assess(self, attempts: list[Attempt]) -> tuple[CoverageStatus, str, int]:
-        n = len(attempts)
-        limited = [a for a in attempts if R.proves("concurrency", a.status, a.reason)]
-        if limited:
-            return "proved", f"{len(limited)} of {n} held requests refused for concurrency", n
-        if all(a.verdict == "proved" and a.outcome == "reached" for a in attempts):
-            return "failed", f"all {n} requests held open at once were let through (none refused for "\
-                             "concurrency)", n
-        other = next((a for a in attempts if a.verdict != "proved"), attempts[0])
-        return "not-proven", other.why or "no request was refused for concurrency", n

@@ -1,0 +1,360 @@
+"""Load limits: rate and concurrency zones. The plan puts every allowed route with a rate limit in a bucket
+family (:attr:`Decision.rate_zone`) and every route with a concurrency limit in a slot family
+(:attr:`Decision.conn_zone`), each counted per principal or client address. A zone is
+exercised on one of its routes (the *representative*): a burst that must meet a 429 for rate,
+requests held open by the witness that must meet the refusal for concurrency.
+
+Every other route of the zone (a *member*) is then proven to spend the same limiter, so that
+a route whose own limit line is missing cannot hide behind its zone's proof: right after the
+burst empties the bucket, the member's requests must meet the 429 for rate too (more of them
+than the bucket can refill in the meantime); while the held requests fill the zone, the
+member's request must be refused for concurrency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from scanner import reasons as R
+from scanner.plan.model import Decision
+from scanner.probe import coverage as cov
+from scanner.probe.cases import Case
+from scanner.probe.coverage import Subject, na
+from scanner.probe.expect import expect
+from scanner.probe.findings import make
+from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credential, Finding, Vantage
+from scanner.probe.pace import RATE_SHARE
+from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+
+MAX_HOLD_S = 30.0
+# The follow-ups per member are sized for a refill over this long: sent more slowly, a member
+# without the limiter is reported not proven rather than failed.
+FOLLOW_WINDOW_S = 1.0
+NO_WITNESS = "holding requests open needs a witness upstream (verify, or --witness with the stand-in)"
+
+Assessment = tuple[CoverageStatus, str, int]
+
+
+@dataclass(frozen=True)
+class Zone:
+    """One zone of a check: its routes, the one it is exercised on and with which cell."""
+
+    check: str
+    name: str
+    decisions: tuple[Decision, ...]
+    rep: Decision | None
+    cell: tuple[Credential, Vantage] | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.check} {self.name}"
+
+    def subject(self) -> Subject:
+        if self.rep is None:
+            why = "no credential and vantage it admits"
+            if all(x.state_changing for x in self.decisions):
+                why = "every route in it changes state (--allow-state-changes against a staging upstream)"
+            return Subject(self.key, "*", "*", why=why)
+        return Subject(self.key, self.rep.method, self.rep.path)
+
+    def members(self, ctx: CheckContext) -> list[tuple[Decision, Subject]]:
+        """The zone's other routes, each with its subject (and why it cannot be checked, if so)."""
+        rep, cell = self.rep, self.cell
+        if rep is None or cell is None:
+            return []
+        out = []
+        for m in self.decisions:
+            if m is rep:
+                continue
+            why = ""
+            if (m.rate_zone, m.conn_zone) != (rep.rate_zone, rep.conn_zone):
+                why = (f"its other limit puts it in another bucket than {rep.method} {rep.path}, "
+                       "the route the zone is exercised on")
+            elif expect(m, cell[0], ctx.source_address(cell[1])).expected != "allow":
+                why = (f"the credential and vantage the zone is exercised with ({cell[0].label}) "
+                       "are not admitted")
+            out.append((m, Subject(f"{self.key} via {m.method} {m.path}", m.method, m.path, why=why)))
+        return out
+
+
+def zones(ctx: CheckContext, check: str, attr: str) -> list[Zone]:
+    """The zones of ``attr`` ("rate_zone" or "conn_zone"), by name."""
+    by: dict[str, list[Decision]] = {}
+    for d in ctx.plan.allowed:
+        name = getattr(d, attr)
+        if name and d.kind == "http":
+            by.setdefault(name, []).append(d)
+    out = []
+    for name, ds in sorted(by.items()):
+        rep = representative(ctx, ds)
+        cells = ctx.allowed_cells(rep) if rep else []
+        # the concurrency check takes another principal than the rate burst's when there are several
+        cell = (cells[-1] if check == "concurrency" else cells[0]) if cells else None
+        out.append(Zone(check, name, tuple(ds), rep, cell))
+    return out
+
+
+def representative(ctx: CheckContext, decisions: Sequence[Decision]) -> Decision | None:
+    """The decision a zone is exercised on: not state-changing (unless allowed), GET first."""
+    usable = [d for d in decisions if not d.state_changing or ctx.options.allow_state_changes]
+    usable.sort(key=lambda d: (d.method != "GET", d.method not in ("POST", "GET"), d.path))
+    return next((d for d in usable if ctx.allowed_cell(d)), None)
+
+
+def phased(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0) -> Case:
+    """``case`` sent in ``phase`` of its lane: let through, or refused for one of ``reasons``."""
+    return replace(case, phase=phase, expected="allow", reasons=reasons, burst=burst,  # type: ignore[arg-type]
+                   hold_ms=hold_ms)
+
+
+def by_subject(results: Results) -> dict[str, list[Attempt]]:
+    out: dict[str, list[Attempt]] = {}
+    for _c, a in results:
+        out.setdefault(a.subject, []).append(a)
+    return out
+
+
+def answered_at(a: Attempt) -> float:
+    return a.sent_at + a.latency_ms / 1000
+
+
+def member_failure(attempts: Sequence[Attempt]) -> Assessment | None:
+    """What a member's attempts say before the zone's proof is consulted (None: all reached)."""
+    n = len(attempts)
+    bad = next((a for a in attempts if a.verdict == "failed"), None)
+    if bad is not None:
+        return "failed", bad.why, n
+    other = next((a for a in attempts if a.verdict != "proved" or a.outcome != "reached"), None)
+    if other is not None:
+        return "not-proven", other.why or "no answer", n
+    return None
+
+
+class ZoneCheck(BaseCheck):
+    """A zone check's coverage and findings: one subject per zone, one per member route."""
+
+    attr: ClassVar[str] = ""
+    finding_title: ClassVar[str] = ""
+
+    def layout(self, ctx: CheckContext) -> list[Zone]:
+        return zones(ctx, self.id, self.attr)
+
+    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
+        for z in self.layout(ctx):
+            yield self.zone_subject(ctx, z)
+            for _m, s in z.members(ctx):
+                yield s
+
+    def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
+        return z.subject()
+
+    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+        raise NotImplementedError
+
+    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                      followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
+        raise NotImplementedError
+
+    def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
+        """Subject key -> (assessment, attempts) for every subject with attempts."""
+        by = by_subject(results)
+        out: dict[str, tuple[Assessment, list[Attempt]]] = {}
+        for z in self.layout(ctx):
+            zone = by.get(z.key, [])
+            if zone:
+                out[z.key] = (self.assess_zone(ctx, z, zone), zone)
+            members = [(s, by.get(s.key, [])) for _m, s in z.members(ctx)]
+            followers = [a for _s, atts in members for a in atts]
+            for s, atts in members:
+                if atts:
+                    out[s.key] = (self.assess_member(ctx, z, zone, followers, atts), atts)
+        return out
+
+    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
+        for (status, why, _n), attempts in self.assessed(ctx, results).values():
+            if status == "failed":
+                yield make("VP005", attempts, why, title=self.finding_title, extra=self.id)
+
+    def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
+              interrupted: bool = False) -> Iterable[Coverage]:
+        done = self.assessed(ctx, results)
+        for s in subjects:
+            if s.key in done and s.applies:
+                yield cov.status_of(self.id, s, *done[s.key][0])
+            else:
+                yield from cov.generic(self.id, [s], [], interrupted)
+
+
+def follow_ups(rps: float, burst: int, cap: int) -> int:
+    """Requests per member after the burst: more than the bucket can give back meanwhile."""
+    return min(cap, max(burst, math.ceil(rps * (1 + FOLLOW_WINDOW_S))) + 2)
+
+
+@register
+class RateBurst(ZoneCheck):
+    """A bounded burst (burst + 2 x rps + 1 requests) per rate zone must meet a 429 for rate;
+    right after it, each other route of the zone must meet it too."""
+
+    id: ClassVar[str] = "rate"
+    title: ClassVar[str] = "rate limits"
+    attr: ClassVar[str] = "rate_zone"
+    finding_title: ClassVar[str] = "rate limit not enforced"
+
+    def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        for z in self.layout(ctx):
+            d, cell = z.rep, z.cell
+            rate = d.limits.rate if d else None
+            if d is None or rate is None or cell is None:
+                continue
+            n = min(ctx.options.max_burst, rate.burst + math.ceil(rate.rps * 2) + 1)
+            for i in range(n):
+                base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
+                                note=f"burst {i + 1}/{n} (rps {rate.rps:g}, burst {rate.burst})")
+                yield phased(base, 2, ("rate",), burst=z.name)
+            k = follow_ups(rate.rps, rate.burst, ctx.options.max_burst)
+            for m, s in z.members(ctx):
+                if s.why:
+                    continue
+                for i in range(k):
+                    base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
+                                    note=f"after the burst on {d.method} {d.path}: {i + 1}/{k}")
+                    yield phased(base, 3, ("rate",), burst=z.name)
+
+    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+        answered = [a for a in attempts if a.status is not None]
+        rate = z.rep.limits.rate if z.rep else None
+        n = len(attempts)
+        if rate is None or not answered:
+            return "not-proven", "no answer to the burst", n
+        limited = [a for a in answered if R.proves("rate", a.status, a.reason)]
+        if limited:
+            return "proved", f"{len(limited)} of {n} refused for rate", n
+        if any(a.verdict == "failed" for a in answered):
+            bad = next(a for a in answered if a.verdict == "failed")
+            return "failed", f"a burst request was refused for another reason: {bad.why}", n
+        took = max(answered_at(a) for a in answered) - min(a.sent_at for a in answered)
+        capacity = rate.burst + rate.rps * took
+        if len(answered) > capacity + 1:
+            return "failed", (f"{len(answered)} requests in {took:.2f}s (rps {rate.rps:g}, burst "
+                              f"{rate.burst}: at most {capacity:.0f} allowed) met no 429 for rate"), n
+        return "not-proven", (f"{len(answered)} requests took {took:.2f}s, within what rps {rate.rps:g} + "
+                              f"burst {rate.burst} allows ({capacity:.0f}): raise --concurrency"), n
+
+    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                      followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
+        n = len(attempts)
+        assert z.rep is not None and z.rep.limits.rate is not None
+        rate, where = z.rep.limits.rate, f"{z.rep.method} {z.rep.path}"
+        if any(R.proves("rate", a.status, a.reason) for a in attempts):
+            return "proved", f"refused for rate once the burst on {where} emptied the bucket", n
+        early = member_failure(attempts)
+        if early is not None:
+            return early
+        empty = [answered_at(a) for a in zone if R.proves("rate", a.status, a.reason)]
+        if not empty:
+            return "not-proven", f"the burst on {where} did not empty the bucket", n
+        window = max(answered_at(a) for a in followers) - max(empty)
+        refill = max(rate.burst, rate.rps * (max(window, 0.0) + 1)) + 1
+        passed = sum(a.outcome == "reached" for a in followers)
+        if passed > refill:
+            return "failed", (f"all {n} requests passed right after the burst on {where} emptied the "
+                              f"bucket ({passed} of the zone's follow-ups passed in {window:.2f}s; a refill "
+                              f"gives at most {refill:.0f}): this route does not spend the zone's bucket"), n
+        return "not-proven", (f"its {n} requests passed within what the bucket may refill in "
+                              f"{window:.2f}s ({refill:.0f}): send faster (--concurrency)"), n
+
+
+def hold_seconds(ctx: CheckContext, d: Decision, n: int) -> float:
+    """How long each of ``n`` requests must be held so that all are in flight at once, given
+    the pace the rate limit allows (scanner.probe.pace)."""
+    rate = d.limits.rate
+    if rate is None:
+        return 1.5
+    # the first is sent when the lane may have no burst left; it must outlast the last one sent
+    return (n - 1) / (rate.rps * RATE_SHARE) + 1.5
+
+
+@register
+class Concurrency(ZoneCheck):
+    """2 x limit + 2 requests held open at once by the witness must meet a 429 for concurrency
+    (NGINX refuses past the limit; Envoy queues up to the limit more, then refuses); while
+    they are held, one request to each other route of the zone must be refused too."""
+
+    id: ClassVar[str] = "concurrency"
+    title: ClassVar[str] = "concurrency limits"
+    attr: ClassVar[str] = "conn_zone"
+    finding_title: ClassVar[str] = "concurrency limit not enforced"
+
+    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
+        if ctx.witness:
+            yield from super().subjects(ctx)
+            return
+        for z in self.layout(ctx):
+            yield na(z.key, NO_WITNESS)
+            for _m, s in z.members(ctx):
+                yield na(s.key, NO_WITNESS, s.method, s.path)
+
+    def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
+        s, d = z.subject(), z.rep
+        if d is not None and d.limits.concurrency:
+            n = self.held(ctx, z)
+            hold = hold_seconds(ctx, d, n)
+            if hold > MAX_HOLD_S:
+                return replace(s, why=f"its rate limit admits {n} requests at once only over {hold:.0f}s "
+                                      f"(more than {MAX_HOLD_S:.0f}s)")
+        return s
+
+    def held(self, ctx: CheckContext, z: Zone) -> int:
+        """Requests in flight at once: the held ones and one per checkable member."""
+        limit = z.rep.limits.concurrency if z.rep else 0
+        return 2 * (limit or 0) + 2 + sum(1 for _m, s in z.members(ctx) if not s.why)
+
+    def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        if not ctx.witness:
+            return
+        for z in self.layout(ctx):
+            d, cell = z.rep, z.cell
+            if d is None or cell is None or not d.limits.concurrency:
+                continue
+            total = self.held(ctx, z)
+            hold = hold_seconds(ctx, d, total)
+            if hold > MAX_HOLD_S:
+                continue
+            n, hold_ms = 2 * d.limits.concurrency + 2, math.ceil(hold * 1000)
+            for i in range(n):
+                base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
+                                note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, {hold:.1f}s)")
+                yield phased(base, 1, ("concurrency",), hold_ms=hold_ms)
+            for m, s in z.members(ctx):
+                if not s.why:   # after the held ones, in the same lane: the zone is full by then
+                    base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
+                                    note=f"while {n} requests to {d.method} {d.path} are held")
+                    yield phased(base, 1, ("concurrency",), hold_ms=hold_ms)
+
+    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+        n = len(attempts)
+        limited = [a for a in attempts if R.proves("concurrency", a.status, a.reason)]
+        if limited:
+            return "proved", f"{len(limited)} of {n} held requests refused for concurrency", n
+        if all(a.verdict == "proved" and a.outcome == "reached" for a in attempts):
+            return "failed", f"all {n} requests held open at once were let through (none refused for "\
+                             "concurrency)", n
+        other = next((a for a in attempts if a.verdict != "proved"), attempts[0])
+        return "not-proven", other.why or "no request was refused for concurrency", n
+
+    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                      followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
+        n = len(attempts)
+        where = f"{z.rep.method} {z.rep.path}" if z.rep else z.name
+        if any(R.proves("concurrency", a.status, a.reason) for a in attempts):
+            return "proved", f"refused for concurrency while the requests to {where} were held", n
+        early = member_failure(attempts)
+        if early is not None:
+            return early
+        if not any(R.proves("concurrency", a.status, a.reason) for a in zone):
+            return "not-proven", f"the requests held on {where} did not fill the zone", n
+        return "failed", (f"let through while the zone was full (requests held on {where} were refused "
+                          "for concurrency): this route does not count against the zone's limit"), n

@@ -1,0 +1,112 @@
+"""A field the body policy strips is invisible in the answer: with a witness, a request allowed
+at the limits is proven only if the upstream received its body as sent less the stripped fields
+(scanner.probe.checks.limits.body_received), and a proxy that forwards the field is caught."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scanner import mutate, verify
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.plan.inputs import load_policy
+from scanner.policy.model import Policy
+from scanner.probe.checks.limits import body_received
+from scanner.probe.interface import ProbeOptions, ProbeResult, Upstream
+from scanner.runtime import nginx
+from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
+from scanner.standin.serve import StandinThread
+
+CATALOG = "vllm-0.29.0-everything"
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("limits",))
+STRIP = {"cache_salt", "chat_template", "chat_template_kwargs"}
+
+
+def _seen(body: bytes, text: bool = True) -> Upstream:
+    return Upstream("POST", "/v1/chat/completions", body_bytes=len(body),
+                    body_sha256=hashlib.sha256(body).hexdigest(), body=body.decode() if text else None)
+
+
+def test_a_body_forwarded_as_sent_is_proved() -> None:
+    sent = b'{"model": "m", "max_tokens": 4096}'
+    assert body_received(sent, _seen(sent), STRIP) == ("proved", "")
+
+
+def test_a_body_changed_on_the_way_fails() -> None:
+    verdict, why = body_received(b'{"max_tokens": 4096}', _seen(b'{"max_tokens": 1}'), STRIP)
+    assert verdict == "failed" and "changed" in why
+
+
+def test_a_stripped_field_removed_and_nothing_else_is_proved() -> None:
+    sent = b'{"model": "m", "cache_salt": "probe-x1"}'
+    assert body_received(sent, _seen(b'{"model":"m"}'), STRIP) == ("proved", "")
+
+
+def test_a_stripped_field_that_reached_the_upstream_fails() -> None:
+    sent = b'{"model": "m", "cache_salt": "probe-x1"}'
+    verdict, why = body_received(sent, _seen(sent), STRIP)
+    assert verdict == "failed" and "cache_salt reached the upstream" in why
+
+
+def test_stripping_more_than_the_policy_strips_fails() -> None:
+    verdict, why = body_received(b'{"model": "m", "cache_salt": "x"}', _seen(b'{}'), STRIP)
+    assert verdict == "failed" and "beyond the stripped fields" in why
+
+
+def test_a_stripped_field_the_witness_kept_no_text_of_is_not_proven() -> None:
+    sent = b'{"model": "m", "cache_salt": "probe-x1"}'
+    verdict, why = body_received(sent, _seen(b'{"model":"m"}', text=False), STRIP)
+    assert verdict == "inconclusive" and "64 KiB" in why
+
+
+# --- through the real proxies ------------------------------------------------------------------
+
+def _policy() -> Policy:
+    policy = load_policy(None)
+    return replace(policy, body=replace(policy.body, cache_salt="strip", chat_template="strip"))
+
+
+def _probe(tmp_path: Path, proxy: Proxy, mutant: str = "") -> ProbeResult:
+    inventory = load_ref(CATALOG)
+    port = free_port()
+    s = verify.setup(inventory, _policy(), tmp_path, port, keys_per_role=1)
+    directory = tmp_path / "proxy"
+    written = proxy.write(s.plan, directory)
+    if mutant:
+        mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
+    with StandinThread(inventory, "127.0.0.1", port) as standin:
+        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+
+
+@pytest.fixture(params=["nginx", "envoy"])
+def proxy(request: pytest.FixtureRequest) -> Proxy:
+    if request.param == "envoy":
+        return EnvoyProxy()
+    build = nginx.static_build() or nginx.debian_build()
+    if build is None:
+        pytest.skip("no NGINX")
+    return NginxProxy(build, "nginx")
+
+
+def test_the_generated_proxy_strips_and_it_is_proved(tmp_path: Path, proxy: Proxy) -> None:
+    res = _probe(tmp_path, proxy)
+    assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
+    fields = [c for c in res.coverage if c.subject.startswith("fields ")]
+    assert fields and all(c.status == "proved" for c in fields), fields[:3]
+    stripped = [a for a in res.attempts if a.note.startswith("field ") and a.note.endswith("to be stripped")]
+    assert stripped and all(a.upstream is not None and a.verdict == "proved" for a in stripped)
+    for a in stripped:
+        assert a.upstream is not None and a.upstream.body is not None
+        assert not STRIP & set(json.loads(a.upstream.body))
+
+
+def test_a_route_that_forwards_the_stripped_fields_is_caught(tmp_path: Path, proxy: Proxy) -> None:
+    res = _probe(tmp_path, proxy, mutant="forbidden-field-check-removed")
+    caught = [f for f in res.findings if f.rule == "VP015"]
+    assert caught, [(f.rule, f.title) for f in res.findings]
+    assert "reached the upstream (the policy strips it)" in caught[0].detail
