@@ -44,6 +44,9 @@ class LimitsDoc(_Doc):
     rate: RateDoc | None = None
     concurrency: int | None = Field(default=None, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
+    when_absent: Literal["inject", "reject", "pass"] | None = Field(
+        default=None, description="when a request omits the field its route reads its output budget from "
+        "(max_tokens, max_completion_tokens, max_output_tokens): write the cap in (default), refuse, or pass")
 
 
 class AudienceDoc(_Doc):
@@ -189,6 +192,13 @@ class PlanLimitsDoc(_Doc):
     timeout_s: float | None
 
 
+class BudgetDoc(_Doc):
+    fields: list[str]
+    field: str
+    cap: int
+    when_absent: Literal["inject", "reject", "pass"]
+
+
 class DecisionDoc(_Doc):
     method: str
     path: str
@@ -201,6 +211,7 @@ class DecisionDoc(_Doc):
     roles: list[str]
     networks: list[str]
     limits: PlanLimitsDoc
+    budget: BudgetDoc | None
     state_changing: bool
     state_changing_by: str
     upstream_guarded: bool

@@ -93,6 +93,11 @@ def capped(plan: Plan) -> Decision:
     return _pick(plan, "with JSON caps", lambda d: d.method == "POST" and bool(d.limits.json_caps))
 
 
+def budgeted(plan: Plan) -> Decision:
+    return _pick(plan, "with an output budget",
+                 lambda d: d.budget is not None and d.budget.when_absent != "pass")
+
+
 def rated(plan: Plan) -> Decision:
     return _pick(plan, "with a rate limit", lambda d: d.limits.rate is not None)
 
@@ -221,6 +226,20 @@ def _n_fields(directory: Path, plan: Plan) -> str:
     passing = '        set $perimeter_body_policy "cache_salt=pass chat_template=pass";\n'
     _edit_route(directory, d.path, lambda b: b.replace(
         "        set $perimeter_check ", passing + "        set $perimeter_check ", 1))
+    return f"{d.method} {d.path}"
+
+
+@operator("nginx", "budget-not-enforced", "one route forwards bodies without an output budget as sent")
+def _n_budget(directory: Path, plan: Plan) -> str:
+    d = budgeted(plan)
+    text = _read(directory, HTTP)
+    a, b = _route_span(text, d.path)
+    m = re.search(r"set \$perimeter_check (c\d+);", text[a:b])
+    if m is None:
+        raise NotApplicable(f"no body check on {d.path}")
+    at = text.index("map $perimeter_check $perimeter_budget {")
+    line = re.compile(r'(\n    ' + m.group(1) + r' )"[^"\n]*";')
+    _write(directory, HTTP, text, text[:at] + line.sub(r'\1"";', text[at:], count=1))
     return f"{d.method} {d.path}"
 
 
@@ -494,6 +513,13 @@ def _e_fields(env: _Envoy, plan: Plan) -> str:
         raise NotApplicable("the body policy rejects or strips no field")
     d = capped(plan)
     _group_copy(env, env.allowed(d), fields="false")
+    return f"{d.method} {d.path}"
+
+
+@_e("budget-not-enforced", "one route forwards bodies without an output budget as sent")
+def _e_budget(env: _Envoy, plan: Plan) -> str:
+    d = budgeted(plan)
+    _group_copy(env, env.allowed(d), budget="nil")
     return f"{d.method} {d.path}"
 
 

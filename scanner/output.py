@@ -1,15 +1,20 @@
-"""Writing results: atomic files (nothing half-written on failure) or stdout."""
+"""The user's files: read with the file named in any error, written atomically (nothing
+half-written on failure) or to stdout. A file that cannot be read or written is the user's
+error (exit 2), never an internal one."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from scanner.errors import UsageError
+from scanner.errors import ConfigError, PerimeterError, UsageError
 
 
 def text_console(file: object, width: int) -> Console:
@@ -38,3 +43,32 @@ def write_text(path: str | Path | None, text: str, mode: int = 0o644) -> None:
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def read_text(path: str | Path, what: str, error: Callable[[str], PerimeterError] = ConfigError) -> str:
+    """The UTF-8 text of a file the user gave, or ``error("PATH: cannot read WHAT: why")``."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except UnicodeDecodeError:
+        why = "not UTF-8 text"
+    raise error(f"{path}: cannot read {what}: {why}") from None
+
+
+def read_json(path: str | Path, what: str, error: Callable[[str], PerimeterError] = ConfigError) -> Any:
+    """:func:`read_text`, parsed as JSON; a syntax error names the file and line."""
+    try:
+        return json.loads(read_text(path, what, error))
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+
+
+def make_dir(path: str | Path) -> Path:
+    """Create an output directory (and its parents), or raise UsageError naming it."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create directory {p}: {exc.strerror or exc}") from None
+    return p

@@ -12,7 +12,9 @@
 //            bodies without any JavaScript parsing.
 //   body     js_content for the bodies that fast path could not clear: parsed here
 //            and checked exactly as vLLM's pydantic models would read them; then a
-//            redirect to <named>_checked (or _strip), or to @perimeter_400 with a reason.
+//            redirect to <named>_checked (or _rewrite), or to @perimeter_400 with a reason.
+//            A route's output budget is decided here on every body: when none of the fields
+//            it is read from is present and not null, the cap is written in (or refused).
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -96,9 +98,35 @@ function checkFields(obj, policy, strip) {
     return '';
 }
 
+// "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": when every field
+// read is absent or null (vLLM's default: the rest of the context window), refuse, or drop
+// the nulls and write the cap in. Returns a deny reason or ''; sets rewrite.done.
+function checkBudget(obj, spec, rewrite) {
+    var parts = spec ? spec.split(' ') : [];
+    var fields, i;
+    if (parts.length !== 4) {
+        return '';
+    }
+    fields = parts[0].split(',');
+    for (i = 0; i < fields.length; i++) {
+        if (has(obj, fields[i]) && obj[fields[i]] !== null) {
+            return '';
+        }
+    }
+    if (parts[3] === 'reject') {
+        return 'json-cap:' + parts[1] + ':absent';
+    }
+    for (i = 0; i < fields.length; i++) {
+        delete obj[fields[i]];
+    }
+    obj[parts[1]] = Number(parts[2]);
+    rewrite.done = true;
+    return '';
+}
+
 function exact(r, v) {
     var text = r.requestText;
-    var obj, reason, strip, i;
+    var obj, reason, strip, i, rewrite;
     if (text === undefined || text === '') {
         r.internalRedirect(v.perimeter_up + '_checked');
         return;
@@ -115,19 +143,23 @@ function exact(r, v) {
     }
     reason = checkCaps(obj, v.perimeter_caps);
     strip = [];
+    rewrite = {done: false};
     if (!reason) {
         reason = checkFields(obj, v.perimeter_body_policy, strip);
+    }
+    if (!reason) {
+        reason = checkBudget(obj, v.perimeter_budget, rewrite);
     }
     if (reason) {
         deny(r, reason);
         return;
     }
-    if (strip.length > 0) {
+    if (strip.length > 0 || rewrite.done) {
         for (i = 0; i < strip.length; i++) {
             delete obj[strip[i]];
         }
         v.perimeter_body_out = JSON.stringify(obj);
-        r.internalRedirect(v.perimeter_up + '_strip');
+        r.internalRedirect(v.perimeter_up + '_rewrite');
         return;
     }
     r.internalRedirect(v.perimeter_up + '_checked');

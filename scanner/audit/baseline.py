@@ -21,7 +21,6 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -30,6 +29,7 @@ from scanner.evidence import pack
 from scanner.inventory import catalog
 from scanner.inventory.model import Inventory
 from scanner.inventory.model import load as load_inventory
+from scanner.output import make_dir, read_json
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import load as policy_load
@@ -139,20 +139,11 @@ def _opt(p: Path) -> Path | None:
     return p if p.is_file() else None
 
 
-def _read_json(p: Path) -> Any:
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-
-
 def _plan_facts(p: Path | None) -> tuple[str, dict[str, tuple[str, ...]]]:
     """(recorded digest, networks) of a plan.json."""
     if p is None:
         return "", {}
-    data = _read_json(p)
+    data = read_json(p, "plan")
     nets = data.get("networks") if isinstance(data, dict) else None
     if not isinstance(data, dict) or not isinstance(data.get("digest"), str) or not isinstance(nets, dict):
         raise ConfigError(f"{p}: not a plan (no digest or networks)")
@@ -161,7 +152,7 @@ def _plan_facts(p: Path | None) -> tuple[str, dict[str, tuple[str, ...]]]:
 
 def open_ports(p: Path) -> tuple[int, ...]:
     """Open ports of a netscan JSON result."""
-    data = _read_json(p)
+    data = read_json(p, "netscan result")
     try:
         return tuple(sorted(int(a["port"]) for a in data["attempts"] if a["state"] == "open"))
     except (KeyError, TypeError, ValueError):
@@ -196,7 +187,7 @@ def create(out: str | Path, given: BaselineInputs) -> list[str]:
         probe_result.load(given.probe)
     if given.netscan is not None:
         open_ports(given.netscan)
-    root.mkdir(parents=True, exist_ok=True)
+    make_dir(root)
     written = [_write(root / INVENTORY, inventory.to_json()), *_copy_policy(given.policy, root),
                _write(root / PLAN, plan.to_json())]
     if given.nginx_config_dir is not None:

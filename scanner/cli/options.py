@@ -98,7 +98,8 @@ def credential_options(func: F) -> F:
     func = click.option("--vantage", "vantage_specs", multiple=True, metavar="NAME=SOURCE_ADDRESS",
                         help="Send from this local address too (repeatable).")(func)
     func = click.option("--key", "keys", multiple=True, metavar="ROLE=env:VAR|ROLE=file:PATH",
-                        help="A role's API key, by reference only (repeatable). Never the key itself.")(func)
+                        help="A role's API key, by reference only (repeatable). Never the key itself. "
+                             "Whitespace around it (a trailing newline, CRLF) is ignored.")(func)
     return func
 
 

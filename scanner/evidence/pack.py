@@ -38,7 +38,9 @@ from scanner import __version__, canonical
 from scanner.errors import PerimeterError, UsageError
 from scanner.evidence import keys
 from scanner.inventory import model as inventory_model
+from scanner.output import read_json
 from scanner.policy import load as policy_load
+from scanner.probe import result as probe_result
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig.json"
@@ -95,6 +97,7 @@ def build(out_dir: str | Path, inputs: Sequence[Input], signing_key: str | Path)
     private = keys.load_private(signing_key)
     everything = _with_principals(inputs)
     _refuse_key_material(everything, Path(signing_key))
+    _check_results(everything)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         staging.chmod(0o755)
@@ -156,6 +159,15 @@ def _refuse_key_material(inputs: Sequence[Input], signing_key: Path) -> None:
         if found:
             raise UsageError(f"--{item.role} {item.path} contains {found}; a pack never holds secrets "
                              "(principals files hold only key hashes)")
+
+
+def _check_results(inputs: Sequence[Input]) -> None:
+    """A probe result must load; a netscan result must at least be a JSON object."""
+    for item in inputs:
+        if item.role == "probe":
+            probe_result.load(item.path)
+        if item.role == "netscan" and not isinstance(read_json(item.path, "netscan result"), dict):
+            raise UsageError(f"--netscan {item.path}: not a netscan result (a JSON object)")
 
 
 def secret_in(data: bytes) -> str | None:

@@ -37,6 +37,7 @@ from scanner.plan.model import (
     REASON_HEADER,
     SPOOFABLE_HEADERS,
     WEBSOCKET_HEADERS,
+    Budget,
     Decision,
     Plan,
 )
@@ -98,6 +99,7 @@ class LuaGroup:
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
     caps: tuple[tuple[str, int], ...] = ()
     websocket: bool = False                      # also pass the WebSocket handshake headers
+    budget: Budget | None = None                 # the output budget decided on every body
 
 
 @dataclass(frozen=True)
@@ -247,8 +249,9 @@ class _Registry:
         websocket = d.kind == "websocket"
         caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
+        budget = d.budget if check_body and d.budget and d.budget.when_absent != "pass" else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
-                 check_fields, limit, caps, websocket)
+                 check_fields, limit, caps, websocket, budget)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -256,7 +259,7 @@ class _Registry:
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, check_fields=check_fields and check_body,
-                body_limit=limit, caps=caps, websocket=websocket)
+                body_limit=limit, caps=caps, websocket=websocket, budget=budget)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -300,6 +303,11 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
     check_body = (not websocket and d.method in BODY_METHODS
                   and bool(d.limits.json_caps or check_fields))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
+    # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
+    # Lua forwards, which grows by the output budget it writes in
+    budget = d.budget if check_body else None
+    grown = len(f',"{budget.field}":{budget.cap}') if budget and budget.when_absent == "inject" else 0
+    held = body_bytes + grown if body_bytes else 0
     return RouteView(
         name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
         cluster="" if (key and concurrency) else (concurrency or BASE_CLUSTER),
@@ -307,8 +315,8 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
         timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
         lua_group=reg.lua_group(d, concurrency if key else "", check_body, check_fields),
-        buffer_bytes=body_bytes,
-        stream_buffer=body_bytes if check_body and body_bytes > STREAM_BUFFER else 0,
+        buffer_bytes=held,
+        stream_buffer=held if check_body and held > STREAM_BUFFER else 0,
         rate_filter=reg.rate_filter(d), websocket=websocket,
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)

@@ -50,6 +50,7 @@ from scanner.plan.model import (
     PRINCIPAL_HEADER,
     REASON_HEADER,
     WEBSOCKET_HEADERS,
+    Budget,
     Decision,
     Plan,
 )
@@ -93,6 +94,8 @@ class BodyCheck:
     id: str
     caps: str           # "max_tokens=4096 n=4": what the njs slow path enforces
     regex: str          # the native fast path (see nginx_regex.unsafe_body)
+    budget: str = ""    # "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": the
+                        # output budget njs decides on every body (absence has no fast path)
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Block:
     check: BodyCheck | None
     websocket: bool
     up: str                     # the named proxying location (inspected blocks)
-    strip: bool                 # also emit ``<up>_strip`` (body policy "strip")
+    rewrite: bool               # also emit ``<up>_rewrite`` (fields stripped, a budget injected)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,6 @@ class Model:
     conn_zones: tuple[Zone, ...]
     checks: tuple[BodyCheck, ...]
     body_policy: str
-    strip: bool
     locations: tuple[Location, ...]
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
     websocket_headers: tuple[tuple[str, str], ...]
@@ -225,7 +227,7 @@ class _Registry:
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...]], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...], str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -259,13 +261,15 @@ class _Registry:
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
         return self.conn[d.conn_zone]
 
-    def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...]) -> BodyCheck:
-        key = (tuple(sorted(caps.items())), forbidden)
+    def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...], budget: Budget | None) -> BodyCheck:
+        spec = (f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}"
+                if budget and budget.when_absent != "pass" else "")
+        key = (tuple(sorted(caps.items())), forbidden, spec)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
-                regex=unsafe_body(dict(caps), forbidden))
+                regex=unsafe_body(dict(caps), forbidden), budget=spec)
         return self.checks[key]
 
 
@@ -288,7 +292,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     lim: Limits = d.limits
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
-            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s)
+            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -301,6 +305,8 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
                and bool(lim.json_caps or forbidden))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
+    budget = next((x.budget for x in ds if x.budget), None)
+    check = reg.check(lim.json_caps, forbidden, budget) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -312,9 +318,10 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         conn_zone=conn_zone.name if conn_zone else None, conn=lim.concurrency or 0,
         body_bytes=lim.body_bytes if lim.body_bytes is not None else DEFAULT_BODY_BYTES,
         timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
-        check=reg.check(lim.json_caps, forbidden) if inspect else None,
+        check=check,
         websocket=websocket, up=up,
-        strip=inspect and "strip" in (plan.body.cache_salt, plan.body.chat_template),
+        rewrite=check is not None and ("strip" in (plan.body.cache_salt, plan.body.chat_template)
+                                       or (budget is not None and budget.when_absent == "inject")),
     )
 
 
@@ -398,7 +405,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
         checks=tuple(reg.checks.values()),
         body_policy=f"cache_salt={plan.body.cache_salt} chat_template={plan.body.chat_template}",
-        strip="strip" in (plan.body.cache_salt, plan.body.chat_template),
         locations=locations,
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
     )

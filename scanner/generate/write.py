@@ -5,16 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from scanner.generate.interface import GeneratedConfig
-from scanner.output import write_text
+from scanner.output import make_dir, write_text
 
 
 def write_config(config: GeneratedConfig, out_dir: str | Path) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(out_dir)
     written = []
     for f in config.files:
         target = out / f.name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(target.parent)
         write_text(target, f.content, mode=f.mode)
         written.append(target)
     return written

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from scanner import canonical
 from scanner.errors import InventoryFormatError
+from scanner.output import read_text
 
 SCHEMA_VERSION = 1
 RouteKind = Literal["http", "websocket", "mount"]
@@ -156,11 +157,7 @@ def is_guarded(path: str, prefixes: Sequence[str] = VLLM_GUARDED_PREFIXES, root_
 def load(path: str | Path) -> Inventory:
     """Read and validate an inventory file; raise :class:`InventoryFormatError` with the reason."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InventoryFormatError(f"{p}: cannot read inventory: {exc.strerror or exc}") from None
-    return loads(text, name=str(p))
+    return loads(read_text(p, "inventory", InventoryFormatError), name=str(p))
 
 
 def loads(text: str, name: str = "<inventory>") -> Inventory:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
-from scanner.policy.model import AudienceKind, BodyPolicy, Limits, Listen, Principal, Upstream
+from scanner.policy.model import AudienceKind, BodyPolicy, Limits, Listen, Principal, Upstream, WhenAbsent
 
 Action = Literal["allow", "deny"]
 PLAN_SCHEMA_VERSION = 1
@@ -40,6 +40,19 @@ GOVERNED_FIELDS: Mapping[str, tuple[str, ...]] = {
     "cache_salt": ("cache_salt",),
     "chat_template": ("chat_template", "chat_template_kwargs"),
 }
+# Where a generating route reads how many tokens it may produce (vLLM 0.28 - 0.33): path ->
+# (the fields, the first one present and not null wins; the field a cap is written into when
+# none is). With none of them vLLM generates up to the rest of the context window (vLLM issue
+# #11976): a cap on these fields holds only if the perimeter also decides their absence.
+# /invocations validates a body as a chat request, then as a completion request; the latter
+# reads max_tokens only, so only max_tokens counts there.
+OUTPUT_BUDGET: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "/invocations": (("max_tokens",), "max_tokens"),
+    "/v1/chat/completions": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
+    "/v1/chat/completions/batch": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
+    "/v1/completions": (("max_tokens",), "max_tokens"),
+    "/v1/responses": (("max_output_tokens",), "max_output_tokens"),
+}
 # Inbound headers a client could use to confuse the upstream or an app behind it.
 SPOOFABLE_HEADERS: tuple[str, ...] = (
     "X-Original-URL", "X-Rewrite-URL", "X-Original-Method", "X-HTTP-Method-Override",
@@ -47,6 +60,32 @@ SPOOFABLE_HEADERS: tuple[str, ...] = (
     "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Real-IP", "Forwarded",
     PRINCIPAL_HEADER,
 )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A route's output budget: the fields it is read from, capped; what happens without them."""
+
+    fields: tuple[str, ...]
+    field: str                 # written with the cap when every one of ``fields`` is absent or null
+    cap: int                   # the smallest cap the plan puts on ``fields``
+    when_absent: WhenAbsent
+
+    def absent(self, body: Mapping[str, object]) -> bool:
+        """Does vLLM fall back to its own default for this body (no field, or only nulls)?"""
+        return all(body.get(f) is None for f in self.fields)
+
+    def forwarded(self, body: Mapping[str, object]) -> dict[str, object] | None:
+        """The body the upstream must receive for ``body`` (a JSON object); None: refused."""
+        if not self.absent(body) or self.when_absent == "pass":
+            return dict(body)
+        if self.when_absent == "reject":
+            return None
+        return {**{k: v for k, v in body.items() if k not in self.fields}, self.field: self.cap}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fields": list(self.fields), "field": self.field, "cap": self.cap,
+                "when_absent": self.when_absent}
 
 
 @dataclass(frozen=True)
@@ -94,8 +133,20 @@ class Decision:
         limit = self.limits.concurrency
         return f"{self.audience}:{self.auth}:{limit}" if limit else ""
 
+    @property
+    def budget(self) -> Budget | None:
+        """The output budget both proxies enforce on this route (None: it has none, or the plan
+        caps none of its fields)."""
+        spec = OUTPUT_BUDGET.get(self.path)
+        if spec is None or self.kind != "http" or self.method not in BODY_METHODS or not self.allowed:
+            return None
+        caps = [cap for f, cap in self.limits.json_caps.items() if f in spec[0]]
+        if not caps:
+            return None
+        return Budget(spec[0], spec[1], min(caps), self.limits.when_absent or "inject")
+
     def to_dict(self) -> dict[str, Any]:
-        lim = self.limits
+        lim, budget = self.limits, self.budget
         return {
             "method": self.method, "path": self.path, "kind": self.kind, "action": self.action,
             "reason": self.reason, "audience": self.audience, "audience_kind": self.audience_kind,
@@ -105,6 +156,7 @@ class Decision:
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
             },
+            "budget": budget.to_dict() if budget else None,
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
             "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,
@@ -162,6 +214,14 @@ class Plan:
         """Each governed field the body policy does not pass -> "reject" or "strip"."""
         return {f: mode for key, fields in GOVERNED_FIELDS.items()
                 if (mode := getattr(self.body, key)) != "pass" for f in fields}
+
+    def forwarded_body(self, d: Decision, body: Mapping[str, object]) -> dict[str, object] | None:
+        """The JSON body the upstream must receive when ``body`` (a JSON object) is let through
+        on ``d``: less the fields the body policy strips, its output budget decided; None: it
+        is refused for its absent budget."""
+        strip = {f for f, mode in self.field_modes().items() if mode == "strip"}
+        kept = {k: v for k, v in body.items() if k not in strip}
+        return d.budget.forwarded(kept) if d.budget else kept
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route

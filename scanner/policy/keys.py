@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 from pathlib import Path
 
 from scanner.errors import UsageError
+from scanner.output import read_text, write_text
 from scanner.secrets import fingerprint
 
 __all__ = ["KEY_PREFIX", "append_principal", "fingerprint", "key_sha256", "new_key"]
@@ -33,7 +33,7 @@ def append_principal(path: str | Path, name: str, role: str, key: str) -> None:
     if not _NAME.match(role):
         raise UsageError(f"role {role!r}: use letters, digits, '.', '_' or '-'")
     p = Path(path)
-    text = p.read_text(encoding="utf-8") if p.exists() else ""
+    text = read_text(p, "principals file", UsageError) if p.exists() else ""
     if re.search(rf"^\s*-\s*name:\s*{re.escape(name)}\s*$", text, re.MULTILINE):
         raise UsageError(f"{p}: principal {name!r} already exists; pick another name or remove it")
     if not text.strip():
@@ -43,8 +43,4 @@ def append_principal(path: str | Path, name: str, role: str, key: str) -> None:
     if not text.endswith("\n"):
         text += "\n"
     text += f"  - name: {name}\n    role: {role}\n    key_sha256: {key_sha256(key)}\n"
-    tmp = p.with_name(f".{p.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, p)
+    write_text(p.absolute(), text, mode=0o600)   # a file named "-" too, never stdout

@@ -12,6 +12,7 @@ import yaml
 
 from scanner import patterns
 from scanner.errors import PolicyError
+from scanner.output import read_text
 from scanner.policy.model import (
     AUDIENCE_KINDS,
     CACHE_SALT_CHOICES,
@@ -19,6 +20,7 @@ from scanner.policy.model import (
     CHAT_TEMPLATE_CHOICES,
     METHODS,
     SCHEMA_VERSION,
+    WHEN_ABSENT_CHOICES,
     Audience,
     AudienceKind,
     BodyPolicy,
@@ -45,13 +47,17 @@ class Node:
         self.line = node.start_mark.line + 1
 
     def fail(self, msg: str) -> PolicyError:
-        return PolicyError(f"{self.source}:{self.line}: {self.where}: {msg}")
+        where = f"{self.where}: " if self.where else ""
+        return PolicyError(f"{self.source}:{self.line}: {where}{msg}")
 
     # --- scalars
     def _scalar(self) -> Any:
         if not isinstance(self.node, yaml.ScalarNode):
             raise self.fail("expected a single value")
-        return yaml.safe_load(yaml.serialize(self.node))
+        try:
+            return yaml.safe_load(yaml.serialize(self.node))
+        except yaml.YAMLError as exc:  # an unknown tag (!foo) or a bad !!binary
+            raise self.fail(f"not a plain value: {getattr(exc, 'problem', None) or exc}") from None
 
     def text(self) -> str:
         value = self._scalar()
@@ -138,20 +144,21 @@ _TOP = ("schema_version", "name", "networks", "audiences", "principals", "princi
 
 def load(path: str | Path) -> Policy:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{p}: cannot read policy: {exc.strerror or exc}") from None
-    return loads(text, source=str(p), base_dir=p.parent)
+    return loads(read_text(p, "policy", PolicyError), source=str(p), base_dir=p.parent)
 
 
-def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
+def _compose(text: str, source: str) -> yaml.Node | None:
+    """The YAML node tree of one document, or a PolicyError naming ``source`` and the line."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"{mark.line + 1}" if mark is not None else "?"
         raise PolicyError(f"{source}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> Policy:
+    root = _compose(text, source)
     if root is None:
         raise PolicyError(f"{source}: the policy is empty")
     top = Node(root, "", source).mapping(_TOP, required=("schema_version", "name", "audiences", "routes"))
@@ -193,7 +200,7 @@ def _networks(node: Node) -> dict[str, tuple[str, ...]]:
 
 
 def _limits(node: Node) -> Limits:
-    m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s"))
+    m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s", "when_absent"))
     caps: dict[str, int] = {}
     if "json_caps" in m:
         for field_name, value in m["json_caps"].entries():
@@ -211,6 +218,7 @@ def _limits(node: Node) -> Limits:
         rate=rate,
         concurrency=m["concurrency"].whole(minimum=1) if "concurrency" in m else None,
         timeout_s=m["timeout_s"].number() if "timeout_s" in m else None,
+        when_absent=cast(Any, m["when_absent"].choice(WHEN_ABSENT_CHOICES)) if "when_absent" in m else None,
     )
 
 
@@ -244,11 +252,7 @@ def _principals(
     if "principals_file" in top:
         ref = top["principals_file"]
         path = base_dir / ref.text()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ref.fail(f"cannot read principals file {path}: {exc.strerror or exc}") from None
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = _compose(read_text(path, "principals file", ref.fail), str(path))
         if root is not None:
             doc = Node(root, "", str(path)).mapping(("principals",))
             if "principals" in doc:

@@ -13,6 +13,10 @@ CacheSalt = Literal["pass", "reject", "strip"]
 ChatTemplate = Literal["pass", "reject", "strip"]
 CACHE_SALT_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
 CHAT_TEMPLATE_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
+# What the perimeter does when a request omits the field its route reads its output budget from
+# (vLLM then generates up to the rest of the context window): write the cap in, refuse, or pass.
+WhenAbsent = Literal["inject", "reject", "pass"]
+WHEN_ABSENT_CHOICES: tuple[str, ...] = ("inject", "reject", "pass")
 # Top-level request fields whose numeric value a policy may cap.
 CAPPABLE_FIELDS: tuple[str, ...] = (
     "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
@@ -37,6 +41,7 @@ class Limits:
     rate: Rate | None = None
     concurrency: int | None = None
     timeout_s: float | None = None
+    when_absent: WhenAbsent | None = None   # None: not set here ("inject" when nothing sets it)
 
     def merged(self, override: Limits | None) -> Limits:
         if override is None:
@@ -47,6 +52,7 @@ class Limits:
             rate=override.rate or self.rate,
             concurrency=override.concurrency if override.concurrency is not None else self.concurrency,
             timeout_s=override.timeout_s if override.timeout_s is not None else self.timeout_s,
+            when_absent=override.when_absent or self.when_absent,
         )
 
 

@@ -6,34 +6,37 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from scanner.errors import UsageError
+from scanner.output import read_text
 from scanner.policy.keys import fingerprint, new_key
 from scanner.probe.interface import Credential, Vantage
 
 
 def parse_key(spec: str, environ: Mapping[str, str] | None = None) -> Credential:
-    """``ROLE=env:VAR`` or ``ROLE=file:PATH`` -> a role credential. The value is never echoed."""
+    """``ROLE=env:VAR`` or ``ROLE=file:PATH`` -> a role credential. The value is never echoed.
+
+    Whitespace around the key (a trailing newline, CRLF, spaces) is ignored; what remains must be
+    one token of visible ASCII (it goes into an ``Authorization`` header as it is)."""
     env = os.environ if environ is None else environ
     role, sep, ref = spec.partition("=")
     if not sep or not role or not ref:
         raise UsageError("--key expects ROLE=env:VAR or ROLE=file:PATH")
     kind, sep, where = ref.partition(":")
     if kind == "env" and sep and where:
-        value = env.get(where, "")
+        value = env.get(where, "").strip()
         if not value:
             raise UsageError(f"--key {role}=env:{where}: the environment variable is unset or empty")
     elif kind == "file" and sep and where:
-        try:
-            value = Path(where).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise UsageError(f"--key {role}=file:{where}: cannot read: {exc.strerror or exc}") from None
+        value = read_text(where, "key file", lambda msg: UsageError(f"--key {role}=file:{msg}")).strip()
         if not value:
             raise UsageError(f"--key {role}=file:{where}: the file is empty")
     else:
         raise UsageError(f"--key {role}=...: give the key by reference, env:VAR or file:PATH "
                          "(never the key itself on the command line)")
+    if any(not "!" <= c <= "~" for c in value):
+        raise UsageError(f"--key {role}={ref}: the key must be one line of visible ASCII characters "
+                         "without spaces")
     return Credential(label=f"role:{role}", kind="role", role=role, secret=value,
                       fingerprint=fingerprint(value))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from scanner.errors import ConfigError
+from scanner.output import read_json
 from scanner.probe.interface import PROBE_SCHEMA_VERSION, Coverage, Finding, ProbeResult
 from scanner.severity import severity_rank
 
@@ -50,12 +51,7 @@ def from_dict(d: dict[str, Any], name: str = "<result>") -> ProbeResult:
 
 def load(path: str | Path) -> ProbeResult:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    data = read_json(p, "probe result")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: not a probe result")
     return from_dict(data, str(p))

@@ -17,6 +17,11 @@ def _limits(d: Decision) -> str:
         parts.append(f"body<={lim.body_bytes}")
     if lim.json_caps:
         parts.append("caps:" + ",".join(f"{k}<={v}" for k, v in sorted(lim.json_caps.items())))
+    budget = d.budget
+    if budget is not None:
+        verb = {"inject": "written in", "reject": "refused", "pass": "passed"}[budget.when_absent]
+        parts.append(f"no-budget:{verb}" + (f"({budget.field}={budget.cap})" if budget.when_absent == "inject"
+                                            else ""))
     if lim.rate:
         parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
     if lim.concurrency:

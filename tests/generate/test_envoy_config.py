@@ -106,7 +106,10 @@ def test_structure_of_the_default_plan(tmp_path: Path) -> None:
     assert chat["match"]["path"] == "/v1/chat/completions"
     assert chat["match"]["headers"] == [{"name": ":method", "string_match": {"exact": "POST"}}]
     assert chat["route"]["timeout"] == "600s"
-    assert chat["typed_per_filter_config"]["perimeter.buffer"]["buffer"]["max_request_bytes"] == 1048576
+    # the buffer after Lua holds body_bytes plus the output budget Lua may write in (Lua itself
+    # refuses a body over body_bytes: tests/generate/test_envoy_echo.py)
+    grown = len(',"max_completion_tokens":4096')
+    assert chat["typed_per_filter_config"]["perimeter.buffer"]["buffer"]["max_request_bytes"] == 1048576 + grown
     # templates: the plan's anchored narrow regex
     resp = next(r for r in routes if r["name"] == "allow:GET /v1/responses/{response_id}")
     assert resp["match"]["safe_regex"]["regex"] == r"^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})$"

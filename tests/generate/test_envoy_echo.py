@@ -61,7 +61,7 @@ audiences:
     networks: [users]
     roles: [user]
     limits: {{body_bytes: 4096, json_caps: {{max_tokens: 100, n: 2, logprobs: 0}},
-              rate: {{rps: 500, burst: 1000}}, timeout_s: 30}}
+              rate: {{rps: 500, burst: 1000}}, timeout_s: 30, when_absent: {when_absent}}}
   slow:
     kind: end-user
     networks: [users]
@@ -123,7 +123,8 @@ class Setup:
                    **kw)  # type: ignore[arg-type]
 
 
-def _start(directory: Path, body_policy: str = "reject", extra: str = "") -> Iterator[Setup]:
+def _start(directory: Path, body_policy: str = "reject", extra: str = "",
+           when_absent: str = "pass") -> Iterator[Setup]:
     envoy_binary()
     directory.mkdir(parents=True, exist_ok=True)
     _, ks = make_principals(directory, ("alice", "user"), ("bob", "user"), ("carol", "user"),
@@ -132,7 +133,8 @@ def _start(directory: Path, body_policy: str = "reject", extra: str = "") -> Ite
         keys.append_principal(directory / "principals.yaml", name, "user", key)
         ks[name] = key
     with EchoServer() as echo:
-        policy = POLICY.format(port=free_port(), upstream=echo.port, body=body_policy, extra=extra)
+        policy = POLICY.format(port=free_port(), upstream=echo.port, body=body_policy, extra=extra,
+                               when_absent=when_absent)
         envoy = RunningEnvoy(make_plan(INVENTORY, policy, directory), directory / "envoy")
         with envoy:
             yield Setup(envoy, echo, ks)
@@ -471,6 +473,42 @@ def test_access_log_lines(setup: Setup) -> None:
 # --- other policies -------------------------------------------------------------------------------------
 
 
+# The output budget of this policy's chat route (it reads max_completion_tokens, then
+# max_tokens; the cap is max_tokens's, written into max_completion_tokens) by Lua's JSON rebuild.
+BUDGET_WRITTEN = [
+    (b'{}', {"max_completion_tokens": 100}),
+    (b'{"max_tokens": null}', {"max_completion_tokens": 100}),
+    (b'{"max_tokens": null, "max_completion_tokens": null}', {"max_completion_tokens": 100}),
+    (b'{"max_tokens": 5, "max_tokens": null}', {"max_completion_tokens": 100}),   # Python keeps the last
+    (b' {"a" : [1, {"max_tokens": 9}] ,"b":"x\\"y"} ',
+     {"a": [1, {"max_tokens": 9}], "b": 'x"y', "max_completion_tokens": 100}),
+    (b'{"cache_salt": "x", "n": 2}', {"n": 2, "max_completion_tokens": 100}),   # stripped, written in
+]
+BUDGET_KEPT = [b'{"max_tokens": 7}', b'{"max_completion_tokens": 7}', b'{"max_tokens": null, "max_tokens": 3}',
+               b'{"max_completion_tokens": 8, "max_tokens": null}']
+
+
+def test_the_output_budget_is_written_in_when_absent(tmp_path: Path) -> None:
+    for s in _start(tmp_path, body_policy="strip", when_absent="inject"):
+        for body, want in BUDGET_WRITTEN:
+            got = seen(s.post("/v1/chat/completions", body))
+            assert json.loads(got["body"]) == want, body  # type: ignore[arg-type]
+            assert headers_of(got)["content-length"] == [str(len(got["body"]))]  # type: ignore[arg-type]
+        for body in BUDGET_KEPT:
+            assert seen(s.post("/v1/chat/completions", body))["body"] == body.decode(), body
+        # a body exactly at body_bytes still fits once the budget is written in
+        got = seen(s.post("/v1/chat/completions", _json_of_size(4096)))
+        assert json.loads(got["body"])["max_completion_tokens"] == 100  # type: ignore[arg-type]
+        assert_denied(s.post("/v1/chat/completions", _json_of_size(4097)), 413, "body-too-large")
+
+
+def test_a_body_without_its_budget_is_refused_with_reject(tmp_path: Path) -> None:
+    for s in _start(tmp_path, when_absent="reject"):
+        reply = s.post("/v1/chat/completions", b'{"max_tokens": null}')
+        assert_denied(reply, 400, "json-cap:max_completion_tokens:absent")
+        assert seen(s.post("/v1/chat/completions", b'{"max_tokens": 1}'))["body"] == '{"max_tokens": 1}'
+
+
 def test_strip_removes_forbidden_fields(tmp_path: Path) -> None:
     for s in _start(tmp_path, body_policy="strip"):
         body = b'{"a": 1, "cache_salt": "x", "chat_template": "{{ 1 }}", "b": [1, {"c": 2}],' \
@@ -497,7 +535,8 @@ def test_trusted_proxy_forwarded_for(tmp_path: Path) -> None:
 def test_missing_key_file_refuses_every_key(tmp_path: Path) -> None:
     _, ks = make_principals(tmp_path, ("alice", "user"), ("ops", "operator"))
     with EchoServer() as echo:
-        policy = POLICY.format(port=free_port(), upstream=echo.port, body="reject", extra="")
+        policy = POLICY.format(port=free_port(), upstream=echo.port, body="reject", extra="",
+                               when_absent="pass")
         envoy = RunningEnvoy(make_plan(INVENTORY, policy, tmp_path), tmp_path / "envoy",
                              extra={"config_dir": str(tmp_path / "nowhere")})
         with envoy:

@@ -32,36 +32,53 @@ def _seen(body: bytes, text: bool = True) -> Upstream:
                     body_sha256=hashlib.sha256(body).hexdigest(), body=body.decode() if text else None)
 
 
+def _want(sent: bytes) -> dict[str, object]:
+    """What the plan says reaches the upstream: the body less the stripped fields."""
+    return {k: v for k, v in json.loads(sent).items() if k not in STRIP}
+
+
 def test_a_body_forwarded_as_sent_is_proved() -> None:
     sent = b'{"model": "m", "max_tokens": 4096}'
-    assert body_received(sent, _seen(sent), STRIP) == ("proved", "")
+    assert body_received(sent, _seen(sent), _want(sent)) == ("proved", "")
 
 
 def test_a_body_changed_on_the_way_fails() -> None:
-    verdict, why = body_received(b'{"max_tokens": 4096}', _seen(b'{"max_tokens": 1}'), STRIP)
+    sent = b'{"max_tokens": 4096}'
+    verdict, why = body_received(sent, _seen(b'{"max_tokens": 1}'), _want(sent))
     assert verdict == "failed" and "changed" in why
 
 
 def test_a_stripped_field_removed_and_nothing_else_is_proved() -> None:
     sent = b'{"model": "m", "cache_salt": "probe-x1"}'
-    assert body_received(sent, _seen(b'{"model":"m"}'), STRIP) == ("proved", "")
+    assert body_received(sent, _seen(b'{"model":"m"}'), _want(sent)) == ("proved", "")
 
 
 def test_a_stripped_field_that_reached_the_upstream_fails() -> None:
     sent = b'{"model": "m", "cache_salt": "probe-x1"}'
-    verdict, why = body_received(sent, _seen(sent), STRIP)
-    assert verdict == "failed" and "cache_salt reached the upstream" in why
+    verdict, why = body_received(sent, _seen(sent), _want(sent))
+    assert verdict == "failed" and 'cache_salt: "probe-x1" reached the upstream, the plan says absent' in why
 
 
 def test_stripping_more_than_the_policy_strips_fails() -> None:
-    verdict, why = body_received(b'{"model": "m", "cache_salt": "x"}', _seen(b'{}'), STRIP)
-    assert verdict == "failed" and "beyond the stripped fields" in why
+    sent = b'{"model": "m", "cache_salt": "x"}'
+    verdict, why = body_received(sent, _seen(b'{}'), _want(sent))
+    assert verdict == "failed" and 'model: absent reached the upstream, the plan says "m"' in why
 
 
 def test_a_stripped_field_the_witness_kept_no_text_of_is_not_proven() -> None:
     sent = b'{"model": "m", "cache_salt": "probe-x1"}'
-    verdict, why = body_received(sent, _seen(b'{"model":"m"}', text=False), STRIP)
+    verdict, why = body_received(sent, _seen(b'{"model":"m"}', text=False), _want(sent))
     assert verdict == "inconclusive" and "64 KiB" in why
+
+
+def test_an_injected_budget_is_proved_only_at_its_cap() -> None:
+    sent = b'{"model": "m", "max_tokens": null}'
+    want = {"model": "m", "max_completion_tokens": 4096}
+    assert body_received(sent, _seen(b'{"model":"m","max_completion_tokens":4096}'), want) == ("proved", "")
+    verdict, why = body_received(sent, _seen(sent), want)
+    assert verdict == "failed" and "max_completion_tokens: absent reached the upstream, the plan says 4096" in why
+    verdict, why = body_received(sent, _seen(b'{"model":"m","max_completion_tokens":99999}'), want)
+    assert verdict == "failed" and "99999" in why
 
 
 # --- through the real proxies ------------------------------------------------------------------
@@ -109,4 +126,4 @@ def test_a_route_that_forwards_the_stripped_fields_is_caught(tmp_path: Path, pro
     res = _probe(tmp_path, proxy, mutant="forbidden-field-check-removed")
     caught = [f for f in res.findings if f.rule == "VP015"]
     assert caught, [(f.rule, f.title) for f in res.findings]
-    assert "reached the upstream (the policy strips it)" in caught[0].detail
+    assert "reached the upstream, the plan says absent" in caught[0].detail

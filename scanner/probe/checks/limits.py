@@ -101,6 +101,18 @@ class Limits(BaseCheck):
                     yield Subject(key, d.method, d.path, why=why)
             if lim.json_caps or lim.body_bytes is not None:
                 yield Subject(f"at-limits {where}", d.method, d.path, why=why)
+            budget = d.budget
+            if budget is not None:
+                key = f"budget {where}"
+                if budget.when_absent == "pass":
+                    yield na(key, f"the policy passes requests without {' or '.join(budget.fields)} "
+                             "(when_absent: pass): vLLM then generates up to the rest of the context window",
+                             d.method, d.path)
+                elif budget.when_absent == "inject" and not ctx.witness:
+                    yield na(key, "an injected output budget is visible only to a witness upstream",
+                             d.method, d.path)
+                else:
+                    yield Subject(key, d.method, d.path, why=why)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         fields = ctx.plan.field_modes()
@@ -112,15 +124,19 @@ class Limits(BaseCheck):
             if not cells or carry is None:
                 continue
             query, base = carry
-            out = _Out(self.id, d, _Spread(cells), query, base)
             caps_key = tuple(sorted(d.limits.json_caps.items()))
             encodings = caps_key not in variants_done and not base
+            budget = d.budget
+            if budget is not None and budget.when_absent == "reject":   # every other body carries it
+                base = {**base, budget.field: budget.cap}
+            out = _Out(self.id, d, _Spread(cells), query, base)
             variants_done.add(caps_key)
             yield from self._body(ctx, d, out)
             yield from self._caps(d, out, encodings)
             # every field on the first route, then one per route in turn: a field check that
             # is gone everywhere shows on the first, one gone from a route on that route
             yield from self._fields(out, fields, names if n == 0 else names[n % len(names):][:1])
+            yield from self._budget(ctx, d, out)
 
     def _body(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
         limit = d.limits.body_bytes
@@ -149,8 +165,8 @@ class Limits(BaseCheck):
 
     def _caps(self, d: Decision, out: _Out, encodings: bool) -> Iterator[Case]:
         for i, (name, cap) in enumerate(sorted(d.limits.json_caps.items())):
-            bodies = cap_bodies(name, cap) if not out.base else [(f"{name}={cap + 1} (int)",
-                                                                 out.json({name: cap + 1}))]
+            bodies = cap_bodies(name, cap) if encodings else [(f"{name}={cap + 1} (int)",
+                                                               out.json({name: cap + 1}))]
             for j, (note, body) in enumerate(bodies if (encodings and i == 0) else bodies[:1]):
                 # another encoding may also be refused as malformed JSON: still a refusal
                 reasons = (R.token("json-cap", name),) if j == 0 else (R.token("json-cap", name), "bad-json")
@@ -165,11 +181,41 @@ class Limits(BaseCheck):
             else:
                 yield out.case("fields", "allow", (), body, f"field {name} to be stripped")
 
+    def _budget(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
+        """Bodies without the route's output budget (absent, null, a null last copy of a duplicated
+        key, which is the one Python keeps): refused, or let through with the cap written in (the
+        witness shows which)."""
+        budget = d.budget
+        if budget is None or budget.when_absent == "pass" or (budget.when_absent == "inject"
+                                                              and not ctx.witness):
+            return
+        rest = {k: v for k, v in out.base.items() if k not in budget.fields}
+        first = budget.fields[0]
+        head = json.dumps(rest)[1:-1]
+        bodies = [
+            ("absent", json.dumps(rest).encode()),
+            ("null", json.dumps({**rest, **{f: None for f in budget.fields}}).encode()),
+            (f"duplicate {first} key, null last",
+             ("{" + (head + ", " if head else "") + f'"{first}": 1, "{first}": null}}').encode()),
+        ]
+        for note, body in bodies:
+            if budget.when_absent == "reject":
+                yield out.case("budget", "deny", (R.token("json-cap", budget.field),), body,
+                               f"output budget {note}: refused")
+            else:
+                yield out.case("budget", "allow", (), body,
+                               f"output budget {note}: {budget.field}={budget.cap} written in")
+
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         if case.expected != "allow" or a.verdict != "proved" or a.upstream is None or case.body is None:
             return a
-        strip = {f for f, mode in ctx.plan.field_modes().items() if mode == "strip"}
-        verdict, why = body_received(case.body, a.upstream, strip)
+        d = ctx.plan.decision(case.method, case.path)
+        try:
+            obj = json.loads(case.body)
+        except ValueError:
+            obj = None
+        want = ctx.plan.forwarded_body(d, obj) if d is not None and isinstance(obj, dict) else None
+        verdict, why = body_received(case.body, a.upstream, want)
         return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
@@ -197,32 +243,44 @@ class Limits(BaseCheck):
                            extra="limits")
 
 
-def body_received(sent: bytes, seen: Upstream, strip: set[str]) -> tuple[Verdict, str]:
-    """("proved" | "failed" | "inconclusive", why): did the upstream receive ``sent`` less the
-    top-level ``strip`` fields, and nothing else changed?"""
+def body_received(sent: bytes, seen: Upstream, want: Mapping[str, object] | None) -> tuple[Verdict, str]:
+    """("proved" | "failed" | "inconclusive", why): did the upstream receive what the plan says
+    for ``sent``: ``want`` (the JSON object :meth:`Plan.forwarded_body` gives), or ``sent``
+    byte for byte when the plan changes nothing in it?"""
     try:
         obj = json.loads(sent)
     except ValueError:
         obj = None
-    stripped = sorted(strip & set(obj)) if isinstance(obj, dict) else []
-    if not stripped:   # forwarded byte for byte
+    if want is None or not isinstance(obj, dict) or want == obj:   # forwarded byte for byte
         if seen.body_sha256 == hashlib.sha256(sent).hexdigest():
             return "proved", ""
         return "failed", (f"the body was changed on the way ({len(sent)} bytes sent, "
                           f"{seen.body_bytes} received)")
+    changed = sorted(set(obj) ^ set(want) | {k for k in set(obj) & set(want) if obj[k] != want[k]})
     if seen.body is None:
         return "inconclusive", ("the witness keeps the text of JSON bodies up to 64 KiB only: whether "
-                                f"{', '.join(stripped)} was stripped is unknown")
+                                f"{', '.join(changed)} reached the upstream as the plan says is unknown")
     try:
         got = json.loads(seen.body)
     except ValueError:
         return "failed", "the upstream received a body that is not JSON"
-    kept = sorted(f for f in stripped if isinstance(got, dict) and f in got)
-    if kept:
-        return "failed", f"{', '.join(kept)} reached the upstream (the policy strips it)"
-    if got != {k: v for k, v in obj.items() if k not in strip}:
-        return "failed", "the body was changed on the way beyond the stripped fields"
+    if not isinstance(got, dict):
+        return "failed", "the upstream received a body that is not a JSON object"
+    wrong = sorted(k for k in set(got) | set(want) if got.get(k, _MISSING) != want.get(k, _MISSING))
+    if wrong:
+        shown = "; ".join(f"{k}: {_shown(got, k)} reached the upstream, the plan says {_shown(want, k)}"
+                          for k in wrong[:4])
+        return "failed", shown
     return "proved", ""
+
+
+_MISSING = object()
+
+
+def _shown(body: Mapping[str, object], key: str) -> str:
+    if key not in body:
+        return "absent"
+    return json.dumps(body[key])[:40]
 
 
 class _Spread:
