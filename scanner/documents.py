@@ -94,6 +94,10 @@ class PolicyUpstreamDoc(_Doc):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     tls: TlsUpstreamDoc | None = None
+    api_key_file: str | None = Field(
+        default=None, pattern=r"^/",
+        description="file holding vLLM's --api-key (absolute path, mode 0600): the proxy presents it "
+        "upstream on every allowed request; the key never appears in a generated config")
 
 
 class BodyDoc(_Doc):

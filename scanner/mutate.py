@@ -311,6 +311,15 @@ def _n_key_fwd(directory: Path, plan: Plan) -> str:
     return "proxy_set_header Authorization"
 
 
+@operator("nginx", "upstream-key-not-presented", "vLLM's own key no longer sent upstream")
+def _n_upstream_key(directory: Path, plan: Plan) -> str:
+    if not plan.upstream.api_key_file:
+        raise NotApplicable("the policy sets no upstream.api_key_file")
+    text = _read(directory, PROXY)
+    _write(directory, PROXY, text, re.sub(r'\ninclude "[^"]*perimeter-upstream-key\.conf";', "", text))
+    return "the upstream key include dropped"
+
+
 @operator("nginx", "client-headers-forwarded", "every client header forwarded (hop-by-hop, spoofable)")
 def _n_headers(directory: Path, plan: Plan) -> str:
     text = _read(directory, PROXY)
@@ -595,6 +604,18 @@ def _e_key_fwd(env: _Envoy, plan: Plan) -> str:
     removed = env.hcm["route_config"]["request_headers_to_remove"]
     removed.remove("authorization")
     return "authorization kept"
+
+
+@_e("upstream-key-not-presented", "vLLM's own key no longer sent upstream")
+def _e_upstream_key(env: _Envoy, plan: Plan) -> str:
+    if not plan.upstream.api_key_file:
+        raise NotApplicable("the policy sets no upstream.api_key_file")
+    added = env.hcm["route_config"]["request_headers_to_add"]
+    kept = [h for h in added if h["header"]["key"] != "authorization"]
+    if len(kept) == len(added):
+        raise NotApplicable("no Authorization added upstream")
+    env.hcm["route_config"]["request_headers_to_add"] = kept
+    return "authorization not added"
 
 
 @_e("client-headers-forwarded", "the header allowlist turned off (hop-by-hop, spoofable forwarded)")

@@ -17,13 +17,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from scanner.errors import InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
+from scanner.output import write_text
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
@@ -32,6 +33,7 @@ from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
 from scanner.runtime.proxy import Proxy
+from scanner.secrets import fingerprint
 from scanner.standin.serve import StandinThread
 
 OUTSIDE = "outside"
@@ -47,6 +49,7 @@ class Setup:
     credentials: tuple[Credential, ...]
     vantages: tuple[Vantage, ...]
     networks: dict[str, tuple[str, ...]]
+    upstream_key: str = field(default="", repr=False)   # vLLM's (throwaway) key, if the policy has one
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,10 @@ def loopback(policy: Policy) -> tuple[dict[str, tuple[str, ...]], tuple[Vantage,
 
 
 def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: int,
-          keys_per_role: int = 1) -> Setup:
+          keys_per_role: int = 1, upstream_key: str = "") -> Setup:
     """The plan and credentials for one run; the keys exist only in memory (and their hashes
-    in ``directory``)."""
+    in ``directory``). With the policy's ``upstream.api_key_file``, vLLM's key is ``upstream_key``
+    (default: a throwaway one), in a 0600 file in ``directory`` the proxy reads."""
     secrets: dict[str, str] = {}
     specs: list[str] = []
     principals: list[Principal] = []
@@ -121,9 +125,18 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
             secrets[var] = key
             specs.append(f"{role}=env:{var}")
     nets, vantages = loopback(policy)
-    local = replace(policy, principals=tuple(principals),
-                    listen=Listen("127.0.0.1", free_port()), upstream=Upstream("127.0.0.1", upstream_port))
-    return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets)
+    upstream = Upstream("127.0.0.1", upstream_port)
+    if not policy.upstream.api_key_file:
+        upstream_key = ""
+    else:   # the stand-in guards like vLLM's --api-key, with a throwaway key
+        upstream_key = upstream_key or keys.new_key()
+        key_file = directory / "upstream-api-key"
+        write_text(key_file, upstream_key + "\n", mode=0o600)
+        upstream = replace(upstream, api_key_file=str(key_file.resolve()))
+    local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
+                    upstream=upstream)
+    return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
+                 upstream_key)
 
 
 @contextmanager
@@ -132,9 +145,10 @@ def workdir() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def probe_options(base: ProbeOptions, witness: str) -> ProbeOptions:
-    """The stand-in has no state to change and records what reaches it."""
-    return replace(base, allow_state_changes=True, witness=witness)
+def probe_options(s: Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
+    """The stand-in has no state to change and records what reaches it (vLLM's key included)."""
+    return replace(base, allow_state_changes=True, witness=witness,
+                   upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "")
 
 
 def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:
@@ -151,7 +165,7 @@ def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, wi
     with ExitStack() as stack:
         start_checked(proxy, s.plan, directory, stack)
         res = probe(s.plan, Target(f"http://127.0.0.1:{s.plan.listen.port}"), s.credentials, s.vantages,
-                    probe_options(options, witness))
+                    probe_options(s, options, witness))
     return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
 
 
@@ -167,7 +181,8 @@ def loop(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy],
         for proxy in proxies:
             proxy.write(s.plan, work / proxy.name)
             written.append((proxy, work / proxy.name))
-        with StandinThread(inventory, "127.0.0.1", upstream_port) as standin:
+        guard = (s.upstream_key,) if s.upstream_key else ()
+        with StandinThread(inventory, "127.0.0.1", upstream_port, api_keys=guard) as standin:
             yield s, standin.url, written
 
 

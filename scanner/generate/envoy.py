@@ -70,6 +70,7 @@ from scanner.errors import GenerateError, InternalError
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
 from scanner.plan.model import Plan
+from scanner.policy.keys import read_upstream_key
 from scanner.resources import data_dir
 
 MAIN = "envoy.yaml"
@@ -128,6 +129,8 @@ class EnvoyGenerator:
 
     def render(self, plan: Plan, options: GenerateOptions) -> GeneratedConfig:
         _check_paths(options)
+        if plan.upstream.api_key_file:   # Lua reads it at run time; a bad one is caught here first
+            read_upstream_key(plan.upstream.api_key_file)
         model = build_model(plan, options)
         main, principals = render_model(model)
         return GeneratedConfig(

@@ -159,6 +159,7 @@ class Model:
     websocket_headers: tuple[str, ...]
     request_headers_to_remove: tuple[str, ...]
     principals: tuple[Principal, ...]
+    upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
     principal_header: str = PRINCIPAL_HEADER.lower()
@@ -435,4 +436,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         websocket_headers=tuple(sorted(h.lower() for h in (*WEBSOCKET_HEADERS, "Upgrade", "Connection"))),
         request_headers_to_remove=_removed_headers(),
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
+        upstream_key_file=plan.upstream.api_key_file or "",
     )

@@ -50,8 +50,9 @@ import jinja2
 from scanner import resources
 from scanner.errors import GenerateError
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, build_model
+from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, UPSTREAM_KEY, build_model
 from scanner.plan.model import Plan
+from scanner.policy.keys import read_upstream_key
 
 
 def _environment() -> jinja2.Environment:
@@ -79,14 +80,12 @@ class NginxGenerator:
             njs = Path(resources.data_file("templates", "nginx-perimeter.js")).read_text(encoding="utf-8")
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
-        return GeneratedConfig(
-            generator=self.name,
-            files=(
-                GeneratedFile(MAIN, main),
-                GeneratedFile(HTTP, http),
-                GeneratedFile(PRINCIPALS, principals, mode=0o600),
-                GeneratedFile(PROXY, proxy),
-                GeneratedFile(NJS, njs),
-            ),
-            main=MAIN,
-        )
+        files = [GeneratedFile(MAIN, main), GeneratedFile(HTTP, http),
+                 GeneratedFile(PRINCIPALS, principals, mode=0o600), GeneratedFile(PROXY, proxy),
+                 GeneratedFile(NJS, njs)]
+        if plan.upstream.api_key_file:   # the one generated file that holds a secret: 0600, included
+            key = read_upstream_key(plan.upstream.api_key_file)
+            text = ("# vLLM's --api-key (generated, mode 0600)\n"
+                    f'proxy_set_header Authorization "Bearer {key}";\n')
+            files.append(GeneratedFile(UPSTREAM_KEY, text, mode=0o600))
+        return GeneratedConfig(generator=self.name, files=tuple(files), main=MAIN)

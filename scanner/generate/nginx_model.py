@@ -62,7 +62,8 @@ HTTP = "perimeter-http.conf"
 PRINCIPALS = "perimeter-principals.conf"
 PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
-INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS}
+UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
+INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "upstream_key": UPSTREAM_KEY}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
 EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
@@ -155,6 +156,7 @@ class Model:
     checks: tuple[BodyCheck, ...]
     body_policy: str
     locations: tuple[Location, ...]
+    upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
     websocket_headers: tuple[tuple[str, str], ...]
     deny_pages: tuple[tuple[int, str, str], ...] = DENY_PAGES
@@ -406,5 +408,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         checks=tuple(reg.checks.values()),
         body_policy=f"cache_salt={plan.body.cache_salt} chat_template={plan.body.chat_template}",
         locations=locations,
+        upstream_key_file=plan.upstream.api_key_file or "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
     )

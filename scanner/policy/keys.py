@@ -7,11 +7,11 @@ import re
 import secrets
 from pathlib import Path
 
-from scanner.errors import UsageError
+from scanner.errors import ConfigError, UsageError
 from scanner.output import read_text, write_text
 from scanner.secrets import fingerprint
 
-__all__ = ["KEY_PREFIX", "append_principal", "fingerprint", "key_sha256", "new_key"]
+__all__ = ["KEY_PREFIX", "append_principal", "fingerprint", "key_sha256", "new_key", "read_upstream_key"]
 
 KEY_PREFIX = "vp_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -44,3 +44,17 @@ def append_principal(path: str | Path, name: str, role: str, key: str) -> None:
         text += "\n"
     text += f"  - name: {name}\n    role: {role}\n    key_sha256: {key_sha256(key)}\n"
     write_text(p.absolute(), text, mode=0o600)   # a file named "-" too, never stdout
+
+
+# vLLM's --api-key as a proxy writes it into a header: a token NGINX and Lua take as it is.
+UPSTREAM_KEY = re.compile(r"^[A-Za-z0-9._~+/=:-]{1,1024}$")
+
+
+def read_upstream_key(path: str) -> str:
+    """vLLM's own key from the policy's ``upstream.api_key_file`` (surrounding whitespace ignored).
+    Never echoed: errors name the file only."""
+    key = read_text(path, "upstream.api_key_file").strip()
+    if not UPSTREAM_KEY.match(key):
+        raise ConfigError(f"{path}: upstream.api_key_file must hold one key (letters, digits and "
+                          ". _ ~ + / = : -, at most 1024)")
+    return key

@@ -367,7 +367,7 @@ def _listen(node: Node) -> Listen:
 
 
 def _upstream(node: Node) -> Upstream:
-    m = node.mapping(("host", "port", "tls"))
+    m = node.mapping(("host", "port", "tls", "api_key_file"))
     tls = None
     if "tls" in m:
         t = m["tls"].mapping(("ca", "client_cert", "client_key", "server_name"))
@@ -377,4 +377,13 @@ def _upstream(node: Node) -> Upstream:
         port=m["port"].whole(minimum=1) if "port" in m else 8000,
         tls=tls,
         use_tls=tls is not None,
+        api_key_file=_absolute_file(m["api_key_file"]) if "api_key_file" in m else None,
     )
+
+
+def _absolute_file(node: Node) -> str:
+    path = node.text()
+    if not path.startswith("/") or any(c in path for c in "\"\\$;{}\n\r\t "):
+        raise node.fail(f"{path!r}: give an absolute path without quotes, spaces, '$', ';' or braces "
+                        "(the proxy opens it at run time)")
+    return path

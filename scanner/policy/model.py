@@ -126,6 +126,9 @@ class Upstream:
     port: int = 8000
     tls: TlsUpstream | None = None
     use_tls: bool = False
+    # vLLM's own --api-key, presented upstream by the proxy on every allowed request: the file
+    # (absolute path, read by the proxy at run time; the key is never in a generated config)
+    api_key_file: str | None = None
 
 
 @dataclass(frozen=True)

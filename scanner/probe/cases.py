@@ -43,6 +43,7 @@ class Case:
     json_body: bool = False        # the body is JSON the upstream validates (400 JSON = reached)
     phase: Phase = 0
     hold_ms: int = 0               # ask the witness upstream to hold the answer this long
+    hold_group: str = ""           # ... counted from the first arrival of this group's requests
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
 
     def all_headers(self) -> dict[str, str]:

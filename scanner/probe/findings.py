@@ -65,6 +65,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("VP015", "medium", "the upstream received something other than what the plan says",
          "Forward exactly the checked request: the normalised path, the query, and the body with "
          "the policy's stripped fields removed and nothing else changed."),
+    Rule("VP016", "medium", "vLLM's own key not presented upstream",
+         "With upstream.api_key_file the proxy must send Authorization: Bearer <that key> on every "
+         "allowed request (vLLM's --api-key refuses the guarded routes otherwise); check that the "
+         "proxy can read the file."),
 )}
 
 

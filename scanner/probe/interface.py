@@ -100,6 +100,8 @@ class ProbeOptions:
     max_body_bytes: int = 32 * 1024 * 1024  # body-limit checks above this are skipped
     max_tries: int = 3             # sends per case while its answer is inconclusive
     witness: str | None = None     # base URL of the upstream witness (stand-in), if any
+    upstream_key: str = ""         # fingerprint of vLLM's own key, when known (verify): the one the
+                                   # witness must see with the plan's upstream.api_key_file
     stop_on_failure: bool = False  # stop sending at the first failed case (mutation runs)
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)

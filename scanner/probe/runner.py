@@ -15,6 +15,7 @@ proven (``Interrupted`` / ``Errored`` events; the result is partial, exit 3).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -51,7 +52,7 @@ from scanner.probe.send import Sender, skipped
 from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
 from scanner.severity import severity_rank
-from scanner.standin._witness import HOLD_PARAM, PROBE_PARAM
+from scanner.standin._witness import HOLD_GROUP_PARAM, HOLD_PARAM, PROBE_PARAM
 
 PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with their last attempts
 
@@ -210,13 +211,18 @@ class _Run:
         """Requests were sent and not one got an answer."""
         return bool(self.sent) and all(a is None or a.status is None for a in self.latest)
 
-    def _wire(self, case: Case) -> tuple[Case, str]:
+    def _wire(self, case: Case, tries: int = 0) -> tuple[Case, str]:
         """The case as sent: with a probe id (and hold) when a witness records the upstream."""
         if not self.options.witness:
             return case, ""
         self.counter += 1
         pid = f"{self.run_id}-{self.counter}"
-        query = f"{PROBE_PARAM}={pid}" + (f"&{HOLD_PARAM}={case.hold_ms}" if case.hold_ms else "")
+        query = f"{PROBE_PARAM}={pid}"
+        if case.hold_ms:
+            query += f"&{HOLD_PARAM}={case.hold_ms}"
+            if case.hold_group:   # one hold for the group, fresh for each retry of a case
+                group = hashlib.sha256(f"{case.hold_group} {tries}".encode()).hexdigest()[:12]
+                query += f"&{HOLD_GROUP_PARAM}={self.run_id}-{group}"
         return replace(case, target=with_query(case.target, query)), pid
 
     async def execute(self) -> AsyncIterator[Attempt]:
@@ -259,7 +265,7 @@ class _Run:
             await asyncio.gather(*tasks, *held, return_exceptions=True)
 
     async def _send(self, batch: list[int], queue: asyncio.Queue[Attempt | None]) -> None:
-        wired = [self._wire(self.cases[i]) for i in batch]
+        wired = [self._wire(self.cases[i], self.schedule.tries[i]) for i in batch]
         live = [(i, c, pid) for i, (c, pid) in zip(batch, wired, strict=True) if not c.skip]
         attempts: dict[int, Attempt] = {i: skipped(c, c.skip) for i, (c, _p) in zip(batch, wired, strict=True)
                                         if c.skip}

@@ -11,7 +11,9 @@ Standard library only: the real vLLM app is wrapped with it inside vLLM's own Py
   are recorded too, under ``""``: something reached the upstream that the prober did not
   send, or sent without its id.
 * ``vp_hold=<ms>`` (at most 30 s) holds the request before the app sees it: the prober's
-  concurrency check keeps requests in flight with it.
+  concurrency check keeps requests in flight with it. With ``vp_hold_group=<g>`` the hold ends
+  ``ms`` after the group's first request arrived, for every request of the group: one a proxy
+  queued until an earlier one was answered (Envoy's pending requests) is not held again.
 * ``GET /__standin__/witness?prefix=P`` returns the records whose id starts with ``P``
   (``{"records": [...]}``), ``?id=I`` the one of that id; this path never reaches the app,
   and no proxy should route it.
@@ -29,6 +31,8 @@ from typing import Any
 WITNESS_PATH = "/__standin__/witness"
 PROBE_PARAM = "vp_probe"
 HOLD_PARAM = "vp_hold"
+HOLD_GROUP_PARAM = "vp_hold_group"
+MAX_HOLD_GROUPS = 10_000
 MAX_RECORDS = 200_000
 MAX_HOLD_MS = 30_000
 MAX_BODY_TEXT = 65_536
@@ -51,6 +55,17 @@ class Witness:
         self.app = app
         self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_records)
         self.by_id: dict[str, dict[str, Any]] = {}   # the newest record per probe id
+        self.hold_start: dict[str, float] = {}       # hold group -> its first request's arrival
+
+    def _held_for(self, seconds: float, group: str) -> float:
+        """How long to hold a request: ``seconds``, or what is left of its group's hold."""
+        if not group:
+            return seconds
+        now = asyncio.get_running_loop().time()
+        if group not in self.hold_start and len(self.hold_start) >= MAX_HOLD_GROUPS:
+            self.hold_start.clear()
+        start = self.hold_start.setdefault(group, now)
+        return max(0.0, start + seconds - now)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -63,12 +78,14 @@ class Witness:
                                        keep_blank_values=True)
         probe = next((v for k, v in query if k == PROBE_PARAM), "")
         hold = next((v for k, v in query if k == HOLD_PARAM), "")
+        group = next((v for k, v in query if k == HOLD_GROUP_PARAM), "")
         body, more = await _read_body(receive)
         record: dict[str, Any] = {
             "id": probe,
             "method": scope.get("method", ""),
             "path": (scope.get("raw_path") or scope.get("path", "").encode()).decode("latin-1"),
-            "query": urllib.parse.urlencode([(k, v) for k, v in query if k not in (PROBE_PARAM, HOLD_PARAM)]),
+            "query": urllib.parse.urlencode([(k, v) for k, v in query
+                                             if k not in (PROBE_PARAM, HOLD_PARAM, HOLD_GROUP_PARAM)]),
             "headers": [[k.decode("latin-1").lower(), _value(k, v)] for k, v in scope.get("headers", [])],
             "body_bytes": len(body),
             "body_sha256": hashlib.sha256(body).hexdigest(),
@@ -80,7 +97,7 @@ class Witness:
         if probe:
             self.by_id[probe] = record
         if hold.isdigit():
-            await asyncio.sleep(min(int(hold), MAX_HOLD_MS) / 1000)
+            await asyncio.sleep(self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group))
         replay = [{"type": "http.request", "body": body, "more_body": more}]
 
         async def replayed() -> Any:

@@ -20,10 +20,9 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from scanner import mutate, verify
+from scanner import verify
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
-from scanner.net import free_port
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Budget
 from scanner.policy.load import loads
@@ -31,9 +30,8 @@ from scanner.policy.model import Policy
 from scanner.probe.checks.limits import Limits
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
-from scanner.runtime import nginx
-from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
-from scanner.standin.serve import StandinThread
+from scanner.runtime.proxy import Proxy
+from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("limits",))
@@ -83,12 +81,7 @@ def test_when_absent_is_read_from_the_policy_and_checked() -> None:
 # --- through the real proxies ------------------------------------------------------------------
 
 def _proxy(name: str) -> Proxy:
-    if name == "envoy":
-        return EnvoyProxy()
-    build = nginx.static_build() if name == "nginx" else nginx.debian_build()
-    if build is None:
-        pytest.skip(f"no {name}")
-    return NginxProxy(build, name)
+    return proxy_named(name)
 
 
 def _with(when_absent: str) -> Policy:
@@ -99,15 +92,7 @@ def _with(when_absent: str) -> Policy:
 
 
 def _probe(tmp_path: Path, proxy: Proxy, policy: Policy, mutant: str = "") -> ProbeResult:
-    inventory = load_ref(CATALOG)
-    port = free_port()
-    s = verify.setup(inventory, policy, tmp_path, port, keys_per_role=1)
-    directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if mutant:
-        mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+    return probe_through(tmp_path, proxy, policy, CATALOG, OPTIONS, mutant)
 
 
 def _budget_coverage(res: ProbeResult) -> list[Any]:

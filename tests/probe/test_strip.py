@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify
-from scanner.inventory.catalog import load_ref
-from scanner.net import free_port
 from scanner.plan.inputs import load_policy
 from scanner.policy.model import Policy
 from scanner.probe.checks.limits import body_received
 from scanner.probe.interface import ProbeOptions, ProbeResult, Upstream
-from scanner.runtime import nginx
-from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
-from scanner.standin.serve import StandinThread
+from scanner.runtime.proxy import Proxy
+from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("limits",))
@@ -89,25 +85,12 @@ def _policy() -> Policy:
 
 
 def _probe(tmp_path: Path, proxy: Proxy, mutant: str = "") -> ProbeResult:
-    inventory = load_ref(CATALOG)
-    port = free_port()
-    s = verify.setup(inventory, _policy(), tmp_path, port, keys_per_role=1)
-    directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if mutant:
-        mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+    return probe_through(tmp_path, proxy, _policy(), CATALOG, OPTIONS, mutant)
 
 
 @pytest.fixture(params=["nginx", "envoy"])
 def proxy(request: pytest.FixtureRequest) -> Proxy:
-    if request.param == "envoy":
-        return EnvoyProxy()
-    build = nginx.static_build() or nginx.debian_build()
-    if build is None:
-        pytest.skip("no NGINX")
-    return NginxProxy(build, "nginx")
+    return proxy_named(request.param)
 
 
 def test_the_generated_proxy_strips_and_it_is_proved(tmp_path: Path, proxy: Proxy) -> None:

@@ -104,10 +104,11 @@ def representative(ctx: CheckContext, decisions: Sequence[Decision]) -> Decision
     return next((d for d in usable if ctx.allowed_cell(d)), None)
 
 
-def phased(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0) -> Case:
+def phased(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0,
+           hold_group: str = "") -> Case:
     """``case`` sent in ``phase`` of its lane: let through, or refused for one of ``reasons``."""
     return replace(case, phase=phase, expected="allow", reasons=reasons, burst=burst,  # type: ignore[arg-type]
-                   hold_ms=hold_ms)
+                   hold_ms=hold_ms, hold_group=hold_group)
 
 
 def by_subject(results: Results) -> dict[str, list[Attempt]]:
@@ -327,12 +328,12 @@ class Concurrency(ZoneCheck):
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
                                 note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, {hold:.1f}s)")
-                yield phased(base, 1, ("concurrency",), hold_ms=hold_ms)
+                yield phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
             for m, s in z.members(ctx):
                 if not s.why:   # after the held ones, in the same lane: the zone is full by then
                     base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
                                     note=f"while {n} requests to {d.method} {d.path} are held")
-                    yield phased(base, 1, ("concurrency",), hold_ms=hold_ms)
+                    yield phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
 
     def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
         n = len(attempts)

@@ -75,6 +75,11 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     auth = seen.header("authorization")
     if auth is not None and case.credential.fingerprint and auth == case.credential.fingerprint:
         out.append(("VP012", "the client's API key reached the upstream (Authorization)"))
+    if ctx.plan.upstream.api_key_file:
+        if auth is None:
+            out.append(("VP016", "no Authorization reached the upstream (vLLM's key not presented)"))
+        elif ctx.options.upstream_key and auth != ctx.options.upstream_key:
+            out.append(("VP016", "the upstream received another Authorization than vLLM's key"))
     if seen.header("proxy-authorization") is not None:
         out.append(("VP012", "Proxy-Authorization reached the upstream"))
     trusted = in_networks(ctx.source_address(case.vantage), ctx.plan.trusted_proxies) \
