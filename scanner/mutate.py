@@ -94,8 +94,7 @@ def capped(plan: Plan) -> Decision:
 
 
 def budgeted(plan: Plan) -> Decision:
-    return _pick(plan, "with an output budget",
-                 lambda d: d.budget is not None and d.budget.when_absent != "pass")
+    return _pick(plan, "with an output budget", lambda d: d.enforced_budget is not None)
 
 
 def rated(plan: Plan) -> Decision:

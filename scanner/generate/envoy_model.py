@@ -250,7 +250,7 @@ class _Registry:
         websocket = d.kind == "websocket"
         caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
-        budget = d.budget if check_body and d.budget and d.budget.when_absent != "pass" else None
+        budget = d.enforced_budget if check_body else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  check_fields, limit, caps, websocket, budget)
         if ident not in self.lua:

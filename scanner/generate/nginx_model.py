@@ -264,8 +264,7 @@ class _Registry:
         return self.conn[d.conn_zone]
 
     def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...], budget: Budget | None) -> BodyCheck:
-        spec = (f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}"
-                if budget and budget.when_absent != "pass" else "")
+        spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
         key = (tuple(sorted(caps.items())), forbidden, spec)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
@@ -307,7 +306,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
                and bool(lim.json_caps or forbidden))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
-    budget = next((x.budget for x in ds if x.budget), None)
+    budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     check = reg.check(lim.json_caps, forbidden, budget) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")

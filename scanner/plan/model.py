@@ -145,6 +145,12 @@ class Decision:
             return None
         return Budget(spec[0], spec[1], min(caps), self.limits.when_absent or "inject")
 
+    @property
+    def enforced_budget(self) -> Budget | None:
+        """:attr:`budget` when the proxies act on it (inject or reject); None also for ``pass``."""
+        budget = self.budget
+        return budget if budget is not None and budget.when_absent != "pass" else None
+
     def to_dict(self) -> dict[str, Any]:
         lim, budget = self.limits, self.budget
         return {

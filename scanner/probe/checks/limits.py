@@ -185,9 +185,8 @@ class Limits(BaseCheck):
         """Bodies without the route's output budget (absent, null, a null last copy of a duplicated
         key, which is the one Python keeps): refused, or let through with the cap written in (the
         witness shows which)."""
-        budget = d.budget
-        if budget is None or budget.when_absent == "pass" or (budget.when_absent == "inject"
-                                                              and not ctx.witness):
+        budget = d.enforced_budget
+        if budget is None or (budget.when_absent == "inject" and not ctx.witness):
             return
         rest = {k: v for k, v in out.base.items() if k not in budget.fields}
         first = budget.fields[0]
