@@ -90,9 +90,19 @@ class ListenDoc(_Doc):
     tls: TlsServerDoc | None = None
 
 
+class HealthDoc(_Doc):
+    max_fails: int = Field(default=1, ge=1, description="failed connections before a replica is skipped")
+    eject_s: int = Field(default=10, ge=1, description="seconds a failed replica is skipped")
+
+
 class PolicyUpstreamDoc(_Doc):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+    servers: list[str] | None = Field(
+        default=None, min_length=1,
+        description="replicas as host:port ([addr]:port for IPv6), instead of host and port")
+    balance: Literal["least_conn", "round_robin"] = "least_conn"
+    health: HealthDoc | None = None
     tls: TlsUpstreamDoc | None = None
     api_key_file: str | None = Field(
         default=None, pattern=r"^/",

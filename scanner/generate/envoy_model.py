@@ -136,14 +136,25 @@ class UpstreamTls:
 
 
 @dataclass(frozen=True)
+class Balance:
+    """Several replicas: the load-balancing policy, passive health (outlier detection on
+    failed connections) and a retry on another replica while nothing was sent."""
+
+    lb_policy: str      # LEAST_REQUEST | ROUND_ROBIN
+    max_fails: int
+    eject_s: int
+    retries: int        # one per other replica
+
+
+@dataclass(frozen=True)
 class Model:
     stamp: Stamp
     listen_address: str
     listen_port: int
     listen_tls: tuple[str, str] | None
-    upstream_host: str
-    upstream_port: int
-    upstream_ip: bool
+    upstream_endpoints: tuple[tuple[str, int], ...]   # every replica (host, port)
+    upstream_ip: bool                                  # all are IP addresses: a STATIC cluster
+    balance: Balance | None                            # None: one vLLM
     upstream_tls: UpstreamTls | None
     trusted_proxies: tuple[Cidr, ...]
     access_log: str
@@ -397,6 +408,22 @@ def keys_file(options: GenerateOptions, opts: EnvoyOptions) -> str:
     return str(PurePosixPath(directory) / PRINCIPALS)
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _balance(plan: Plan) -> Balance | None:
+    up = plan.upstream
+    if not up.replicas:
+        return None
+    return Balance(lb_policy="LEAST_REQUEST" if up.balance == "least_conn" else "ROUND_ROBIN",
+                   max_fails=up.health.max_fails, eject_s=up.health.eject_s, retries=len(up.replicas))
+
+
 # --- entry point -----------------------------------------------------------------------
 
 
@@ -410,20 +437,16 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     strip = tuple(sorted(f for f, mode in modes.items() if mode == "strip"))
     reg = _Registry(plan.principals)
     routes = _routes(reg, plan, check_fields=bool(reject or strip))
-    if not 0 < plan.listen.port < 65536 or not 0 < plan.upstream.port < 65536:
+    if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
         raise GenerateError("envoy generator: ports must be in 1..65535")
-    try:
-        ipaddress.ip_address(plan.upstream.host)
-        upstream_ip = True
-    except ValueError:
-        upstream_ip = False
     listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
     return Model(
         stamp=Stamp.of(plan),
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,
-        upstream_host=plan.upstream.host, upstream_port=plan.upstream.port,
-        upstream_ip=upstream_ip, upstream_tls=_upstream_tls(plan, opts),
+        upstream_endpoints=plan.upstream.servers,
+        upstream_ip=all(_is_ip(host) for host, _ in plan.upstream.servers),
+        balance=_balance(plan), upstream_tls=_upstream_tls(plan, opts),
         trusted_proxies=tuple(sorted({cidr(c) for c in plan.trusted_proxies},
                                      key=lambda c: (c.address, c.prefix_len))),
         access_log=options.access_log, keys_file=keys_file(options, opts), admin=opts.admin,

@@ -144,7 +144,8 @@ class Model:
     listen: str
     tls_cert: str
     tls_key: str
-    upstream_server: str
+    upstream_servers: tuple[str, ...]  # `server` lines' arguments, one per replica
+    upstream_balance: str              # "" (one server, or NGINX's round robin) or "least_conn"
     upstream_scheme: str
     upstream_tls: Mapping[str, str]
     trusted_proxies: tuple[str, ...]
@@ -362,6 +363,22 @@ def _principals(plan: Plan) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
+def _servers(plan: Plan) -> tuple[str, ...]:
+    """One vLLM: never marked down (NGINX ignores max_fails for a lone server anyway). Replicas:
+    after ``max_fails`` failed connections one is skipped for ``eject_s`` (passive health);
+    a request is passed to the next replica only while nothing of it was sent (NGINX's
+    ``proxy_next_upstream`` default for POST), so no generation runs twice."""
+    up = plan.upstream
+    if not up.replicas:
+        return (f"{_hostport(up.host, up.port)} max_fails=0",)
+    health = f"max_fails={up.health.max_fails} fail_timeout={up.health.eject_s}s"
+    return tuple(f"{_hostport(host, port)} {health}" for host, port in up.servers)
+
+
+def _balance(plan: Plan) -> str:
+    return "least_conn" if plan.upstream.replicas and plan.upstream.balance == "least_conn" else ""
+
+
 def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
     tls = upstream_tls(plan, "nginx", opts.ca_bundle)
     if tls is None:
@@ -396,7 +413,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         user=opts.user, worker_processes=opts.worker_processes, upstream_keepalive=opts.upstream_keepalive,
         includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
-        upstream_server=_hostport(plan.upstream.host, plan.upstream.port),
+        upstream_servers=_servers(plan), upstream_balance=_balance(plan),
         upstream_scheme=scheme, upstream_tls=up_tls,
         trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
                                      for c in plan.trusted_proxies)),

@@ -248,6 +248,11 @@ class Plan:
             "listen": {"address": self.listen.address, "port": self.listen.port,
                        "tls": bool(self.listen.tls)},
             "upstream": {"host": self.upstream.host, "port": self.upstream.port,
+                         "servers": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+                                     for h, p in self.upstream.servers],
+                         "balance": self.upstream.balance,
+                         "health": {"max_fails": self.upstream.health.max_fails,
+                                    "eject_s": self.upstream.health.eject_s},
                          "tls": self.upstream.use_tls,
                          "mtls": bool(tls and tls.client_cert),
                          "api_key_file": self.upstream.api_key_file},

@@ -15,6 +15,7 @@ from scanner.errors import PolicyError
 from scanner.output import read_text
 from scanner.policy.model import (
     AUDIENCE_KINDS,
+    BALANCE,
     CACHE_SALT_CHOICES,
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
@@ -24,6 +25,7 @@ from scanner.policy.model import (
     Audience,
     AudienceKind,
     BodyPolicy,
+    Health,
     Limits,
     Listen,
     Policy,
@@ -36,6 +38,7 @@ from scanner.policy.model import (
     TlsUpstream,
     Upstream,
     valid_cidr,
+    valid_host,
 )
 
 
@@ -367,18 +370,62 @@ def _listen(node: Node) -> Listen:
 
 
 def _upstream(node: Node) -> Upstream:
-    m = node.mapping(("host", "port", "tls", "api_key_file"))
+    m = node.mapping(("host", "port", "servers", "balance", "health", "tls", "api_key_file"))
     tls = None
     if "tls" in m:
         t = m["tls"].mapping(("ca", "client_cert", "client_key", "server_name"))
         tls = TlsUpstream(**{k: v.text() for k, v in t.items()})
+    if "servers" in m:
+        if "host" in m or "port" in m:
+            raise m["servers"].fail("give either servers or host and port, not both")
+        servers = _servers(m["servers"])
+        if len(servers) > 1 and tls is not None and not tls.server_name:
+            raise m["tls"].fail("several servers need tls.server_name: the one name every replica's "
+                                "certificate carries (the proxy verifies it on each)")
+    else:
+        servers = ((m["host"].text() if "host" in m else "127.0.0.1",
+                    _port(m["port"]) if "port" in m else 8000),)
+    health = Health()
+    if "health" in m:
+        h = m["health"].mapping(("max_fails", "eject_s"))
+        health = Health(max_fails=h["max_fails"].whole(minimum=1) if "max_fails" in h else 1,
+                        eject_s=h["eject_s"].whole(minimum=1) if "eject_s" in h else 10)
+    (host, port), *replicas = servers
     return Upstream(
-        host=m["host"].text() if "host" in m else "127.0.0.1",
-        port=m["port"].whole(minimum=1) if "port" in m else 8000,
-        tls=tls,
-        use_tls=tls is not None,
+        host=host, port=port, tls=tls, use_tls=tls is not None,
         api_key_file=_absolute_file(m["api_key_file"]) if "api_key_file" in m else None,
+        replicas=tuple(replicas),
+        balance=m["balance"].choice(BALANCE) if "balance" in m else "least_conn",
+        health=health,
     )
+
+
+def _port(node: Node) -> int:
+    port = node.whole(minimum=1)
+    if port > 65535:
+        raise node.fail(f"port {port} is not in 1..65535")
+    return port
+
+
+def _servers(node: Node) -> tuple[tuple[str, int], ...]:
+    """``["10.0.0.5:8000", "[fd00::5]:8000", "vllm-1.llm.svc:8000"]``: each once, at least one."""
+    out: list[tuple[str, int]] = []
+    for item in node.items():
+        text = item.text()
+        host, sep, port = text.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        host = host[1:-1] if bracketed else host
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or \
+                (":" in host) != bracketed:
+            raise item.fail(f"{text!r} is not host:port (IPv6 as [addr]:port)")
+        if not valid_host(host):
+            raise item.fail(f"{host!r} is not an IP address or a host name")
+        if (host, int(port)) in out:
+            raise item.fail(f"{text!r} is listed twice")
+        out.append((host, int(port)))
+    if not out:
+        raise node.fail("expected at least one host:port")
+    return tuple(out)
 
 
 def _absolute_file(node: Node) -> str:

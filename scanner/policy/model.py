@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -120,15 +121,36 @@ class Listen:
     tls: TlsServer | None = None
 
 
+BALANCE = ("least_conn", "round_robin")   # least connections by default: streams are long
+
+
+@dataclass(frozen=True)
+class Health:
+    """Passive health of the replicas: after ``max_fails`` failed connections (refused, reset,
+    timed out) a replica is skipped for ``eject_s`` seconds."""
+
+    max_fails: int = 1
+    eject_s: int = 10
+
+
 @dataclass(frozen=True)
 class Upstream:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"       # the first (or only) replica
     port: int = 8000
     tls: TlsUpstream | None = None
     use_tls: bool = False
     # vLLM's own --api-key, presented upstream by the proxy on every allowed request: the file
     # (absolute path, read by the proxy at run time; the key is never in a generated config)
     api_key_file: str | None = None
+    # more replicas of the same vLLM (data parallel, several pods); () = host:port alone
+    replicas: tuple[tuple[str, int], ...] = ()
+    balance: str = "least_conn"
+    health: Health = field(default_factory=Health)
+
+    @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """Every replica the proxy balances over, the first being ``host:port``."""
+        return ((self.host, self.port), *self.replicas)
 
 
 @dataclass(frozen=True)
@@ -176,4 +198,13 @@ def valid_cidr(text: str) -> bool:
         ipaddress.ip_network(text, strict=False)
     except ValueError:
         return False
+    return True
+
+
+def valid_host(text: str) -> bool:
+    """An IP address or a DNS name (letters, digits, '-' and '.'), nothing a config could misread."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return bool(re.fullmatch(r"(?!-)[A-Za-z0-9-]{1,63}(\.(?!-)[A-Za-z0-9-]{1,63})*\.?", text))
     return True

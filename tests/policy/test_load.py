@@ -97,3 +97,36 @@ def test_principals_file_and_keys(tmp_path: Path) -> None:
     policy = load(tmp_path / "policy.yaml")
     assert [p.name for p in policy.principals] == ["bob"]
     assert policy.principals[0].key_sha256 == keys.key_sha256(key)
+
+
+def test_upstream_replicas() -> None:
+    policy = loads(BASE + "upstream:\n  servers: [10.0.0.5:8000, '[fd00::5]:8001', vllm-2.llm.svc.:8000]\n"
+                   "  balance: round_robin\n  health: {max_fails: 3, eject_s: 20}\n", source="p.yaml")
+    up = policy.upstream
+    assert up.servers == (("10.0.0.5", 8000), ("fd00::5", 8001), ("vllm-2.llm.svc.", 8000))
+    assert (up.host, up.port, up.balance) == ("10.0.0.5", 8000, "round_robin")
+    assert (up.health.max_fails, up.health.eject_s) == (3, 20)
+    one = loads(BASE + "upstream: {host: 10.0.0.9, port: 9000}\n", source="p.yaml").upstream
+    assert one.servers == (("10.0.0.9", 9000),) and one.balance == "least_conn" and not one.replicas
+
+
+@pytest.mark.parametrize(
+    ("upstream", "message"),
+    [
+        ("{servers: [10.0.0.5:8000], host: 10.0.0.6}", "give either servers or host and port"),
+        ("{servers: []}", "expected at least one host:port"),
+        ("{servers: [10.0.0.5]}", "'10.0.0.5' is not host:port"),
+        ("{servers: ['fd00::5:8000']}", "is not host:port (IPv6 as [addr]:port)"),
+        ("{servers: [10.0.0.5:80000]}", "is not host:port"),
+        ("{servers: ['bad host:8000']}", "'bad host' is not an IP address or a host name"),
+        ("{servers: [10.0.0.5:8000, 10.0.0.5:8000]}", "is listed twice"),
+        ("{servers: [a:1, b:1], tls: {ca: /c.pem}}", "several servers need tls.server_name"),
+        ("{servers: [a:1], balance: random}", "'random' is not one of least_conn, round_robin"),
+        ("{servers: [a:1], health: {max_fails: 0}}", "expected a whole number >= 1"),
+        ("{port: 70000}", "port 70000 is not in 1..65535"),
+    ],
+)
+def test_upstream_replica_errors_name_the_line(upstream: str, message: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        loads(BASE + f"upstream: {upstream}\n", source="p.yaml")
+    assert "p.yaml:" in str(err.value) and message in str(err.value)
