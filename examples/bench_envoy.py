@@ -230,7 +230,7 @@ def perimeter_config(d: Path, port: int, up: int) -> tuple[Path, str]:
     policy = loads(POLICY.format(port=port, up=up), source="bench-policy.yaml", base_dir=d)
     out = d / "perimeter"
     config = EnvoyGenerator().render(build(inventory, policy),
-                                     GenerateOptions(runtime_dir=str(out),
+                                     GenerateOptions(output_dir=str(out),
                                                      access_log=str(d / "access.log")))
     write_config(config, out)
     return out / config.main, key

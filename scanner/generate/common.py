@@ -111,6 +111,17 @@ def _absolute(generator: str, what: str, value: str) -> str:
     return value
 
 
+def config_dir(generator: str, configured: str, output_dir: str) -> str:
+    """The one rule for where a proxy opens its key files at run time: the ``config_dir`` option
+    (where the files will be deployed) if given, else the absolute directory ``generate`` writes
+    them to (``GenerateOptions.output_dir``); "" when neither is known. No trailing slash."""
+    directory = (_absolute(generator, "config_dir", configured)
+                 or _absolute(generator, "output directory", output_dir))
+    if any(c in directory for c in "\n\r\0"):
+        raise GenerateError(f"{generator} generator: config directory {directory!r} has a control character")
+    return directory.rstrip("/") or ("/" if directory else "")
+
+
 @dataclass(frozen=True)
 class NginxOptions:
     njs_module: str = ""

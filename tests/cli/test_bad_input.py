@@ -9,6 +9,7 @@ The CLI runs in-process through ``scanner.cli.main.main``: the same exit-code ma
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +66,23 @@ def _generate(proxy: str, out: Callable[[Path], Path]) -> Callable[[Path], Case]
         target = out(tmp)
         return Case(["generate", proxy, "--inventory", INV, "-o", str(target)], str(target))
     return make
+
+
+def _keys_change(command: str, tmp: Path, content: str | bytes | None) -> Case:
+    """``keys rotate|revoke alice --file p.yaml`` (``None``: the file is missing)."""
+    path = tmp / "p.yaml" if content is None else _file(tmp, "p.yaml", content)
+    return Case(["keys", command, "alice", "--file", str(path)], str(path))
+
+
+def _keys_read_only_dir(command: str, tmp: Path) -> Case:
+    """A good principals file in a directory the atomic rewrite cannot create its temp file in."""
+    d = tmp / "ro"
+    d.mkdir()
+    path = _file(d, "p.yaml", f"principals:\n  - {{name: alice, role: user, key_sha256: {HASH}}}\n")
+    d.chmod(0o500)
+    if os.access(d, os.W_OK):
+        pytest.skip("this user may write into a 0500 directory (root)")
+    return Case(["keys", command, "alice", "--file", str(path)], str(path))
 
 
 def _probe_key(content: str | bytes) -> Callable[[Path], Case]:
@@ -149,12 +167,31 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "generate-nginx-out-under-a-file": _generate("nginx", lambda t: t / "a-file" / "out"),
     "generate-envoy-out-under-a-file": _generate("envoy", lambda t: t / "a-file" / "out"),
     "generate-envoy-out-is-a-file": _generate("envoy", lambda t: t / "a-file"),
+    "generate-envoy-config-dir-relative": lambda t: Case(
+        ["generate", "envoy", "--inventory", INV, "-o", str(t / "out"), "--set", "config_dir=etc/p"], "config_dir"),
+    "generate-nginx-config-dir-relative": lambda t: Case(
+        ["generate", "nginx", "--inventory", INV, "-o", str(t / "out"), "--set", "config_dir=etc/p"], "config_dir"),
     # --- keys new --file (a principals file to append to)
     "keys-file-not-utf8": lambda t: Case(
         ["keys", "new", "alice", "--role", "user", "--file", str(_file(t, "p.yaml", NOT_UTF8))], str(t / "p.yaml")),
     "keys-file-a-directory": lambda t: Case(["keys", "new", "alice", "--role", "user", "--file", str(t)], str(t)),
     "keys-file-dir-missing": lambda t: Case(
         ["keys", "new", "alice", "--role", "user", "--file", str(t / "no" / "p.yaml")], str(t / "no" / "p.yaml")),
+    # --- keys rotate / revoke --file (a principals file to change)
+    "keys-rotate-unknown-name": lambda t: _keys_change("rotate", t, (
+        f"principals:\n  - {{name: bob, role: user, key_sha256: {HASH}}}\n")),
+    "keys-revoke-unknown-name": lambda t: _keys_change("revoke", t, "principals: []\n"),
+    "keys-revoke-file-missing": lambda t: _keys_change("revoke", t, None),
+    "keys-rotate-file-a-directory": lambda t: Case(["keys", "rotate", "alice", "--file", str(t)], str(t)),
+    "keys-rotate-not-utf8": lambda t: _keys_change("rotate", t, NOT_UTF8),
+    "keys-revoke-not-yaml": lambda t: _keys_change("revoke", t, "principals: [\n"),
+    "keys-revoke-not-principals": lambda t: _keys_change("revoke", t, "- a\n- b\n"),
+    "keys-rotate-principals-a-scalar": lambda t: _keys_change("rotate", t, "principals: 5\n"),
+    "keys-rotate-entry-without-hash": lambda t: _keys_change("rotate", t, (
+        "principals:\n  - {name: alice, role: user}\n")),
+    "keys-revoke-flow-list": lambda t: _keys_change("revoke", t, (
+        f"principals: [{{name: alice, role: user, key_sha256: {HASH}}}]\n")),
+    "keys-rotate-file-read-only-dir": lambda t: _keys_read_only_dir("rotate", t),
     # --- probe --key ROLE=file:PATH (surrounding whitespace is stripped; inner whitespace is not a key)
     "key-file-two-lines": _probe_key("vp_first\r\nvp_second\r\n"),
     "key-file-inner-space": _probe_key("vp_abc def\n"),

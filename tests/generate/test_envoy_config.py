@@ -23,7 +23,7 @@ from scanner.policy.model import Listen, Principal, Rate, TlsServer, TlsUpstream
 from tests.generate.golden import assert_matches_golden
 from tests.generate.test_envoy_harness import FIXED_INVENTORY, GOLDEN, REPO, make_plan, validate
 
-GOLDEN_OPTIONS = GenerateOptions(runtime_dir="/var/lib/vllm-perimeter")
+GOLDEN_OPTIONS = GenerateOptions(output_dir="/var/lib/vllm-perimeter")
 # Fixed, fake principals: hashes of public strings, never real keys.
 GOLDEN_PRINCIPALS = """principals:
   - {{name: alice, role: user, key_sha256: {}}}
@@ -172,11 +172,17 @@ def test_network_acl_and_filters_per_route(tmp_path: Path) -> None:
 
 
 def test_lua_holds_no_key_and_reads_hashes_by_absolute_path(tmp_path: Path) -> None:
-    text = main_yaml(render(golden_plan(tmp_path), GenerateOptions(runtime_dir="/srv/perim")))
-    assert '"/srv/perim/envoy-principals.tsv"' in text
-    text = main_yaml(render(golden_plan(tmp_path), GenerateOptions(
-        runtime_dir="/srv/perim", extra={"config_dir": "/etc/vllm-perimeter"})))
-    assert '"/etc/vllm-perimeter/envoy-principals.tsv"' in text
+    """The one rule: config_dir if given, else the output directory; never runtime_dir (issue 12)."""
+    config = render(golden_plan(tmp_path), GenerateOptions(runtime_dir="/run/perim", output_dir="/srv/out/"))
+    assert '"/srv/out/envoy-principals.tsv"' in main_yaml(config) and "/run/perim" not in main_yaml(config)
+    assert [(f.path, f.generated, f.holds) for f in config.runtime_files] == [
+        ("/srv/out/envoy-principals.tsv", "envoy-principals.tsv", "key hashes")]
+    config = render(golden_plan(tmp_path), GenerateOptions(
+        runtime_dir="/run/perim", output_dir="/srv/out", extra={"config_dir": "/etc/vllm-perimeter"}))
+    assert '"/etc/vllm-perimeter/envoy-principals.tsv"' in main_yaml(config)
+    assert config.runtime_files[0].path == "/etc/vllm-perimeter/envoy-principals.tsv"
+    with pytest.raises(GenerateError, match="no config directory"):
+        render(golden_plan(tmp_path), GenerateOptions(runtime_dir="/run/perim"))
 
 
 # --- variants that must validate -----------------------------------------------------------
@@ -226,7 +232,7 @@ def test_upstream_tls_by_ip_checks_the_ip_san(tmp_path: Path) -> None:
 
 def test_trusted_proxies_and_admin_validate(tmp_path: Path) -> None:
     plan = replace(golden_plan(tmp_path), trusted_proxies=("10.0.0.0/8", "fd00::/8"))
-    text = _variant(tmp_path, plan, GenerateOptions(runtime_dir="/var/lib/vllm-perimeter",
+    text = _variant(tmp_path, plan, GenerateOptions(output_dir="/var/lib/vllm-perimeter",
                                                     extra={"admin": "127.0.0.1:9901"}))
     doc = yaml.safe_load(text)
     assert doc["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 9901}
@@ -287,7 +293,9 @@ def test_unknown_option_is_an_error(tmp_path: Path) -> None:
 
 def test_relative_config_dir_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(GenerateError, match="absolute"):
-        render(golden_plan(tmp_path), GenerateOptions(runtime_dir="run"))
+        render(golden_plan(tmp_path), GenerateOptions(output_dir="run"))
+    with pytest.raises(GenerateError, match="absolute"):
+        render(golden_plan(tmp_path), GenerateOptions(output_dir="/srv", extra={"config_dir": "etc"}))
 
 
 @pytest.mark.parametrize("admin", ["0.0.0.0:9901", "10.0.0.1:9901", "127.0.0.1", "localhost:9901"])

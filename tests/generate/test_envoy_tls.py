@@ -21,6 +21,7 @@ from scanner.standin.real import RealVllmServer
 from tests.conftest import EVERYTHING_ARGS, EVERYTHING_ENV, EVERYTHING_TASKS
 from tests.generate.certs import CertAuthority, Pair
 from tests.generate.test_envoy_harness import (
+    MARKER,
     RunningEnvoy,
     envoy_binary,
     inventory_of,
@@ -134,4 +135,7 @@ def test_tls_both_legs(tls: Tls) -> None:
 def test_upstream_tls_failures_fail_closed(tls: Tls, upstream: dict[str, object]) -> None:
     with tls.envoy("bad-" + "-".join(map(str, upstream.values())), **upstream) as envoy:
         reply = raw(envoy.port, "GET", "/version", tls=tls.pki.context())
-        assert reply.denied and reply.status == 503, reply
+        # Envoy's own reply, marked as an error of the upstream leg (never vLLM's answer)
+        assert reply.status == 503, reply
+        assert reply.headers.get(MARKER) == "error", reply
+        assert reply.headers.get("x-perimeter-reason") == "upstream-unavailable", reply
