@@ -298,8 +298,10 @@ def _n_denied(directory: Path, plan: Plan) -> str:
 @operator("nginx", "raw-target-forwarded", "one route forwards the raw request target")
 def _n_raw(directory: Path, plan: Plan) -> str:
     d = plain_get(plan)
+    # a URI-less proxy_pass, without the rewrite to the normalised path that may precede it
+    normalise = re.compile(r"\n[ \t]*(?:rewrite \^ [^\n]* break;|if \(\$perimeter_path !~ [^\n]*)")
     _edit_route(directory, d.path, lambda b: re.sub(r"proxy_pass http://vllm_upstream[^;]*;",
-                                                    "proxy_pass http://vllm_upstream;", b))
+                                                    "proxy_pass http://vllm_upstream;", normalise.sub("", b)))
     return f"{d.method} {d.path}"
 
 

@@ -6,25 +6,33 @@ How a request is decided (checks in this order, each answered by the proxy with
 1. location match on NGINX's normalised path (``$uri``: percent-decoded, dot
    segments resolved, slashes merged). Exact routes are ``location = /path``;
    templates are anchored, case-sensitive regex locations built from
-   :attr:`Decision.regex` (parameters match ``[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}``).
+   :attr:`Decision.regex` (parameters match ``[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}``),
+   ending in PCRE's ``\\z``: ``$`` would also match before a final newline, and
+   ``/v1/responses/abc%0A`` would reach vLLM as ``GET /v1/responses/abc<LF> HTTP/1.1``.
    Anything else: ``location /`` -> 404. A ``Content-Length`` over the location's
    ``client_max_body_size`` is refused with 413 by NGINX before any of the checks below.
 2. rewrite phase, with ``if`` + ``return`` (so it runs before ``limit_req``):
    network (``geo`` on the client address) -> 403; method, compared case-sensitively
    and exactly (HEAD only when the plan lists it) -> 405; bearer key missing or
-   unknown -> 401; role -> 403.
+   unknown -> 401; role -> 403. Each check's reason is ``set`` just before its ``if``
+   (an ``if`` in a location holds nothing but ``return`` or ``rewrite ... last``, the
+   only directives that are safe there) and cleared once all checks passed.
 3. ``limit_req`` / ``limit_conn`` keyed by principal (by client address on
    ``auth: none`` routes) -> 429.
 4. body: read into memory (``client_body_buffer_size`` = ``client_max_body_size``,
    over -> 413, chunked too); JSON caps and forbidden fields checked (400), see
-   ``templates/nginx-perimeter.js``.
+   ``templates/nginx-perimeter.js``. Bodies the native fast path cannot clear go to
+   njs by ``rewrite ... last`` to the internal ``location = /@perimeter/body``.
 5. proxy to vLLM with the *normalised* path: ``proxy_pass http://vllm_upstream/exact/path;``
-   (a URI in ``proxy_pass``), or for templates and named locations
-   ``proxy_pass http://vllm_upstream$perimeter_path$is_args$args;`` where
-   ``$perimeter_path`` is ``$uri`` saved at the public location. ``$uri`` is decoded,
-   and the template regex admits only unreserved characters, so it is forwarded
-   verbatim with no re-encoding ambiguity. Query strings are forwarded as received
-   (vLLM reads some, e.g. ``GET /v1/responses/{id}?stream=true``).
+   (a URI in ``proxy_pass``) at an exact route's own location; everywhere else (templates,
+   named and internal locations) ``rewrite ^ <path> break;`` then ``proxy_pass
+   http://vllm_upstream;``, which sends the rewritten URI (percent-escaped by NGINX) and the
+   query. ``<path>`` is the route itself for exact routes; for templates it is
+   ``$perimeter_fwd``, captured by matching ``$perimeter_path`` (``$uri`` saved at the public
+   location) against the route's regex again in that same location (no match: 500, which
+   cannot happen), so no value outside the template's characters can reach the request line.
+   Query strings are forwarded as received (vLLM reads some, e.g.
+   ``GET /v1/responses/{id}?stream=true``).
 
 Key hashing: NGINX extracts the token (``map`` on ``$http_authorization``); only when
 there is one does njs compute its sha256 (``js_set``, once per request, shared VM
@@ -63,6 +71,8 @@ PRINCIPALS = "perimeter-principals.conf"
 PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
+BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
+FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "upstream_key": UPSTREAM_KEY}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
@@ -122,12 +132,13 @@ class Block:
 
 @dataclass(frozen=True)
 class Location:
-    match: str                  # '= /v1/models' or '~ "^...$"'
+    match: str                  # '= /v1/models' or '~ "^...\\z"'
     route: str                  # the plan's path template
     exact: bool
-    target: str                 # proxy_pass argument for a direct block
+    target: str                 # proxy_pass argument at an exact route's own location
     blocks: tuple[Block, ...]
     internal: tuple[str, ...]   # with several blocks: the internal location of each
+    capture: str = ""           # templates: the route's regex capturing $perimeter_fwd
 
 
 @dataclass(frozen=True)
@@ -167,6 +178,8 @@ class Model:
     deny_body_bytes: int = DENY_BODY_BYTES
     unsafe_encoding: str = UNSAFE_ENCODING
     upstream: str = UPSTREAM
+    body_location: str = BODY_LOCATION
+    forward: str = FORWARD
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -339,13 +352,22 @@ def _location(reg: _Registry, plan: Plan, index: int, route: str,
     ordered = sorted((tuple(sorted(g, key=lambda x: x.method)) for g in groups.values()),
                      key=lambda g: g[0].method)
     blocks = tuple(_block(reg, plan, g, f"@perimeter_up_{index}_{i}") for i, g in enumerate(ordered))
-    if exact:
-        match, target = f"= {route}", f"{scheme}://{UPSTREAM}{route}"
-    else:
-        match, target = f'~ "{decisions[0].regex}"', f"{scheme}://{UPSTREAM}$perimeter_path$is_args$args"
+    target = f"{scheme}://{UPSTREAM}{route}" if exact else ""
+    match, capture = (f"= {route}", "") if exact else _template_regexes(decisions[0].regex)
     internal = tuple(f"/@perimeter/{index}/{i}" for i in range(len(blocks))) if len(blocks) > 1 else ()
     return Location(match=match, route=route, exact=exact, target=target, blocks=blocks,
-                    internal=internal)
+                    internal=internal, capture=capture)
+
+
+def _template_regexes(regex: str) -> tuple[str, str]:
+    """The location match and the forwarding capture for a template's plan regex ``^/...$``.
+
+    PCRE's ``$`` also matches before a final newline (``/v1/responses/abc%0A`` decodes to a
+    ``$uri`` ending in LF); ``\\z`` is the end of the subject only."""
+    if not (regex.startswith("^/") and regex.endswith("$")) or '"' in regex or "\\z" in regex:
+        raise GenerateError(f"nginx generator: template regex {regex!r} is not an anchored path regex")
+    body = regex[1:-1]
+    return f'~ "^{body}\\z"', f"^(?<{FORWARD}>{body})\\z"
 
 
 def _principals(plan: Plan) -> tuple[tuple[str, str, str], ...]:

@@ -77,12 +77,30 @@ def test_no_keys_or_secrets_in_output(tmp_path: Path) -> None:
 def test_shape_of_the_allowlist(tmp_path: Path) -> None:
     files = {f.name: f.content for f in NginxGenerator().render(golden_plan(tmp_path), GOLDEN_OPTIONS).files}
     http = files["perimeter-http.conf"]
-    # exact routes carry their URI in proxy_pass; no bare proxy_pass anywhere
+    # exact routes carry their URI in proxy_pass at their own location; a proxy_pass without a URI
+    # (it would send the raw request target) only straight after a rewrite to the normalised path:
+    # the route itself, or a template's capture of the saved $uri checked against its regex
     assert "proxy_pass http://vllm_upstream/v1/models;" in http
-    assert not re.search(r"proxy_pass http://vllm_upstream;", http)
+    bare = [m.start() for m in re.finditer(r"proxy_pass http://vllm_upstream;", http)]
+    assert bare
+    for at in bare:
+        before = http[:at].rstrip().rsplit("\n", 2)
+        rewrite = before[-1].strip()
+        assert re.fullmatch(r'rewrite \^ (?:"/[A-Za-z0-9_./:~-]*"|\$perimeter_fwd) break;', rewrite), rewrite
+        if rewrite.endswith("$perimeter_fwd break;"):
+            assert re.fullmatch(r'if \(\$perimeter_path !~ "\^\(\?<perimeter_fwd>/[^"]*\)\\z"\) \{ return 500; \}',
+                                before[-2].strip()), before[-2]
+    assert not re.search(r"proxy_pass [^;]*\$", http), "no variables in proxy_pass"
     assert "location = /invocations" not in http and "location = /collective_rpc" not in http
     assert "limit_except" not in http
-    assert 'location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})$"' in http
+    # \z, not $: PCRE's $ also matches before a final newline (a trailing %0A in the path)
+    assert 'location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})\\z"' in http
+    assert not re.search(r'location ~ "[^"]*\$"', http)
+    # an `if` in a location holds nothing but `return` or `rewrite ... last`
+    ifs = re.findall(r"\n *if \([^\n]*\) \{ ([^\n]*) \}(?=\n)", http)
+    assert len(ifs) == http.count(" if (") > 0
+    for body in ifs:
+        assert re.fullmatch(r"return \d{3};|rewrite \^ /@perimeter/[a-z0-9/]+ last;", body), body
     # every proxying location sends the shared header set: only listed client headers pass on
     proxy = files["perimeter-proxy.conf"]
     assert "proxy_pass_request_headers off;" in proxy
