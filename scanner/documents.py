@@ -152,7 +152,7 @@ class PrincipalsDoc(_Doc):
 
 
 class SourceDoc(_Doc):
-    kind: Literal["vllm", "asgi", "openapi", "sweep"]
+    kind: Literal["vllm", "asgi", "openapi", "sweep", "live"]
     target: str = ""
 
 
@@ -170,6 +170,51 @@ class VllmFactsDoc(_Doc):
     api_key_configured: bool = False
 
 
+_JSON_TYPE = Annotated[str, Field(description="a JSON Schema type, or 'any' (unconstrained)")]
+
+
+class NestedFieldDoc(_Doc):
+    """A position under a top-level field: ``[]`` each array item, ``.name`` a property,
+    ``.*`` any value of a map (``messages[].content[].image_url.url``)."""
+
+    path: str = Field(min_length=1)
+    types: list[_JSON_TYPE] = Field(min_length=1)
+    required: bool = Field(default=False, description="required in the enclosing object")
+    default: Any = Field(default=None, description="present only when the schema states a default")
+    enum: list[Any] = Field(default=[], description="the allowed constants, when every non-null "
+                                                    "alternative is one")
+    truncated: Literal["", "depth", "recursion"] = Field(
+        default="", description="children not listed: depth bound reached, or a recursive $ref")
+
+
+class RequestFieldDoc(_Doc):
+    """A top-level field of a request body."""
+
+    name: str = Field(min_length=1)
+    types: list[_JSON_TYPE] = Field(min_length=1)
+    required: bool = False
+    default: Any = Field(default=None, description="present only when the schema states a default")
+    enum: list[Any] = []
+    truncated: Literal["", "depth", "recursion"] = ""
+    nested: list[NestedFieldDoc] = []
+
+
+class RequestBodyDoc(_Doc):
+    """What the app validates a route's request body against, and how that was found."""
+
+    source: Literal["fastapi", "handler", "none", "unknown"] = Field(description=(
+        "fastapi: FastAPI validates the body (the route's body parameter); handler: the handler "
+        "validates the raw body against TypeAdapters it holds; none: nothing reads the body; "
+        "unknown: the handler parses the raw request with its own code"))
+    media_type: str = ""
+    models: list[str] = Field(default=[], description="qualified class names of the body models")
+    types: list[_JSON_TYPE] = []
+    extra: Literal["", "allow", "forbid", "ignore", "mixed"] = Field(
+        default="", description="how the models treat unknown top-level fields")
+    fields: list[RequestFieldDoc] = []
+    note: str = ""
+
+
 class RouteDoc(_Doc):
     path: str = Field(pattern=r"^/")
     methods: list[Annotated[str, Field(pattern=r"^([A-Za-z]+|\*)$")]] = Field(min_length=1)
@@ -177,6 +222,8 @@ class RouteDoc(_Doc):
     endpoint: str = ""
     guarded: bool = False
     origin: str = "app.routes"
+    request: RequestBodyDoc | None = Field(
+        default=None, description="the request body (absent when the source does not say)")
 
 
 class InventoryDoc(_Doc):

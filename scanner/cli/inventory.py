@@ -47,7 +47,9 @@ def vllm_cmd(python: str | None, tasks: tuple[str, ...], env_pairs: tuple[str, .
 
     Builds the app with vLLM's own build_app() in vLLM's Python: no GPU, no
     engine, no model download. Everything after `--` is passed to vLLM's serve
-    argument parser exactly as `vllm serve` would see it.
+    argument parser exactly as `vllm serve` would see it. Each route records the
+    request body model its code validates and that model's fields (JSON output;
+    the table shows the count).
 
     \b
     Examples:
@@ -117,9 +119,12 @@ def _write(source: InventorySource, fmt: str, output: str | None) -> None:
 @group.command("diff")
 @click.argument("old", metavar="OLD")
 @click.argument("new", metavar="NEW")
+@click.option("--fields/--no-fields", default=True, show_default=True,
+              help="Also compare the request fields of the routes both sides serve.")
 @output_options
-def diff_cmd(old: str, new: str, fmt: str, output: str | None) -> None:
-    """Routes added, removed and changed between two inventories.
+def diff_cmd(old: str, new: str, fields: bool, fmt: str, output: str | None) -> None:
+    """Routes added, removed and changed between two inventories, and the request
+    fields added, removed and changed per route.
 
     OLD and NEW are inventory files or bundled catalog names (see `inventory
     catalog list`). Changes outside vLLM's --api-key guard are listed first.
@@ -130,7 +135,7 @@ def diff_cmd(old: str, new: str, fmt: str, output: str | None) -> None:
       vllm-perimeter inventory diff vllm-0.28.0-everything vllm-0.29.0-everything
     """
     result = inv_diff.diff(catalog.load_ref(old), catalog.load_ref(new), old, new)
-    write_text(output, render_diff.render(result, fmt))
+    write_text(output, render_diff.render(result, fmt, fields=fields))
 
 
 @group.group("catalog")

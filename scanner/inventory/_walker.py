@@ -7,7 +7,11 @@ recognised by duck typing so that any Starlette/FastAPI version works.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+# (route object, kind) -> what describes its request body, or None (see _bodies.py)
+Describe = Callable[[Any, str], dict[str, Any] | None]
 
 
 def _qualname(obj: Any) -> str:
@@ -20,9 +24,18 @@ def _qualname(obj: Any) -> str:
     return f"{module}.{name}"
 
 
-def walk_routes(routes: Any, prefix: str = "", origin: str = "app.routes") -> list[dict[str, Any]]:
-    """One dict per route: path, methods, kind, endpoint, origin."""
+def walk_routes(routes: Any, prefix: str = "", origin: str = "app.routes",
+                describe: Describe | None = None) -> list[dict[str, Any]]:
+    """One dict per route: path, methods, kind, endpoint, origin; plus ``request`` when
+    ``describe`` says what the route's body is (see ``_bodies.py``)."""
     out: list[dict[str, Any]] = []
+
+    def add(route: Any, row: dict[str, Any]) -> None:
+        body = describe(route, row["kind"]) if describe is not None else None
+        if body is not None:
+            row["request"] = body
+        out.append(row)
+
     for route in routes:
         cls = type(route).__name__
         path = prefix + (getattr(route, "path", "") or "")
@@ -30,23 +43,24 @@ def walk_routes(routes: Any, prefix: str = "", origin: str = "app.routes") -> li
             sub = getattr(route, "app", None)
             sub_routes = getattr(route, "routes", None) or []
             if sub_routes:
-                out.extend(walk_routes(sub_routes, prefix=path, origin=f"mount:{path or '/'}"))
+                out.extend(walk_routes(sub_routes, prefix=path, origin=f"mount:{path or '/'}",
+                                       describe=describe))
             else:
-                out.append({"path": path or "/", "methods": ["*"], "kind": "mount",
+                add(route, {"path": path or "/", "methods": ["*"], "kind": "mount",
                             "endpoint": _qualname(sub), "origin": origin})
             continue
         if cls == "Host":
             out.extend(walk_routes(getattr(route, "routes", []), prefix=prefix,
-                                   origin=f"host:{getattr(route, 'host', '')}"))
+                                   origin=f"host:{getattr(route, 'host', '')}", describe=describe))
             continue
         if cls in ("WebSocketRoute", "APIWebSocketRoute") or (
             "WebSocket" in cls and not hasattr(route, "methods")
         ):
-            out.append({"path": path, "methods": ["GET"], "kind": "websocket",
+            add(route, {"path": path, "methods": ["GET"], "kind": "websocket",
                         "endpoint": _qualname(getattr(route, "endpoint", route)), "origin": origin})
             continue
         methods = getattr(route, "methods", None)
-        out.append({
+        add(route, {
             "path": path,
             "methods": sorted(methods) if methods else ["*"],
             "kind": "http" if methods else "mount",

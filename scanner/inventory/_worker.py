@@ -39,6 +39,17 @@ def _load(relative: str, name: str) -> Any:
 _walker = _load("_walker.py", "_vllm_perimeter_walker")
 find_routes, middleware_names, walk_routes = (
     _walker.find_routes, _walker.middleware_names, _walker.walk_routes)
+_bodies = _load("_bodies.py", "_vllm_perimeter_bodies")
+
+
+def describe_body(route: Any, kind: str) -> dict[str, Any] | None:
+    """The route's request body (``_bodies.request_body``); a failure is one route's note."""
+    try:
+        body: dict[str, Any] | None = _bodies.request_body(route, kind)
+    except Exception as exc:  # one odd route must not cost the whole inventory
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return {"source": "unknown", "note": f"inspecting the route failed: {type(exc).__name__}: {first}"}
+    return body
 
 # (make_arg_parser module, build_app module), newest first. Verified: 0.28.0, 0.29.0, 0.33.0.
 LAYOUTS = (
@@ -264,7 +275,8 @@ def extract_vllm(req: dict[str, Any]) -> dict[str, Any]:
     routes = find_routes(app)
     if routes is None:
         raise WorkerError("UnsupportedVllm", "build_app returned an object with no routes")
-    return {**facts, "middleware": middleware_names(app), "routes": walk_routes(routes)}
+    return {**facts, "middleware": middleware_names(app),
+            "routes": walk_routes(routes, describe=describe_body)}
 
 
 def serve_vllm(req: dict[str, Any], result_path: str) -> None:
@@ -342,7 +354,7 @@ def extract_asgi(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("factory") or (inspect.isfunction(obj) and find_routes(obj) is None):
         obj = _call_factory(target, obj)
     app, routes = _app_routes(target, obj)
-    return {"middleware": middleware_names(app), "routes": walk_routes(routes)}
+    return {"middleware": middleware_names(app), "routes": walk_routes(routes, describe=describe_body)}
 
 
 def _drop_own_dir() -> None:

@@ -65,13 +65,16 @@ PROFILES: Mapping[str, Profile] = {
     "everything": Profile(
         name="everything",
         summary="every optional surface on: dev mode, runtime LoRA, tokenizer info, torch "
-                "profiler, fault tolerance (where the release has it), generate + "
-                "transcription + realtime + embed + classify (offline model-config stand-in)",
+                "profiler, fault tolerance and scale-out endpoints (where the release has "
+                "them), generate + transcription + realtime + embed + classify (offline "
+                "model-config stand-in)",
         serve_args=("--model", "m", "--enable-lora", "--enable-tokenizer-info-endpoint",
                     "--profiler-config", PROFILER_CONFIG),
         tasks=("generate", "transcription", "realtime", "embed", "classify"),
         env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
-        optional_flags=("--enable-fault-tolerance",),
+        # 0.33 registers the scale-out routes (render, derender, token-in-token-out) either
+        # way; without --enable-scale-out they answer 403 and read no body.
+        optional_flags=("--enable-fault-tolerance", "--enable-scale-out"),
         model_config="standin",
     ),
 }

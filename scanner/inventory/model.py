@@ -4,7 +4,7 @@ Format (``schema_version`` 1), as JSON::
 
     {
       "schema_version": 1,
-      "source": {"kind": "vllm" | "asgi" | "openapi" | "sweep", "target": "..."},
+      "source": {"kind": "vllm" | "asgi" | "openapi" | "sweep" | "live", "target": "..."},
       "vllm": {                              # null unless the source knows vLLM facts
         "version": "0.29.0",
         "serve_args": ["--model", "m", "--api-key", "<redacted>"],
@@ -20,7 +20,19 @@ Format (``schema_version`` 1), as JSON::
       "routes": [
         {"path": "/v1/models", "methods": ["GET", "HEAD"], "kind": "http",
          "endpoint": "vllm.entrypoints....show_available_models",
-         "guarded": true, "origin": "app.routes"}
+         "guarded": true, "origin": "app.routes",
+         "request": {"source": "unknown", "note": "..."}},
+        {"path": "/v1/completions", "methods": ["POST"], ...,
+         "request": {                        # optional (absent in older documents)
+           "source": "fastapi",              # | "handler" | "none" | "unknown"
+           "media_type": "application/json",
+           "models": ["vllm.entrypoints.openai.completion.protocol.CompletionRequest"],
+           "types": ["object"], "extra": "allow",
+           "fields": [
+             {"name": "max_tokens", "types": ["integer", "null"], "default": 16},
+             {"name": "prompt", "types": ["string", "null", "array"], "default": null,
+              "nested": [{"path": "prompt[]", "types": ["string", "integer", "array"]}, ...]}
+           ]}}
       ],
       "content_hash": "sha256:..."           # of everything above except itself
     }
@@ -29,6 +41,11 @@ Format (``schema_version`` 1), as JSON::
 and ``["GET"]`` for a WebSocket route (the upgrade request). ``guarded`` says whether
 vLLM's own ``--api-key`` middleware would demand the key for that path (prefix
 match, after stripping ``root_path``; vLLM skips the check for OPTIONS).
+
+``request`` (optional) is the route's request body as the app's code validates it: see
+:class:`RequestBody` and ``scanner/inventory/request_fields.py`` for the field records. In a
+field record, keys at their default are left out (``required`` false, no ``default`` stated
+by the schema, no ``enum``, not ``truncated``).
 """
 
 from __future__ import annotations
@@ -41,14 +58,129 @@ from typing import Any, Literal
 
 from scanner import canonical
 from scanner.errors import InventoryFormatError
+from scanner.inventory.request_fields import json_text
 from scanner.output import read_text
 
 SCHEMA_VERSION = 1
 RouteKind = Literal["http", "websocket", "mount"]
-SourceKind = Literal["vllm", "asgi", "openapi", "sweep"]
+SourceKind = Literal["vllm", "asgi", "openapi", "sweep", "live"]
+BodySource = Literal["fastapi", "handler", "none", "unknown"]
 ANY_METHOD = "*"
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _field_dict(key: str, name: str, types: tuple[str, ...], required: bool, default_json: str | None,
+                enum: tuple[str, ...], truncated: str) -> dict[str, Any]:
+    """One field record as JSON: keys at their default value are left out (catalogs stay small)."""
+    out: dict[str, Any] = {key: name, "types": list(types)}
+    if required:
+        out["required"] = True
+    if default_json is not None:
+        out["default"] = json.loads(default_json)
+    if enum:
+        out["enum"] = [json.loads(v) for v in enum]
+    if truncated:
+        out["truncated"] = truncated
+    return out
+
+
+@dataclass(frozen=True, order=True)
+class NestedField:
+    """A position under a top-level field: ``messages[].content[].image_url.url``.
+
+    ``[]`` is each item of an array, ``.name`` a property, ``.*`` any value of a map.
+    ``required`` is relative to the enclosing object. Defaults and enum members are kept as
+    compact canonical JSON text (hashable, ordered); the document holds the JSON values.
+    """
+
+    path: str
+    types: tuple[str, ...]
+    required: bool = False
+    default_json: str | None = None
+    enum: tuple[str, ...] = ()
+    truncated: str = ""  # "" | "depth" | "recursion": children not listed, and why
+
+    @property
+    def default(self) -> Any:
+        return None if self.default_json is None else json.loads(self.default_json)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _field_dict("path", self.path, self.types, self.required, self.default_json,
+                           self.enum, self.truncated)
+
+
+@dataclass(frozen=True, order=True)
+class RequestField:
+    """A top-level field of a request body, with its nested positions (bounded depth)."""
+
+    name: str
+    types: tuple[str, ...]
+    required: bool = False
+    default_json: str | None = None
+    enum: tuple[str, ...] = ()
+    truncated: str = ""
+    nested: tuple[NestedField, ...] = ()
+
+    @property
+    def default(self) -> Any:
+        return None if self.default_json is None else json.loads(self.default_json)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _field_dict("name", self.name, self.types, self.required, self.default_json,
+                          self.enum, self.truncated)
+        if self.nested:
+            out["nested"] = [n.to_dict() for n in self.nested]
+        return out
+
+
+@dataclass(frozen=True, order=True)
+class RequestBody:
+    """What the app validates a route's request body against (``source``, see
+    ``scanner/inventory/_bodies.py``): the models' qualified class names, the body's JSON
+    types, how unknown top-level fields are treated (``extra``: pydantic's allow / forbid /
+    ignore, ``mixed`` across a union) and the fields. ``note`` says how it was found, or why
+    it is unknown."""
+
+    source: BodySource
+    media_type: str = ""
+    models: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    extra: str = ""
+    fields: tuple[RequestField, ...] = ()
+    note: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.source in ("fastapi", "handler")
+
+    def top_field(self, name: str) -> RequestField | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+    def positions(self) -> dict[str, NestedField]:
+        """Every field position by path, top-level ones included (as NestedField)."""
+        out: dict[str, NestedField] = {}
+        for f in self.fields:
+            out[f.name] = NestedField(f.name, f.types, f.required, f.default_json, f.enum, f.truncated)
+            for n in f.nested:
+                out[n.path] = n
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source}
+        if self.media_type:
+            out["media_type"] = self.media_type
+        if self.models:
+            out["models"] = list(self.models)
+        if self.types:
+            out["types"] = list(self.types)
+        if self.extra:
+            out["extra"] = self.extra
+        if self.fields:
+            out["fields"] = [f.to_dict() for f in self.fields]
+        if self.note:
+            out["note"] = self.note
+        return out
 
 
 @dataclass(frozen=True, order=True)
@@ -59,13 +191,16 @@ class Route:
     endpoint: str = ""
     guarded: bool = False
     origin: str = "app.routes"
+    # What the body is validated against; None when the source does not say (older
+    # inventories, ``inventory openapi``, WebSocket routes).
+    request: RequestBody | None = None
 
     @property
     def key(self) -> tuple[str, RouteKind]:
         return (self.path, self.kind)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "path": self.path,
             "methods": list(self.methods),
             "kind": self.kind,
@@ -73,6 +208,9 @@ class Route:
             "guarded": self.guarded,
             "origin": self.origin,
         }
+        if self.request is not None:  # absent, not null: older documents keep their hash
+            out["request"] = self.request.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -180,7 +318,8 @@ def from_dict(data: Any, name: str = "<inventory>") -> Inventory:
     inv = Inventory(
         source=Source(kind=doc.source.kind, target=doc.source.target),
         routes=tuple(Route(path=r.path, methods=tuple(sorted({m.upper() for m in r.methods})), kind=r.kind,
-                           endpoint=r.endpoint, guarded=r.guarded, origin=r.origin) for r in doc.routes),
+                           endpoint=r.endpoint, guarded=r.guarded, origin=r.origin,
+                           request=_body_from_doc(r.request)) for r in doc.routes),
         vllm=VllmFacts(version=facts.version, serve_args=tuple(facts.serve_args), env=dict(facts.env),
                        tasks=tuple(facts.tasks), model_config=facts.model_config_,
                        plugins=tuple(facts.plugins),
@@ -193,3 +332,25 @@ def from_dict(data: Any, name: str = "<inventory>") -> Inventory:
                                    f"match the content ({inv.content_hash}); the file was edited after it "
                                    "was written")
     return inv
+
+
+def _json_or_none(doc: Any, key: str) -> str | None:
+    """The canonical JSON text of ``doc.<key>`` when the document states it (null included)."""
+    return json_text(getattr(doc, key)) if key in doc.model_fields_set else None
+
+
+def _body_from_doc(doc: Any) -> RequestBody | None:
+    if doc is None:
+        return None
+    return RequestBody(
+        source=doc.source, media_type=doc.media_type, models=tuple(doc.models), types=tuple(doc.types),
+        extra=doc.extra, note=doc.note,
+        fields=tuple(RequestField(
+            name=f.name, types=tuple(f.types), required=f.required, default_json=_json_or_none(f, "default"),
+            enum=tuple(json_text(v) for v in f.enum), truncated=f.truncated,
+            nested=tuple(NestedField(
+                path=n.path, types=tuple(n.types), required=n.required,
+                default_json=_json_or_none(n, "default"), enum=tuple(json_text(v) for v in n.enum),
+                truncated=n.truncated) for n in f.nested),
+        ) for f in doc.fields),
+    )

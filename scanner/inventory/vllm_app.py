@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scanner import secrets
 from scanner.inventory._runner import run_worker
-from scanner.inventory.model import Inventory, Route, Source, VllmFacts, is_guarded
+from scanner.inventory.model import (
+    Inventory,
+    NestedField,
+    RequestBody,
+    RequestField,
+    Route,
+    Source,
+    VllmFacts,
+    is_guarded,
+)
+from scanner.inventory.request_fields import MAX_DEPTH, FlatField, flatten
 
 MODEL_CONFIG_CHOICES = ("auto", "none", "standin", "local")
 _OWN_PREFIX = "VLLM_PERIMETER_"
@@ -120,4 +130,37 @@ def route_from_raw(raw: Mapping[str, Any], prefixes: Sequence[str], root_path: s
         endpoint=str(raw["endpoint"]),
         guarded=is_guarded(str(raw["path"]), prefixes, root_path),
         origin=str(raw["origin"]),
+        request=body_from_raw(raw["request"]) if raw.get("request") else None,
     )
+
+
+_SOURCES = ("fastapi", "handler", "none", "unknown")
+
+
+def body_from_raw(raw: Mapping[str, Any], max_depth: int = MAX_DEPTH) -> RequestBody:
+    """The worker's description of a body (``_bodies.request_body``), its JSON Schema flattened."""
+    source = str(raw.get("source", "unknown"))
+    body = RequestBody(
+        source=source if source in _SOURCES else "unknown",  # type: ignore[arg-type]
+        media_type=str(raw.get("media_type", "")),
+        models=tuple(str(m) for m in raw.get("models", ())),
+        note=str(raw.get("note", "")),
+    )
+    schema = raw.get("schema")
+    if not isinstance(schema, Mapping):
+        return body
+    flat = flatten(schema, max_depth)
+    tops: list[RequestField] = []
+    nested: list[list[NestedField]] = []
+    for f in flat.fields:
+        if f.depth == 1:
+            tops.append(RequestField(f.path, f.types, f.required, f.default, f.enum, f.truncated))
+            nested.append([])
+        elif tops:
+            nested[-1].append(_nested(f))
+    fields = tuple(replace(t, nested=tuple(n)) for t, n in zip(tops, nested, strict=True))
+    return replace(body, types=flat.types, extra=flat.extra, fields=fields)
+
+
+def _nested(f: FlatField) -> NestedField:
+    return NestedField(f.path, f.types, f.required, f.default, f.enum, f.truncated)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from scanner import canonical
 from scanner.inventory.catalog import CatalogEntry, Profile
-from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
+from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory, RequestBody
 from scanner.output import text_console
 
 
@@ -22,15 +22,31 @@ def to_table(inv: Inventory, width: int = 120) -> str:
     table.add_column("path", overflow="fold")
     for col in ("methods", "kind", "api-key guard"):
         table.add_column(col, no_wrap=True)
-    table.add_column("endpoint", overflow="ellipsis", no_wrap=True, max_width=44)
+    bodies = any(r.request is not None for r in inv.routes)
+    table.add_column("endpoint", overflow="ellipsis", no_wrap=True, max_width=30 if bodies else 44)
+    if bodies:
+        table.add_column("fields", no_wrap=True)
     for r in inv.routes:
         guard = "guarded" if r.guarded else "OPEN"
-        table.add_row(r.path, ",".join(r.methods), r.kind, guard, r.endpoint)
+        row = [r.path, ",".join(r.methods), r.kind, guard, r.endpoint]
+        table.add_row(*row, *([body_cell(r.request)] if bodies else []))
     console.print(table)
     for line in _provenance(inv):
         console.print(line, highlight=False, markup=False)
     console.print(f"content_hash {inv.content_hash}")
     return _rstrip(buf.getvalue())
+
+
+def body_cell(body: RequestBody | None) -> str:
+    """A route's request body in a few characters: the number of top-level fields of the
+    model it is validated against (``*``: validated by the handler itself), ``?`` (the
+    handler parses the raw request) or ``none`` (nothing reads the body)."""
+    if body is None:
+        return ""
+    if not body.known:
+        return "none" if body.source == "none" else "?"
+    count = str(len(body.fields)) if body.types else "?"
+    return count + (" *" if body.source == "handler" else "")
 
 
 _MODEL_CONFIG = {
@@ -60,6 +76,12 @@ def _provenance(inv: Inventory) -> list[str]:
         lines.append("middleware (outermost first): " + ", ".join(inv.middleware))
     lines.append(f"{open_count} of {len(inv.routes)} routes are outside vLLM's --api-key guard "
                  f"({', '.join(prefixes)})")
+    known = [r for r in inv.routes if r.request is not None and r.request.known]
+    if known:
+        raw = sum(1 for r in inv.routes if r.request is not None and r.request.source == "unknown")
+        lines.append(f"fields: top-level request fields of the body model ({len(known)} routes; * the "
+                     f"handler validates the body itself; field lists in --format json); "
+                     f"? the handler parses the raw request ({raw} routes); none: nothing reads the body")
     return lines
 
 

@@ -85,7 +85,7 @@ def test_profiles_are_data() -> None:
     cfg = json.loads(ev.serve_args[ev.serve_args.index("--profiler-config") + 1])
     assert cfg["profiler"] == "torch" and cfg["torch_profiler_dir"].startswith("/")
     spec = ev.extraction("/py")
-    assert spec.isolated_env and spec.optional_flags == ("--enable-fault-tolerance",)
+    assert spec.isolated_env and spec.optional_flags == ("--enable-fault-tolerance", "--enable-scale-out")
     assert spec.model_config == "standin"
 
 

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from scanner.inventory import catalog
 from scanner.inventory.diff import diff
-from scanner.inventory.model import Inventory, Route, Source, VllmFacts
+from scanner.inventory.model import (
+    Inventory,
+    NestedField,
+    RequestBody,
+    RequestField,
+    Route,
+    Source,
+    VllmFacts,
+)
 from scanner.report import inventory_diff
 from tests.inventory.conftest import CliResult
 
@@ -117,3 +125,128 @@ def test_diff_with_unknown_name_is_exit_2(run_cli: Callable[..., CliResult]) -> 
         .assert_one_line_error(2)
     assert "neither an inventory file nor a bundled catalog" in line
     assert "vllm-0.29.0-default" in line  # lists what is bundled
+
+
+# --- request fields ------------------------------------------------------------------------------
+
+
+def body(*fields: RequestField, source: str = "fastapi", models: tuple[str, ...] = ("a.M",)) -> RequestBody:
+    return RequestBody(source, "application/json", models, ("object",), "allow", fields)  # type: ignore[arg-type]
+
+
+def with_body(path: str, b: RequestBody | None, guarded: bool = True) -> Route:
+    return Route(path, ("POST",), "http", f"e{path}", guarded, request=b)
+
+
+CHAT_OLD = body(
+    RequestField("messages", ("array",), True, nested=(
+        NestedField("messages[]", ("object",)),
+        NestedField("messages[].content", ("string", "array")),
+        NestedField("messages[].content[]", ("object",)),
+        NestedField("messages[].content[].type", ("string",), True, enum=('"image_url"', '"text"')),
+    )),
+    RequestField("max_tokens", ("integer", "null"), default_json="16"),
+    RequestField("best_of", ("integer",)),
+    RequestField("old_obj", ("object",), nested=(NestedField("old_obj.a", ("string",)),
+                                                NestedField("old_obj.b", ("object",)),
+                                                NestedField("old_obj.b.c", ("string",)))),
+)
+CHAT_NEW = body(
+    RequestField("messages", ("array",), True, nested=(
+        NestedField("messages[]", ("object",)),
+        NestedField("messages[].content", ("string", "null", "array")),
+        NestedField("messages[].content[]", ("object",)),
+        NestedField("messages[].content[].type", ("string",), True,
+                    enum=('"image_url"', '"text"', '"video_url"')),
+        NestedField("messages[].content[].video_url", ("object",)),
+        NestedField("messages[].content[].video_url.url", ("string",), True),
+    )),
+    RequestField("max_tokens", ("integer", "null"), default_json="null"),
+    RequestField("kv_transfer_params", ("null", "object"), default_json="null"),
+    models=("b.M",),  # moved module: not a change
+)
+
+
+def test_request_fields_added_removed_changed_per_route() -> None:
+    old = inv(with_body("/v1/chat", CHAT_OLD), with_body("/tokenize", body(), guarded=False))
+    new = inv(with_body("/v1/chat", CHAT_NEW), with_body("/tokenize", body(), guarded=False))
+    d = diff(old, new)
+    assert d.changes == () and d.fields_compared and not d.empty
+    (chat,) = d.bodies
+    assert (chat.path, chat.method, chat.outside_guard, chat.aspects) == ("/v1/chat", "POST", False, ())
+    got = {(c.path, c.change): c for c in chat.fields}
+    assert set(got) == {
+        ("messages[].content", "changed"),
+        ("messages[].content[].type", "changed"),
+        ("messages[].content[].video_url", "added"),  # its .url folded into it
+        ("max_tokens", "changed"),
+        ("kv_transfer_params", "added"),
+        ("best_of", "removed"),
+        ("old_obj", "removed"),
+    }
+    assert got[("messages[].content[].video_url", "added")].nested == 1
+    assert got[("old_obj", "removed")].nested == 3
+    assert got[("messages[].content", "changed")].aspects == ("types",)
+    assert got[("messages[].content[].type", "changed")].aspects == ("enum",)
+    assert got[("max_tokens", "changed")].aspects == ("default",)
+    assert (chat.count("added"), chat.count("removed"), chat.count("changed")) == (2, 2, 3)
+    assert d.field_summary() == {"routes": 1, "fields_added": 2, "fields_removed": 2, "fields_changed": 3}
+
+    table = inventory_diff.to_table(d)
+    assert "POST /v1/chat (guarded; M): 2 added, 2 removed, 3 changed" in table
+    assert "enum +\"video_url\"" in table
+    assert "default 16 -> null" in table
+    assert "types string,array -> string,null,array" in table
+    assert "old_obj (+3 nested)" in table and "kv_transfer_params" in table
+    data = d.to_dict()["request_fields"]
+    assert data["compared"] and data["summary"]["fields_added"] == 2
+    assert data["routes"][0]["fields"][0]["field"] == "messages[].content"
+    assert "request fields" not in inventory_diff.to_table(d, fields=False).lower()
+    assert "request_fields" not in inventory_diff.render(d, "json", fields=False)
+
+
+def test_body_that_stops_being_validated_is_one_change() -> None:
+    raw = RequestBody("none", note="nothing reads the body")
+    d = diff(inv(with_body("/v1/render", CHAT_OLD), with_body("/open", CHAT_OLD, guarded=False)),
+             inv(with_body("/v1/render", raw), with_body("/open", CHAT_OLD, guarded=False)))
+    (change,) = d.bodies
+    assert change.aspects == ("source", "media_type", "models", "types", "extra")
+    assert change.fields == ()  # not 4 removed fields
+    table = inventory_diff.to_table(d)
+    assert "POST /v1/render (guarded; none): the body changed" in table
+    assert "fastapi application/json M extra=allow 4 fields -> none" in table
+
+
+def test_fields_are_not_compared_with_an_inventory_that_has_no_bodies() -> None:
+    old = inv(with_body("/v1/chat", None))
+    d = diff(old, inv(with_body("/v1/chat", CHAT_NEW)))
+    assert not d.fields_compared and d.bodies == () and d.empty
+    assert "request fields: not compared" in inventory_diff.to_table(d)
+    same = diff(inv(with_body("/v1/chat", CHAT_NEW)), inv(with_body("/v1/chat", CHAT_NEW)))
+    assert same.fields_compared and same.empty
+    assert "request fields: no differences" in inventory_diff.to_table(same)
+
+
+def test_bundled_catalogs_request_field_review(run_cli: Callable[..., CliResult]) -> None:
+    res = run_cli("inventory", "diff", "vllm-0.29.0-everything", "vllm-0.33.0-everything",
+                  "--format", "json")
+    assert res.rc == 0
+    data = res.json()["request_fields"]
+    assert data["compared"]
+    routes = {(r["path"], r["method"]): r for r in data["routes"]}
+    completions = {f["field"]: f for f in routes[("/v1/completions", "POST")]["fields"]}
+    assert completions["mm_payload"]["change"] == "added"
+    assert completions["skip_special_tokens"]["aspects"] == ["types", "default"]
+    chat = {f["field"]: f for f in routes[("/v1/chat/completions", "POST")]["fields"]}
+    assert chat["return_assistant_tokens_mask"]["change"] == "removed"
+    assert chat["messages[].reasoning"]["aspects"] == ["types"]
+    scoring = routes[("/generative_scoring", "POST")]  # 0.29 parsed it raw, 0.33 validates it
+    assert scoring["aspects"][0] == "source" and scoring["old"]["source"] == "unknown"
+    assert scoring["new"]["source"] == "fastapi" and scoring["fields"] == []
+    table = run_cli("inventory", "diff", "vllm-0.28.0-everything", "vllm-0.29.0-everything")
+    assert table.rc == 0
+    assert "POST /v1/chat/completions (guarded; ChatCompletionRequest)" in table.out
+    assert "messages[].content[].video_embeds (+1 nested)" in table.out
+    quiet = run_cli("inventory", "diff", "vllm-0.28.0-everything", "vllm-0.29.0-everything",
+                    "--no-fields")
+    assert quiet.rc == 0 and "Request fields" not in quiet.out

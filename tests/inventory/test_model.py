@@ -10,7 +10,15 @@ import pytest
 
 from scanner.errors import EXIT_USAGE, InventoryFormatError
 from scanner.inventory import model
-from scanner.inventory.model import Inventory, Route, Source, VllmFacts
+from scanner.inventory.model import (
+    Inventory,
+    NestedField,
+    RequestBody,
+    RequestField,
+    Route,
+    Source,
+    VllmFacts,
+)
 
 
 def sample() -> Inventory:
@@ -135,3 +143,77 @@ def test_methods_are_normalised_on_load() -> None:
 ])
 def test_guard_rule_is_vllms_startswith(path: str, root: str, guarded: bool) -> None:
     assert model.is_guarded(path, model.VLLM_GUARDED_PREFIXES, root) is guarded
+
+
+# --- request bodies ------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent.parent
+OLD_FORMAT = REPO / "tests" / "generate" / "golden" / "nginx" / "inventory-vllm-0.29.0-everything.json"
+
+
+def with_bodies() -> Inventory:
+    chat = RequestBody(
+        source="fastapi", media_type="application/json", models=("m.ChatCompletionRequest",),
+        types=("object",), extra="allow",
+        fields=(
+            RequestField("messages", ("array",), required=True, nested=(
+                NestedField("messages[]", ("object",)),
+                NestedField("messages[].content", ("string", "array")),
+                NestedField("messages[].content[].type", ("string",), required=True,
+                            enum=('"image_url"', '"text"')),
+                NestedField("messages[].tree", ("object",), truncated="recursion"),
+            )),
+            RequestField("max_tokens", ("integer", "null"), default_json="null"),
+            RequestField("n", ("integer",), default_json="1"),
+            RequestField("request_id", ("string",)),  # no default stated
+        ))
+    routes = (*sample().routes,
+              Route("/v1/chat/completions", ("POST",), "http", "m.chat", True, request=chat),
+              Route("/version", ("GET",), "http", "m.v", False,
+                    request=RequestBody("none", note="nothing reads the body")))
+    return sample().with_routes(routes)
+
+
+def test_old_documents_without_request_bodies_still_load_with_their_hash() -> None:
+    text = OLD_FORMAT.read_text(encoding="utf-8")
+    assert '"request"' not in text
+    inv = model.loads(text)  # validates the recorded content_hash against the content
+    assert inv.content_hash == json.loads(text)["content_hash"]
+    assert all(r.request is None for r in inv.routes)
+    assert inv.to_json() == text
+    assert "request" not in sample().to_dict()["routes"][0]  # absent, not null
+
+
+def test_request_bodies_round_trip() -> None:
+    inv = with_bodies()
+    text = inv.to_json()
+    again = model.loads(text)
+    assert again == inv and again.to_json() == text
+    chat = next(r for r in again.routes if r.path == "/v1/chat/completions").request
+    assert chat is not None and chat.known
+    data = json.loads(text)
+    as_doc = next(r for r in data["routes"] if r["path"] == "/v1/chat/completions")["request"]
+    fields = {f["name"]: f for f in as_doc["fields"]}
+    assert fields["max_tokens"] == {"name": "max_tokens", "types": ["integer", "null"], "default": None}
+    assert fields["request_id"] == {"name": "request_id", "types": ["string"]}  # no default key
+    assert fields["messages"]["nested"][2]["enum"] == ["image_url", "text"]
+    top = chat.top_field("max_tokens")
+    assert top is not None and top.default is None and top.default_json == "null"
+    assert chat.positions()["messages[].tree"].truncated == "recursion"
+    assert inv.content_hash != inv.with_routes(sample().routes).content_hash
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda b: b.update(source="guess"), r"request.source: Input should be 'fastapi'"),
+    (lambda b: b["fields"][0].update(types=[]), r"request.fields\[0\].types: List should have at least 1"),
+    (lambda b: b["fields"][0].update(name=""), r"request.fields\[0\].name: String should have at least"),
+    (lambda b: b["fields"][0]["nested"][0].update(truncated="deep"),
+     r"request.fields\[0\].nested\[0\].truncated: Input should be"),
+    (lambda b: b.update(extra="maybe"), r"request.extra: Input should be"),
+])
+def test_request_body_validation_names_the_field(mutate: Any, message: str) -> None:
+    d = with_bodies().to_dict()
+    del d["content_hash"]
+    mutate(next(r for r in d["routes"] if r["path"] == "/v1/chat/completions")["request"])
+    with pytest.raises(InventoryFormatError, match=message):
+        model.from_dict(d, name="x.json")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from scanner.inventory import catalog, model, openapi
-from scanner.inventory.model import Inventory
+from scanner.inventory.model import Inventory, RequestBody
 from scanner.report import inventory as render_inventory
 from tests.inventory.conftest import HERE, CliResult
 
@@ -26,12 +26,14 @@ KIND_OF_CLASS = {"APIRoute": "http", "Route": "http", "APIWebSocketRoute": "webs
                  "WebSocketRoute": "websocket", "Mount": "mount"}
 
 
-def ground_truth(python: str, profile: catalog.Profile, tmp: Path) -> list[list[Any]]:
-    """app.routes of vLLM's own build_app, computed without the tool's worker."""
+def ground_truth(python: str, profile: catalog.Profile, tmp: Path) -> dict[str, Any]:
+    """app.routes of vLLM's own build_app, and the body models its handlers' signatures name,
+    computed without the tool's worker."""
     spec = profile.extraction(python)
     req, out = tmp / f"{profile.name}-req.json", tmp / f"{profile.name}-routes.json"
     req.write_text(json.dumps({
-        "serve_args": [*profile.serve_args, *profile.optional_flags],  # 0.29 has them all
+        "serve_args": list(profile.serve_args),
+        "optional_flags": list(profile.optional_flags),
         "tasks": list(profile.tasks),
         "standin": profile.model_config == "standin",
     }), encoding="utf-8")
@@ -39,13 +41,13 @@ def ground_truth(python: str, profile: catalog.Profile, tmp: Path) -> list[list[
                           env=spec.effective_env(), stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    rows: list[list[Any]] = json.loads(out.read_text(encoding="utf-8"))
-    return rows
+    truth: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return truth
 
 
 @pytest.fixture(scope="module", params=sorted(catalog.PROFILES))
 def built(request: pytest.FixtureRequest, vllm_python: str,
-          tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Inventory, list[list[Any]]]:
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Inventory, dict[str, Any]]:
     profile = catalog.profile(request.param)
     inv = catalog.build(vllm_python, profile.name)
     truth = ground_truth(vllm_python, profile, tmp_path_factory.mktemp("truth"))
@@ -53,8 +55,9 @@ def built(request: pytest.FixtureRequest, vllm_python: str,
 
 
 def test_inventory_lists_exactly_build_app_routes(
-        built: tuple[str, Inventory, list[list[Any]]]) -> None:
-    name, inv, truth = built
+        built: tuple[str, Inventory, dict[str, Any]]) -> None:
+    name, inv, found = built
+    truth = found["routes"]
     unknown = {cls for _, _, cls in truth} - KIND_OF_CLASS.keys()
     assert not unknown, f"route classes the comparison does not know: {unknown}"
     expected = Counter(
@@ -72,13 +75,68 @@ def test_inventory_lists_exactly_build_app_routes(
 
 
 def test_bundled_029_catalog_is_reproduced_byte_for_byte(
-        built: tuple[str, Inventory, list[list[Any]]]) -> None:
+        built: tuple[str, Inventory, dict[str, Any]]) -> None:
     name, inv, _ = built
     assert inv.vllm is not None
     if inv.vllm.version != "0.29.0":
         pytest.skip(f"vLLM under test is {inv.vllm.version}; the bundled catalog is 0.29.0")
     bundled = (catalog.catalog_dir() / f"vllm-0.29.0-{name}.json").read_text(encoding="utf-8")
     assert inv.to_json() == bundled
+
+
+def test_request_models_and_fields_match_the_handlers_own_signatures(
+        built: tuple[str, Inventory, dict[str, Any]]) -> None:
+    """For every route whose handler names pydantic models in its signature: the inventory
+    records those models and exactly their fields (read from model_fields, not a schema)."""
+    name, inv, found = built
+    assert len(found["bodies"]) >= (25 if name == "everything" else 10)
+    for path, methods, models, fields in found["bodies"]:
+        route = next(r for r in inv.routes if r.path == path and list(r.methods) == methods)
+        body = route.request
+        assert body is not None and body.source == "fastapi", (path, body)
+        assert list(body.models) == models, path
+        assert sorted(f.name for f in body.fields) == fields, path
+
+
+def _body(inv: Inventory, path: str, method: str = "POST") -> RequestBody:
+    route = next(r for r in inv.routes if r.path == path and method in r.methods)
+    assert route.request is not None, path
+    return route.request
+
+
+def test_chat_and_completions_request_fields(
+        built: tuple[str, Inventory, dict[str, Any]]) -> None:
+    name, inv, _ = built
+    chat = _body(inv, "/v1/chat/completions")
+    assert chat.source == "fastapi" and chat.media_type == "application/json"
+    assert chat.models[0].endswith(".ChatCompletionRequest") and chat.extra == "allow"
+    names = {f.name for f in chat.fields}
+    internal = {"kv_transfer_params", "ec_transfer_params", "vllm_xargs", "priority", "request_id",
+                "media_io_kwargs", "mm_processor_kwargs", "structured_outputs", "cache_salt"}
+    assert internal <= names and len(names) >= 60
+    messages = chat.top_field("messages")
+    assert messages is not None and messages.required and messages.types == ("array",)
+    pos = chat.positions()
+    assert pos["messages[].content[]"].types == ("string", "object")
+    assert pos["messages[].content[].image_url.url"].types == ("string",)
+    assert {'"image_url"', '"text"', '"input_audio"'} <= set(pos["messages[].content[].type"].enum)
+    for field in ("max_tokens", "max_completion_tokens"):
+        assert pos[field].types == ("integer", "null") and pos[field].default is None
+    completions = _body(inv, "/v1/completions")
+    assert completions.models[0].endswith(".CompletionRequest")
+    assert completions.positions()["max_tokens"].default == 16
+    assert {"prompt", "kv_transfer_params", "vllm_xargs"} <= {f.name for f in completions.fields}
+    invocations = _body(inv, "/invocations")  # parses the raw body against its own validators
+    assert invocations.source == "handler" and "INVOCATION_VALIDATORS" in invocations.note
+    assert invocations.models[:2] == (chat.models[0], completions.models[0])
+    assert {"messages", "prompt", "max_tokens"} <= {f.name for f in invocations.fields}
+    assert _body(inv, "/version", "GET").source == "none"
+    assert _body(inv, "/collective_rpc" if name == "everything" else "/health",
+                 "POST" if name == "everything" else "GET").source == "unknown"
+    assert len(_body(inv, "/tokenize").models) == 2  # a Union of two request models
+    if name == "everything":
+        speech = _body(inv, "/v1/audio/transcriptions")
+        assert "form fields" in speech.note and speech.top_field("file") is not None
 
 
 SECRET_KEY = "sk-perimeter-cli-7f3a9c1e"
