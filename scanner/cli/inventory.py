@@ -181,3 +181,8 @@ def catalog_build_cmd(python: str, profile_name: str, output: str | None) -> Non
 def catalog_profiles_cmd() -> None:
     """Show what each build profile passes to vLLM."""
     write_text(None, render_inventory.profiles(catalog.PROFILES.values()))
+
+
+from scanner.cli.inventory_live import live_cmd  # noqa: E402  (registered last: inventory live)
+
+group.add_command(live_cmd)

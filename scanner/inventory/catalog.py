@@ -88,7 +88,10 @@ class CatalogEntry:
 
     @property
     def version(self) -> str:
-        return self.inventory.vllm.version if self.inventory.vllm else "?"
+        if self.inventory.vllm:
+            return self.inventory.vllm.version
+        # a catalog made by `inventory live` (vllm-0.33.0-rust-render) has no vLLM facts
+        return self.name.split("-")[1] if self.name.startswith("vllm-") else "?"
 
     @property
     def outside_guard(self) -> int:

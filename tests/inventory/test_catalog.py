@@ -15,10 +15,12 @@ from tests.inventory.conftest import CliResult
 
 VERSIONS = ("0.28.0", "0.29.0", "0.33.0")
 EXPECTED = tuple(f"vllm-{v}-{p}" for v in VERSIONS for p in ("default", "everything"))
+# made by `inventory live` against a running server (tests/inventory/test_live.py)
+LIVE = ("vllm-0.33.0-rust-render",)
 
 
 def test_every_expected_catalog_is_bundled_in_version_order() -> None:
-    assert catalog.names() == EXPECTED
+    assert catalog.names() == EXPECTED + LIVE
 
 
 @pytest.mark.parametrize("name", EXPECTED)
@@ -106,7 +108,8 @@ def test_resources_prefer_the_wheel_layout(tmp_path: Path, monkeypatch: pytest.M
 def test_cli_list_show(run_cli: Callable[..., CliResult]) -> None:
     listing = run_cli("inventory", "catalog", "list", "--format", "json")
     assert listing.rc == 0
-    assert [e["name"] for e in listing.json()] == list(EXPECTED)
+    assert [e["name"] for e in listing.json()] == list(EXPECTED + LIVE)
+    assert [e["version"] for e in listing.json()][-1] == "0.33.0"
     show = run_cli("inventory", "catalog", "show", "vllm-0.29.0-default")
     assert show.rc == 0
     assert "routes from vllm vllm==0.29.0" in show.out
