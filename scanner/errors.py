@@ -12,6 +12,7 @@ and carries the process exit code the CLI turns it into::
     │   ├── VllmNotFoundError          the given Python has no vLLM
     │   ├── UnsupportedVllmError       a vLLM layout this tool does not know
     │   ├── ServeArgsError             vLLM rejected the serve arguments
+    │   ├── OtherServerError           `vllm serve` would not serve the Python app (gRPC, Rust, headless)
     │   └── AppLoadError               module:attr is missing or not an ASGI app
     ├── PlanError                      exit 2: inventory + policy cannot make a plan
     ├── GenerateError                  exit 2: a plan cannot be rendered
@@ -74,6 +75,11 @@ class UnsupportedVllmError(InventoryError):
 
 class ServeArgsError(InventoryError):
     pass
+
+
+class OtherServerError(InventoryError):
+    """With these arguments and this environment ``vllm serve`` runs another server (the gRPC
+    launcher, the Rust frontend) or none: the Python app's route table would not describe it."""
 
 
 class AppLoadError(InventoryError):

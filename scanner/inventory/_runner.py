@@ -14,6 +14,7 @@ from scanner.errors import (
     AppLoadError,
     InternalError,
     InventoryError,
+    OtherServerError,
     PerimeterError,
     ServeArgsError,
     UnsupportedVllmError,
@@ -27,6 +28,7 @@ _ERRORS: dict[str, type[PerimeterError]] = {
     "VllmNotFound": VllmNotFoundError,
     "UnsupportedVllm": UnsupportedVllmError,
     "ServeArgs": ServeArgsError,
+    "OtherServer": OtherServerError,
     "AppLoad": AppLoadError,
     "Usage": UsageError,
 }

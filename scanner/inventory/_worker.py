@@ -209,6 +209,24 @@ def _known_flags(parser: Any, flags: list[str]) -> list[str]:
     return [str(f) for f in flags if f in known]
 
 
+def _front_door(args: Any) -> None:
+    """Refuse when ``vllm serve`` with these arguments and this environment would not serve the
+    Python app (read as vLLM's own ``serve`` command decides, 0.28-0.33): the gRPC launcher
+    (``--grpc``), the Rust frontend (``VLLM_USE_RUST_FRONTEND``, also behind ``--grpc-port``), or
+    no API server at all (``--headless``). Its route table would then describe nothing that answers."""
+    if getattr(args, "grpc", False):
+        raise WorkerError("OtherServer", "with --grpc, `vllm serve` runs the gRPC server instead of "
+                          "this HTTP app: its HTTP route table would describe nothing that answers")
+    if getattr(args, "headless", False):
+        raise WorkerError("OtherServer", "with --headless, `vllm serve` starts no API server: "
+                          "there are no HTTP routes to inventory")
+    envs = importlib.import_module("vllm.envs")
+    if getattr(envs, "VLLM_USE_RUST_FRONTEND", False) or getattr(args, "grpc_port", None) is not None:
+        raise WorkerError("OtherServer", "with VLLM_USE_RUST_FRONTEND=1, HTTP is served by the Rust "
+                          "frontend (vllm-rs), not this Python app: inventory the running server "
+                          "with `inventory live URL` instead")
+
+
 def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """Build the real vLLM app for the request: (app, parsed serve args, facts)."""
     started = time.monotonic()
@@ -244,6 +262,7 @@ def _build_vllm(req: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
             validate(args)
         except (TypeError, ValueError) as exc:
             raise WorkerError("ServeArgs", f"vLLM rejected the serve arguments: {exc}") from None
+    _front_door(args)
     tasks = tuple(req.get("tasks") or ("generate",))
     model_config, model_config_kind = _model_config(req, args, tasks)
     imported = time.monotonic()

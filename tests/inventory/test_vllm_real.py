@@ -184,3 +184,19 @@ def test_openapi_of_live_vllm_is_its_inventory_minus_what_specs_omit(
                if r.kind != "http" or r.path in FASTAPI_DOCS}
     assert inv_pairs - spec_pairs == omitted
     assert len(live.routes) > 50
+
+
+@pytest.mark.parametrize(("env", "args", "says"), [
+    ((), ("--grpc",), "with --grpc, `vllm serve` runs the gRPC server"),
+    (("VLLM_USE_RUST_FRONTEND=1",), (), "HTTP is served by the Rust frontend (vllm-rs)"),
+    ((), ("--headless",), "with --headless, `vllm serve` starts no API server"),
+], ids=["grpc", "rust-frontend", "headless"])
+def test_a_server_other_than_the_python_app_is_never_inventoried_as_it(
+        vllm_python: str, run_cli: Callable[..., CliResult], env: tuple[str, ...], args: tuple[str, ...],
+        says: str) -> None:
+    """Issue 11: with these, `vllm serve` does not serve the Python app; its table would be wrong."""
+    flags = [x for e in env for x in ("--env", e)]
+    res = run_cli("inventory", "vllm", "--python", vllm_python, "--isolated-env", *flags,
+                  "--", "--model", "m", *args)
+    line = res.assert_one_line_error(2)
+    assert says in line and "/v1/chat/completions" not in res.out
