@@ -49,12 +49,26 @@ class LimitsDoc(_Doc):
         "(max_tokens, max_completion_tokens, max_output_tokens): write the cap in (default), refuse, or pass")
 
 
+_FIELD = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class FieldsDoc(_Doc):
+    """Top-level request-body fields: each named once; the rest by ``unknown``."""
+
+    unknown: Literal["reject", "strip", "pass"] = Field(
+        default="reject", description="fields not named here (default reject: new fields stay closed)")
+    allow: list[Annotated[str, _FIELD]] = []
+    deny: list[Annotated[str, _FIELD]] = Field(default=[], description="refused: 400 forbidden-field:NAME")
+    strip: list[Annotated[str, _FIELD]] = Field(default=[], description="removed before vLLM sees the body")
+
+
 class AudienceDoc(_Doc):
     kind: Literal["end-user", "service", "operator", "monitoring", "none"]
     networks: list[str] = []
     roles: list[str] = []
     auth: Literal["key", "none"] | None = None
     limits: LimitsDoc | None = None
+    fields: FieldsDoc | None = None
 
 
 class PrincipalDoc(_Doc):
@@ -260,6 +274,13 @@ class BudgetDoc(_Doc):
     when_absent: Literal["inject", "reject", "pass"]
 
 
+class DecisionFieldsDoc(_Doc):
+    allow: list[str]
+    reject: list[str]
+    strip: list[str]
+    unknown: Literal["reject", "strip", "pass"]
+
+
 class DecisionDoc(_Doc):
     method: str
     path: str
@@ -273,6 +294,7 @@ class DecisionDoc(_Doc):
     networks: list[str]
     limits: PlanLimitsDoc
     budget: BudgetDoc | None
+    fields: DecisionFieldsDoc
     state_changing: bool
     state_changing_by: str
     upstream_guarded: bool
@@ -295,6 +317,7 @@ class PlanDoc(_Doc):
     decisions: list[DecisionDoc]
     uncovered: list[str]
     unused_rules: list[str]
+    unnamed_fields: list[str] = []
     digest: str
 
 

@@ -118,9 +118,10 @@ def denied_path(plan: Plan) -> str:
     raise NotApplicable("no denied route")
 
 
-def forbids_fields(plan: Plan) -> bool:
-    """The body policy rejects or strips a field."""
-    return bool(plan.field_modes())
+def field_checked(plan: Plan) -> Decision:
+    """A route whose field rules act on bodies (and with JSON caps: its body is always read)."""
+    return _pick(plan, "with field rules and JSON caps",
+                 lambda d: d.fields.decided and bool(d.limits.json_caps))
 
 
 # --- NGINX: text edits of perimeter-http.conf, perimeter-proxy.conf, the principals map ------
@@ -219,27 +220,29 @@ def _n_caps(directory: Path, plan: Plan) -> str:
 
 @operator("nginx", "forbidden-field-check-removed", "one route passes the fields the policy forbids")
 def _n_fields(directory: Path, plan: Plan) -> str:
-    if not forbids_fields(plan):
-        raise NotApplicable("the body policy rejects or strips no field")
-    d = capped(plan)
-    passing = '        set $perimeter_body_policy "cache_salt=pass chat_template=pass";\n'
-    _edit_route(directory, d.path, lambda b: b.replace(
-        "        set $perimeter_check ", passing + "        set $perimeter_check ", 1))
+    d = field_checked(plan)
+    _blank_check_entry(directory, d, "$perimeter_fields")
     return f"{d.method} {d.path}"
 
 
 @operator("nginx", "budget-not-enforced", "one route forwards bodies without an output budget as sent")
 def _n_budget(directory: Path, plan: Plan) -> str:
     d = budgeted(plan)
+    _blank_check_entry(directory, d, "$perimeter_budget")
+    return f"{d.method} {d.path}"
+
+
+def _blank_check_entry(directory: Path, d: Decision, variable: str) -> None:
+    """Empty the entry of ``d``'s body check in the map that sets ``variable`` (njs then skips
+    that part of the check)."""
     text = _read(directory, HTTP)
     a, b = _route_span(text, d.path)
     m = re.search(r"set \$perimeter_check (c\d+);", text[a:b])
     if m is None:
         raise NotApplicable(f"no body check on {d.path}")
-    at = text.index("map $perimeter_check $perimeter_budget {")
+    at = text.index(f"map $perimeter_check {variable} {{")
     line = re.compile(r'(\n    ' + m.group(1) + r' )"[^"\n]*";')
     _write(directory, HTTP, text, text[:at] + line.sub(r'\1"";', text[at:], count=1))
-    return f"{d.method} {d.path}"
 
 
 @operator("nginx", "rate-limit-removed", "one route's rate limit removed")
@@ -519,9 +522,7 @@ def _e_caps(env: _Envoy, plan: Plan) -> str:
 
 @_e("forbidden-field-check-removed", "one route passes the fields the policy forbids")
 def _e_fields(env: _Envoy, plan: Plan) -> str:
-    if not forbids_fields(plan):
-        raise NotApplicable("the body policy rejects or strips no field")
-    d = capped(plan)
+    d = field_checked(plan)
     _group_copy(env, env.allowed(d), fields="false")
     return f"{d.method} {d.path}"
 

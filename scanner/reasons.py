@@ -13,8 +13,8 @@ from typing import Literal
 
 Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
-    "body-too-large", "json-cap", "forbidden-field", "bad-json", "bad-request", "upgrade", "rate",
-    "concurrency",
+    "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
+    "rate", "concurrency",
 ]
 
 # kind -> the status the perimeter answers with
@@ -27,7 +27,8 @@ STATUS: dict[str, int] = {
     "network": 403,
     "body-too-large": 413,
     "json-cap": 400,
-    "forbidden-field": 400,
+    "forbidden-field": 400,      # a field the route's rules reject by name
+    "unknown-field": 400,        # a field they do not name, with unknown: reject
     "bad-json": 400,
     "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash)
     "upgrade": 403,              # a protocol upgrade (WebSocket) on a route that is not one

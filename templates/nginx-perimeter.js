@@ -75,24 +75,36 @@ function checkCaps(obj, caps) {
     return '';
 }
 
-var FIELDS = {cache_salt: ['cache_salt'], chat_template: ['chat_template', 'chat_template_kwargs']};
-
-// "cache_salt=reject chat_template=strip" -> reason ('' if none) and fields to strip.
-function checkFields(obj, policy, strip) {
-    var items = policy ? policy.split(' ') : [];
-    var i, j, eq, group, mode, names;
-    for (i = 0; i < items.length; i++) {
-        eq = items[i].indexOf('=');
-        group = items[i].substring(0, eq);
-        mode = items[i].substring(eq + 1);
-        names = FIELDS[group] || [];
+// The route's field rules, "reject allow=model,messages reject=kv_transfer_params strip=cache_salt":
+// what to do with fields it does not name (reject, strip or pass), then the named lists. Returns
+// a deny reason ('' if none) and collects the fields to strip. A named field is decided when
+// present (null included); a client's own field name enters a reason only when it is a plain name.
+function checkFields(obj, spec, strip) {
+    var parts = spec ? spec.split(' ') : [];
+    var modes = {};
+    var i, j, eq, names, keys, key, mode;
+    if (parts.length === 0) {
+        return '';
+    }
+    for (i = 1; i < parts.length; i++) {
+        eq = parts[i].indexOf('=');
+        names = parts[i].substring(eq + 1).split(',');
         for (j = 0; j < names.length; j++) {
-            if (mode !== 'pass' && has(obj, names[j])) {
-                if (mode !== 'strip') {
-                    return 'forbidden-field:' + names[j];
-                }
-                strip.push(names[j]);
+            modes[names[j]] = parts[i].substring(0, eq);
+        }
+    }
+    keys = Object.keys(obj);
+    for (i = 0; i < keys.length; i++) {
+        key = keys[i];
+        mode = has(modes, key) ? modes[key] : (parts[0] === 'pass' ? 'allow' : parts[0]);
+        if (mode === 'reject') {
+            if (has(modes, key)) {
+                return 'forbidden-field:' + key;
             }
+            return 'unknown-field:' + (/^[A-Za-z0-9_]{1,64}$/.test(key) ? key : 'not-a-plain-name');
+        }
+        if (mode === 'strip') {
+            strip.push(key);
         }
     }
     return '';
@@ -127,7 +139,8 @@ function checkBudget(obj, spec, rewrite) {
 function exact(r, v) {
     var text = r.requestText;
     var obj, reason, strip, i, rewrite;
-    if (text === undefined || text === '') {
+    // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
+    if (text === undefined || text === '' || v.perimeter_form === '1') {
         r.internalRedirect(v.perimeter_up + '_checked');
         return;
     }
@@ -145,7 +158,7 @@ function exact(r, v) {
     strip = [];
     rewrite = {done: false};
     if (!reason) {
-        reason = checkFields(obj, v.perimeter_body_policy, strip);
+        reason = checkFields(obj, v.perimeter_fields, strip);
     }
     if (!reason) {
         reason = checkBudget(obj, v.perimeter_budget, rewrite);

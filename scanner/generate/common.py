@@ -3,7 +3,8 @@ upstream TLS, retry safety, generator options (typed, validated once). The rende
 (``nginx_model``, ``envoy_model``) only turn these facts into their proxy's syntax.
 
 Body methods and governed fields are the plan's (:data:`scanner.plan.model.BODY_METHODS`,
-:meth:`scanner.plan.model.Plan.field_modes`): the prober reads them from there too.
+:attr:`scanner.plan.model.Decision.fields`, each route's field rules): the prober reads them
+from there too.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from scanner.plan.model import (
     Decision,
     Plan,
 )
-from scanner.policy.model import Principal, Rate
+from scanner.policy.model import FieldRules, Principal, Rate
 
 LUA_FILTER = "perimeter.lua"
 PRINCIPALS = "envoy-principals.tsv"
@@ -102,8 +102,8 @@ class LuaGroup:
     roles: tuple[str, ...] = ()                  # empty: any principal
     limited: bool = False                        # a concurrency limit: a cluster per principal
     upstreams: tuple[tuple[str, str], ...] = ()  # principal -> concurrency cluster
-    check_body: bool = False                     # JSON caps / forbidden fields
-    check_fields: bool = False                   # forbidden fields (body policy reject/strip)
+    check_body: bool = False                     # JSON caps / field rules
+    fields: FieldRules | None = None             # the route's field rules; None: not checked
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
     caps: tuple[tuple[str, int], ...] = ()
     websocket: bool = False                      # also pass the WebSocket handshake headers
@@ -172,8 +172,6 @@ class Model:
     lua_groups: tuple[LuaGroup, ...]
     rate_filters: tuple[RateFilter, ...]
     clusters: tuple[ClusterView, ...]
-    reject_fields: tuple[str, ...]
-    strip_fields: tuple[str, ...]
     kept_headers: tuple[str, ...]         # passed on from the client (lower case); the rest dropped
     websocket_headers: tuple[str, ...]
     request_headers_to_remove: tuple[str, ...]
@@ -262,23 +260,24 @@ class _Registry:
                 self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit)
         return self.concurrency[key]
 
-    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool,
-                  check_fields: bool) -> str:
+    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool) -> str:
         """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
         websocket = d.kind == "websocket"
         caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
         budget = d.enforced_budget if check_body else None
+        fields = d.fields if check_body and d.fields.decided else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
-                 check_fields, limit, caps, websocket, budget)
+                 (fields.unknown, tuple(fields.named.items())) if fields else None, limit, caps,
+                 websocket, budget)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
             self.lua[ident] = LuaGroup(
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
-                check_body=check_body, check_fields=check_fields and check_body,
+                check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget)
         return self.lua[ident].id
 
@@ -312,7 +311,7 @@ def _regex(path: str) -> str:
     return "" if patterns.is_exact(path) else patterns.to_regex(path)
 
 
-def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView:
+def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     _check_name("audience", d.audience)
     for role in d.roles:
         _check_name("role", role)
@@ -321,7 +320,7 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
-                  and bool(d.limits.json_caps or check_fields))
+                  and bool(d.limits.json_caps or d.fields.decided))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
     # Lua forwards, which grows by the output budget it writes in
@@ -334,7 +333,7 @@ def _allowed_route(reg: _Registry, d: Decision, check_fields: bool) -> RouteView
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
         timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
-        lua_group=reg.lua_group(d, concurrency if key else "", check_body, check_fields),
+        lua_group=reg.lua_group(d, concurrency if key else "", check_body),
         buffer_bytes=held,
         stream_buffer=held if check_body and held > STREAM_BUFFER else 0,
         rate_filter=reg.rate_filter(d), websocket=websocket,
@@ -363,7 +362,7 @@ def _path_order(path: str) -> tuple[int, int, str]:
     return (0 if patterns.is_exact(path) else 1, params, path)
 
 
-def _routes(reg: _Registry, plan: Plan, check_fields: bool) -> tuple[RouteView, ...]:
+def _routes(reg: _Registry, plan: Plan) -> tuple[RouteView, ...]:
     by_path: dict[str, list[Decision]] = {}
     for d in plan.decisions:
         if d.kind == "mount" or d.method == "*":
@@ -372,7 +371,7 @@ def _routes(reg: _Registry, plan: Plan, check_fields: bool) -> tuple[RouteView, 
     out: list[RouteView] = []
     for path in sorted(by_path, key=_path_order):
         ds = tuple(sorted(by_path[path], key=lambda d: d.method))
-        out.extend(_allowed_route(reg, d, check_fields) for d in ds if d.allowed)
+        out.extend(_allowed_route(reg, d) for d in ds if d.allowed)
         out.append(_fallback_route(path, ds))
     out.append(RouteView(name="deny:unknown", regex="", path="", status=404,
                          reason=reasons.token("not-allowlisted"),
@@ -441,11 +440,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
-    modes = plan.field_modes()
-    reject = tuple(sorted(f for f, mode in modes.items() if mode == "reject"))
-    strip = tuple(sorted(f for f, mode in modes.items() if mode == "strip"))
     reg = _Registry(plan.principals)
-    routes = _routes(reg, plan, check_fields=bool(reject or strip))
+    routes = _routes(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
         raise GenerateError("envoy generator: ports must be in 1..65535")
     listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
@@ -463,7 +459,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         lua_groups=tuple(reg.lua.values()),
         rate_filters=tuple(reg.rate.values()),
         clusters=(ClusterView(BASE_CLUSTER), *sorted(reg.clusters.values(), key=lambda c: c.name)),
-        reject_fields=reject, strip_fields=strip,
         kept_headers=tuple(sorted({h.lower() for h in FORWARDED_HEADERS} | ENVOY_KEPT)),
         websocket_headers=tuple(sorted(h.lower() for h in (*WEBSOCKET_HEADERS, "Upgrade", "Connection"))),
         request_headers_to_remove=_removed_headers(),

@@ -62,7 +62,7 @@ from scanner.plan.model import (
     Decision,
     Plan,
 )
-from scanner.policy.model import Limits
+from scanner.policy.model import FieldRules, Limits
 
 UPSTREAM = "vllm_upstream"
 MAIN = "nginx.conf"
@@ -107,6 +107,10 @@ class BodyCheck:
     regex: str          # the native fast path (see nginx_regex.unsafe_body)
     budget: str = ""    # "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": the
                         # output budget njs decides on every body (absence has no fast path)
+    fields: str = ""    # "reject allow=model,messages reject=kv_transfer_params strip=cache_salt":
+                        # the route's field rules (unknown fields first); "" none
+    parse_all: bool = False   # njs parses every body: an absent budget, or fields the rules do
+                              # not name, have no native fast path
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,6 @@ class Model:
     rate_zones: tuple[Zone, ...]
     conn_zones: tuple[Zone, ...]
     checks: tuple[BodyCheck, ...]
-    body_policy: str
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
@@ -243,7 +246,7 @@ class _Registry:
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], tuple[str, ...], str], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -277,15 +280,27 @@ class _Registry:
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
         return self.conn[d.conn_zone]
 
-    def check(self, caps: Mapping[str, int], forbidden: tuple[str, ...], budget: Budget | None) -> BodyCheck:
+    def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None) -> BodyCheck:
         spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
-        key = (tuple(sorted(caps.items())), forbidden, spec)
+        fields = _fields_spec(rules)
+        key = (tuple(sorted(caps.items())), fields, spec)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
+            named = tuple(sorted({*rules.names("reject"), *rules.names("strip")}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
-                regex=unsafe_body(dict(caps), forbidden), budget=spec)
+                regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
+                parse_all=bool(spec) or (rules.decided and rules.unknown != "pass"))
         return self.checks[key]
+
+
+def _fields_spec(rules: FieldRules) -> str:
+    """njs's form of a route's field rules (templates/nginx-perimeter.js, checkFields)."""
+    if not rules.decided:
+        return ""
+    lists = [f"{mode}={','.join(rules.names(mode))}" for mode in ("allow", "reject", "strip")
+             if rules.names(mode)]
+    return " ".join([rules.unknown, *lists])
 
 
 def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -298,16 +313,13 @@ def _zone_key(auth: str) -> str:
     return "$perimeter_principal" if auth == "key" else "$binary_remote_addr"
 
 
-def _forbidden(plan: Plan) -> tuple[str, ...]:
-    return tuple(plan.field_modes())
-
-
 def _profile(d: Decision) -> tuple[object, ...]:
     """What must be equal for two methods of one path to share a location."""
     lim: Limits = d.limits
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
-            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent)
+            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
+            _fields_spec(d.fields))
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -315,13 +327,13 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     methods = tuple(sorted(x.method for x in ds))
     lim = d.limits
     websocket = d.kind == "websocket"
-    forbidden = _forbidden(plan)
+    rules = next((x.fields for x in ds if x.fields.decided), d.fields)
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
-               and bool(lim.json_caps or forbidden))
+               and bool(lim.json_caps or rules.decided))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
-    check = reg.check(lim.json_caps, forbidden, budget) if inspect else None
+    check = reg.check(lim.json_caps, rules, budget) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -335,7 +347,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
         check=check,
         websocket=websocket, up=up,
-        rewrite=check is not None and ("strip" in (plan.body.cache_salt, plan.body.chat_template)
+        rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip"
                                        or (budget is not None and budget.when_absent == "inject")),
     )
 
@@ -444,7 +456,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         rolesets={var: roles for roles, var in reg.rolesets.items()},
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
         checks=tuple(reg.checks.values()),
-        body_policy=f"cache_salt={plan.body.cache_salt} chat_template={plan.body.chat_template}",
         locations=locations,
         upstream_key_file=plan.upstream.api_key_file or "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),

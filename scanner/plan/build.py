@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from scanner import patterns
 from scanner.errors import PlanError
 from scanner.inventory.model import Inventory, Route
-from scanner.plan.model import Decision, Plan
-from scanner.policy.model import Audience, Policy, RouteRule
+from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, Plan
+from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule
 from scanner.state_changing import is_state_changing
 
 # The upgrade request of a WebSocket route is a GET; a mount answers any method,
@@ -36,7 +36,8 @@ def build(inventory: Inventory, policy: Policy,
                 decisions.append(_deny(route, method, "no rule covers this route (default deny)"))
                 continue
             used.add(rule.line)
-            decisions.append(_decide(route, method, rule, policy.audiences[rule.audience], networks))
+            decisions.append(_decide(route, method, rule, policy.audiences[rule.audience], networks,
+                                     policy.body))
     unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
     return Plan(
         decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
@@ -52,7 +53,23 @@ def build(inventory: Inventory, policy: Policy,
         vllm_version=inventory.vllm.version if inventory.vllm else "",
         uncovered=tuple(sorted(uncovered)),
         unused_rules=unused,
+        unnamed_fields=_unnamed_fields(inventory, decisions),
     )
+
+
+def _unnamed_fields(inventory: Inventory, decisions: list[Decision]) -> tuple[str, ...]:
+    """Fields of each allowed route's request model that its field rules do not name (those
+    with rules only; a form body is not inspected, so its fields are not listed)."""
+    bodies = {r.path: r.request for r in inventory.routes if r.kind == "http"}
+    out = []
+    for d in sorted(decisions, key=lambda d: (d.path, d.method)):
+        body = bodies.get(d.path)
+        if not d.allowed or not d.fields.decided or body is None or "form" in body.media_type:
+            continue
+        names = sorted({f.name for f in body.fields} - set(d.fields.named))
+        if names:
+            out.append(f"{d.method} {d.path}: {', '.join(names)} (unknown: {d.fields.unknown})")
+    return tuple(out)
 
 
 def _rule_for(rules: tuple[RouteRule, ...], route: Route, method: str) -> RouteRule | None:
@@ -82,8 +99,21 @@ def _deny(route: Route, method: str, reason: str, rule: RouteRule | None = None,
     )
 
 
+def _fields(route: Route, method: str, audience: Audience, body: BodyPolicy) -> FieldRules:
+    """The body fields decided on this route: the audience's own rules over the body policy's
+    governed fields (a service audience may allow a ``cache_salt`` end users may not send).
+    Only requests with a body are decided."""
+    if route.kind != "http" or method not in BODY_METHODS:
+        return FieldRules()
+    named = {f: mode for key, fields in GOVERNED_FIELDS.items()
+             if (mode := getattr(body, key)) != "pass" for f in fields}
+    named.update(audience.fields.named)
+    return FieldRules(named=dict(sorted(named.items())), unknown=audience.fields.unknown,
+                      line=audience.fields.line)
+
+
 def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
-            networks: Mapping[str, tuple[str, ...]]) -> Decision:
+            networks: Mapping[str, tuple[str, ...]], body: BodyPolicy) -> Decision:
     where = f"rule at line {rule.line}"
     if not audience.allows:
         return _deny(route, method, f"{where}: audience {audience.name!r} is denied to everyone",
@@ -99,6 +129,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
         roles=tuple(sorted(audience.roles)), networks=cidrs,
         limits=audience.limits.merged(rule.limits),
+        fields=_fields(route, method, audience, body),
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
         rule_line=rule.line,
     )

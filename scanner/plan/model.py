@@ -14,7 +14,16 @@ from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
-from scanner.policy.model import AudienceKind, BodyPolicy, Limits, Listen, Principal, Upstream, WhenAbsent
+from scanner.policy.model import (
+    AudienceKind,
+    BodyPolicy,
+    FieldRules,
+    Limits,
+    Listen,
+    Principal,
+    Upstream,
+    WhenAbsent,
+)
 
 Action = Literal["allow", "deny"]
 PLAN_SCHEMA_VERSION = 1
@@ -103,6 +112,7 @@ class Decision:
     roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key: any principal
     networks: tuple[str, ...] = ()  # CIDRs the request may come from
     limits: Limits = field(default_factory=Limits)
+    fields: FieldRules = field(default_factory=FieldRules)   # top-level body fields decided here
     state_changing: bool = False    # the policy flags it, or it is on the built-in list
     state_changing_by: str = ""     # "policy", "built-in", "policy+built-in" or ""
     upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
@@ -163,6 +173,8 @@ class Decision:
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
             },
             "budget": budget.to_dict() if budget else None,
+            "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
+                       "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown},
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
             "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,
@@ -184,6 +196,9 @@ class Plan:
     vllm_version: str = ""
     uncovered: tuple[str, ...] = ()        # "METHOD path" with no rule: denied, reported
     unused_rules: tuple[str, ...] = ()     # "line N: path" rules that matched no route
+    # "METHOD path: a, b (unknown: reject)": fields of an allowed route's request model (from the
+    # inventory) its field rules do not name; form bodies are not inspected and not listed
+    unnamed_fields: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -216,17 +231,11 @@ class Plan:
                 out.setdefault(d.path, []).append(d)
         return {p: tuple(ds) for p, ds in out.items()}
 
-    def field_modes(self) -> dict[str, str]:
-        """Each governed field the body policy does not pass -> "reject" or "strip"."""
-        return {f: mode for key, fields in GOVERNED_FIELDS.items()
-                if (mode := getattr(self.body, key)) != "pass" for f in fields}
-
     def forwarded_body(self, d: Decision, body: Mapping[str, object]) -> dict[str, object] | None:
         """The JSON body the upstream must receive when ``body`` (a JSON object) is let through
-        on ``d``: less the fields the body policy strips, its output budget decided; None: it
-        is refused for its absent budget."""
-        strip = {f for f, mode in self.field_modes().items() if mode == "strip"}
-        kept = {k: v for k, v in body.items() if k not in strip}
+        on ``d``: less the fields its rules strip, its output budget decided; None: it is
+        refused for its absent budget."""
+        kept = {k: v for k, v in body.items() if d.fields.mode(k) != "strip"}
         return d.budget.forwarded(kept) if d.budget else kept
 
     def decision(self, method: str, path: str) -> Decision | None:
@@ -264,6 +273,7 @@ class Plan:
             "decisions": [d.to_dict() for d in self.decisions],
             "uncovered": list(self.uncovered),
             "unused_rules": list(self.unused_rules),
+            "unnamed_fields": list(self.unnamed_fields),
         }
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -21,10 +22,12 @@ from scanner.policy.model import (
     CHAT_TEMPLATE_CHOICES,
     METHODS,
     SCHEMA_VERSION,
+    UNKNOWN_FIELD_CHOICES,
     WHEN_ABSENT_CHOICES,
     Audience,
     AudienceKind,
     BodyPolicy,
+    FieldRules,
     Health,
     Limits,
     Listen,
@@ -228,7 +231,7 @@ def _limits(node: Node) -> Limits:
 def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Audience]:
     out: dict[str, Audience] = {}
     for name, value in node.entries():
-        m = value.mapping(("kind", "networks", "roles", "auth", "limits"), required=("kind",))
+        m = value.mapping(("kind", "networks", "roles", "auth", "limits", "fields"), required=("kind",))
         kind = cast(AudienceKind, m["kind"].choice(AUDIENCE_KINDS))
         nets = m["networks"].texts() if "networks" in m else ()
         for i, net in enumerate(nets):
@@ -243,9 +246,32 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Au
             roles=m["roles"].texts() if "roles" in m else (),
             auth=cast(Any, auth),
             limits=_limits(m["limits"]) if "limits" in m else Limits(),
+            fields=_fields(m["fields"]) if "fields" in m else FieldRules(),
             line=value.line,
         )
     return out
+
+
+_FIELD_LISTS = {"allow": "allow", "deny": "reject", "strip": "strip"}
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def _fields(node: Node) -> FieldRules:
+    """``fields: {unknown: reject, allow: [...], deny: [...], strip: [...]}``; each field once."""
+    m = node.mapping(("unknown", *_FIELD_LISTS))
+    named: dict[str, str] = {}
+    for key, mode in _FIELD_LISTS.items():
+        if key not in m:
+            continue
+        for item in m[key].items():
+            name = item.text()
+            if not _FIELD_NAME.match(name):
+                raise item.fail(f"{name!r} is not a request field name (letters, digits, '_')")
+            if name in named:
+                raise item.fail(f"field {name!r} is decided twice")
+            named[name] = mode
+    unknown = m["unknown"].choice(UNKNOWN_FIELD_CHOICES) if "unknown" in m else "reject"
+    return FieldRules(named=dict(sorted(named.items())), unknown=unknown, line=node.line)
 
 
 def _principals(

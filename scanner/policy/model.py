@@ -23,6 +23,9 @@ CAPPABLE_FIELDS: tuple[str, ...] = (
     "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
     "logprobs", "top_logprobs", "prompt_logprobs",
 )
+# What an audience does with a top-level request-body field it names, and with those it does not.
+FIELD_MODES: tuple[str, ...] = ("allow", "reject", "strip")
+UNKNOWN_FIELD_CHOICES: tuple[str, ...] = ("reject", "strip", "pass")
 METHODS: tuple[str, ...] = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 SCHEMA_VERSION = 1
 
@@ -58,6 +61,31 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class FieldRules:
+    """What requests may carry at the top level of a JSON body: each named field allowed,
+    rejected (400) or stripped, and one choice for every field not named (``unknown``).
+    Without a ``fields:`` section nothing is named and unknown fields pass (only the body
+    policy's governed fields are decided); with one, unknown fields are rejected unless it
+    says otherwise: a field new in a vLLM upgrade stays closed until reviewed."""
+
+    named: Mapping[str, str] = field(default_factory=dict)   # field -> allow | reject | strip
+    unknown: str = "pass"                                     # reject | strip | pass
+    line: int = 0
+
+    def mode(self, name: str) -> str:
+        """allow, reject or strip: what happens to ``name`` when a request carries it."""
+        return self.named.get(name) or ("allow" if self.unknown == "pass" else self.unknown)
+
+    def names(self, mode: str) -> tuple[str, ...]:
+        return tuple(sorted(f for f, m in self.named.items() if m == mode))
+
+    @property
+    def decided(self) -> bool:
+        """Does anything here act on a body (a field not allowed, or unknown ones not passed)?"""
+        return self.unknown != "pass" or any(m != "allow" for m in self.named.values())
+
+
+@dataclass(frozen=True)
 class Audience:
     name: str
     kind: AudienceKind
@@ -65,6 +93,7 @@ class Audience:
     roles: tuple[str, ...] = ()      # empty with auth "key": any known principal
     auth: Literal["key", "none"] = "key"
     limits: Limits = field(default_factory=Limits)
+    fields: FieldRules = field(default_factory=FieldRules)
     line: int = 0
 
     @property

@@ -22,6 +22,9 @@ def _limits(d: Decision) -> str:
         verb = {"inject": "written in", "reject": "refused", "pass": "passed"}[budget.when_absent]
         parts.append(f"no-budget:{verb}" + (f"({budget.field}={budget.cap})" if budget.when_absent == "inject"
                                             else ""))
+    if d.fields.decided:
+        named = {m: len(d.fields.names(m)) for m in ("allow", "reject", "strip") if d.fields.names(m)}
+        parts.append("fields:" + ",".join(f"{m}{n}" for m, n in named.items()) + f",other={d.fields.unknown}")
     if lim.rate:
         parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
     if lim.concurrency:
@@ -47,6 +50,9 @@ def to_table(plan: Plan, width: int = 140) -> str:
                   f"principals: {principals or 'none'}")
     if plan.uncovered:
         console.print(f"{len(plan.uncovered)} routes no rule covers (denied): {', '.join(plan.uncovered)}")
+    if plan.unnamed_fields:
+        console.print(f"request fields no rule names (their route's `unknown` decides): "
+                      f"{'; '.join(plan.unnamed_fields)}")
     if plan.unused_rules:
         console.print(f"rules that match no route in this inventory: {', '.join(plan.unused_rules)}")
     console.print(f"digest {plan.digest}")

@@ -244,13 +244,15 @@ def test_trusted_proxies_and_admin_validate(tmp_path: Path) -> None:
 
 
 def test_strip_body_policy_and_hostname_upstream_validate(tmp_path: Path) -> None:
-    from scanner.policy.model import BodyPolicy
 
-    plan = replace(golden_plan(tmp_path), body=BodyPolicy(cache_salt="strip", chat_template="pass"),
-                   upstream=Upstream("localhost", 8000))
+    (tmp_path / "principals.yaml").write_text(GOLDEN_PRINCIPALS, encoding="utf-8")
+    policy = (default_policy_text().replace("cache_salt: reject", "cache_salt: strip")
+              .replace("chat_template: reject", "chat_template: pass"))
+    plan = replace(make_plan(load_inventory(FIXED_INVENTORY), policy + "\nprincipals_file: principals.yaml\n",
+                             tmp_path), upstream=Upstream("localhost", 8000))
     text = _variant(tmp_path, plan)
-    assert 'local STRIP = { ["cache_salt"] = true, }' in text
-    assert "local REJECT = { }" in text
+    assert '["cache_salt"] = "strip"' in text and '["cache_salt"] = "reject"' not in text
+    assert '["chat_template"] =' not in text          # pass: not named, not checked
     assert "type: STRICT_DNS" in text
 
 

@@ -320,7 +320,7 @@ UNDER_CAP = [
     '{"model":"m","prompt":"x","max_tokens":4096.0}',
     '{"model":"m","prompt":"x","max_tokens":null,"n":true}',
     '{"model":"m","prompt":"x","max_tokens":9999,"max_tokens":10}',
-    '{"model":"m","prompt":"x","messages":[{"max_tokens":99999}],"note":"\\"max_tokens\\": 99999"}',
+    '{"model":"m","prompt":"x","messages":[{"max_tokens":99999}],"user":"\\"max_tokens\\": 99999"}',
 ]
 
 

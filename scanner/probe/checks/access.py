@@ -392,7 +392,8 @@ class Sweep(BaseCheck):
             method = methods[0]
             if sc and safe.safe_request(method, path, methods, True, ctx.options.allow_state_changes) is None:
                 method = safe.wrong_method(methods)  # router 405 proves the route, acts on nothing
-            template = next((t for rx, t in templates if rx.match(path)), None)
+            template = next((t for rx, t in templates if rx.fullmatch(path)), None)  # not "$": a
+            # final newline would match it (as PCRE's does: the NGINX templates end in \z)
             for vantage in ctx.vantages:
                 # a path a plan template matches is decided by that template's location
                 exp = ctx.expect(method, template, cred, vantage) if template else NOT_ALLOWLISTED

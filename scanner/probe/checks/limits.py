@@ -33,13 +33,23 @@ STATE_CHANGING = ("state-changing: not sent (--allow-state-changes against a sta
                   "the stand-in)")
 
 
-def padded_json(size: int, fields: Mapping[str, object] | None = None) -> bytes:
-    """A JSON object of exactly ``size`` bytes holding ``fields`` and a padding string; a run
-    of spaces when ``size`` is too small for JSON (body-size checks only)."""
-    head = json.dumps({**(fields or {}), "pad": ""}, separators=(",", ":")).encode()
+def padded_json(size: int, fields: Mapping[str, object] | None = None, pad: str = "pad") -> bytes:
+    """A JSON object of exactly ``size`` bytes holding ``fields`` and a padding string in the
+    field ``pad``; a run of spaces when ``size`` is too small for JSON (body-size checks only)."""
+    head = json.dumps({**(fields or {}), pad: ""}, separators=(",", ":")).encode()
     if size < len(head):
         return b" " * size
     return head[:-2] + b"a" * (size - len(head)) + head[-2:]
+
+
+def pad_field(d: Decision) -> str:
+    """A field the route's rules let through as sent (no cap, no budget), to pad bodies with:
+    with ``unknown: reject`` an unnamed one would be refused for its name, not its size."""
+    budget = set(d.budget.fields) if d.budget else set()
+    for name in ("pad", "user", "safety_identifier", *d.fields.names("allow")):
+        if d.fields.mode(name) == "allow" and name not in d.limits.json_caps and name not in budget:
+            return name
+    return "pad"
 
 
 def cap_bodies(name: str, cap: int) -> list[tuple[str, bytes]]:
@@ -68,6 +78,15 @@ def carrier(ctx: CheckContext, d: Decision) -> tuple[str, dict[str, object]] | N
     return safe.carrier(d.method, d.path)
 
 
+# A field no policy names (nor any vLLM request model): how the probe sends an unknown field.
+UNKNOWN_FIELD = "vp_probe_unknown_field"
+
+
+def _refused_fields(d: Decision) -> bool:
+    """Would a body be refused for a field (a named one, or any it does not name)?"""
+    return bool(d.fields.names("reject")) or d.fields.unknown == "reject"
+
+
 @register
 class Limits(BaseCheck):
     """Body size just over body_bytes (Content-Length and chunked) and exactly at it; JSON caps
@@ -77,7 +96,6 @@ class Limits(BaseCheck):
     title: ClassVar[str] = "body size, JSON caps, forbidden fields"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        fields = ctx.plan.field_modes()
         for d in body_decisions(ctx):
             where = f"{d.method} {d.path}"
             blocked = carrier(ctx, d) is None
@@ -93,9 +111,9 @@ class Limits(BaseCheck):
                 yield Subject(f"body-size {where}", d.method, d.path, why=why)
             for name in sorted(lim.json_caps):
                 yield Subject(f"json-cap {name} {where}", d.method, d.path, why=why)
-            if fields:
+            if d.fields.decided:
                 key = f"fields {where}"
-                if set(fields.values()) == {"strip"} and not ctx.witness:
+                if not _refused_fields(d) and not ctx.witness:
                     yield na(key, "a stripped field is visible only to a witness upstream", d.method, d.path)
                 else:
                     yield Subject(key, d.method, d.path, why=why)
@@ -115,10 +133,9 @@ class Limits(BaseCheck):
                     yield Subject(key, d.method, d.path, why=why)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        fields = ctx.plan.field_modes()
         variants_done: set[tuple[tuple[str, int], ...]] = set()
-        names = sorted(f for f, mode in fields.items() if mode == "reject" or ctx.witness)
-        for n, d in enumerate(body_decisions(ctx)):
+        rule_sets: dict[tuple[object, ...], int] = {}   # field rules -> routes with them so far
+        for d in body_decisions(ctx):
             cells = ctx.allowed_cells(d)
             carry = carrier(ctx, d)
             if not cells or carry is None:
@@ -133,16 +150,25 @@ class Limits(BaseCheck):
             variants_done.add(caps_key)
             yield from self._body(ctx, d, out)
             yield from self._caps(d, out, encodings)
-            # every field on the first route, then one per route in turn: a field check that
-            # is gone everywhere shows on the first, one gone from a route on that route
-            yield from self._fields(out, fields, names if n == 0 else names[n % len(names):][:1])
+            # every named field on the first route with these rules, then one per route in turn
+            # (a field check gone everywhere shows on the first, one gone from a route on that
+            # route), and on each route a field it does not name and one with every field it allows
+            names = [f for f in d.fields.named if d.fields.named[f] == "reject" or
+                     (d.fields.named[f] == "strip" and ctx.witness)]
+            if d.fields.decided:
+                key = (d.fields.unknown, *d.fields.named.items())
+                seen = rule_sets.get(key, 0)
+                if names and seen:
+                    names = names[seen % len(names):][:1]
+                rule_sets[key] = seen + 1
+                yield from self._fields(ctx, d, out, names)
             yield from self._budget(ctx, d, out)
 
     def _body(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
         limit = d.limits.body_bytes
         caps = dict(sorted(d.limits.json_caps.items()))
         if limit is not None and limit + 1 <= ctx.options.max_body_bytes:
-            over = padded_json(limit + 1, out.base)
+            over = padded_json(limit + 1, out.base, pad_field(d))
             for chunked in (False, True):
                 how = "chunked" if chunked else "Content-Length"
                 case = out.case("body-size", "deny", ("body-too-large",), over,
@@ -153,9 +179,9 @@ class Limits(BaseCheck):
         if caps or limit is not None:
             size = limit if limit is not None and limit <= ctx.options.max_body_bytes else 0
             fields = {**out.base, **caps}
-            at = padded_json(size, fields) if size else out.json(caps)
+            at = padded_json(size, fields, pad_field(d)) if size else out.json(caps)
             if size and len(at) != size:    # too small to hold the caps: two separate cases
-                yield out.case("at-limits", "allow", (), padded_json(size, out.base),
+                yield out.case("at-limits", "allow", (), padded_json(size, out.base, pad_field(d)),
                                f"body exactly body_bytes {size}")
                 at = out.json(caps)
             listed = ", ".join(f"{k}={v}" for k, v in caps.items())
@@ -172,14 +198,26 @@ class Limits(BaseCheck):
                 reasons = (R.token("json-cap", name),) if j == 0 else (R.token("json-cap", name), "bad-json")
                 yield out.case(f"json-cap {name}", "deny", reasons, body, f"json cap: {note} > {cap}")
 
-    def _fields(self, out: _Out, fields: dict[str, str], names: Sequence[str]) -> Iterator[Case]:
+    def _fields(self, ctx: CheckContext, d: Decision, out: _Out, names: Sequence[str]) -> Iterator[Case]:
+        rules = d.fields
         for name in names:
             body = out.json({name: "probe-x1" if name != "chat_template_kwargs" else {}})
-            if fields[name] == "reject":
+            if rules.named[name] == "reject":
                 yield out.case("fields", "deny", (R.token("forbidden-field", name),), body,
                                f"forbidden field {name}")
             else:
                 yield out.case("fields", "allow", (), body, f"field {name} to be stripped")
+        if rules.unknown == "reject":
+            yield out.case("fields", "deny", (R.token("unknown-field", UNKNOWN_FIELD),),
+                           out.json({UNKNOWN_FIELD: "probe-x1"}), "a field the policy does not name")
+        elif rules.unknown == "strip" and ctx.witness:
+            yield out.case("fields", "allow", (), out.json({UNKNOWN_FIELD: "probe-x1"}),
+                           "a field the policy does not name, to be stripped")
+        skip = {*d.limits.json_caps, *(d.budget.fields if d.budget else ()), *out.base}
+        allowed = {f: "probe-x1" for f in rules.names("allow") if f not in skip}
+        if allowed and rules.unknown != "pass":   # over-blocking: every field it allows passes
+            yield out.case("fields", "allow", (), out.json(allowed),
+                           f"every field the policy allows here ({len(allowed)})")
 
     def _budget(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
         """Bodies without the route's output budget (absent, null, a null last copy of a duplicated
