@@ -42,6 +42,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "examples"))
+from bench_envoy import BARE as BARE_ENVOY  # noqa: E402  (the same bare proxies as the throughput benchmarks)
+from bench_nginx import bare_conf, upstream_conf  # noqa: E402
+
 from scanner.generate.envoy import EnvoyGenerator  # noqa: E402
 from scanner.generate.interface import GenerateOptions, Generator  # noqa: E402
 from scanner.generate.nginx import NginxGenerator  # noqa: E402
@@ -70,44 +74,6 @@ function done(summary, latency, requests)
 end
 """
 
-UPSTREAM_CONF = """worker_processes 1;
-pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {run}/cb; proxy_temp_path {run}/pt; fastcgi_temp_path {run}/ft;
-    uwsgi_temp_path {run}/ut; scgi_temp_path {run}/st;
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        keepalive_requests 1000000;
-        location / {{ client_max_body_size 8m; default_type application/json; return 200 '{{"ok":true}}'; }}
-    }}
-}}
-"""
-
-BARE_NGINX = """{load}worker_processes 1;
-pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    client_body_temp_path {run}/cb; proxy_temp_path {run}/pt; fastcgi_temp_path {run}/ft;
-    uwsgi_temp_path {run}/ut; scgi_temp_path {run}/st;
-    log_format bare escape=json '{{"time":"$time_iso8601","remote":"$remote_addr","method":"$request_method",'
-        '"path":"$uri","status":$status,"latency_s":$request_time}}';
-    upstream up {{ server 127.0.0.1:{up}; keepalive 32; keepalive_timeout 4s; }}
-    server {{
-        listen 127.0.0.1:{port};
-        access_log {run}/access.log bare;
-        client_max_body_size 1m;
-        proxy_http_version 1.1;
-        proxy_buffering off;
-        proxy_set_header Connection "";
-        location = /v1/chat/completions {{ proxy_pass http://up/v1/chat/completions; }}
-    }}
-}}
-"""
-
 BARE_404 = """{load}worker_processes 1;
 pid {run}/nginx.pid;
 error_log {run}/error.log warn;
@@ -124,41 +90,6 @@ http {{
     }}
 }}
 """
-
-BARE_ENVOY = """
-static_resources:
-  listeners:
-  - name: bare
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.\\
-HttpConnectionManager"
-          stat_prefix: bare
-          route_config:
-            virtual_hosts:
-            - name: bare
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: up, timeout: 600s}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: up
-    type: STATIC
-    connect_timeout: 5s
-    load_assignment:
-      cluster_name: up
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}
-"""
-
 
 # --- processes ------------------------------------------------------------------------------
 
@@ -297,7 +228,8 @@ def proxy_argv(kind: str, conf: Path) -> list[str]:
     return nginx_argv(binary, conf.parent.parent / "run", conf)
 
 
-def bare_argv(kind: str, directory: Path, port: int, up: int, template: str = BARE_NGINX) -> list[str]:
+def bare_argv(kind: str, directory: Path, port: int, up: int, template: str = "") -> list[str]:
+    """A bare proxy_pass to ``up`` (the throughput benchmarks' own), or ``template`` filled in."""
     directory.mkdir(parents=True)
     if kind == "envoy":
         (directory / "bare.yaml").write_text(BARE_ENVOY.format(port=port, up=up), encoding="utf-8")
@@ -306,8 +238,9 @@ def bare_argv(kind: str, directory: Path, port: int, up: int, template: str = BA
 
     binary, load = (DEBIAN[0], f'load_module "{DEBIAN[1]}";\n') if kind == "nginx-debian" else \
         (str(nginx_binary()), "")
-    (directory / "nginx.conf").write_text(template.format(load=load, run=directory, port=port, up=up),
-                                          encoding="utf-8")
+    text = template.format(load=load, run=directory, port=port) if template else \
+        bare_conf(directory, port, up, DEBIAN[1] if kind == "nginx-debian" else "")
+    (directory / "nginx.conf").write_text(text, encoding="utf-8")
     return nginx_argv(binary, directory, directory / "nginx.conf")
 
 
@@ -425,7 +358,7 @@ def main() -> None:
         tmp = Path(name)
         up = free_port()
         (tmp / "up").mkdir()
-        (tmp / "up/nginx.conf").write_text(UPSTREAM_CONF.format(run=tmp / "up", port=up), encoding="utf-8")
+        (tmp / "up/nginx.conf").write_text(upstream_conf(tmp / "up", up), encoding="utf-8")
         with running(nginx_argv(str(nginx_binary()), tmp / "up", tmp / "up/nginx.conf"), up, tmp / "up.out"):
             for kind in args.proxy.split(","):
                 work = tmp / kind
