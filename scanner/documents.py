@@ -125,8 +125,15 @@ class PolicyUpstreamDoc(_Doc):
 
 
 class BodyDoc(_Doc):
-    cache_salt: Literal["pass", "reject", "strip"] = "reject"
+    cache_salt: Literal["pass", "reject", "strip", "per-principal", "per-audience"] = Field(
+        default="reject",
+        description="per-principal / per-audience: the perimeter writes cache_salt = HMAC-SHA256(secret, "
+        "the principal or audience) over any client's, so prefix-cache hits stay within a tenant")
     chat_template: Literal["pass", "reject", "strip"] = "reject"
+    cache_salt_secret_file: str | None = Field(
+        default=None, pattern=r"^/",
+        description="with per-principal / per-audience: the file (absolute path, mode 0600) holding the "
+        "HMAC secret; read when the config is generated, never written into it")
 
 
 class PortRuleDoc(_Doc):
@@ -279,6 +286,9 @@ class DecisionFieldsDoc(_Doc):
     reject: list[str]
     strip: list[str]
     unknown: Literal["reject", "strip", "pass"]
+    salt: Literal["principal", "audience"] | None = Field(
+        default=None, description="every JSON body leaves with the perimeter's cache_salt of the "
+        "principal (or audience), the client's replaced")
 
 
 class DecisionDoc(_Doc):

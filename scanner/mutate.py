@@ -97,6 +97,10 @@ def budgeted(plan: Plan) -> Decision:
     return _pick(plan, "with an output budget", lambda d: d.enforced_budget is not None)
 
 
+def salted(plan: Plan) -> Decision:
+    return _pick(plan, "with a cache salt (cache_salt: per-principal / per-audience)", lambda d: bool(d.salt))
+
+
 def rated(plan: Plan) -> Decision:
     return _pick(plan, "with a rate limit", lambda d: d.limits.rate is not None)
 
@@ -232,6 +236,21 @@ def _n_budget(directory: Path, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
+@operator("nginx", "salt-not-rewritten", "one route forwards the client's cache_salt (no tenant salt)")
+def _n_salt(directory: Path, plan: Plan) -> str:
+    d = salted(plan)
+    _blank_check_entry(directory, d, "$perimeter_salt_subject")
+    text = _read(directory, HTTP)
+    a, b = _route_span(text, d.path)
+    m = re.search(r"set \$perimeter_check (c\d+);", text[a:b])
+    assert m is not None   # _blank_check_entry found it
+    at = text.index("map $perimeter_check $perimeter_fields {")
+    entry = re.compile(r'(\n    ' + m.group(1) + r' "[^"\n]*)";')
+    # njs reads the lists in order, the last one naming a field wins: the client's cache_salt passes
+    _write(directory, HTTP, text, text[:at] + entry.sub(r'\1 allow=cache_salt";', text[at:], count=1))
+    return f"{d.method} {d.path}"
+
+
 def _blank_check_entry(directory: Path, d: Decision, variable: str) -> None:
     """Empty the entry of ``d``'s body check in the map that sets ``variable`` (njs then skips
     that part of the check)."""
@@ -358,6 +377,26 @@ def _n_upgrade(directory: Path, plan: Plan) -> str:
         "        proxy_set_header Upgrade $http_upgrade;\n"
         "        proxy_set_header Connection \"upgrade\";\n"))
     return f"{d.method} {d.path}"
+
+
+@operator("nginx", "h2c-accepted", "the listener also speaks HTTP/2 in clear text (prior knowledge)")
+def _n_h2c(directory: Path, plan: Plan) -> str:
+    text = _read(directory, HTTP)
+    m = re.search(r"\n    listen ([^;\n]+);", text)
+    if m is None or " ssl" in m.group(1):
+        raise NotApplicable("no plain listener")
+    _write(directory, HTTP, text, text[:m.end() - 1] + " http2" + text[m.end() - 1:])
+    return f"listen {m.group(1)} http2"
+
+
+GRPC_REFUSAL = re.compile(r'\n    if \(\$content_type ~\* "\^application/grpc"\) \{[^}\n]*\}')
+
+
+@operator("nginx", "grpc-accepted", "gRPC-shaped requests (content-type application/grpc) no longer refused")
+def _n_grpc(directory: Path, plan: Plan) -> str:
+    text = _read(directory, HTTP)
+    _write(directory, HTTP, text, GRPC_REFUSAL.sub("", text, count=1))
+    return "the application/grpc refusal dropped"
 
 
 @operator("nginx", "any-key-accepted", "an unknown key is taken for a principal")
@@ -534,6 +573,17 @@ def _e_budget(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
+@_e("salt-not-rewritten", "one route forwards the client's cache_salt (no tenant salt)")
+def _e_salt(env: _Envoy, plan: Plan) -> str:
+    d = salted(plan)
+    gid = _group_copy(env, env.allowed(d), salt="nil")
+    lua = env.lua
+    a = lua.index(f'\n  ["{gid}"] = {{\n')
+    b = lua.index("\n  },", a)
+    env.lua = lua[:a] + lua[a:b].replace('["cache_salt"] = "strip"', '["cache_salt"] = "allow"') + lua[b:]
+    return f"{d.method} {d.path}"
+
+
 @_e("rate-limit-removed", "one route's rate limit removed")
 def _e_rate(env: _Envoy, plan: Plan) -> str:
     d = rated(plan)
@@ -657,6 +707,18 @@ def _e_upgrade(env: _Envoy, plan: Plan) -> str:
     env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["upgrade"] = true, ["connection"] = true, '
                               '["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ', 1)
     return f"{d.method} {d.path}"
+
+
+@_e("h2c-accepted", "the listener also speaks HTTP/2 in clear text (codec_type AUTO)")
+def _e_h2c(env: _Envoy, plan: Plan) -> str:
+    env.hcm["codec_type"] = "AUTO"
+    return "codec_type AUTO"
+
+
+@_e("grpc-accepted", "gRPC-shaped requests (content-type application/grpc) no longer refused")
+def _e_grpc(env: _Envoy, plan: Plan) -> str:
+    env.routes.remove(env.route("deny:grpc"))
+    return "route deny:grpc removed"
 
 
 @_e("any-key-accepted", "an unknown key is taken for a principal")

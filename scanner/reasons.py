@@ -14,7 +14,7 @@ from typing import Literal
 Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
-    "rate", "concurrency",
+    "grpc", "rate", "concurrency",
 ]
 
 # kind -> the status the perimeter answers with
@@ -32,6 +32,7 @@ STATUS: dict[str, int] = {
     "bad-json": 400,
     "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash)
     "upgrade": 403,              # a protocol upgrade (WebSocket) on a route that is not one
+    "grpc": 415,                 # gRPC (content-type application/grpc*) on the HTTP/1.1 listener
     "rate": 429,
     "concurrency": 429,
 }

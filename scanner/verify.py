@@ -29,6 +29,7 @@ from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
 from scanner.policy.model import Listen, Policy, Principal, Upstream
+from scanner.policy.salt import new_secret
 from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
@@ -50,6 +51,7 @@ class Setup:
     vantages: tuple[Vantage, ...]
     networks: dict[str, tuple[str, ...]]
     upstream_key: str = field(default="", repr=False)   # vLLM's (throwaway) key, if the policy has one
+    salt_secret: str = field(default="", repr=False)    # the (throwaway) cache_salt secret, if salted
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ def caught_by(result: ProbeResult) -> tuple[str, ...]:
         rules.add("failed")
     if any(c.status == "not-proven" and c.attempts for c in result.coverage):
         rules.add("VP011")
+    if result.unreachable and not any(a.status is not None for a in result.attempts):
+        # the mutant proxy started and listens, yet answers no HTTP/1.1 at all (an outage)
+        rules.add("unreachable")
     return tuple(sorted(rules))
 
 
@@ -133,10 +138,16 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         key_file = directory / "upstream-api-key"
         write_text(key_file, upstream_key + "\n", mode=0o600)
         upstream = replace(upstream, api_key_file=str(key_file.resolve()))
+    body, salt_secret = policy.body, ""
+    if body.salted:   # a throwaway cache_salt secret: the prober knows every salt
+        salt_file = directory / "cache-salt-secret"
+        new_secret(salt_file)
+        salt_secret = salt_file.read_text(encoding="utf-8").strip()
+        body = replace(body, cache_salt_secret_file=str(salt_file.resolve()))
     local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
-                    upstream=upstream)
+                    upstream=upstream, body=body)
     return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
-                 upstream_key)
+                 upstream_key, salt_secret)
 
 
 @contextmanager
@@ -148,7 +159,8 @@ def workdir() -> Iterator[Path]:
 def probe_options(s: Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
     """The stand-in has no state to change and records what reaches it (vLLM's key included)."""
     return replace(base, allow_state_changes=True, witness=witness,
-                   upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "")
+                   upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "",
+                   salt_secret=s.salt_secret)
 
 
 def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:

@@ -15,6 +15,8 @@
 //            redirect to <named>_checked (or _rewrite), or to @perimeter_400 with a reason.
 //            A route's output budget is decided here on every body: when none of the fields
 //            it is read from is present and not null, the cap is written in (or refused).
+//            On a salted route (cache_salt: per-principal / per-audience) every body leaves
+//            with cache_salt = $perimeter_salt, the client's replaced.
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -138,7 +140,7 @@ function checkBudget(obj, spec, rewrite) {
 
 function exact(r, v) {
     var text = r.requestText;
-    var obj, reason, strip, i, rewrite;
+    var obj, reason, strip, i, rewrite, salt;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
         r.internalRedirect(v.perimeter_up + '_checked');
@@ -163,13 +165,21 @@ function exact(r, v) {
     if (!reason) {
         reason = checkBudget(obj, v.perimeter_budget, rewrite);
     }
+    // the salt of this route's principal or audience; '' (none known): refused, never unsalted
+    salt = v.perimeter_salt_subject ? (v.perimeter_salt || '') : null;
+    if (!reason && salt === '') {
+        reason = 'bad-request:no-salt';
+    }
     if (reason) {
         deny(r, reason);
         return;
     }
-    if (strip.length > 0 || rewrite.done) {
+    if (strip.length > 0 || rewrite.done || salt !== null) {
         for (i = 0; i < strip.length; i++) {
             delete obj[strip[i]];
+        }
+        if (salt !== null) {
+            obj.cache_salt = salt;
         }
         v.perimeter_body_out = JSON.stringify(obj);
         r.internalRedirect(v.perimeter_up + '_rewrite');

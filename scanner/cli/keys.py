@@ -109,3 +109,23 @@ def keys_signing_key(path: str) -> None:
     pub, fingerprint = evidence_keys.new_signing_key(path)
     click.echo(f"wrote {path} (0600, private) and {pub} (public)", err=True)
     click.echo(fingerprint)
+
+
+@keys_group.command("salt-secret")
+@click.option("--out", "path", required=True, metavar="FILE",
+              help="Secret file to create (mode 0600); name it in the policy as "
+                   "`body: cache_salt_secret_file:`.")
+def keys_salt_secret(path: str) -> None:
+    """Make the secret of a tenant-scoped prefix cache (`cache_salt: per-principal`).
+
+    The perimeter writes cache_salt = HMAC-SHA256(secret, principal) over any client's. The
+    secret is never printed and never written into a generated config.
+
+    \b
+    Example:
+      vllm-perimeter keys salt-secret --out /etc/vllm-perimeter/salt.secret
+    """
+    from scanner.policy import salt
+
+    salt.new_secret(path)
+    click.echo(f"wrote {path} (0600, secret)", err=True)

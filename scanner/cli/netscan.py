@@ -33,6 +33,9 @@ from scanner.plan import inputs
 @click.option("--timeout", default=1.0, show_default=True,
               help="Seconds to wait per port (connect) or after the last SYN (syn).")
 @click.option("--concurrency", default=64, show_default=True, help="connect() probes in flight.")
+@click.option("--identify", is_flag=True,
+              help="Connect to each open port once more and send the HTTP/2 connection preface: "
+                   "h2c (HTTP/2 in clear text, e.g. gRPC) or http/1.1 in the service column.")
 @click.option("--policy", default=None, metavar="FILE",
               help="Policy YAML whose ports: section says which ports may answer from where "
                    "(default: the bundled vllm-default policy).")
@@ -45,7 +48,7 @@ from scanner.plan import inputs
               help="Exit 1 when a finding has this severity or worse.")
 @output_options
 def command(host: str, port_spec: str | None, max_ports: int, method: str, source: str | None,
-            interface: str | None, timeout: float, concurrency: int, policy: str | None,
+            interface: str | None, timeout: float, concurrency: int, identify: bool, policy: str | None,
             networks: tuple[str, ...], vantage: tuple[str, ...], fail_on: str, fmt: str,
             output: str | None) -> int:
     """Probe which TCP ports of HOST answer from here; open ports the policy does not allow
@@ -66,7 +69,7 @@ def command(host: str, port_spec: str | None, max_ports: int, method: str, sourc
                                     *(r.port for r in port_rules.port_policy(pol).allow)})))
     req = ScanRequest(host=host, ports=port_list, method=cast(MethodChoice, method),
                       source=source, interface=interface, timeout=timeout,
-                      concurrency=concurrency, vantage_networks=vantage)
+                      concurrency=concurrency, vantage_networks=vantage, identify=identify)
     result = run(req, pol)
     write_text(output, render.render(result, fmt))
     return result.exit_code(fail_on)

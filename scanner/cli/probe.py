@@ -24,6 +24,7 @@ from scanner.cli.options import (
 from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
+from scanner.policy.salt import read_secret
 from scanner.probe import config, result
 from scanner.probe.interface import Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
@@ -60,6 +61,10 @@ def command() -> None:
               help="Base URL of the upstream witness (the stand-in's own address, not the proxy's): "
                    "what reached the upstream is then checked too (headers, path, key, bodies, "
                    "concurrency).")
+@click.option("--salt-secret-file", default=None, metavar="FILE",
+              help="The policy's cache_salt_secret_file (cache_salt: per-principal / per-audience): "
+                   "with a witness, the salt each request must carry upstream is then checked exactly "
+                   "(without it the salt is reported not proven).")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -68,15 +73,16 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
-            witness: str | None, allow_state_changes: bool, quiet: bool, fmt: str, output: str | None,
-            fail_on: Severity, diff_refs: tuple[str, str] | None) -> int:
+            witness: str | None, salt_secret_file: str | None, allow_state_changes: bool, quiet: bool,
+            fmt: str, output: str | None, fail_on: Severity, diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
     options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
                            client="httpx" if client == "httpx" else "stream", max_time=max_time,
                            allow_state_changes=allow_state_changes, checks=checks,
-                           witness=_base_url("--witness", witness) if witness else None)
+                           witness=_base_url("--witness", witness) if witness else None,
+                           salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "")
     events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
     res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs)

@@ -48,6 +48,27 @@ def safe_name(generator: str, kind: str, value: str) -> str:
     return value
 
 
+def salts(plan: Plan, generator: str) -> tuple[tuple[str, str], ...]:
+    """(subject, salt) for every salt a salted route may write ("principal:NAME" for each
+    principal, "audience:NAME" for each audience a route salts by): computed here from the
+    policy's secret, written only into the generator's 0600 files. Empty: nothing is salted."""
+    if not any(d.salt for d in plan.allowed):
+        return ()
+    from scanner.policy.salt import read_secret, salt
+
+    path = plan.body.cache_salt_secret_file
+    if not path:
+        raise GenerateError(f"{generator} generator: salted routes but no cache_salt_secret_file")
+    secret = read_secret(path)
+    subjects = {d.salt_subject("") for d in plan.allowed if d.salt == "audience"}
+    if any(d.salt == "principal" for d in plan.allowed):
+        subjects |= {f"principal:{p.name}" for p in plan.principals}
+    for subject in subjects:
+        kind, _, name = subject.partition(":")
+        safe_name(generator, kind, name)
+    return tuple((s, salt(secret, s)) for s in sorted(subjects))
+
+
 def timeout_ms(seconds: float) -> int:
     """A policy timeout in whole milliseconds, rounded up: never shorter than the policy says."""
     return max(1, math.ceil(seconds * 1000))

@@ -33,6 +33,7 @@ from scanner.generate.common import (
     config_dir,
     retries_allowed,
     safe_name,
+    salts,
     timeout_ms,
     upstream_tls,
 )
@@ -108,6 +109,12 @@ class LuaGroup:
     caps: tuple[tuple[str, int], ...] = ()
     websocket: bool = False                      # also pass the WebSocket handshake headers
     budget: Budget | None = None                 # the output budget decided on every body
+    salt: str = ""                               # "principal" / "audience:NAME": Lua writes that
+                                                 # subject's cache_salt (from the 0600 TSV)
+
+
+# what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
+SALT_BYTES = len(',"cache_salt":""') + 64
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ class Model:
     websocket_headers: tuple[str, ...]
     request_headers_to_remove: tuple[str, ...]
     principals: tuple[Principal, ...]
+    salts: tuple[tuple[str, str], ...] = ()       # (subject, cache_salt): the 0600 TSV only
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -268,9 +276,11 @@ class _Registry:
         limit = (d.limits.body_bytes or 0) if check_body else 0
         budget = d.enforced_budget if check_body else None
         fields = d.fields if check_body and d.fields.decided else None
+        salt = "" if not (check_body and d.salt) else (
+            "principal" if d.salt == "principal" else f"audience:{d.audience}")
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items())) if fields else None, limit, caps,
-                 websocket, budget)
+                 websocket, budget, salt)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -278,7 +288,7 @@ class _Registry:
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
-                body_limit=limit, caps=caps, websocket=websocket, budget=budget)
+                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -326,6 +336,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     # Lua forwards, which grows by the output budget it writes in
     budget = d.budget if check_body else None
     grown = len(f',"{budget.field}":{budget.cap}') if budget and budget.when_absent == "inject" else 0
+    grown += SALT_BYTES if check_body and d.salt else 0
     held = body_bytes + grown if body_bytes else 0
     return RouteView(
         name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
@@ -463,5 +474,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         websocket_headers=tuple(sorted(h.lower() for h in (*WEBSOCKET_HEADERS, "Upgrade", "Connection"))),
         request_headers_to_remove=_removed_headers(),
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
+        salts=salts(plan, "envoy"),
         upstream_key_file=plan.upstream.api_key_file or "",
     )

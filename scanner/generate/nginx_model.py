@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from scanner import patterns
 from scanner.errors import GenerateError
-from scanner.generate.common import NginxOptions, Stamp, safe_name, timeout_ms, upstream_tls
+from scanner.generate.common import NginxOptions, Stamp, safe_name, salts, timeout_ms, upstream_tls
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
@@ -86,7 +86,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DENY_PAGES: tuple[tuple[int, str, str], ...] = (
     (400, "bad-request", "deny"), (401, "unauthenticated", "deny"), (403, "forbidden", "deny"),
     (404, "not-allowlisted", "deny"), (405, "method-not-allowed", "deny"),
-    (413, "body-too-large", "deny"), (429, "", "deny"),
+    (413, "body-too-large", "deny"), (415, "grpc", "deny"), (429, "", "deny"),
     (500, "proxy-error", "error"), (502, "upstream-unavailable", "error"),
     (503, "upstream-unavailable", "error"), (504, "upstream-timeout", "error"),
 )
@@ -111,6 +111,8 @@ class BodyCheck:
                         # the route's field rules (unknown fields first); "" none
     parse_all: bool = False   # njs parses every body: an absent budget, or fields the rules do
                               # not name, have no native fast path
+    salt: str = ""      # "principal" / "audience:NAME": njs writes cache_salt = $perimeter_salt
+                        # (the subject's salt, from the 0600 principals file) into every body
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class Model:
     upstream_tls: Mapping[str, str]
     trusted_proxies: tuple[str, ...]
     principals: tuple[tuple[str, str, str], ...]   # (sha256, name, role)
+    salts: tuple[tuple[str, str], ...]             # (subject, salt): 0600 principals file only
     geos: Mapping[str, tuple[str, ...]]
     rolesets: Mapping[str, tuple[str, ...]]
     rate_zones: tuple[Zone, ...]
@@ -246,7 +249,7 @@ class _Registry:
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -280,17 +283,19 @@ class _Registry:
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
         return self.conn[d.conn_zone]
 
-    def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None) -> BodyCheck:
+    def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
+              salt: str = "") -> BodyCheck:
         spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
         fields = _fields_spec(rules)
-        key = (tuple(sorted(caps.items())), fields, spec)
+        key = (tuple(sorted(caps.items())), fields, spec, salt)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip")}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
-                parse_all=bool(spec) or (rules.decided and rules.unknown != "pass"))
+                parse_all=bool(spec) or bool(salt) or (rules.decided and rules.unknown != "pass"),
+                salt=salt)
         return self.checks[key]
 
 
@@ -319,7 +324,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
-            _fields_spec(d.fields))
+            _fields_spec(d.fields), d.salt)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -333,7 +338,10 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
-    check = reg.check(lim.json_caps, rules, budget) if inspect else None
+    salted = next((x for x in ds if x.salt), None)
+    salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
+            ) if salted else ""
+    check = reg.check(lim.json_caps, rules, budget, salt) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -347,7 +355,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
         check=check,
         websocket=websocket, up=up,
-        rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip"
+        rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
                                        or (budget is not None and budget.when_absent == "inject")),
     )
 
@@ -451,7 +459,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_scheme=scheme, upstream_tls=up_tls,
         trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
                                      for c in plan.trusted_proxies)),
-        principals=_principals(plan),
+        principals=_principals(plan), salts=salts(plan, "nginx"),
         geos={var: cidrs for cidrs, var in reg.geos.items()},
         rolesets={var: roles for roles, var in reg.rolesets.items()},
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),

@@ -33,10 +33,11 @@ class Attempt:
     method: Method
     reason: str = ""          # syn-ack, rst, timeout, refused, icmp-..., host-unreachable, ...
     latency_ms: float = 0.0
+    service: str = ""         # with --identify: what answered the HTTP/2 preface (h2c, http/1.1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"port": self.port, "state": self.state, "method": self.method,
-                "reason": self.reason, "latency_ms": round(self.latency_ms, 3)}
+                "reason": self.reason, "latency_ms": round(self.latency_ms, 3), "service": self.service}
 
 
 @dataclass(frozen=True)

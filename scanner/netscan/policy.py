@@ -46,13 +46,18 @@ def findings(host: str, attempts: Sequence[Attempt], vantage: Vantage,
     return tuple(out)
 
 
+SPEAKS = {"h2c": "HTTP/2 in clear text (h2c: a gRPC server or an HTTP/2 listener)",
+          "http/1.1": "HTTP/1.1"}
+
+
 def _finding(host: str, attempt: Attempt, vantage: Vantage, allowed: Sequence[str]) -> Finding:
     k = known(attempt.port)
     what = f"{attempt.port} ({k.name})" if k else f"{attempt.port}"
     where = ", ".join(vantage.networks) or "no policy network"
     allowed_text = (f"the policy allows it only from {', '.join(allowed)}" if allowed
                     else "the policy does not allow it from any network")
-    detail = (f"TCP port {what} on {host} answered ({attempt.reason}, {attempt.method}) from "
+    speaks = f"; it speaks {SPEAKS.get(attempt.service, attempt.service)}" if attempt.service else ""
+    detail = (f"TCP port {what} on {host} answered ({attempt.reason}, {attempt.method}{speaks}) from "
               f"{vantage.label} (in: {where}); {allowed_text}." + (f" {k.note}" if k else ""))
     remediation = (
         f"Bind {k.name if k else 'the service'} to a private interface or firewall port "

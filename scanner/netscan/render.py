@@ -30,7 +30,8 @@ def to_table(result: ScanResult, width: int = 140) -> str:
     for a in result.attempts:
         k = known(a.port)
         f = flagged.get(a.port)
-        table.add_row(str(a.port), a.state, k.name if k else "", a.reason, f"{a.latency_ms:.1f}",
+        service = " ".join(x for x in (k.name if k else "", f"[{a.service}]" if a.service else "") if x)
+        table.add_row(str(a.port), a.state, service, a.reason, f"{a.latency_ms:.1f}",
                       f"{f.severity.upper()} {f.rule}" if f else "")
     console.print(table)
     counts = {s: sum(1 for a in result.attempts if a.state == s) for s in ("open", "closed", "filtered")}

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Literal
 
 from scanner.errors import TargetUnreachableError, UsageError
-from scanner.netscan import connect, syn
+from scanner.netscan import connect, identify, syn
 from scanner.netscan import policy as port_rules
 from scanner.netscan.model import UNREACHABLE_REASONS, Attempt, Method, ScanResult, Vantage
 from scanner.policy.model import Policy
@@ -31,6 +31,7 @@ class ScanRequest:
     timeout: float = 1.0            # per port (connect) / after the last SYN (syn)
     concurrency: int = 64           # connect() probes in flight
     vantage_networks: tuple[str, ...] = ()  # override: the policy networks this vantage is in
+    identify: bool = False          # ask each open port what it speaks (the HTTP/2 preface)
 
 
 def run(req: ScanRequest, policy: Policy) -> ScanResult:
@@ -48,6 +49,9 @@ def run(req: ScanRequest, policy: Policy) -> ScanResult:
     if unreachable(attempts):
         raise TargetUnreachableError(
             f"{req.host} ({address}) is unreachable from {local}: {attempts[0].reason}")
+    if req.identify:
+        attempts = identify.identify(address, family, attempts, req.timeout, req.concurrency,
+                                     req.source, req.interface)
     nets = req.vantage_networks or port_rules.networks_of(local, policy.networks)
     vantage = Vantage(address=local, interface=req.interface or "", networks=nets)
     found = port_rules.findings(req.host, attempts, vantage, port_rules.port_policy(policy))

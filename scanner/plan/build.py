@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from scanner import patterns
 from scanner.errors import PlanError
@@ -108,8 +109,19 @@ def _fields(route: Route, method: str, audience: Audience, body: BodyPolicy) -> 
     named = {f: mode for key, fields in GOVERNED_FIELDS.items()
              if (mode := getattr(body, key)) != "pass" for f in fields}
     named.update(audience.fields.named)
+    if body.salted:   # the perimeter's own salt replaces any client's (see _salt)
+        named["cache_salt"] = "strip"
     return FieldRules(named=dict(sorted(named.items())), unknown=audience.fields.unknown,
                       line=audience.fields.line)
+
+
+def _salt(route: Route, method: str, audience: Audience,
+          body: BodyPolicy) -> Literal["", "principal", "audience"]:
+    """Whose salt this route's bodies carry: per-principal on a keyed route; per-audience, and
+    per-principal on a route without keys (its anonymous clients are one tenant), the audience's."""
+    if not body.salted or route.kind != "http" or method not in BODY_METHODS:
+        return ""
+    return "principal" if body.cache_salt == "per-principal" and audience.auth == "key" else "audience"
 
 
 def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
@@ -129,7 +141,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
         roles=tuple(sorted(audience.roles)), networks=cidrs,
         limits=audience.limits.merged(rule.limits),
-        fields=_fields(route, method, audience, body),
+        fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
         rule_line=rule.line,
     )

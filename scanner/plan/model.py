@@ -113,6 +113,10 @@ class Decision:
     networks: tuple[str, ...] = ()  # CIDRs the request may come from
     limits: Limits = field(default_factory=Limits)
     fields: FieldRules = field(default_factory=FieldRules)   # top-level body fields decided here
+    # "principal" / "audience": every JSON body leaves with cache_salt = the perimeter's salt of
+    # the principal (or of the audience), the client's replaced (cache_salt: per-principal /
+    # per-audience); "" none
+    salt: Literal["", "principal", "audience"] = ""
     state_changing: bool = False    # the policy flags it, or it is on the built-in list
     state_changing_by: str = ""     # "policy", "built-in", "policy+built-in" or ""
     upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
@@ -142,6 +146,12 @@ class Decision:
         """The concurrency limit family, counted per principal or client address; "" if none."""
         limit = self.limits.concurrency
         return f"{self.audience}:{self.auth}:{limit}" if limit else ""
+
+    def salt_subject(self, principal: str) -> str:
+        """What this route's salt is computed over ("principal:NAME" / "audience:NAME"); "" none."""
+        if self.salt == "principal":
+            return f"principal:{principal}"
+        return f"audience:{self.audience}" if self.salt == "audience" else ""
 
     @property
     def budget(self) -> Budget | None:
@@ -174,7 +184,8 @@ class Decision:
             },
             "budget": budget.to_dict() if budget else None,
             "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
-                       "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown},
+                       "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,
+                       **({"salt": self.salt} if self.salt else {})},
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
             "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,
@@ -231,12 +242,19 @@ class Plan:
                 out.setdefault(d.path, []).append(d)
         return {p: tuple(ds) for p, ds in out.items()}
 
-    def forwarded_body(self, d: Decision, body: Mapping[str, object]) -> dict[str, object] | None:
+    def forwarded_body(self, d: Decision, body: Mapping[str, object],
+                       salt: str = "") -> dict[str, object] | None:
         """The JSON body the upstream must receive when ``body`` (a JSON object) is let through
-        on ``d``: less the fields its rules strip, its output budget decided; None: it is
-        refused for its absent budget."""
+        on ``d``: less the fields its rules strip, its output budget decided, and on a salted
+        route (``d.salt``) ``cache_salt`` = ``salt``, the perimeter's salt for the sender
+        (:func:`scanner.policy.salt.salt`); None: it is refused for its absent budget."""
+        if d.salt and not salt:
+            raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
         kept = {k: v for k, v in body.items() if d.fields.mode(k) != "strip"}
-        return d.budget.forwarded(kept) if d.budget else kept
+        out = d.budget.forwarded(kept) if d.budget else kept
+        if out is not None and d.salt:
+            out["cache_salt"] = salt
+        return out
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route
@@ -265,7 +283,9 @@ class Plan:
                          "tls": self.upstream.use_tls,
                          "mtls": bool(tls and tls.client_cert),
                          "api_key_file": self.upstream.api_key_file},
-            "body": {"cache_salt": self.body.cache_salt, "chat_template": self.body.chat_template},
+            "body": {"cache_salt": self.body.cache_salt, "chat_template": self.body.chat_template,
+                     **({"cache_salt_secret_file": self.body.cache_salt_secret_file}
+                        if self.body.cache_salt_secret_file else {})},
             "trusted_proxies": list(self.trusted_proxies),
             "networks": {k: list(v) for k, v in sorted(self.networks.items())},
             "principals": [{"name": p.name, "role": p.role, "fingerprint": p.fingerprint}

@@ -21,6 +21,7 @@ from scanner.policy.model import (
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
     METHODS,
+    SALTED,
     SCHEMA_VERSION,
     UNKNOWN_FIELD_CHOICES,
     WHEN_ABSENT_CHOICES,
@@ -374,11 +375,19 @@ def _ports(node: Node, networks: dict[str, tuple[str, ...]]) -> PortPolicy:
 
 
 def _body(node: Node) -> BodyPolicy:
-    m = node.mapping(("cache_salt", "chat_template"))
+    m = node.mapping(("cache_salt", "chat_template", "cache_salt_secret_file"))
+    salt = m["cache_salt"].choice(CACHE_SALT_CHOICES) if "cache_salt" in m else "reject"
+    secret = _absolute_file(m["cache_salt_secret_file"]) if "cache_salt_secret_file" in m else None
+    if salt in SALTED and secret is None:
+        raise m["cache_salt"].fail(f"cache_salt: {salt} needs cache_salt_secret_file: the file (mode 0600) "
+                                   "holding the HMAC secret (`vllm-perimeter keys salt-secret --out FILE`)")
+    if salt not in SALTED and secret is not None:
+        raise m["cache_salt_secret_file"].fail("only cache_salt: per-principal or per-audience uses a secret")
     return BodyPolicy(
-        cache_salt=cast(Any, m["cache_salt"].choice(CACHE_SALT_CHOICES)) if "cache_salt" in m else "reject",
+        cache_salt=cast(Any, salt),
         chat_template=cast(Any, m["chat_template"].choice(CHAT_TEMPLATE_CHOICES))
         if "chat_template" in m else "reject",
+        cache_salt_secret_file=secret,
     )
 
 

@@ -10,9 +10,12 @@ from typing import Literal
 
 AudienceKind = Literal["end-user", "service", "operator", "monitoring", "none"]
 AUDIENCE_KINDS: tuple[str, ...] = ("end-user", "service", "operator", "monitoring", "none")
-CacheSalt = Literal["pass", "reject", "strip"]
+CacheSalt = Literal["pass", "reject", "strip", "per-principal", "per-audience"]
 ChatTemplate = Literal["pass", "reject", "strip"]
-CACHE_SALT_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
+CACHE_SALT_CHOICES: tuple[str, ...] = ("pass", "reject", "strip", "per-principal", "per-audience")
+# Tenant-scoped prefix cache: the perimeter writes its own cache_salt, HMAC-SHA256(secret, subject),
+# over any client's (vLLM shares prefix-cache hits only among requests with one salt).
+SALTED: tuple[str, ...] = ("per-principal", "per-audience")
 CHAT_TEMPLATE_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
 # What the perimeter does when a request omits the field its route reads its output budget from
 # (vLLM then generates up to the rest of the context window): write the cap in, refuse, or pass.
@@ -127,6 +130,11 @@ class RouteRule:
 class BodyPolicy:
     cache_salt: CacheSalt = "reject"
     chat_template: ChatTemplate = "reject"
+    cache_salt_secret_file: str | None = None   # with per-principal / per-audience: the HMAC secret
+
+    @property
+    def salted(self) -> bool:
+        return self.cache_salt in SALTED
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ class Case:
     body: bytes | None = None
     chunked: bool = False
     raw: bool = False              # send over a plain stream, byte for byte
+    h2c: bool = False              # send as HTTP/2 with prior knowledge (the connection preface)
     burst: str = ""                # cases of one rate burst share this key; sent unthrottled
     note: str = ""
     skip: str = ""                 # not sent, and why (would change state)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from scanner.plan.model import DECISION_HEADER, REASON_HEADER
 from scanner.probe.interface import Layer, Outcome
@@ -37,6 +39,22 @@ def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, s
     if status == 400 and not _is_json(headers):
         return "upstream", "absent", "", ""
     return "upstream", "reached", "", ""
+
+
+_GRPC_CODE = re.compile(r'"code":\s*"?(\d{3})\b')
+
+
+def grpc_status(status: int, headers: Mapping[str, str]) -> int:
+    """The HTTP status of a proxy's own reply that reached a gRPC client in gRPC's framing.
+
+    Envoy answers a request with ``content-type: application/grpc`` locally as HTTP 200 with
+    ``grpc-status`` and the reply body in ``grpc-message``; the perimeter's body says its code
+    (``{"error":{"code":415,...}}``). Only a marked reply of the proxy is read so; anything
+    else keeps its status."""
+    if status != 200 or _MARKER not in headers or "grpc-status" not in headers:
+        return status
+    m = _GRPC_CODE.search(unquote(headers.get("grpc-message", "")))
+    return int(m.group(1)) if m else status
 
 
 def _is_json(headers: Mapping[str, str]) -> bool:

@@ -69,6 +69,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "With upstream.api_key_file the proxy must send Authorization: Bearer <that key> on every "
          "allowed request (vLLM's --api-key refuses the guarded routes otherwise); check that the "
          "proxy can read the file."),
+    Rule("VP017", "high", "HTTP/2 cleartext or gRPC accepted on the HTTP/1.1 listener",
+         "Serve HTTP/1.1 only on the perimeter's listener (Envoy: codec_type HTTP1; NGINX: no "
+         "http2 there) and refuse content-type application/grpc* before any route: a gRPC surface "
+         "needs its own allowlist of /package.Service/Method routes."),
 )}
 
 

@@ -11,7 +11,7 @@ and never reach an attempt, a finding or a writer: those carry a label and a fin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -103,6 +103,9 @@ class ProbeOptions:
     upstream_key: str = ""         # fingerprint of vLLM's own key, when known (verify): the one the
                                    # witness must see with the plan's upstream.api_key_file
     stop_on_failure: bool = False  # stop sending at the first failed case (mutation runs)
+    # the policy's cache_salt secret (--salt-secret-file; verify: its throwaway one): the salt a
+    # salted route must write is known only with it
+    salt_secret: str = field(default="", repr=False, compare=False)
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)
 
@@ -118,6 +121,8 @@ class Upstream:
     body_bytes: int = 0
     body_sha256: str = ""
     body: str | None = None        # JSON object bodies up to 64 KiB
+    # a larger JSON object: its top-level names and the members of at most 1 KiB (not reported)
+    outline: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def header(self, name: str) -> str | None:
         """The value of ``name`` (lower case) if it reached the upstream (several: joined)."""

@@ -14,18 +14,21 @@ import contextlib
 import ssl
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import h11
 import httpx
 
 from scanner.errors import UsageError
+from scanner.probe import h2c
 from scanner.probe.cases import Case
-from scanner.probe.classify import classify, error_reason
+from scanner.probe.classify import classify, error_reason, grpc_status
 from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
 from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
+H2_SPOKEN = "the listener answered in HTTP/2 (h2c prior knowledge accepted)"
 T = TypeVar("T")
 
 
@@ -90,6 +93,10 @@ class Sender:
     async def send(self, case: Case) -> Attempt:
         start = time.monotonic()
         try:
+            if case.h2c:
+                status, headers, h2 = await _bounded(self._send_h2c(case), self.timeout_for(case))
+                a = _attempt(case, start, status=status, headers=headers)
+                return replace(a, error=H2_SPOKEN) if h2 else a
             if not self.use_httpx or (case.raw and self.factory is None):
                 status, headers = await _bounded(self._send_raw(case), self.timeout_for(case))
             else:
@@ -196,6 +203,37 @@ class Sender:
             return status, headers
         raise AssertionError("unreachable")
 
+    async def _send_h2c(self, case: Case) -> tuple[int, Mapping[str, str], bool]:
+        """One request as HTTP/2 with prior knowledge, on a fresh connection: (status, headers,
+        did the listener speak HTTP/2). An HTTP/1.1 answer (the preface line refused) is read
+        as any other; of an HTTP/2 one only ``:status`` (0 when not read), no headers."""
+        target = case.target if case.target.startswith("/") else "/"
+        conn = await self._connect(case.vantage)
+        try:
+            await conn.write(h2c.request(case.send_method, self._prefix + target, self._host,
+                                         case.all_headers(), case.body))
+            head = await conn.reader.read(h2c.FRAME_HEAD)
+            while head and len(head) < h2c.FRAME_HEAD:
+                more = await conn.reader.read(h2c.FRAME_HEAD - len(head))
+                if not more:
+                    break
+                head += more
+            if not head:
+                raise ConnectionError("connection closed without an answer to the HTTP/2 preface")
+            if h2c.is_settings(head):
+                data = head
+                while not h2c.answered(data) and len(data) < _MAX_HEAD:
+                    more = await conn.reader.read(65536)
+                    if not more:
+                        break
+                    data += more
+                return h2c.answer_status(data) or 0, {}, True
+            conn.h11.receive_data(head)
+            status, headers, _keep = await conn.response(case.send_method)
+            return status, headers, False
+        finally:
+            conn.close()
+
     async def _connect(self, vantage: Vantage) -> _Conn:
         url = self._url
         local = (vantage.address, 0) if vantage.address else None
@@ -291,7 +329,7 @@ async def _chunks(body: bytes, size: int = 65536) -> AsyncIterator[bytes]:
 
 
 def request_line(case: Case) -> str:
-    return f"{case.send_method} {case.target} HTTP/1.1"
+    return f"{case.send_method} {case.target} {'HTTP/2 (h2c prior knowledge)' if case.h2c else 'HTTP/1.1'}"
 
 
 def _secrets(case: Case) -> tuple[str, ...]:
@@ -300,11 +338,14 @@ def _secrets(case: Case) -> tuple[str, ...]:
 
 
 def _pipelinable(case: Case) -> bool:
-    return not case.raw and not case.chunked and not case.hold_ms and len(case.body or b"") <= 65536
+    return (not case.raw and not case.h2c and not case.chunked and not case.hold_ms
+            and len(case.body or b"") <= 65536)
 
 
 def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",
              headers: Mapping[str, str] | None = None, end: float | None = None) -> Attempt:
+    if status is not None and headers:
+        status = grpc_status(status, headers)
     layer, outcome, marker, reason = classify(status, headers or {}) if status is not None \
         else ("none", "error", "", "")
     return Attempt(

@@ -25,6 +25,8 @@ def _limits(d: Decision) -> str:
     if d.fields.decided:
         named = {m: len(d.fields.names(m)) for m in ("allow", "reject", "strip") if d.fields.names(m)}
         parts.append("fields:" + ",".join(f"{m}{n}" for m, n in named.items()) + f",other={d.fields.unknown}")
+    if d.salt:
+        parts.append(f"cache_salt:per-{d.salt}")
     if lim.rate:
         parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
     if lim.concurrency:
@@ -53,6 +55,9 @@ def to_table(plan: Plan, width: int = 140) -> str:
     if plan.unnamed_fields:
         console.print(f"request fields no rule names (their route's `unknown` decides): "
                       f"{'; '.join(plan.unnamed_fields)}")
+    if plan.body.salted:
+        console.print(f"cache_salt: {plan.body.cache_salt} (HMAC-SHA256 of the secret in "
+                      f"{plan.body.cache_salt_secret_file}; written over any client's on JSON bodies)")
     if plan.unused_rules:
         console.print(f"rules that match no route in this inventory: {', '.join(plan.unused_rules)}")
     console.print(f"digest {plan.digest}")

@@ -7,7 +7,9 @@ Standard library only: the real vLLM app is wrapped with it inside vLLM's own Py
 * A request whose query has ``vp_probe=<id>`` is recorded under that id: method, the
   raw path as the proxy sent it, the query without the probe's own parameters, every
   header (credentials only as a fingerprint: ``sha256:`` + 12 hex of the token), and the
-  body's size, sha256 and (JSON objects up to 64 KiB) its text. Requests without an id
+  body's size, sha256 and (JSON objects up to 64 KiB) its text; of a larger JSON object its
+  outline: every top-level name, and the members whose JSON text is at most 1 KiB (what a
+  proxy strips or writes in stays visible beside a padded body). Requests without an id
   are recorded too, under ``""``: something reached the upstream that the prober did not
   send, or sent without its id.
 * ``vp_hold=<ms>`` (at most 30 s) holds the request before the app sees it: the prober's
@@ -91,6 +93,10 @@ class Witness:
             "body_sha256": hashlib.sha256(body).hexdigest(),
             "body": _json_text(body),
         }
+        if record["body"] is None:
+            outline = _outline(body)
+            if outline is not None:
+                record["outline"] = outline
         if len(self.records) == self.records.maxlen:
             self.by_id.pop(self.records[0]["id"], None)
         self.records.append(record)
@@ -141,6 +147,26 @@ async def _read_body(receive: Any) -> tuple[bytes, bool]:
             return b"".join(chunks), False
         if size > MAX_BODY:
             return b"".join(chunks), True
+
+
+MAX_OUTLINE_MEMBER = 1024
+
+
+def _outline(body: bytes) -> dict[str, Any] | None:
+    """A large JSON object's top-level names and short members; None for anything else."""
+    if len(body) <= MAX_BODY_TEXT or not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    short = {}
+    for k, v in obj.items():
+        if len(json.dumps(v)) <= MAX_OUTLINE_MEMBER:
+            short[k] = v
+    return {"keys": sorted(obj), "short": short}
 
 
 def _json_text(body: bytes) -> str | None:

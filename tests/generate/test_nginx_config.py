@@ -96,11 +96,14 @@ def test_shape_of_the_allowlist(tmp_path: Path) -> None:
     # \z, not $: PCRE's $ also matches before a final newline (a trailing %0A in the path)
     assert 'location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})\\z"' in http
     assert not re.search(r'location ~ "[^"]*\$"', http)
-    # an `if` in a location holds nothing but `return` or `rewrite ... last`
-    ifs = re.findall(r"\n *if \([^\n]*\) \{ ([^\n]*) \}(?=\n)", http)
+    # an `if` in a location holds nothing but `return` or `rewrite ... last`; at server level
+    # (h2c, gRPC) it may set the reason first
+    ifs = re.findall(r"\n( *)if \([^\n]*\) \{ ([^\n]*) \}(?=\n)", http)
     assert len(ifs) == http.count(" if (") > 0
-    for body in ifs:
-        assert re.fullmatch(r"return \d{3};|rewrite \^ /@perimeter/[a-z0-9/]+ last;", body), body
+    for indent, body in ifs:
+        server = r"|set \$perimeter_reason [a-z-]+; return \d{3};" if indent == "    " else ""
+        assert re.fullmatch(r"return \d{3};|rewrite \^ /@perimeter/[a-z0-9/]+ last;" + server, body), body
+    assert 'if ($content_type ~* "^application/grpc") { set $perimeter_reason grpc; return 415; }' in http
     # every proxying location sends the shared header set: only listed client headers pass on
     proxy = files["perimeter-proxy.conf"]
     assert "proxy_pass_request_headers off;" in proxy

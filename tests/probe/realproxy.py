@@ -28,10 +28,10 @@ def proxy_named(name: str) -> Proxy:
 
 
 def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, options: ProbeOptions,
-                  mutant: str = "") -> ProbeResult:
+                  mutant: str = "", keys_per_role: int = 1) -> ProbeResult:
     inventory = load_ref(catalog)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp_path, port, keys_per_role=1)
+    s = verify.setup(inventory, policy, tmp_path, port, keys_per_role=keys_per_role)
     directory = tmp_path / "proxy"
     written = proxy.write(s.plan, directory)
     if mutant:

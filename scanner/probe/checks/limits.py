@@ -3,18 +3,21 @@ every encoding pydantic reads, and exactly at them), forbidden fields. (Rate and
 limits: scanner.probe.checks.load.)
 
 With a witness, a request allowed at the limits is proven only if the upstream received its
-body as sent, less the fields the policy strips: a stripped field is otherwise invisible."""
+body as sent, less the fields the policy strips (and, on a salted route, with the sender's
+cache_salt written in): a stripped field is otherwise invisible."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from scanner import reasons as R
 from scanner.plan.model import BODY_METHODS, Decision
+from scanner.policy.salt import salt as salt_of
 from scanner.probe import safe
 from scanner.probe.cases import Case, concrete, with_query
 from scanner.probe.coverage import Subject, na
@@ -119,6 +122,11 @@ class Limits(BaseCheck):
                     yield Subject(key, d.method, d.path, why=why)
             if lim.json_caps or lim.body_bytes is not None:
                 yield Subject(f"at-limits {where}", d.method, d.path, why=why)
+            if d.salt:   # not proven (never passed) unless the salt can be seen and computed
+                yield Subject(f"salt {where}", d.method, d.path, why=why or (
+                    "the cache_salt written is visible only to a witness upstream" if not ctx.witness else
+                    "the expected cache_salt needs the policy's secret (--salt-secret-file)"
+                    if not ctx.options.salt_secret else ""))
             budget = d.budget
             if budget is not None:
                 key = f"budget {where}"
@@ -163,6 +171,18 @@ class Limits(BaseCheck):
                 rule_sets[key] = seen + 1
                 yield from self._fields(ctx, d, out, names)
             yield from self._budget(ctx, d, out)
+            yield from self._salt(ctx, d, out, len(cells))
+
+    def _salt(self, ctx: CheckContext, d: Decision, out: _Out, cells: int) -> Iterator[Case]:
+        """A salted route: a body with a client's cache_salt and one without, from each of two
+        senders (two principals where the plan admits two): the upstream must receive exactly
+        the salt of the principal (or audience), never the client's (see :meth:`review`)."""
+        if not d.salt or not ctx.witness or not ctx.options.salt_secret:
+            return
+        for _ in range(2 if cells > 1 else 1):
+            yield out.case("salt", "allow", (), out.json({"cache_salt": "probe-x1"}),
+                           f"a client's cache_salt: replaced by the {d.salt}'s")
+            yield out.case("salt", "allow", (), out.json({}), f"no cache_salt: the {d.salt}'s written in")
 
     def _body(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
         limit = d.limits.body_bytes
@@ -251,7 +271,13 @@ class Limits(BaseCheck):
             obj = json.loads(case.body)
         except ValueError:
             obj = None
-        want = ctx.plan.forwarded_body(d, obj) if d is not None and isinstance(obj, dict) else None
+        want = None
+        if d is not None and isinstance(obj, dict):
+            salt = expected_salt(ctx, d, case.credential, a.upstream)
+            if salt is None:
+                return replace(a, verdict="inconclusive",
+                               why=f"the sender of a {d.salt}-salted request is unknown")
+            want = ctx.plan.forwarded_body(d, obj, salt)
         verdict, why = body_received(case.body, a.upstream, want)
         return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
@@ -280,6 +306,31 @@ class Limits(BaseCheck):
                            extra="limits")
 
 
+def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: Upstream) -> str | None:
+    """The cache_salt the upstream must receive on ``d`` from ``cred`` ("" none; None: unknown
+    sender). Without the secret: whatever 64-hex salt the witness saw (the "salt" subject then
+    stays not proven), so the other fields of the body are still checked."""
+    if not d.salt:
+        return ""
+    principal = ""
+    if d.salt == "principal":
+        digest = hashlib.sha256(cred.secret.encode()).hexdigest() if cred.secret else ""
+        principal = next((p.name for p in ctx.plan.principals if p.key_sha256.lower() == digest), "")
+        if not principal:
+            return None
+    if ctx.options.salt_secret:
+        return salt_of(ctx.options.salt_secret.encode(), d.salt_subject(principal))
+    try:
+        got = json.loads(seen.body) if seen.body is not None else (seen.outline or {}).get("short")
+    except ValueError:
+        got = None
+    value = got.get("cache_salt") if isinstance(got, dict) else None
+    return value if isinstance(value, str) and _HEX64.match(value) else "?"
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
 def body_received(sent: bytes, seen: Upstream, want: Mapping[str, object] | None) -> tuple[Verdict, str]:
     """("proved" | "failed" | "inconclusive", why): did the upstream receive what the plan says
     for ``sent``: ``want`` (the JSON object :meth:`Plan.forwarded_body` gives), or ``sent``
@@ -294,6 +345,8 @@ def body_received(sent: bytes, seen: Upstream, want: Mapping[str, object] | None
         return "failed", (f"the body was changed on the way ({len(sent)} bytes sent, "
                           f"{seen.body_bytes} received)")
     changed = sorted(set(obj) ^ set(want) | {k for k in set(obj) & set(want) if obj[k] != want[k]})
+    if seen.body is None and seen.outline is not None:
+        return _outline_received(seen.outline, want, changed)
     if seen.body is None:
         return "inconclusive", ("the witness keeps the text of JSON bodies up to 64 KiB only: whether "
                                 f"{', '.join(changed)} reached the upstream as the plan says is unknown")
@@ -312,6 +365,26 @@ def body_received(sent: bytes, seen: Upstream, want: Mapping[str, object] | None
 
 
 _MISSING = object()
+
+
+def _outline_received(outline: Mapping[str, Any], want: Mapping[str, object],
+                      changed: Sequence[str]) -> tuple[Verdict, str]:
+    """A large body seen in outline: the names must be the plan's, and each field the plan
+    changes must hold the plan's value (a long one cannot be compared: inconclusive)."""
+    keys, short = set(outline.get("keys", ())), outline.get("short", {})
+    if keys != set(want):
+        extra, missing = sorted(keys - set(want)), sorted(set(want) - keys)
+        return "failed", "; ".join([*(f"{k}: reached the upstream, the plan says absent" for k in extra[:4]),
+                                    *(f"{k}: absent upstream, the plan says {_shown(want, k)}"
+                                      for k in missing[:4])])
+    for k in changed:
+        if k not in want:
+            continue
+        if k not in short:
+            return "inconclusive", f"{k} is too long for the witness's outline of a large body"
+        if short[k] != want[k]:
+            return "failed", f"{k}: {_shown(short, k)} reached the upstream, the plan says {_shown(want, k)}"
+    return "proved", ""
 
 
 def _shown(body: Mapping[str, object], key: str) -> str:
