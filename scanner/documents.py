@@ -62,6 +62,19 @@ class FieldsDoc(_Doc):
     strip: list[Annotated[str, _FIELD]] = Field(default=[], description="removed before vLLM sees the body")
 
 
+class MediaDoc(_Doc):
+    """Media URLs, data and embeddings in request bodies (scanner/policy/media.py)."""
+
+    urls: Literal["deny", "allow", "pass"] = Field(
+        default="deny",
+        description="URLs other than data: (deny: refused; allow: http(s), to domains if listed)")
+    domains: list[Annotated[str, Field(pattern=r"^(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*(:[0-9]{1,5})?$")]] = Field(
+        default=[], description="with urls: allow, the hosts (host, host:port, *.suffix) media may come from")
+    data_max_bytes: int | None = Field(default=None, ge=1, description="longest data: URL or base64 item")
+    max_items: int = Field(default=8, ge=0, description="media items per request")
+    embeds: Literal["deny", "allow"] = Field(default="deny", description="image/audio/video embeddings")
+
+
 class AudienceDoc(_Doc):
     kind: Literal["end-user", "service", "operator", "monitoring", "none"]
     networks: list[str] = []
@@ -69,6 +82,8 @@ class AudienceDoc(_Doc):
     auth: Literal["key", "none"] | None = None
     limits: LimitsDoc | None = None
     fields: FieldsDoc | None = None
+    media: MediaDoc | None = Field(default=None, description="default for end-user audiences: data: URLs "
+                                   "only, at most 8 items, no embeddings; others: not checked")
 
 
 class PrincipalDoc(_Doc):
@@ -291,6 +306,15 @@ class DecisionFieldsDoc(_Doc):
         "principal (or audience), the client's replaced")
 
 
+class DecisionMediaDoc(_Doc):
+    urls: Literal["deny", "allow", "pass"]
+    domains: list[str]
+    data_max_bytes: int | None
+    max_items: int | None
+    embeds: Literal["deny", "allow"]
+    at: list[str] = Field(description="where the route's request model can carry media (inventory paths)")
+
+
 class DecisionDoc(_Doc):
     method: str
     path: str
@@ -305,6 +329,7 @@ class DecisionDoc(_Doc):
     limits: PlanLimitsDoc
     budget: BudgetDoc | None
     fields: DecisionFieldsDoc
+    media: DecisionMediaDoc | None = Field(default=None, description="the media rules enforced on this route")
     state_changing: bool
     state_changing_by: str
     upstream_guarded: bool

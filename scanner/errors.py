@@ -100,3 +100,9 @@ class TargetUnreachableError(PerimeterError):
 
 class InternalError(PerimeterError):
     exit_code = EXIT_UNREACHABLE
+
+
+class GrpcInventoryError(InventoryError):
+    """The gRPC surface could not be read: a proto module or descriptor set that is missing or
+    invalid, a server without reflection, a bad ``HOST:PORT`` or gRPC catalog (exit 2; a
+    target that does not answer is :class:`TargetUnreachableError`, exit 3)."""

@@ -128,6 +128,11 @@ def field_checked(plan: Plan) -> Decision:
                  lambda d: d.fields.decided and bool(d.limits.json_caps))
 
 
+def media_checked(plan: Plan) -> Decision:
+    """A route whose media rules act on bodies."""
+    return _pick(plan, "with media rules", lambda d: d.media.active)
+
+
 # --- NGINX: text edits of perimeter-http.conf, perimeter-proxy.conf, the principals map ------
 
 HTTP = "perimeter-http.conf"
@@ -226,6 +231,13 @@ def _n_caps(directory: Path, plan: Plan) -> str:
 def _n_fields(directory: Path, plan: Plan) -> str:
     d = field_checked(plan)
     _blank_check_entry(directory, d, "$perimeter_fields")
+    return f"{d.method} {d.path}"
+
+
+@operator("nginx", "media-check-removed", "one route passes any media URL, data and embeddings")
+def _n_media(directory: Path, plan: Plan) -> str:
+    d = media_checked(plan)
+    _blank_check_entry(directory, d, "$perimeter_media")
     return f"{d.method} {d.path}"
 
 
@@ -563,6 +575,13 @@ def _e_caps(env: _Envoy, plan: Plan) -> str:
 def _e_fields(env: _Envoy, plan: Plan) -> str:
     d = field_checked(plan)
     _group_copy(env, env.allowed(d), fields="false")
+    return f"{d.method} {d.path}"
+
+
+@_e("media-check-removed", "one route passes any media URL, data and embeddings")
+def _e_media(env: _Envoy, plan: Plan) -> str:
+    d = media_checked(plan)
+    _group_copy(env, env.allowed(d), media="nil")
     return f"{d.method} {d.path}"
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
-    "grpc", "rate", "concurrency",
+    "grpc", "rate", "concurrency", "media-url", "media-data", "media-items", "media-embeds",
 ]
 
 # kind -> the status the perimeter answers with
@@ -33,6 +33,10 @@ STATUS: dict[str, int] = {
     "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash)
     "upgrade": 403,              # a protocol upgrade (WebSocket) on a route that is not one
     "grpc": 415,                 # gRPC (content-type application/grpc*) on the HTTP/1.1 listener
+    "media-url": 400,            # a media URL the route's media rules refuse (denied, scheme, host, ...)
+    "media-data": 400,           # a data: URL or base64 media over data_max_bytes
+    "media-items": 400,          # more media items than max_items
+    "media-embeds": 400,         # embeddings (tensors vLLM deserializes) where they are denied
     "rate": 429,
     "concurrency": 429,
 }

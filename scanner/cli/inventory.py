@@ -186,3 +186,7 @@ def catalog_profiles_cmd() -> None:
 from scanner.cli.inventory_live import live_cmd  # noqa: E402  (registered last: inventory live)
 
 group.add_command(live_cmd)
+
+from scanner.cli.inventory_grpc import grpc_cmd  # noqa: E402  (registered after the group exists)
+
+group.add_command(grpc_cmd)

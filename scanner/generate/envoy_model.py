@@ -22,7 +22,7 @@ circuit breaker; overflow is mapped to 429.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from scanner import patterns, reasons
@@ -50,6 +50,7 @@ from scanner.plan.model import (
     Decision,
     Plan,
 )
+from scanner.policy.media import MediaRules
 from scanner.policy.model import FieldRules, Principal, Rate
 
 LUA_FILTER = "perimeter.lua"
@@ -111,6 +112,7 @@ class LuaGroup:
     budget: Budget | None = None                 # the output budget decided on every body
     salt: str = ""                               # "principal" / "audience:NAME": Lua writes that
                                                  # subject's cache_salt (from the 0600 TSV)
+    media: MediaRules | None = None              # the route's media rules; None: not checked
 
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
@@ -278,9 +280,10 @@ class _Registry:
         fields = d.fields if check_body and d.fields.decided else None
         salt = "" if not (check_body and d.salt) else (
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
+        media = d.media if check_body and d.media.active else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items())) if fields else None, limit, caps,
-                 websocket, budget, salt)
+                 websocket, budget, salt, replace(media, line=0) if media else None)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -288,7 +291,7 @@ class _Registry:
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
-                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt)
+                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -330,7 +333,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
-                  and bool(d.limits.json_caps or d.fields.decided))
+                  and bool(d.limits.json_caps or d.fields.decided or d.media.active))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
     # Lua forwards, which grows by the output budget it writes in

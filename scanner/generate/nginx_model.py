@@ -62,6 +62,7 @@ from scanner.plan.model import (
     Decision,
     Plan,
 )
+from scanner.policy.media import MEDIA_KEYS, MediaRules
 from scanner.policy.model import FieldRules, Limits
 
 UPSTREAM = "vllm_upstream"
@@ -113,6 +114,8 @@ class BodyCheck:
                               # not name, have no native fast path
     salt: str = ""      # "principal" / "audience:NAME": njs writes cache_salt = $perimeter_salt
                         # (the subject's salt, from the 0600 principals file) into every body
+    media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
+                        # applies (checkMedia); a body with a media key never takes the fast path
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,7 @@ class _Registry:
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -284,19 +287,29 @@ class _Registry:
         return self.conn[d.conn_zone]
 
     def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
-              salt: str = "") -> BodyCheck:
+              salt: str = "", media: MediaRules | None = None) -> BodyCheck:
         spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
         fields = _fields_spec(rules)
-        key = (tuple(sorted(caps.items())), fields, spec, salt)
+        media_spec = _media_spec(media) if media is not None and media.active else ""
+        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
-            named = tuple(sorted({*rules.names("reject"), *rules.names("strip")}))
+            named = tuple(sorted({*rules.names("reject"), *rules.names("strip"),
+                                  *(MEDIA_KEYS if media_spec else ())}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
                 parse_all=bool(spec) or bool(salt) or (rules.decided and rules.unknown != "pass"),
-                salt=salt)
+                salt=salt, media=media_spec)
         return self.checks[key]
+
+
+def _media_spec(m: MediaRules) -> str:
+    """njs's form of a route's media rules (templates/nginx-perimeter.js, checkMedia)."""
+    def num(n: int | None) -> str:
+        return "-" if n is None else str(n)
+    return (f"urls={m.urls} items={num(m.max_items)} data={num(m.data_max_bytes)} embeds={m.embeds} "
+            f"domains={','.join(m.domains)}")
 
 
 def _fields_spec(rules: FieldRules) -> str:
@@ -324,7 +337,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
-            _fields_spec(d.fields), d.salt)
+            _fields_spec(d.fields), d.salt, d.media)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -333,15 +346,16 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     lim = d.limits
     websocket = d.kind == "websocket"
     rules = next((x.fields for x in ds if x.fields.decided), d.fields)
+    media = next((x.media for x in ds if x.media.active), d.media)
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
-               and bool(lim.json_caps or rules.decided))
+               and bool(lim.json_caps or rules.decided or media.active))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
-    check = reg.check(lim.json_caps, rules, budget, salt) if inspect else None
+    check = reg.check(lim.json_caps, rules, budget, salt, media) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(

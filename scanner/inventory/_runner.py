@@ -1,4 +1,5 @@
-"""Run ``_worker.py`` in a target Python and read its result file (never its stdout)."""
+"""Run a worker (``_worker.py``, or ``_grpc_worker.py``) in a target Python and read its result
+file (never its stdout)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any
 
 from scanner.errors import (
     AppLoadError,
+    GrpcInventoryError,
     InternalError,
     InventoryError,
     OtherServerError,
     PerimeterError,
     ServeArgsError,
+    TargetUnreachableError,
     UnsupportedVllmError,
     UsageError,
     VllmNotFoundError,
@@ -31,6 +34,8 @@ _ERRORS: dict[str, type[PerimeterError]] = {
     "OtherServer": OtherServerError,
     "AppLoad": AppLoadError,
     "Usage": UsageError,
+    "GrpcInventory": GrpcInventoryError,
+    "Unreachable": TargetUnreachableError,
 }
 
 
@@ -40,10 +45,13 @@ def run_worker(
     env: Mapping[str, str],
     secrets: tuple[str, ...] = (),
     timeout: float = 300.0,
+    worker: Path = WORKER,
+    what: str = "route extraction",
 ) -> dict[str, Any]:
-    """Run the worker; return its ``data`` or raise the matching :class:`PerimeterError`.
+    """Run ``worker``; return its ``data`` or raise the matching :class:`PerimeterError`.
 
-    ``secrets`` are scrubbed from any message before it is raised.
+    ``secrets`` are scrubbed from any message before it is raised; ``what`` names the work in
+    messages ("route extraction").
     """
     with tempfile.TemporaryDirectory(prefix="vllm-perimeter-") as tmp:
         req_path = Path(tmp, "request.json")
@@ -53,7 +61,7 @@ def run_worker(
             json.dump(dict(request), fh)
         try:
             proc = subprocess.run(
-                [python, str(WORKER), str(req_path), str(res_path)],
+                [python, str(worker), str(req_path), str(res_path)],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # vLLM logs to stdout: never parsed
@@ -66,12 +74,12 @@ def run_worker(
         except PermissionError:
             raise VllmNotFoundError(f"python interpreter is not executable: {python}") from None
         except subprocess.TimeoutExpired:
-            raise InternalError(f"route extraction in {python} did not finish in {timeout:.0f}s") from None
+            raise InternalError(f"{what} in {python} did not finish in {timeout:.0f}s") from None
         if not res_path.exists():
             stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             tail = [scrub(line, secrets) for line in stderr[-1:]]
             raise InternalError(
-                f"route extraction in {python} exited {proc.returncode} without a result"
+                f"{what} in {python} exited {proc.returncode} without a result"
                 + (f": {tail[0]}" if tail else "")
             )
         result = json.loads(res_path.read_text(encoding="utf-8"))
@@ -83,6 +91,6 @@ def run_worker(
     cls = _ERRORS.get(str(err.get("kind")))
     if cls is None:
         where = " | ".join(scrub(str(w).strip(), secrets) for w in err.get("where", []))
-        raise InventoryError(f"route extraction failed: {message}" + (f" [{where}]" if where else ""))
+        raise InventoryError(f"{what} failed: {message}" + (f" [{where}]" if where else ""))
     raise cls(message)
 

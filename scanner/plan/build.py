@@ -9,6 +9,8 @@ from scanner import patterns
 from scanner.errors import PlanError
 from scanner.inventory.model import Inventory, Route
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, Plan
+from scanner.policy.media import MediaRules
+from scanner.policy.media import positions as media_positions
 from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule
 from scanner.state_changing import is_state_changing
 
@@ -115,6 +117,21 @@ def _fields(route: Route, method: str, audience: Audience, body: BodyPolicy) -> 
                       line=audience.fields.line)
 
 
+def _media(route: Route, method: str, audience: Audience) -> tuple[MediaRules, tuple[str, ...]]:
+    """The audience's media rules where a body of this route can carry media: its request model
+    has a media position, or its body is not known (decided, never assumed free of media). A form
+    body is not inspected."""
+    body = route.request
+    if not audience.media.active or route.kind != "http" or method not in BODY_METHODS:
+        return MediaRules(), ()
+    if body is not None and "form" in body.media_type:
+        return MediaRules(), ()
+    at = media_positions(tuple(body.positions())) if body is not None and body.known else ()
+    if body is not None and body.known and not at:
+        return MediaRules(), ()
+    return audience.media, at
+
+
 def _salt(route: Route, method: str, audience: Audience,
           body: BodyPolicy) -> Literal["", "principal", "audience"]:
     """Whose salt this route's bodies carry: per-principal on a keyed route; per-audience, and
@@ -135,6 +152,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
                      rule, audience)
     cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
     changes, by = _state_changing(route, rule)
+    media, media_at = _media(route, method, audience)
     return Decision(
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
@@ -142,6 +160,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         roles=tuple(sorted(audience.roles)), networks=cidrs,
         limits=audience.limits.merged(rule.limits),
         fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
+        media=media, media_at=media_at,
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
         rule_line=rule.line,
     )

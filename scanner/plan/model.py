@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
+from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
     BodyPolicy,
@@ -117,6 +118,10 @@ class Decision:
     # the principal (or of the audience), the client's replaced (cache_salt: per-principal /
     # per-audience); "" none
     salt: Literal["", "principal", "audience"] = ""
+    # the audience's media rules (scanner.policy.media) where the route's request model has a media
+    # position (``media_at``, from the inventory) or its body is unknown; else none (inactive)
+    media: MediaRules = field(default_factory=MediaRules)
+    media_at: tuple[str, ...] = ()
     state_changing: bool = False    # the policy flags it, or it is on the built-in list
     state_changing_by: str = ""     # "policy", "built-in", "policy+built-in" or ""
     upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
@@ -186,6 +191,7 @@ class Decision:
             "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
                        "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,
                        **({"salt": self.salt} if self.salt else {})},
+            "media": {**self.media.to_dict(), "at": list(self.media_at)} if self.media.active else None,
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
             "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,

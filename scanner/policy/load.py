@@ -6,6 +6,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ import yaml
 from scanner import patterns
 from scanner.errors import PolicyError
 from scanner.output import read_text
+from scanner.policy.media import EMBED_MODES, END_USER_DEFAULT, URL_MODES, MediaRules, entry_problem
 from scanner.policy.model import (
     AUDIENCE_KINDS,
     BALANCE,
@@ -232,7 +234,8 @@ def _limits(node: Node) -> Limits:
 def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Audience]:
     out: dict[str, Audience] = {}
     for name, value in node.entries():
-        m = value.mapping(("kind", "networks", "roles", "auth", "limits", "fields"), required=("kind",))
+        m = value.mapping(("kind", "networks", "roles", "auth", "limits", "fields", "media"),
+                          required=("kind",))
         kind = cast(AudienceKind, m["kind"].choice(AUDIENCE_KINDS))
         nets = m["networks"].texts() if "networks" in m else ()
         for i, net in enumerate(nets):
@@ -248,6 +251,8 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Au
             auth=cast(Any, auth),
             limits=_limits(m["limits"]) if "limits" in m else Limits(),
             fields=_fields(m["fields"]) if "fields" in m else FieldRules(),
+            media=_media(m["media"]) if "media" in m else (
+                replace(END_USER_DEFAULT, line=value.line) if kind == "end-user" else MediaRules()),
             line=value.line,
         )
     return out
@@ -273,6 +278,28 @@ def _fields(node: Node) -> FieldRules:
             named[name] = mode
     unknown = m["unknown"].choice(UNKNOWN_FIELD_CHOICES) if "unknown" in m else "reject"
     return FieldRules(named=dict(sorted(named.items())), unknown=unknown, line=node.line)
+
+
+def _media(node: Node) -> MediaRules:
+    """``media: {urls: deny|allow|pass, domains: [...], data_max_bytes, max_items, embeds}``; a key
+    left out takes the end-user default (urls: deny, max_items: 8, embeds: deny, no data limit)."""
+    m = node.mapping(("urls", "domains", "data_max_bytes", "max_items", "embeds"))
+    urls = m["urls"].choice(URL_MODES) if "urls" in m else "deny"
+    domains: list[str] = []
+    for item in m["domains"].items() if "domains" in m else ():
+        entry = item.text()
+        why = entry_problem(entry)
+        if why:
+            raise item.fail(f"{entry!r} is not a media domain: {why}")
+        domains.append(entry)
+    if domains and urls != "allow":
+        raise m["domains"].fail(f"domains are read only with urls: allow (here urls: {urls})")
+    return MediaRules(
+        urls=cast(Any, urls), domains=tuple(sorted(set(domains))),
+        data_max_bytes=m["data_max_bytes"].whole(minimum=1) if "data_max_bytes" in m else None,
+        max_items=m["max_items"].whole(minimum=0) if "max_items" in m else END_USER_DEFAULT.max_items,
+        embeds=cast(Any, m["embeds"].choice(EMBED_MODES)) if "embeds" in m else "deny",
+        line=node.line)
 
 
 def _principals(

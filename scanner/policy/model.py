@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from scanner.policy.media import MediaRules
+
 AudienceKind = Literal["end-user", "service", "operator", "monitoring", "none"]
 AUDIENCE_KINDS: tuple[str, ...] = ("end-user", "service", "operator", "monitoring", "none")
 CacheSalt = Literal["pass", "reject", "strip", "per-principal", "per-audience"]
@@ -97,6 +99,7 @@ class Audience:
     auth: Literal["key", "none"] = "key"
     limits: Limits = field(default_factory=Limits)
     fields: FieldRules = field(default_factory=FieldRules)
+    media: MediaRules = field(default_factory=MediaRules)
     line: int = 0
 
     @property

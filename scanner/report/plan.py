@@ -27,6 +27,12 @@ def _limits(d: Decision) -> str:
         parts.append("fields:" + ",".join(f"{m}{n}" for m, n in named.items()) + f",other={d.fields.unknown}")
     if d.salt:
         parts.append(f"cache_salt:per-{d.salt}")
+    m = d.media
+    if m.active:
+        urls = f"allow({len(m.domains)} hosts)" if m.urls == "allow" and m.domains else m.urls
+        parts.append(f"media:urls={urls}" + (f",items<={m.max_items}" if m.max_items is not None else "")
+                     + (f",data<={m.data_max_bytes}" if m.data_max_bytes is not None else "")
+                     + f",embeds={m.embeds}")
     if lim.rate:
         parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
     if lim.concurrency:

@@ -11,6 +11,7 @@ import httpx
 from scanner.inventory.model import Inventory, Route, Source
 from scanner.plan.build import build
 from scanner.plan.model import DECISION_HEADER, REASON_HEADER, Plan
+from scanner.policy import media
 from scanner.policy.load import loads
 from scanner.probe.cases import concrete
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
@@ -112,7 +113,7 @@ class Bucket:
 
 def perimeter(p: Plan, broken: str = "") -> Callable[[Vantage], httpx.AsyncBaseTransport]:
     """A correct default-deny perimeter enforcing the plan (exact paths, methods, networks, keys,
-    roles, body size, JSON caps, forbidden fields, rate per principal), with the reason header.
+    roles, body size, JSON caps, forbidden fields, media, rate per principal), with the reason header.
     ``broken`` names one check to leave out (e.g. "network", "rate", "json-cap")."""
     from scanner.probe.expect import in_networks
 
@@ -150,6 +151,8 @@ def perimeter(p: Plan, broken: str = "") -> Callable[[Vantage], httpx.AsyncBaseT
             return _deny(413, "body-too-large")
         if body and request.method == "POST":
             why = _body_refusal(body, dict(lim.json_caps), broken)
+            if not why and broken != "media":
+                why = media.reason(json.loads(body), decision.media)
             if why:
                 return _deny(400, why)
         return _upstream(p, request)

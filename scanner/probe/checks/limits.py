@@ -154,7 +154,7 @@ class Limits(BaseCheck):
             budget = d.budget
             if budget is not None and budget.when_absent == "reject":   # every other body carries it
                 base = {**base, budget.field: budget.cap}
-            out = _Out(self.id, d, _Spread(cells), query, base)
+            out = Out(self.id, d, Spread(cells), query, base)
             variants_done.add(caps_key)
             yield from self._body(ctx, d, out)
             yield from self._caps(d, out, encodings)
@@ -173,7 +173,7 @@ class Limits(BaseCheck):
             yield from self._budget(ctx, d, out)
             yield from self._salt(ctx, d, out, len(cells))
 
-    def _salt(self, ctx: CheckContext, d: Decision, out: _Out, cells: int) -> Iterator[Case]:
+    def _salt(self, ctx: CheckContext, d: Decision, out: Out, cells: int) -> Iterator[Case]:
         """A salted route: a body with a client's cache_salt and one without, from each of two
         senders (two principals where the plan admits two): the upstream must receive exactly
         the salt of the principal (or audience), never the client's (see :meth:`review`)."""
@@ -184,7 +184,7 @@ class Limits(BaseCheck):
                            f"a client's cache_salt: replaced by the {d.salt}'s")
             yield out.case("salt", "allow", (), out.json({}), f"no cache_salt: the {d.salt}'s written in")
 
-    def _body(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
+    def _body(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         limit = d.limits.body_bytes
         caps = dict(sorted(d.limits.json_caps.items()))
         if limit is not None and limit + 1 <= ctx.options.max_body_bytes:
@@ -209,7 +209,7 @@ class Limits(BaseCheck):
             note = " and ".join(x for x in (note, f"body exactly {len(at)} bytes" if size else "") if x)
             yield out.case("at-limits", "allow", (), at, note)
 
-    def _caps(self, d: Decision, out: _Out, encodings: bool) -> Iterator[Case]:
+    def _caps(self, d: Decision, out: Out, encodings: bool) -> Iterator[Case]:
         for i, (name, cap) in enumerate(sorted(d.limits.json_caps.items())):
             bodies = cap_bodies(name, cap) if encodings else [(f"{name}={cap + 1} (int)",
                                                                out.json({name: cap + 1}))]
@@ -218,7 +218,7 @@ class Limits(BaseCheck):
                 reasons = (R.token("json-cap", name),) if j == 0 else (R.token("json-cap", name), "bad-json")
                 yield out.case(f"json-cap {name}", "deny", reasons, body, f"json cap: {note} > {cap}")
 
-    def _fields(self, ctx: CheckContext, d: Decision, out: _Out, names: Sequence[str]) -> Iterator[Case]:
+    def _fields(self, ctx: CheckContext, d: Decision, out: Out, names: Sequence[str]) -> Iterator[Case]:
         rules = d.fields
         for name in names:
             body = out.json({name: "probe-x1" if name != "chat_template_kwargs" else {}})
@@ -239,7 +239,7 @@ class Limits(BaseCheck):
             yield out.case("fields", "allow", (), out.json(allowed),
                            f"every field the policy allows here ({len(allowed)})")
 
-    def _budget(self, ctx: CheckContext, d: Decision, out: _Out) -> Iterator[Case]:
+    def _budget(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         """Bodies without the route's output budget (absent, null, a null last copy of a duplicated
         key, which is the one Python keeps): refused, or let through with the cap written in (the
         witness shows which)."""
@@ -264,22 +264,7 @@ class Limits(BaseCheck):
                                f"output budget {note}: {budget.field}={budget.cap} written in")
 
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
-        if case.expected != "allow" or a.verdict != "proved" or a.upstream is None or case.body is None:
-            return a
-        d = ctx.plan.decision(case.method, case.path)
-        try:
-            obj = json.loads(case.body)
-        except ValueError:
-            obj = None
-        want = None
-        if d is not None and isinstance(obj, dict):
-            salt = expected_salt(ctx, d, case.credential, a.upstream)
-            if salt is None:
-                return replace(a, verdict="inconclusive",
-                               why=f"the sender of a {d.salt}-salted request is unknown")
-            want = ctx.plan.forwarded_body(d, obj, salt)
-        verdict, why = body_received(case.body, a.upstream, want)
-        return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
+        return review_forwarded(ctx, case, a)
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged = []
@@ -304,6 +289,26 @@ class Limits(BaseCheck):
             else:
                 yield make(rule, attempts, f"Requests over the plan's limits reached the upstream: {notes}.",
                            extra="limits")
+
+
+def review_forwarded(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
+    """An allowed body case proved only if the witness saw the body the plan says reaches vLLM."""
+    if case.expected != "allow" or a.verdict != "proved" or a.upstream is None or case.body is None:
+        return a
+    d = ctx.plan.decision(case.method, case.path)
+    try:
+        obj = json.loads(case.body)
+    except ValueError:
+        obj = None
+    want = None
+    if d is not None and isinstance(obj, dict):
+        salt = expected_salt(ctx, d, case.credential, a.upstream)
+        if salt is None:
+            return replace(a, verdict="inconclusive",
+                           why=f"the sender of a {d.salt}-salted request is unknown")
+        want = ctx.plan.forwarded_body(d, obj, salt)
+    verdict, why = body_received(case.body, a.upstream, want)
+    return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
 
 def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: Upstream) -> str | None:
@@ -393,7 +398,7 @@ def _shown(body: Mapping[str, object], key: str) -> str:
     return json.dumps(body[key])[:40]
 
 
-class _Spread:
+class Spread:
     """Round-robin over the cells a decision admits: different principals and addresses are
     different limiter buckets, so their cases run in parallel."""
 
@@ -406,10 +411,10 @@ class _Spread:
         return cell
 
 
-class _Out:
+class Out:
     """The cases of one decision: spread over its cells, built on its carrier (query, fields)."""
 
-    def __init__(self, check: str, d: Decision, spread: _Spread, query: str,
+    def __init__(self, check: str, d: Decision, spread: Spread, query: str,
                  base: dict[str, object]) -> None:
         self.check, self.d, self.spread, self.query, self.base = check, d, spread, query, base
 

@@ -16,7 +16,8 @@
 //            A route's output budget is decided here on every body: when none of the fields
 //            it is read from is present and not null, the cap is written in (or refused).
 //            On a salted route (cache_salt: per-principal / per-audience) every body leaves
-//            with cache_salt = $perimeter_salt, the client's replaced.
+//            with cache_salt = $perimeter_salt, the client's replaced. Media URLs, data and
+//            embeddings anywhere in the body are decided by the route's media rules.
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -138,6 +139,148 @@ function checkBudget(obj, spec, rewrite) {
     return '';
 }
 
+// Media items (scanner/policy/media.py): every key below, at any depth, with a value other than
+// null is one item; URLs, base64 data and embeddings are judged as that module says.
+var URL_KEYS = {image_url: 1, audio_url: 1, video_url: 1, file_url: 1};
+var LIST_KEYS = {images: 1, videos: 1, audio: 1};
+var EMBED_KEYS = {image_embeds: 1, audio_embeds: 1, video_embeds: 1};
+var CANONICAL = /^https?:\/\/([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::([0-9]{1,5}))?(?:[\/?#][\x21-\x5b\x5d-\x7e]*)?$/i;
+
+function mediaItems(value, out) {
+    var keys, i, key, v, url;
+    if (Array.isArray(value)) {
+        for (i = 0; i < value.length; i++) {
+            mediaItems(value[i], out);
+        }
+        return;
+    }
+    if (value === null || typeof value !== 'object') {
+        return;
+    }
+    keys = Object.keys(value);
+    for (i = 0; i < keys.length; i++) {
+        key = keys[i];
+        v = value[key];
+        if (v !== null) {
+            if (has(URL_KEYS, key)) {
+                url = (typeof v === 'object' && !Array.isArray(v)) ? v.url : v;
+                out.push(typeof url === 'string' ? ['url', url] : ['other', '']);
+            } else if (has(LIST_KEYS, key)) {
+                mediaList(v, out);
+            } else if (key === 'source') {
+                mediaSource(v, out);
+            } else if (key === 'input_audio') {
+                url = (typeof v === 'object' && !Array.isArray(v)) ? v.data : undefined;
+                out.push(typeof url === 'string' ? ['data', url] : ['other', '']);
+            } else if (key === 'file_data') {
+                out.push(typeof v === 'string' ? ['data', v] : ['other', '']);
+            } else if (has(EMBED_KEYS, key)) {
+                out.push(['embeds', '']);
+            }
+        }
+        mediaItems(v, out);
+    }
+}
+
+function mediaList(v, out) {
+    var j;
+    if (Array.isArray(v)) {
+        for (j = 0; j < v.length; j++) {
+            if (typeof v[j] === 'string') {
+                out.push(['url', v[j]]);
+            }
+        }
+    }
+}
+
+function mediaSource(v, out) {
+    if (typeof v !== 'object' || Array.isArray(v)) {
+        return;
+    }
+    if (typeof v.url === 'string') {
+        out.push(['url', v.url]);
+    } else if (typeof v.data === 'string') {
+        out.push(['data', v.data]);
+    }
+}
+
+function hostListed(host, port, domains) {
+    var i, entry, colon, name, want;
+    for (i = 0; i < domains.length; i++) {
+        entry = domains[i];
+        colon = entry.indexOf(':');
+        name = colon < 0 ? entry : entry.substring(0, colon);
+        want = colon < 0 ? '' : entry.substring(colon + 1);
+        if (want !== port) {
+            continue;
+        }
+        if (name === host || (name.substring(0, 2) === '*.' && host.length > name.length - 1 &&
+                              host.substring(host.length - name.length + 1) === name.substring(1))) {
+            return true;
+        }
+    }
+    return false;
+}
+
+function dataReason(data, limit) {
+    return (limit !== '-' && data.length > Number(limit)) ? 'media-data:over-' + limit : '';
+}
+
+function urlReason(url, m) {
+    var c;
+    if (url.substring(0, 5).toLowerCase() === 'data:') {
+        return dataReason(url, m.data);
+    }
+    if (m.urls === 'pass') {
+        return '';
+    }
+    if (m.urls === 'deny') {
+        return 'media-url:denied';
+    }
+    if (url.substring(0, 7).toLowerCase() !== 'http://' && url.substring(0, 8).toLowerCase() !== 'https://') {
+        return 'media-url:scheme';
+    }
+    if (m.domains.length === 0) {
+        return '';
+    }
+    c = CANONICAL.exec(url);
+    if (c === null) {
+        return 'media-url:not-canonical';
+    }
+    return hostListed(c[1].toLowerCase(), c[2] || '', m.domains) ? '' : 'media-url:host';
+}
+
+// "urls=deny items=8 data=- embeds=deny domains=a.example,*.b.example:8443"; returns a reason or ''.
+function checkMedia(obj, spec) {
+    var m = {domains: []};
+    var parts, i, eq, items, why, limit;
+    if (!spec) {
+        return '';
+    }
+    parts = spec.split(' ');
+    for (i = 0; i < parts.length; i++) {
+        eq = parts[i].indexOf('=');
+        m[parts[i].substring(0, eq)] = parts[i].substring(eq + 1);
+    }
+    m.domains = m.domains ? m.domains.split(',') : [];
+    items = [];
+    mediaItems(obj, items);
+    for (i = 0; i < items.length; i++) {
+        if (items[i][0] === 'url') {
+            why = urlReason(items[i][1], m);
+        } else if (items[i][0] === 'data') {
+            why = dataReason(items[i][1], m.data);
+        } else {
+            why = (items[i][0] === 'embeds' && m.embeds === 'deny') ? 'media-embeds' : '';
+        }
+        if (why) {
+            return why;
+        }
+    }
+    limit = m.items;
+    return (limit !== '-' && items.length > Number(limit)) ? 'media-items:over-' + limit : '';
+}
+
 function exact(r, v) {
     var text = r.requestText;
     var obj, reason, strip, i, rewrite, salt;
@@ -161,6 +304,9 @@ function exact(r, v) {
     rewrite = {done: false};
     if (!reason) {
         reason = checkFields(obj, v.perimeter_fields, strip);
+    }
+    if (!reason) {
+        reason = checkMedia(obj, v.perimeter_media);
     }
     if (!reason) {
         reason = checkBudget(obj, v.perimeter_budget, rewrite);
