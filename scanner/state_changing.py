@@ -25,9 +25,17 @@ STATE_CHANGING: tuple[str, ...] = (
 )
 
 
+# gRPC methods (vLLM's gRPC server, smg-grpc-proto's VllmEngine) that change a live server's state.
+GRPC_STATE_CHANGING: tuple[str, ...] = (
+    "/vllm.grpc.engine.VllmEngine/Abort", "/vllm.grpc.engine.VllmEngine/FlushCache",
+    "/vllm.grpc.engine.VllmEngine/StartProfile", "/vllm.grpc.engine.VllmEngine/StopProfile",
+)
+
+
 def is_state_changing(path: str) -> bool:
-    """Does the route template ``path`` change state when its handler runs?"""
-    return any(patterns.covers(p, path) for p in STATE_CHANGING)
+    """Does the route template ``path`` (or gRPC method) change state when its handler runs?"""
+    return path in GRPC_STATE_CHANGING or any(patterns.covers(p, path) for p in STATE_CHANGING
+                                              if not path.startswith("/vllm.grpc."))
 
 
 @dataclass(frozen=True)

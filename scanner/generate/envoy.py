@@ -106,6 +106,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["q"] = yaml_quote
     env.filters["lua"] = lua_quote
+    env.filters["chomp"] = lambda text: str(text).rstrip("\n")
     return env
 
 

@@ -58,6 +58,10 @@ PRINCIPALS = "envoy-principals.tsv"
 STREAM_BUFFER = 1048576    # Envoy's default per-connection buffer limit
 UPSTREAM_HEADER = "x-perimeter-upstream"   # internal: the concurrency cluster Lua picked
 BASE_CLUSTER = "vllm"
+GRPC_CLUSTER = "vllm_grpc"
+# What a gRPC call needs besides content-type and user-agent: its framing and deadline headers
+# (client metadata is dropped like any other header).
+GRPC_HEADERS: tuple[str, ...] = ("grpc-accept-encoding", "grpc-encoding", "grpc-timeout", "te")
 # Besides the forwarded headers, what the Lua filter must leave for Envoy itself: the body's
 # framing, the key (read by Lua, removed by the router), and what Envoy set as the edge proxy.
 ENVOY_KEPT = frozenset({"content-length", "transfer-encoding", "authorization", "x-forwarded-for",
@@ -93,6 +97,7 @@ class RouteView:
     rate_filter: str = ""
     websocket: bool = False
     retry: str = ""           # Envoy retry_on; "" = no retry
+    grpc: bool = False        # a gRPC method: matched only with content-type application/grpc
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class LuaGroup:
     salt: str = ""                               # "principal" / "audience:NAME": Lua writes that
                                                  # subject's cache_salt (from the 0600 TSV)
     media: MediaRules | None = None              # the route's media rules; None: not checked
+    grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
 
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
@@ -140,6 +146,18 @@ class ClusterView:
     name: str
     max_requests: int = 0          # 0: Envoy's defaults
     max_pending: int = 0
+    grpc: bool = False             # vLLM's gRPC server (HTTP/2), not its HTTP app
+
+
+@dataclass(frozen=True)
+class GrpcListener:
+    """The gRPC listener (policy ``grpc:``) and vLLM's gRPC server behind it."""
+
+    listen_address: str
+    listen_port: int
+    upstream_endpoints: tuple[tuple[str, int], ...]
+    upstream_ip: bool
+    routes: tuple[RouteView, ...]
 
 
 @dataclass(frozen=True)
@@ -187,6 +205,8 @@ class Model:
     principals: tuple[Principal, ...]
     salts: tuple[tuple[str, str], ...] = ()       # (subject, cache_salt): the 0600 TSV only
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
+    grpc: GrpcListener | None = None              # the gRPC listener; None: none
+    grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
     principal_header: str = PRINCIPAL_HEADER.lower()
@@ -258,16 +278,17 @@ class _Registry:
         """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
         limit = d.limits.concurrency
         assert limit is not None
-        key = d.conn_zone
+        grpc = d.kind == "grpc"
+        key = d.conn_zone + (":grpc" if grpc else "")
         if key not in self.concurrency:
-            gid = f"{BASE_CLUSTER}.{d.audience}.c{limit}"
+            gid = f"{GRPC_CLUSTER if grpc else BASE_CLUSTER}.{d.audience}.c{limit}"
             self.concurrency[key] = gid
             # HTTP/1.1 upstream: at most `limit` requests in flight to vLLM per principal,
             # at most `limit` more waiting for a connection; beyond that, overflow -> 429.
             names = ([f"{gid}.{p}" for p in _admitted(self.principals, d.roles)]
                      if d.auth == "key" else [gid])
             for name in names:
-                self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit)
+                self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit, grpc=grpc)
         return self.concurrency[key]
 
     def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool) -> str:
@@ -281,9 +302,10 @@ class _Registry:
         salt = "" if not (check_body and d.salt) else (
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
         media = d.media if check_body and d.media.active else None
+        grpc = d.kind == "grpc"
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items())) if fields else None, limit, caps,
-                 websocket, budget, salt, replace(media, line=0) if media else None)
+                 websocket, budget, salt, replace(media, line=0) if media else None, grpc)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -291,7 +313,8 @@ class _Registry:
                 id=f"g{len(self.lua) + 1}", key=key_needed,
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
-                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media)
+                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
+                grpc=grpc)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -341,9 +364,10 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     grown = len(f',"{budget.field}":{budget.cap}') if budget and budget.when_absent == "inject" else 0
     grown += SALT_BYTES if check_body and d.salt else 0
     held = body_bytes + grown if body_bytes else 0
+    grpc = d.kind == "grpc"
     return RouteView(
         name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
-        cluster="" if (key and concurrency) else (concurrency or BASE_CLUSTER),
+        cluster="" if (key and concurrency) else (concurrency or (GRPC_CLUSTER if grpc else BASE_CLUSTER)),
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
         timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
@@ -354,7 +378,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
                                     else "connect-failure,reset-before-request"),
-        path=_exact(d.path), regex=_regex(d.path),
+        path=_exact(d.path), regex=_regex(d.path), grpc=grpc,
     )
 
 
@@ -391,6 +415,30 @@ def _routes(reg: _Registry, plan: Plan) -> tuple[RouteView, ...]:
                          reason=reasons.token("not-allowlisted"),
                          rule="no route in the inventory (default deny)"))
     return tuple(out)
+
+
+def _grpc(reg: _Registry, plan: Plan) -> GrpcListener | None:
+    """The gRPC listener: a route per allowed method (content-type application/grpc only), a 404
+    for every other method of the inventory and for anything else."""
+    g = plan.grpc
+    if g is None:
+        return None
+    routes: list[RouteView] = []
+    for d in g.decisions:
+        if d.allowed:
+            routes.append(replace(_allowed_route(reg, d), method=""))
+        why = d.reason if not d.allowed else "a gRPC method is called with content-type application/grpc"
+        routes.append(RouteView(name=_route_name("deny", "", d.path), status=404,
+                                reason=reasons.token("not-allowlisted"), rule=why, path=d.path))
+    routes.append(RouteView(name="deny:unknown", status=404, reason=reasons.token("not-allowlisted"),
+                            rule="no method in the gRPC inventory (default deny)"))
+    host, port = g.upstream
+    if not (0 < g.listen.port < 65536 and 0 < port < 65536):
+        raise GenerateError("envoy generator: gRPC ports must be in 1..65535")
+    if g.listen.tls:
+        raise GenerateError("envoy generator: TLS on the gRPC listener is not supported yet (grpc.listen.tls)")
+    return GrpcListener(listen_address=_ip("gRPC listen address", g.listen.address), listen_port=g.listen.port,
+                        upstream_endpoints=((host, port),), upstream_ip=_is_ip(host), routes=tuple(routes))
 
 
 # --- TLS -------------------------------------------------------------------------------
@@ -456,6 +504,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         _check_name("role", p.role)
     reg = _Registry(plan.principals)
     routes = _routes(reg, plan)
+    grpc = _grpc(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
         raise GenerateError("envoy generator: ports must be in 1..65535")
     listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
@@ -472,11 +521,13 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         routes=routes,
         lua_groups=tuple(reg.lua.values()),
         rate_filters=tuple(reg.rate.values()),
-        clusters=(ClusterView(BASE_CLUSTER), *sorted(reg.clusters.values(), key=lambda c: c.name)),
+        clusters=(ClusterView(BASE_CLUSTER), *((ClusterView(GRPC_CLUSTER, grpc=True),) if grpc else ()),
+                  *sorted(reg.clusters.values(), key=lambda c: c.name)),
         kept_headers=tuple(sorted({h.lower() for h in FORWARDED_HEADERS} | ENVOY_KEPT)),
         websocket_headers=tuple(sorted(h.lower() for h in (*WEBSOCKET_HEADERS, "Upgrade", "Connection"))),
         request_headers_to_remove=_removed_headers(),
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
         salts=salts(plan, "envoy"),
         upstream_key_file=plan.upstream.api_key_file or "",
+        grpc=grpc,
     )

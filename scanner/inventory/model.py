@@ -62,7 +62,7 @@ from scanner.inventory.request_fields import json_text
 from scanner.output import read_text
 
 SCHEMA_VERSION = 1
-RouteKind = Literal["http", "websocket", "mount"]
+RouteKind = Literal["http", "websocket", "mount", "grpc"]   # grpc: a plan decision on a gRPC method
 SourceKind = Literal["vllm", "asgi", "openapi", "sweep", "live"]
 BodySource = Literal["fastapi", "handler", "none", "unknown"]
 ANY_METHOD = "*"

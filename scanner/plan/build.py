@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Literal
 
 from scanner import patterns
-from scanner.errors import PlanError
+from scanner.errors import PerimeterError, PlanError
+from scanner.inventory import grpc as grpc_inventory
+from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
-from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, Plan
+from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
 from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule
@@ -20,7 +23,8 @@ _MOUNT_METHODS = ("*",)
 
 
 def build(inventory: Inventory, policy: Policy,
-          network_overrides: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
+          network_overrides: Mapping[str, tuple[str, ...]] | None = None,
+          grpc_surface: GrpcSurface | None = None) -> Plan:
     """One decision per (method, route). Routes no rule covers are denied and reported."""
     networks = dict(policy.networks)
     for name, cidrs in (network_overrides or {}).items():
@@ -57,7 +61,52 @@ def build(inventory: Inventory, policy: Policy,
         uncovered=tuple(sorted(uncovered)),
         unused_rules=unused,
         unnamed_fields=_unnamed_fields(inventory, decisions),
+        grpc=_grpc(policy, networks, grpc_surface) if policy.grpc else None,
     )
+
+
+def _grpc(policy: Policy, networks: Mapping[str, tuple[str, ...]], surface: GrpcSurface | None) -> GrpcPlan:
+    """One decision per method of the gRPC inventory the policy names (or ``surface``)."""
+    g = policy.grpc
+    assert g is not None
+    if surface is None:
+        try:
+            surface = grpc_inventory.load(g.path or g.inventory)
+        except PerimeterError as exc:
+            raise PlanError(f"{policy.source}:{g.line}: grpc.inventory: {exc}") from None
+    decisions, uncovered, used, unenforced = [], [], set(), []
+    for m in surface.methods:
+        route = Route(path=m.path, methods=("POST",), kind="grpc")
+        rule = next((r for r in g.rules if r.covers(m.path)), None)
+        if rule is None:
+            uncovered.append(m.path)
+            decisions.append(_deny(route, "POST", "no rule covers this gRPC method (default deny)"))
+            continue
+        used.add(rule.line)
+        audience = policy.audiences[rule.audience]
+        d = _decide(route, "POST", RouteRule(path=m.path, audience=rule.audience, line=rule.line),
+                    audience, networks, BodyPolicy(cache_salt="pass", chat_template="pass"))
+        lim = d.limits
+        lost = [what for what, on in (("json caps", bool(lim.json_caps)), ("field rules", audience.fields.decided),
+                                      ("media rules", audience.media.active),
+                                      ("cache_salt", policy.body.salted)) if on]
+        if d.allowed and lost:
+            unenforced.append(f"{m.path}: the audience's {', '.join(lost)} (JSON body rules; protobuf "
+                              "bodies are not read)")
+        decisions.append(replace(d, reason=d.reason.replace("rule at line", "grpc rule at line"),
+                                 limits=replace(lim, json_caps={}, when_absent=None),
+                                 fields=FieldRules(), media=MediaRules(), salt=""))
+    return GrpcPlan(listen=g.listen, upstream=(g.upstream_host, g.upstream_port),
+                    decisions=tuple(sorted(decisions, key=lambda d: d.path)),
+                    inventory=_surface_name(surface), uncovered=tuple(uncovered),
+                    unused_rules=tuple(f"line {r.line}: {r.method}" for r in g.rules if r.line not in used),
+                    unenforced=tuple(unenforced))
+
+
+def _surface_name(surface: GrpcSurface) -> str:
+    p = surface.provenance
+    what = ", ".join(str(x) for x in p.packages) or p.target
+    return f"{p.kind}: {what}" + (f" (vLLM {p.vllm})" if p.vllm else "")
 
 
 def _unnamed_fields(inventory: Inventory, decisions: list[Decision]) -> tuple[str, ...]:

@@ -199,6 +199,36 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class GrpcPlan:
+    """The gRPC listener: one decision per method of the gRPC inventory (kind "grpc", method
+    "POST", path ``/package.Service/Method``), default deny. A method's limits are its
+    audience's rate, concurrency, timeout and body size; the JSON body rules (caps, output
+    budget, fields, media, salt) cannot be read in protobuf and are listed in ``unenforced``."""
+
+    listen: Listen
+    upstream: tuple[str, int]
+    decisions: tuple[Decision, ...]
+    inventory: str                      # where the methods were read (catalog, file, reflection)
+    uncovered: tuple[str, ...] = ()     # methods no rule covers: denied, reported
+    unused_rules: tuple[str, ...] = ()
+    unenforced: tuple[str, ...] = ()    # "METHOD: the audience's json caps ... not enforced"
+
+    @property
+    def allowed(self) -> tuple[Decision, ...]:
+        return tuple(d for d in self.decisions if d.allowed)
+
+    def decision(self, path: str) -> Decision | None:
+        return next((d for d in self.decisions if d.path == path), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"listen": {"address": self.listen.address, "port": self.listen.port,
+                           "tls": bool(self.listen.tls)},
+                "upstream": f"{self.upstream[0]}:{self.upstream[1]}", "inventory": self.inventory,
+                "decisions": [d.to_dict() for d in self.decisions], "uncovered": list(self.uncovered),
+                "unused_rules": list(self.unused_rules), "unenforced": list(self.unenforced)}
+
+
+@dataclass(frozen=True)
 class Plan:
     decisions: tuple[Decision, ...]
     principals: tuple[Principal, ...]
@@ -216,6 +246,7 @@ class Plan:
     # "METHOD path: a, b (unknown: reject)": fields of an allowed route's request model (from the
     # inventory) its field rules do not name; form bodies are not inspected and not listed
     unnamed_fields: tuple[str, ...] = ()
+    grpc: GrpcPlan | None = None           # the gRPC listener's decisions (policy grpc:)
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -300,6 +331,7 @@ class Plan:
             "uncovered": list(self.uncovered),
             "unused_rules": list(self.unused_rules),
             "unnamed_fields": list(self.unnamed_fields),
+            **({"grpc": self.grpc.to_dict()} if self.grpc else {}),
         }
 
     @property

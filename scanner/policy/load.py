@@ -31,6 +31,8 @@ from scanner.policy.model import (
     AudienceKind,
     BodyPolicy,
     FieldRules,
+    GrpcPolicy,
+    GrpcRule,
     Health,
     Limits,
     Listen,
@@ -148,7 +150,7 @@ def _hint(value: str, choices: Sequence[str]) -> str:
 # --- the document --------------------------------------------------------------------------
 
 _TOP = ("schema_version", "name", "networks", "audiences", "principals", "principals_file",
-        "routes", "body", "listen", "upstream", "trusted_proxies", "ports")
+        "routes", "body", "listen", "upstream", "trusted_proxies", "ports", "grpc")
 
 
 def load(path: str | Path) -> Policy:
@@ -189,6 +191,7 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
         upstream=_upstream(top["upstream"]) if "upstream" in top else Upstream(),
         trusted_proxies=_cidrs(top["trusted_proxies"]) if "trusted_proxies" in top else (),
         ports=_ports(top["ports"], networks) if "ports" in top else None,
+        grpc=_grpc(top["grpc"], audiences, base_dir or Path(".")) if "grpc" in top else None,
         source=source,
         digest="sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
@@ -418,7 +421,44 @@ def _body(node: Node) -> BodyPolicy:
     )
 
 
-def _listen(node: Node) -> Listen:
+_GRPC_METHOD = re.compile(r"^/[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*/([A-Za-z_][A-Za-z0-9_]*|\*)$")
+
+
+def _grpc(node: Node, audiences: dict[str, Audience], base_dir: Path) -> GrpcPolicy:
+    """``grpc: {inventory, listen, upstream: {host, port}, methods: [{method, audience, note}]}``."""
+    m = node.mapping(("inventory", "listen", "upstream", "methods"), required=("inventory", "methods"))
+    ref = m["inventory"].text()
+    path = base_dir / ref
+    listen = _listen(m["listen"], default_port=50052) if "listen" in m else Listen(port=50052)
+    host, port = "127.0.0.1", 50051
+    if "upstream" in m:
+        u = m["upstream"].mapping(("host", "port"))
+        host = u["host"].text() if "host" in u else host
+        if not valid_host(host):
+            raise u["host"].fail(f"{host!r} is not an IP address or DNS name")
+        port = _port(u["port"]) if "port" in u else port
+    rules: list[GrpcRule] = []
+    for item in m["methods"].items():
+        r = item.mapping(("method", "audience", "note"), required=("method", "audience"))
+        method = r["method"].text()
+        if not _GRPC_METHOD.match(method):
+            raise r["method"].fail(f"{method!r} is not a gRPC method: /package.Service/Method, or "
+                                   "/package.Service/* for all of a service's")
+        audience = r["audience"].text()
+        if audience not in audiences:
+            raise r["audience"].fail(f"unknown audience {audience!r}" + _hint(audience, list(audiences)))
+        rule = GrpcRule(method=method, audience=audience, note=r["note"].text() if "note" in r else "",
+                        line=item.line)
+        for other in rules:
+            if rule.covers(other.method.replace("/*", "/x")) or other.covers(rule.method.replace("/*", "/x")):
+                raise item.fail(f"{method!r} overlaps {other.method!r} at line {other.line}; each gRPC "
+                                "method must be decided by one rule")
+        rules.append(rule)
+    return GrpcPolicy(inventory=ref, listen=listen, upstream_host=host, upstream_port=port,
+                      rules=tuple(rules), path=str(path) if path.is_file() else "", line=node.line)
+
+
+def _listen(node: Node, default_port: int = 8080) -> Listen:
     m = node.mapping(("address", "port", "tls"))
     tls = None
     if "tls" in m:
@@ -426,7 +466,7 @@ def _listen(node: Node) -> Listen:
         tls = TlsServer(cert=t["cert"].text(), key=t["key"].text())
     return Listen(
         address=m["address"].text() if "address" in m else "0.0.0.0",
-        port=m["port"].whole(minimum=1) if "port" in m else 8080,
+        port=m["port"].whole(minimum=1) if "port" in m else default_port,
         tls=tls,
     )
 

@@ -214,6 +214,37 @@ class PortPolicy:
 
 
 @dataclass(frozen=True)
+class GrpcRule:
+    """Who may call a gRPC method: ``/package.Service/Method``, or ``/package.Service/*`` for
+    every method of a service."""
+
+    method: str
+    audience: str
+    note: str = ""
+    line: int = 0
+
+    def covers(self, path: str) -> bool:
+        return path == self.method or (self.method.endswith("/*") and path.startswith(self.method[:-1])
+                                       and "/" not in path[len(self.method) - 1:])
+
+
+@dataclass(frozen=True)
+class GrpcPolicy:
+    """The ``grpc:`` section: vLLM's gRPC server (``vllm serve --grpc``, no key check of its own)
+    behind its own listener of the perimeter, default deny per method. ``inventory`` names the
+    methods it has: a bundled gRPC catalog (``vllm-0.33.0``) or a file ``inventory grpc`` wrote
+    (``path``: resolved against the policy's directory)."""
+
+    inventory: str
+    listen: Listen = field(default_factory=lambda: Listen(port=50052))
+    upstream_host: str = "127.0.0.1"
+    upstream_port: int = 50051
+    rules: tuple[GrpcRule, ...] = ()
+    path: str = ""      # the inventory as a file, when it names one
+    line: int = 0
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
     networks: Mapping[str, tuple[str, ...]]
@@ -225,6 +256,7 @@ class Policy:
     upstream: Upstream = field(default_factory=Upstream)
     trusted_proxies: tuple[str, ...] = ()
     ports: PortPolicy | None = None  # None: no `ports:` section (see scanner.netscan.policy)
+    grpc: GrpcPolicy | None = None   # None: no gRPC listener
     source: str = "<policy>"
     digest: str = ""
     schema_version: int = SCHEMA_VERSION
