@@ -161,6 +161,28 @@ class PortsDoc(_Doc):
     allow: list[PortRuleDoc]
 
 
+class GrpcMethodDoc(_Doc):
+    method: str = Field(pattern=r"^/[A-Za-z_][A-Za-z0-9_.]*/([A-Za-z_][A-Za-z0-9_]*|\*)$",
+                        description="/package.Service/Method, or /package.Service/* for all of its methods")
+    audience: str
+    note: str | None = None
+
+
+class GrpcUpstreamDoc(_Doc):
+    host: str = "127.0.0.1"
+    port: int = Field(default=50051, ge=1, le=65535)
+
+
+class GrpcDoc(_Doc):
+    """The gRPC listener: default deny per method of ``inventory`` (a bundled gRPC catalog or a file
+    ``inventory grpc`` wrote)."""
+
+    inventory: str
+    listen: ListenDoc | None = None
+    upstream: GrpcUpstreamDoc | None = None
+    methods: list[GrpcMethodDoc]
+
+
 class PolicyDoc(_Doc):
     """A policy (``policies/vllm-default.yaml``)."""
 
@@ -176,6 +198,8 @@ class PolicyDoc(_Doc):
     upstream: PolicyUpstreamDoc | None = None
     trusted_proxies: list[str] = []
     ports: PortsDoc | None = None
+    grpc: GrpcDoc | None = Field(default=None,
+                                 description="vLLM's gRPC server behind Envoy's HTTP/2 listener")
 
 
 class PrincipalsDoc(_Doc):
@@ -353,6 +377,7 @@ class PlanDoc(_Doc):
     uncovered: list[str]
     unused_rules: list[str]
     unnamed_fields: list[str] = []
+    grpc: dict[str, Any] | None = Field(default=None, description="the gRPC listener's decisions")
     digest: str
 
 

@@ -495,8 +495,8 @@ def _envoy_edit(fn: Callable[[_Envoy, Plan], str]) -> Apply:
     return apply
 
 
-def _forwarding(name: str, match: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "match": match, "route": {"cluster": "vllm", "timeout": "0s"},
+def _forwarding(name: str, match: dict[str, Any], cluster: str = "vllm") -> dict[str, Any]:
+    return {"name": name, "match": match, "route": {"cluster": cluster, "timeout": "0s"},
             "typed_per_filter_config": {"perimeter.lua": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
                 "disabled": True}}}
@@ -660,6 +660,21 @@ def _e_denied(env: _Envoy, plan: Plan) -> str:
     r = env.route(f"deny:{path}")
     env.routes[env.routes.index(r)] = _forwarding(f"deny:{path}", r["match"])
     return path
+
+
+@_e("grpc-denied-method-forwarded", "a gRPC method the plan denies is forwarded to vLLM's gRPC server")
+def _e_grpc_denied(env: _Envoy, plan: Plan) -> str:
+    g = plan.grpc
+    denied = next((d.path for d in (g.decisions if g else ()) if not d.allowed), "")
+    listeners = env.doc["static_resources"]["listeners"]
+    listener = next((x for x in listeners if x["name"] == "perimeter-grpc"), None)
+    if not denied or listener is None:
+        raise NotApplicable("no gRPC listener with a denied method")
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    i = next(i for i, r in enumerate(routes) if r["name"] == f"deny:{denied}")
+    routes[i] = _forwarding(f"deny:{denied}", routes[i]["match"], cluster="vllm_grpc")
+    return denied
 
 
 @_e("raw-target-forwarded", "paths are matched and forwarded raw (no normalisation)")

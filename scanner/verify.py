@@ -13,6 +13,7 @@ this returns or raises, Ctrl-C included.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Targe
 from scanner.probe.runner import probe
 from scanner.runtime.proxy import Proxy
 from scanner.secrets import fingerprint
+from scanner.standin.grpc_standin import GrpcStandin
 from scanner.standin.serve import StandinThread
 
 OUTSIDE = "outside"
@@ -113,7 +115,7 @@ def loopback(policy: Policy) -> tuple[dict[str, tuple[str, ...]], tuple[Vantage,
 
 
 def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: int,
-          keys_per_role: int = 1, upstream_key: str = "") -> Setup:
+          keys_per_role: int = 1, upstream_key: str = "", grpc_upstream_port: int = 0) -> Setup:
     """The plan and credentials for one run; the keys exist only in memory (and their hashes
     in ``directory``). With the policy's ``upstream.api_key_file``, vLLM's key is ``upstream_key``
     (default: a throwaway one), in a 0600 file in ``directory`` the proxy reads."""
@@ -144,8 +146,10 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         new_secret(salt_file)
         salt_secret = salt_file.read_text(encoding="utf-8").strip()
         body = replace(body, cache_salt_secret_file=str(salt_file.resolve()))
+    grpc = policy.grpc and replace(policy.grpc, listen=Listen("127.0.0.1", free_port()),
+                                   upstream_host="127.0.0.1", upstream_port=grpc_upstream_port or free_port())
     local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
-                    upstream=upstream, body=body)
+                    upstream=upstream, body=body, grpc=grpc or None)
     return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
                  upstream_key, salt_secret)
 
@@ -194,8 +198,19 @@ def loop(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy],
             proxy.write(s.plan, work / proxy.name)
             written.append((proxy, work / proxy.name))
         guard = (s.upstream_key,) if s.upstream_key else ()
-        with StandinThread(inventory, "127.0.0.1", upstream_port, api_keys=guard) as standin:
+        with ExitStack() as stack:
+            standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", upstream_port,
+                                                        api_keys=guard))
+            if s.plan.grpc is not None and grpc_python():   # else its allowed methods stay unproven
+                methods = tuple(d.path for d in s.plan.grpc.decisions)
+                stack.enter_context(GrpcStandin(grpc_python(), methods, s.plan.grpc.upstream[1]))
             yield s, standin.url, written
+
+
+def grpc_python() -> str:
+    """A Python with grpcio for the gRPC stand-in: $VLLM_PERIMETER_GRPC_PYTHON, else vLLM's
+    ($VLLM_PERIMETER_VLLM_PYTHON); "" none."""
+    return os.environ.get("VLLM_PERIMETER_GRPC_PYTHON") or os.environ.get("VLLM_PERIMETER_VLLM_PYTHON", "")
 
 
 def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,

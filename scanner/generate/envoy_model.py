@@ -436,8 +436,10 @@ def _grpc(reg: _Registry, plan: Plan) -> GrpcListener | None:
     if not (0 < g.listen.port < 65536 and 0 < port < 65536):
         raise GenerateError("envoy generator: gRPC ports must be in 1..65535")
     if g.listen.tls:
-        raise GenerateError("envoy generator: TLS on the gRPC listener is not supported yet (grpc.listen.tls)")
-    return GrpcListener(listen_address=_ip("gRPC listen address", g.listen.address), listen_port=g.listen.port,
+        raise GenerateError("envoy generator: TLS on the gRPC listener is not supported yet "
+                            "(grpc.listen.tls)")
+    return GrpcListener(listen_address=_ip("gRPC listen address", g.listen.address),
+                        listen_port=g.listen.port,
                         upstream_endpoints=((host, port),), upstream_ip=_is_ip(host), routes=tuple(routes))
 
 

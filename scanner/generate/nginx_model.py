@@ -448,6 +448,9 @@ def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
 
 def build_model(plan: Plan, options: GenerateOptions) -> Model:
     opts = NginxOptions.parse(options.extra)
+    if plan.grpc is not None:
+        raise GenerateError("nginx generator: the policy's grpc: listener is generated for Envoy only "
+                            "(`generate envoy`); NGINX's HTTP listener refuses gRPC and HTTP/2 cleartext")
     reg = _Registry()
     up_tls = _upstream_tls(plan, opts)
     scheme = "https" if up_tls else "http"

@@ -87,7 +87,8 @@ def _grpc(policy: Policy, networks: Mapping[str, tuple[str, ...]], surface: Grpc
         d = _decide(route, "POST", RouteRule(path=m.path, audience=rule.audience, line=rule.line),
                     audience, networks, BodyPolicy(cache_salt="pass", chat_template="pass"))
         lim = d.limits
-        lost = [what for what, on in (("json caps", bool(lim.json_caps)), ("field rules", audience.fields.decided),
+        lost = [what for what, on in (("json caps", bool(lim.json_caps)),
+                                      ("field rules", audience.fields.decided),
                                       ("media rules", audience.media.active),
                                       ("cache_salt", policy.body.salted)) if on]
         if d.allowed and lost:

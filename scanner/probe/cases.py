@@ -35,6 +35,7 @@ class Case:
     chunked: bool = False
     raw: bool = False              # send over a plain stream, byte for byte
     h2c: bool = False              # send as HTTP/2 with prior knowledge (the connection preface)
+    grpc_port: int = 0             # a gRPC call (HTTP/2, application/grpc) to this port of the target host
     burst: str = ""                # cases of one rate burst share this key; sent unthrottled
     note: str = ""
     skip: str = ""                 # not sent, and why (would change state)

@@ -213,7 +213,7 @@ class _Run:
 
     def _wire(self, case: Case, tries: int = 0) -> tuple[Case, str]:
         """The case as sent: with a probe id (and hold) when a witness records the upstream."""
-        if not self.options.witness:
+        if not self.options.witness or case.grpc_port:   # the witness records HTTP requests only
             return case, ""
         self.counter += 1
         pid = f"{self.run_id}-{self.counter}"

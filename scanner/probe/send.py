@@ -21,7 +21,7 @@ import h11
 import httpx
 
 from scanner.errors import UsageError
-from scanner.probe import h2c
+from scanner.probe import grpc_call, h2c
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason, grpc_status
 from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
@@ -93,6 +93,12 @@ class Sender:
     async def send(self, case: Case) -> Attempt:
         start = time.monotonic()
         try:
+            if case.grpc_port:
+                status, headers = await grpc_call.call(
+                    self._url.host, case.grpc_port, case.target,
+                    (*case.credential.headers().items(), *case.headers), case.vantage.address,
+                    self.timeout_for(case))
+                return _attempt(case, start, status=status, headers=headers)
             if case.h2c:
                 status, headers, h2 = await _bounded(self._send_h2c(case), self.timeout_for(case))
                 a = _attempt(case, start, status=status, headers=headers)
@@ -329,6 +335,8 @@ async def _chunks(body: bytes, size: int = 65536) -> AsyncIterator[bytes]:
 
 
 def request_line(case: Case) -> str:
+    if case.grpc_port:
+        return f"{case.send_method} {case.target} gRPC (HTTP/2, port {case.grpc_port})"
     return f"{case.send_method} {case.target} {'HTTP/2 (h2c prior knowledge)' if case.h2c else 'HTTP/1.1'}"
 
 
@@ -338,7 +346,7 @@ def _secrets(case: Case) -> tuple[str, ...]:
 
 
 def _pipelinable(case: Case) -> bool:
-    return (not case.raw and not case.h2c and not case.chunked and not case.hold_ms
+    return (not case.raw and not case.h2c and not case.grpc_port and not case.chunked and not case.hold_ms
             and len(case.body or b"") <= 65536)
 
 

@@ -64,8 +64,9 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False)
 
 def seen_verdict(case: Case, a: Attempt, seen: Upstream | None) -> Attempt:
     """``a`` with what the witness saw, and the verdict that follows from it (also for a
-    request that got no answer: what reached the upstream is known all the same)."""
-    if a.outcome == "skipped":
+    request that got no answer: what reached the upstream is known all the same). A gRPC call
+    goes to the gRPC listener, which the (HTTP) witness does not see: as answered."""
+    if a.outcome == "skipped" or case.grpc_port:
         return a
     if seen is not None:
         a = replace(a, upstream=seen)

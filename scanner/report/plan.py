@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from rich.table import Table
 
@@ -66,8 +67,31 @@ def to_table(plan: Plan, width: int = 140) -> str:
                       f"{plan.body.cache_salt_secret_file}; written over any client's on JSON bodies)")
     if plan.unused_rules:
         console.print(f"rules that match no route in this inventory: {', '.join(plan.unused_rules)}")
+    if plan.grpc is not None:
+        _grpc(console, plan)
     console.print(f"digest {plan.digest}")
     return buf.getvalue()
+
+
+def _grpc(console: Any, plan: Plan) -> None:
+    g = plan.grpc
+    assert g is not None
+    where = f"{g.listen.address}:{g.listen.port} -> {g.upstream[0]}:{g.upstream[1]}"
+    table = Table(title=f"gRPC listener {where} ({g.inventory})")
+    for col in ("method", "action", "audience", "auth", "roles", "networks", "limits", "reason"):
+        table.add_column(col, overflow="fold")
+    for d in g.decisions:
+        table.add_row(d.path, d.action.upper() if d.allowed else "deny", d.audience,
+                      d.auth if d.allowed else "", ",".join(d.roles), ",".join(d.networks), _limits(d),
+                      d.reason)
+    console.print(table)
+    console.print(f"gRPC: {len(g.allowed)} allowed, {len(g.decisions) - len(g.allowed)} denied")
+    if g.uncovered:
+        console.print(f"{len(g.uncovered)} gRPC methods no rule covers (denied): {', '.join(g.uncovered)}")
+    for line in g.unenforced:
+        console.print(f"not enforced on gRPC: {line}")
+    if g.unused_rules:
+        console.print(f"gRPC rules that match no method: {', '.join(g.unused_rules)}")
 
 
 def render(plan: Plan, fmt: str) -> str:

@@ -373,7 +373,7 @@ def _render_pythons() -> list[Any]:
     out: list[Any] = ["ci"]
     local = DEFAULT_VLLM_PYTHON.parent.parent.parent / "vllm-0.33.0" / "bin" / "python"
     out.append(pytest.param(str(local), marks=pytest.mark.skipif(
-        not local.exists(), reason="vLLM 0.33.0 venv not here (local only, not in CI)")))
+        not local.exists(), reason="vLLM 0.33.0 venv not here (.ci/run provisions it)")))
     return out
 
 
@@ -414,5 +414,5 @@ def test_bundled_033_rust_render_catalog_is_reproduced() -> None:
     assert inv.source.kind == "live" and "vllm==0.33.0" in inv.source.target
     assert {(r.path, m) for r in inv.routes for m in r.methods} == RENDER_SERVED
     if not python.exists():
-        pytest.skip("vLLM 0.33.0 venv not here (local only): the file is checked, not rebuilt")
+        pytest.skip("vLLM 0.33.0 venv not here (.ci/run provisions it): the file is checked, not rebuilt")
     assert build_catalog(str(python)).to_json() == bundled.read_text(encoding="utf-8")

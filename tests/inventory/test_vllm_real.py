@@ -6,6 +6,7 @@ Each vLLM import costs ~10 s here, so the builds are module-scoped and shared.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -197,6 +198,24 @@ def test_a_server_other_than_the_python_app_is_never_inventoried_as_it(
     """Issue 11: with these, `vllm serve` does not serve the Python app; its table would be wrong."""
     flags = [x for e in env for x in ("--env", e)]
     res = run_cli("inventory", "vllm", "--python", vllm_python, "--isolated-env", *flags,
+                  "--", "--model", "m", *args)
+    line = res.assert_one_line_error(2)
+    assert says in line and "/v1/chat/completions" not in res.out
+
+
+VLLM_033 = Path.home() / ".cache/vllm-perimeter/venvs/vllm-0.33.0/bin/python"
+
+
+@pytest.mark.skipif(not VLLM_033.exists() and not os.environ.get("CI"), reason="vLLM 0.33.0 venv not here")
+@pytest.mark.parametrize(("env", "args", "says"), [
+    ((), ("--grpc",), "with --grpc, `vllm serve` runs the gRPC server"),
+    (("VLLM_USE_RUST_FRONTEND=1",), (), "HTTP is served by the Rust frontend (vllm-rs)"),
+], ids=["grpc", "rust-frontend"])
+def test_033_with_another_server_never_prints_the_python_table(
+        run_cli: Callable[..., CliResult], env: tuple[str, ...], args: tuple[str, ...], says: str) -> None:
+    """Issue 11, done when: on 0.33.0 (provisioned in CI beside 0.29.0) neither prints the table."""
+    flags = [x for e in env for x in ("--env", e)]
+    res = run_cli("inventory", "vllm", "--python", str(VLLM_033), "--isolated-env", *flags,
                   "--", "--model", "m", *args)
     line = res.assert_one_line_error(2)
     assert says in line and "/v1/chat/completions" not in res.out
