@@ -60,6 +60,12 @@ class FieldsDoc(_Doc):
     allow: list[Annotated[str, _FIELD]] = []
     deny: list[Annotated[str, _FIELD]] = Field(default=[], description="refused: 400 forbidden-field:NAME")
     strip: list[Annotated[str, _FIELD]] = Field(default=[], description="removed before vLLM sees the body")
+    counts: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default={}, description="the most items a field may hold (a list's length, an object's keys; a "
+        "string is one): 400 json-cap:NAME:count-over-N")
+    pin: dict[str, int | float | str | bool | None] = Field(
+        default={}, description="the value a field leaves with, the client's replaced (strings: letters, "
+        "digits, _.:/-)")
 
 
 class MediaDoc(_Doc):
@@ -325,6 +331,9 @@ class DecisionFieldsDoc(_Doc):
     reject: list[str]
     strip: list[str]
     unknown: Literal["reject", "strip", "pass"]
+    counts: dict[str, int] = Field(default={}, description="most items per field (list, object keys)")
+    pins: dict[str, int | float | str | bool | None] = Field(default={},
+                                                              description="values every body leaves with")
     salt: Literal["principal", "audience"] | None = Field(
         default=None, description="every JSON body leaves with the perimeter's cache_salt of the "
         "principal (or audience), the client's replaced")

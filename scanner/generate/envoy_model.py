@@ -22,6 +22,7 @@ circuit breaker; overflow is mapped to 429.
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
@@ -304,7 +305,8 @@ class _Registry:
         media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
-                 (fields.unknown, tuple(fields.named.items())) if fields else None, limit, caps,
+                 (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
+                  tuple(fields.pins.items())) if fields else None, limit, caps,
                  websocket, budget, salt, replace(media, line=0) if media else None, grpc)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
@@ -363,6 +365,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     budget = d.budget if check_body else None
     grown = len(f',"{budget.field}":{budget.cap}') if budget and budget.when_absent == "inject" else 0
     grown += SALT_BYTES if check_body and d.salt else 0
+    grown += sum(len(f',"{k}":{json.dumps(v)}') for k, v in d.fields.pins.items()) if check_body else 0
     held = body_bytes + grown if body_bytes else 0
     grpc = d.kind == "grpc"
     return RouteView(

@@ -63,7 +63,7 @@ from scanner.plan.model import (
     Plan,
 )
 from scanner.policy.media import MEDIA_KEYS, MediaRules
-from scanner.policy.model import FieldRules, Limits
+from scanner.policy.model import FieldRules, Limits, Pin
 
 UPSTREAM = "vllm_upstream"
 MAIN = "nginx.conf"
@@ -294,12 +294,13 @@ class _Registry:
         key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
-            named = tuple(sorted({*rules.names("reject"), *rules.names("strip"),
+            named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
                                   *(MEDIA_KEYS if media_spec else ())}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
-                parse_all=bool(spec) or bool(salt) or (rules.decided and rules.unknown != "pass"),
+                parse_all=bool(spec) or bool(salt) or bool(rules.pins)
+                or (rules.decided and rules.unknown != "pass"),
                 salt=salt, media=media_spec)
         return self.checks[key]
 
@@ -318,7 +319,22 @@ def _fields_spec(rules: FieldRules) -> str:
         return ""
     lists = [f"{mode}={','.join(rules.names(mode))}" for mode in ("allow", "reject", "strip")
              if rules.names(mode)]
+    if rules.counts:
+        lists.append("count=" + ",".join(f"{k}:{n}" for k, n in sorted(rules.counts.items())))
+    if rules.pins:
+        lists.append("pin=" + ",".join(f"{k}:{pin_text(v)}" for k, v in sorted(rules.pins.items())))
     return " ".join([rules.unknown, *lists])
+
+
+def pin_text(value: Pin) -> str:
+    """n:NUMBER, s:STRING, b:true|false or z: (null): how njs and Lua read a pin."""
+    if value is None:
+        return "z:"
+    if isinstance(value, bool):
+        return f"b:{'true' if value else 'false'}"
+    if isinstance(value, int | float):
+        return f"n:{value!r}"
+    return f"s:{value}"
 
 
 def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -370,6 +386,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         check=check,
         websocket=websocket, up=up,
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
+                                       or bool(rules.pins)
                                        or (budget is not None and budget.when_absent == "inject")),
     )
 

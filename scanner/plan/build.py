@@ -60,7 +60,7 @@ def build(inventory: Inventory, policy: Policy,
         vllm_version=inventory.vllm.version if inventory.vllm else "",
         uncovered=tuple(sorted(uncovered)),
         unused_rules=unused,
-        unnamed_fields=_unnamed_fields(inventory, decisions),
+        unnamed_fields=_unnamed_fields(inventory, decisions, policy.source),
         grpc=_grpc(policy, networks, grpc_surface) if policy.grpc else None,
     )
 
@@ -110,15 +110,28 @@ def _surface_name(surface: GrpcSurface) -> str:
     return f"{p.kind}: {what}" + (f" (vLLM {p.vllm})" if p.vllm else "")
 
 
-def _unnamed_fields(inventory: Inventory, decisions: list[Decision]) -> tuple[str, ...]:
+_PIN_TYPES: Mapping[str, tuple[type, ...]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,), "null": (type(None),),
+    "array": (list,), "object": (dict,)}
+
+
+def _unnamed_fields(inventory: Inventory, decisions: list[Decision], source: str) -> tuple[str, ...]:
     """Fields of each allowed route's request model that its field rules do not name (those
-    with rules only; a form body is not inspected, so its fields are not listed)."""
+    with rules only; a form body is not inspected, so its fields are not listed). A pin whose
+    value the route's model would not accept is a policy error (PlanError naming its line)."""
     bodies = {r.path: r.request for r in inventory.routes if r.kind == "http"}
     out = []
     for d in sorted(decisions, key=lambda d: (d.path, d.method)):
         body = bodies.get(d.path)
         if not d.allowed or not d.fields.decided or body is None or "form" in body.media_type:
             continue
+        for name, value in d.fields.pins.items():
+            f = body.top_field(name)
+            accepted = tuple(t for kind in (f.types if f else ()) for t in _PIN_TYPES.get(kind, (object,)))
+            if f is not None and f.types and not (isinstance(value, accepted) and
+                                                  not (isinstance(value, bool) and bool not in accepted)):
+                raise PlanError(f"{source}:{d.fields.line}: fields.pin.{name}: {value!r} is not what "
+                                f"{d.method} {d.path} accepts ({' or '.join(f.types)})")
         names = sorted({f.name for f in body.fields} - set(d.fields.named))
         if names:
             out.append(f"{d.method} {d.path}: {', '.join(names)} (unknown: {d.fields.unknown})")
@@ -164,7 +177,7 @@ def _fields(route: Route, method: str, audience: Audience, body: BodyPolicy) -> 
     if body.salted:   # the perimeter's own salt replaces any client's (see _salt)
         named["cache_salt"] = "strip"
     return FieldRules(named=dict(sorted(named.items())), unknown=audience.fields.unknown,
-                      line=audience.fields.line)
+                      counts=audience.fields.counts, pins=audience.fields.pins, line=audience.fields.line)
 
 
 def _media(route: Route, method: str, audience: Audience) -> tuple[MediaRules, tuple[str, ...]]:

@@ -190,6 +190,8 @@ class Decision:
             "budget": budget.to_dict() if budget else None,
             "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
                        "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,
+                       **({"counts": dict(self.fields.counts)} if self.fields.counts else {}),
+                       **({"pins": dict(self.fields.pins)} if self.fields.pins else {}),
                        **({"salt": self.salt} if self.salt else {})},
             "media": {**self.media.to_dict(), "at": list(self.media_at)} if self.media.active else None,
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
@@ -291,6 +293,8 @@ class Plan:
         out = d.budget.forwarded(kept) if d.budget else kept
         if out is not None and d.salt:
             out["cache_salt"] = salt
+        if out is not None:
+            out.update(d.fields.pins)
         return out
 
     def decision(self, method: str, path: str) -> Decision | None:

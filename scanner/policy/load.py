@@ -23,6 +23,7 @@ from scanner.policy.model import (
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
     METHODS,
+    PIN_STRING,
     SALTED,
     SCHEMA_VERSION,
     UNKNOWN_FIELD_CHOICES,
@@ -36,6 +37,7 @@ from scanner.policy.model import (
     Health,
     Limits,
     Listen,
+    Pin,
     Policy,
     PortPolicy,
     PortRule,
@@ -266,8 +268,9 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 def _fields(node: Node) -> FieldRules:
-    """``fields: {unknown: reject, allow: [...], deny: [...], strip: [...]}``; each field once."""
-    m = node.mapping(("unknown", *_FIELD_LISTS))
+    """``fields: {unknown: reject, allow: [...], deny: [...], strip: [...], counts: {NAME: N},
+    pin: {NAME: VALUE}}``; each field in one list; a pinned field in none of deny and strip."""
+    m = node.mapping(("unknown", *_FIELD_LISTS, "counts", "pin"))
     named: dict[str, str] = {}
     for key, mode in _FIELD_LISTS.items():
         if key not in m:
@@ -280,7 +283,33 @@ def _fields(node: Node) -> FieldRules:
                 raise item.fail(f"field {name!r} is decided twice")
             named[name] = mode
     unknown = m["unknown"].choice(UNKNOWN_FIELD_CHOICES) if "unknown" in m else "reject"
-    return FieldRules(named=dict(sorted(named.items())), unknown=unknown, line=node.line)
+    counts: dict[str, int] = {}
+    for name, value in m["counts"].entries() if "counts" in m else ():
+        if not _FIELD_NAME.match(name):
+            raise value.fail(f"{name!r} is not a request field name (letters, digits, '_')")
+        if named.get(name, "allow") != "allow":
+            raise value.fail(f"field {name!r} is {named[name]}ed: a count cap applies to fields that pass")
+        counts[name] = value.whole()
+    pins: dict[str, Pin] = {}
+    for name, value in m["pin"].entries() if "pin" in m else ():
+        if not _FIELD_NAME.match(name):
+            raise value.fail(f"{name!r} is not a request field name (letters, digits, '_')")
+        if named.get(name, "allow") != "allow":
+            raise value.fail(f"field {name!r} is {named[name]}ed: a pinned field reaches vLLM with its pin")
+        pins[name] = _pin(value)
+    return FieldRules(named=dict(sorted(named.items())), unknown=unknown, counts=dict(sorted(counts.items())),
+                      pins=dict(sorted(pins.items())), line=node.line)
+
+
+def _pin(node: Node) -> Pin:
+    value = node._scalar()
+    if isinstance(value, str) and not PIN_STRING.match(value):
+        raise node.fail(f"a pinned string may hold letters, digits and _.:/- (at most 64), got {value!r}")
+    if value is not None and not isinstance(value, bool | int | float | str):
+        raise node.fail(f"a pin is a number, a string, true, false or null, got {value!r}")
+    if isinstance(value, float) and value != value:
+        raise node.fail("a pin cannot be NaN")
+    return value
 
 
 def _media(node: Node) -> MediaRules:

@@ -65,6 +65,10 @@ class Limits:
         )
 
 
+Pin = int | float | str | bool | None
+PIN_STRING = re.compile(r"^[A-Za-z0-9_.:/-]{0,64}$")   # a pinned string: written into configs as is
+
+
 @dataclass(frozen=True)
 class FieldRules:
     """What requests may carry at the top level of a JSON body: each named field allowed,
@@ -75,10 +79,17 @@ class FieldRules:
 
     named: Mapping[str, str] = field(default_factory=dict)   # field -> allow | reject | strip
     unknown: str = "pass"                                     # reject | strip | pass
+    # field -> the most items it may hold (a list's length, an object's keys; a string is one)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    # field -> the value every body leaves with (number, string, boolean or null), the client's replaced
+    pins: Mapping[str, Pin] = field(default_factory=dict)
     line: int = 0
 
     def mode(self, name: str) -> str:
-        """allow, reject or strip: what happens to ``name`` when a request carries it."""
+        """allow, reject or strip: what happens to ``name`` when a request carries it (a pinned
+        field is allowed: its value is the perimeter's)."""
+        if name in self.pins:
+            return "allow"
         return self.named.get(name) or ("allow" if self.unknown == "pass" else self.unknown)
 
     def names(self, mode: str) -> tuple[str, ...]:
@@ -86,8 +97,20 @@ class FieldRules:
 
     @property
     def decided(self) -> bool:
-        """Does anything here act on a body (a field not allowed, or unknown ones not passed)?"""
-        return self.unknown != "pass" or any(m != "allow" for m in self.named.values())
+        """Does anything here act on a body (a field not allowed, or unknown ones not passed, a
+        count or a pin)?"""
+        return (self.unknown != "pass" or any(m != "allow" for m in self.named.values())
+                or bool(self.counts) or bool(self.pins))
+
+
+def count_of(value: object) -> int:
+    """How many items a field holds, as a count cap reads it: a list's length, an object's number
+    of keys, one for a string or any other value, none for null."""
+    if value is None:
+        return 0
+    if isinstance(value, list | dict):
+        return len(value)
+    return 1
 
 
 @dataclass(frozen=True)

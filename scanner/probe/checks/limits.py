@@ -114,6 +114,12 @@ class Limits(BaseCheck):
                 yield Subject(f"body-size {where}", d.method, d.path, why=why)
             for name in sorted(lim.json_caps):
                 yield Subject(f"json-cap {name} {where}", d.method, d.path, why=why)
+            for name in sorted(d.fields.counts):
+                yield Subject(f"json-count {name} {where}", d.method, d.path, why=why)
+            if d.fields.pins:
+                yield (Subject(f"pin {where}", d.method, d.path, why=why) if ctx.witness else
+                       na(f"pin {where}", "a pinned value is visible only to a witness upstream",
+                          d.method, d.path))
             if d.fields.decided:
                 key = f"fields {where}"
                 if not _refused_fields(d) and not ctx.witness:
@@ -172,6 +178,25 @@ class Limits(BaseCheck):
                 yield from self._fields(ctx, d, out, names)
             yield from self._budget(ctx, d, out)
             yield from self._salt(ctx, d, out, len(cells))
+            yield from self._counts(ctx, d, out)
+            yield from self._pins(ctx, d, out)
+
+    def _counts(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
+        """Each count cap: one item over it refused, exactly at it let through (as a list: the
+        perimeter counts a list's items and an object's keys alike)."""
+        for name, n in sorted(d.fields.counts.items()):
+            yield out.case(f"json-count {name}", "deny", (R.token("json-cap", name),),
+                           out.json({name: ["x"] * (n + 1)}), f"{name} with {n + 1} items > count cap {n}")
+            yield out.case(f"json-count {name}", "allow", (), out.json({name: ["x"] * n}),
+                           f"{name} with exactly {n} items")
+
+    def _pins(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
+        """Pinned fields: a client's other value and no value both reach vLLM as the pin (witness)."""
+        if not d.fields.pins or not ctx.witness:
+            return
+        other = {k: ("probe-x1" if not isinstance(v, str) else "probe_x1") for k, v in d.fields.pins.items()}
+        yield out.case("pin", "allow", (), out.json(other), "a client's own value of each pinned field")
+        yield out.case("pin", "allow", (), out.json({}), "no pinned field: the pins written in")
 
     def _salt(self, ctx: CheckContext, d: Decision, out: Out, cells: int) -> Iterator[Case]:
         """A salted route: a body with a client's cache_salt and one without, from each of two
@@ -233,7 +258,8 @@ class Limits(BaseCheck):
         elif rules.unknown == "strip" and ctx.witness:
             yield out.case("fields", "allow", (), out.json({UNKNOWN_FIELD: "probe-x1"}),
                            "a field the policy does not name, to be stripped")
-        skip = {*d.limits.json_caps, *(d.budget.fields if d.budget else ()), *out.base}
+        skip = {*d.limits.json_caps, *(d.budget.fields if d.budget else ()), *out.base,
+                *(k for k, n in d.fields.counts.items() if n < 1)}
         allowed = {f: "probe-x1" for f in rules.names("allow") if f not in skip}
         if allowed and rules.unknown != "pass":   # over-blocking: every field it allows passes
             yield out.case("fields", "allow", (), out.json(allowed),

@@ -78,22 +78,57 @@ function checkCaps(obj, caps) {
     return '';
 }
 
-// The route's field rules, "reject allow=model,messages reject=kv_transfer_params strip=cache_salt":
-// what to do with fields it does not name (reject, strip or pass), then the named lists. Returns
-// a deny reason ('' if none) and collects the fields to strip. A named field is decided when
-// present (null included); a client's own field name enters a reason only when it is a plain name.
-function checkFields(obj, spec, strip) {
+// A pinned value as the spec writes it: n:NUMBER, s:STRING, b:true|false, z: (null).
+function pinValue(text) {
+    var kind = text.substring(0, 1);
+    var rest = text.substring(2);
+    if (kind === 'n') {
+        return Number(rest);
+    }
+    if (kind === 'b') {
+        return rest === 'true';
+    }
+    return kind === 's' ? rest : null;
+}
+
+// How many items a field holds (scanner/policy/model.py count_of).
+function countOf(v) {
+    if (v === null) {
+        return 0;
+    }
+    if (Array.isArray(v)) {
+        return v.length;
+    }
+    return typeof v === 'object' ? Object.keys(v).length : 1;
+}
+
+// The route's field rules, "reject allow=model,messages reject=kv_transfer_params strip=cache_salt
+// count=stop:16 pin=priority:n:0": what to do with fields it does not name (reject, strip or
+// pass), then the named lists, the count caps and the pins. Returns a deny reason ('' if none),
+// collects the fields to strip and the pins to write. A named field is decided when present
+// (null included); a client's own field name enters a reason only when it is a plain name.
+function checkFields(obj, spec, strip, pins) {
     var parts = spec ? spec.split(' ') : [];
     var modes = {};
-    var i, j, eq, names, keys, key, mode;
+    var counts = {};
+    var i, j, eq, names, keys, key, mode, colon;
     if (parts.length === 0) {
         return '';
     }
     for (i = 1; i < parts.length; i++) {
         eq = parts[i].indexOf('=');
         names = parts[i].substring(eq + 1).split(',');
+        mode = parts[i].substring(0, eq);
         for (j = 0; j < names.length; j++) {
-            modes[names[j]] = parts[i].substring(0, eq);
+            colon = names[j].indexOf(':');
+            if (mode === 'count') {
+                counts[names[j].substring(0, colon)] = Number(names[j].substring(colon + 1));
+            } else if (mode === 'pin') {
+                modes[names[j].substring(0, colon)] = 'allow';
+                pins.push([names[j].substring(0, colon), pinValue(names[j].substring(colon + 1))]);
+            } else {
+                modes[names[j]] = mode;
+            }
         }
     }
     keys = Object.keys(obj);
@@ -108,6 +143,9 @@ function checkFields(obj, spec, strip) {
         }
         if (mode === 'strip') {
             strip.push(key);
+        }
+        if (has(counts, key) && countOf(obj[key]) > counts[key]) {
+            return 'json-cap:' + key + ':count-over-' + counts[key];
         }
     }
     return '';
@@ -283,7 +321,7 @@ function checkMedia(obj, spec) {
 
 function exact(r, v) {
     var text = r.requestText;
-    var obj, reason, strip, i, rewrite, salt;
+    var obj, reason, strip, pins, i, rewrite, salt;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
         r.internalRedirect(v.perimeter_up + '_checked');
@@ -301,9 +339,10 @@ function exact(r, v) {
     }
     reason = checkCaps(obj, v.perimeter_caps);
     strip = [];
+    pins = [];
     rewrite = {done: false};
     if (!reason) {
-        reason = checkFields(obj, v.perimeter_fields, strip);
+        reason = checkFields(obj, v.perimeter_fields, strip, pins);
     }
     if (!reason) {
         reason = checkMedia(obj, v.perimeter_media);
@@ -320,12 +359,15 @@ function exact(r, v) {
         deny(r, reason);
         return;
     }
-    if (strip.length > 0 || rewrite.done || salt !== null) {
+    if (strip.length > 0 || rewrite.done || salt !== null || pins.length > 0) {
         for (i = 0; i < strip.length; i++) {
             delete obj[strip[i]];
         }
         if (salt !== null) {
             obj.cache_salt = salt;
+        }
+        for (i = 0; i < pins.length; i++) {
+            obj[pins[i][0]] = pins[i][1];
         }
         v.perimeter_body_out = JSON.stringify(obj);
         r.internalRedirect(v.perimeter_up + '_rewrite');
