@@ -84,3 +84,54 @@ def test_weakened_config_is_caught(setup: verify.Setup, real_vllm, op_id: str, t
     run = verify.mutant(setup, proxy, op, tmp_path, replace(OPTIONS, stop_on_failure=True), real_vllm.url)
     assert run.status == "caught", run
     assert run.rules and run.rules != ("VP011",), run
+
+
+# --- what the proxy forwards, the real request models accept -------------------------------------
+
+# the routes end users call and the least each needs besides the defaults of its model
+REQUIRED = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"prompt": "hi"},
+    "/v1/responses": {"input": "hi"},
+    "/v1/messages": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    "/v1/embeddings": {"input": "hi"},
+    "/v1/rerank": {"query": "q", "documents": ["d"]},
+    "/v2/embed": {"texts": ["hi"]},
+}
+
+
+@pytest.mark.parametrize("name", ["static-1.31", "envoy"])
+def test_vllm_accepts_every_allowed_field_the_proxy_forwards(setup: verify.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
+                                                             tmp_path: Path) -> None:
+    """Issue 10: a body holding every field the bundled policy lets end users send (each at its
+    model's default, from the inventory) passes the proxy and vLLM's own validation (pydantic and
+    the handlers' checks): engine-less, the handler answers 500/501 after validation, never 400/422."""
+    import json
+    from contextlib import ExitStack
+
+    import httpx
+
+    inventory = load_ref("vllm-0.29.0-everything")
+    models = {r.path: r.request for r in inventory.routes if r.kind == "http"}
+    proxy = _proxy(name)
+    proxy.write(setup.plan, tmp_path)
+    key = next(c.secret for c in setup.credentials if c.role == "user")
+    public = next(v for v in setup.vantages if v.name == "public")
+    answers = {}
+    with ExitStack() as stack, httpx.Client(
+            base_url=f"http://127.0.0.1:{setup.plan.listen.port}", timeout=20,
+            transport=httpx.HTTPTransport(local_address=public.address)) as client:
+        verify.start_checked(proxy, setup.plan, tmp_path, stack)
+        for path, needed in REQUIRED.items():
+            d, model = setup.plan.decision("POST", path), models[path]
+            assert d is not None and d.allowed and model is not None
+            body = {f.name: json.loads(f.default_json) for f in model.fields
+                    if d.fields.mode(f.name) == "allow" and f.default_json is not None}
+            assert len(body) >= 5, path
+            body.update(needed)
+            r = client.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+            answers[path] = (r.status_code, "x-perimeter-decision" in r.headers, r.text[:200])
+    refused = {p: a for p, a in answers.items() if a[1] or a[0] in (400, 422)}
+    assert not refused, refused
+    # validated, then the missing engine: 500, or 501 where the model has no such task
+    assert all(a[0] in (500, 501) for a in answers.values()), answers
