@@ -635,8 +635,8 @@ def _e_rate(env: _Envoy, plan: Plan) -> str:
 @_e("token-budget-removed", "one token zone's budget removed (its filter off on every route)")
 def _e_tokens(env: _Envoy, plan: Plan) -> str:
     d = token_budgeted(plan)
-    name = next((k for k in env.allowed(d).get("typed_per_filter_config", {}) if k.startswith("perimeter.tokens")),
-                None)
+    per = env.allowed(d).get("typed_per_filter_config", {})
+    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
     if name is None:
         raise NotApplicable("no token filter on that route")
     for r in env.routes:

@@ -326,7 +326,8 @@ class _Registry:
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
-                parse_all=bool(spec) or bool(salt) or bool(tokens) or (rules.decided and rules.unknown != "pass"),
+                parse_all=(bool(spec) or bool(salt) or bool(tokens)
+                           or (rules.decided and rules.unknown != "pass")),
                 salt=salt, media=media_spec, tokens=tokens)
         return self.checks[key]
 

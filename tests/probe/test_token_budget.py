@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from scanner import verify
+from scanner import documents, verify
 from scanner.cli.main import main
 from scanner.errors import GenerateError, PolicyError
 from scanner.generate.common import njs_version
@@ -24,6 +25,7 @@ from scanner.policy.load import loads
 from scanner.policy.model import Policy
 from scanner.probe.checks.tokens import body_of_cost, plan_zone
 from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.report.plan import to_table
 from scanner.runtime import nginx
 from tests.probe.realproxy import probe_through, proxy_named
 
@@ -63,8 +65,15 @@ def test_the_plan_puts_body_routes_of_the_audience_in_one_token_zone(tmp_path: P
     assert all(not d.token_zone and "tokens_per_minute" not in d.to_dict()["limits"] for d in plain.values())
 
 
+def test_the_plan_and_policy_documents_hold_the_budget(tmp_path: Path) -> None:
+    plan = verify.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
+    documents.validate("plan", json.loads(plan.to_json()), "plan")
+    documents.validate("policy", yaml.safe_load(token_policy_text()), "policy")
+    assert "tokens<=2000/min" in to_table(plan)
+
+
 def test_tokens_per_minute_is_checked(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match="tokens_per_minute|>= 1"):
+    with pytest.raises(PolicyError, match=r"tokens_per_minute|>= 1"):
         loads(token_policy_text(0))
 
 

@@ -12,7 +12,6 @@ cannot exercise is "not proven" with why, never passed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import ClassVar
@@ -148,8 +147,8 @@ class TokenBudget(BaseCheck):
               body: bytes, note: str) -> Case:
         base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=subject, note=note)
         return replace(base, body=body, json_body=True, expected="allow", reasons=("token-budget",),
-                       headers=tuple((k, v) for k, v in base.headers if k.lower() != "content-type")
-                       + (("Content-Type", "application/json"),), phase=0)
+                       headers=(*((k, v) for k, v in base.headers if k.lower() != "content-type"),
+                                ("Content-Type", "application/json")), phase=0)
 
     # --- judging ----------------------------------------------------------------------------
 
@@ -197,8 +196,8 @@ class TokenBudget(BaseCheck):
         passed = sum(a.verdict == "proved" and a.outcome == "reached" for a in theirs)
         ours = sum(a.verdict == "proved" and a.outcome == "reached" for a in mine)
         if passed == n and ours:
-            return "proved", (f"all {n} reached while the first principal's budget was spent: a budget of its "
-                              "own"), n
+            return "proved", (f"all {n} reached while the first principal's budget was spent: a "
+                              "budget of its own"), n
         if any(R.proves("token-budget", a.status, a.reason) for a in theirs) and passed + ours <= fit:
             return "failed", (f"refused for token-budget after {passed} of its own and {ours} of the first "
                               f"principal's requests ({fit} fit one budget): principals share one budget"), n
