@@ -135,6 +135,18 @@ def test_the_debian_module_says_which_njs_it_is(tmp_path: Path) -> None:
         NginxGenerator().render(plan, GenerateOptions(extra={"njs_module": build.njs_module}))
 
 
+def test_the_nginx_config_with_a_budget_has_no_gixy_findings(tmp_path: Path) -> None:
+    from tests.generate.test_gixy import findings, summary
+
+    policy = tmp_path / "tokens.yaml"
+    policy.write_text(token_policy_text())
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "nginx", "--inventory", CATALOG, "--policy", str(policy), "-o", str(tmp_path / "out")])
+    assert done.value.code == 0
+    assert "js_shared_dict_zone zone=perimeter_tokens" in (tmp_path / "out" / "perimeter-http.conf").read_text()
+    assert summary(findings(tmp_path / "out" / "nginx.conf")) == []
+
+
 def test_verify_on_debian_nginx_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if nginx.debian_build() is None:
         pytest.skip("no Debian NGINX")

@@ -6,8 +6,9 @@ upstream, then the budget must refuse (429 ``token-budget`` with ``Retry-After``
 principal's requests, as many as fit a budget, must all reach it (a budget of its own).
 
 The requests are ordinary cases of the route's lane (phase 0: paced under its rate limit, so the
-``rate`` check's burst is not spent here and these never meet the rate limiter). A zone the probe
-cannot exercise is "not proven" with why, never passed.
+``rate`` check's burst is not spent here and these never meet the rate limiter), sent before the
+lane's other cases (``Case.first``): the other checks' requests spend the same budget. A zone the
+probe cannot exercise is "not proven" with why, never passed.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class TokenBudget(BaseCheck):
         base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=subject, note=note)
         return replace(base, body=body, json_body=True, expected="allow", reasons=("token-budget",),
                        headers=(*((k, v) for k, v in base.headers if k.lower() != "content-type"),
-                                ("Content-Type", "application/json")), phase=0)
+                                ("Content-Type", "application/json")), phase=0, first=True)
 
     # --- judging ----------------------------------------------------------------------------
 
