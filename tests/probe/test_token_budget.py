@@ -192,3 +192,20 @@ def test_the_mutant_without_its_budget_is_caught(tmp_path: Path, proxy: str) -> 
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
     result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed")
     assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_an_auth_none_zone_counts_per_client_address(tmp_path: Path, proxy: str) -> None:
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    text = DEFAULT.read_text().replace(
+        "limits: {body_bytes: 1, rate: {rps: 20, burst: 40}, timeout_s: 10}",
+        "limits: {body_bytes: 65536, rate: {rps: 20, burst: 40}, timeout_s: 10, tokens_per_minute: 900}").replace(
+        "  - {path: /tokenize, methods: [POST], audience: service}",
+        "  - {path: /tokenize, methods: [POST], audience: monitoring}")
+    result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS)
+    cov = _coverage(result)
+    assert cov["token-budget monitoring:none:900t/m"][0] == "proved", cov
+    assert cov["token-budget monitoring:none:900t/m other principal"][0] == "not-applicable", cov
+    assert not result.findings
