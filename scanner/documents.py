@@ -47,6 +47,10 @@ class LimitsDoc(_Doc):
     when_absent: Literal["inject", "reject", "pass"] | None = Field(
         default=None, description="when a request omits the field its route reads its output budget from "
         "(max_tokens, max_completion_tokens, max_output_tokens): write the cap in (default), refuse, or pass")
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, description="token budget per principal (per client address on auth: none) and "
+        "minute, charged at admission: the request's output budget (as sent, or the cap written in) plus "
+        "its body bytes / 4; over it: 429 token-budget with Retry-After")
 
 
 _FIELD = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -317,6 +321,7 @@ class PlanLimitsDoc(_Doc):
     rate: PlanRateDoc | None
     concurrency: int | None
     timeout_s: float | None
+    tokens_per_minute: int | None = None
 
 
 class BudgetDoc(_Doc):

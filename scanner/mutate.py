@@ -3,7 +3,7 @@
 Each operator is a realistic weakening someone could make by hand, or a generator bug could
 cause, applied to a fresh copy of the generated NGINX or Envoy config: one route's key, role,
 network or method check removed, a body limit raised, a JSON cap or forbidden-field check
-removed, a rate or concurrency limit removed, the network decision taken from a forwarding
+removed, a rate, concurrency or token budget removed, the network decision taken from a forwarding
 header, a prefix, regex or catch-all location added, a denied route proxied, the raw target
 forwarded, the client's key or hop-by-hop headers forwarded, a WebSocket upgrade allowed on a
 plain route, any key accepted. ``verify --mutate`` runs the real proxy on each mutant and the
@@ -103,6 +103,10 @@ def salted(plan: Plan) -> Decision:
 
 def rated(plan: Plan) -> Decision:
     return _pick(plan, "with a rate limit", lambda d: d.limits.rate is not None)
+
+
+def token_budgeted(plan: Plan) -> Decision:
+    return _pick(plan, "with a token budget", lambda d: bool(d.token_zone))
 
 
 def limited(plan: Plan) -> Decision:
@@ -281,6 +285,19 @@ def _n_rate(directory: Path, plan: Plan) -> str:
     d = rated(plan)
     _edit_route(directory, d.path, _drop_lines(r"limit_req zone="))
     return f"{d.method} {d.path}"
+
+
+@operator("nginx", "token-budget-removed", "one token zone's budget removed (njs charges nothing)")
+def _n_tokens(directory: Path, plan: Plan) -> str:
+    d = token_budgeted(plan)
+    text = _read(directory, HTTP)
+    at = text.find("map $perimeter_check $perimeter_tokens {")
+    if at < 0:
+        raise NotApplicable("no token budget in the config")
+    end = text.index("\n}", at)
+    _write(directory, HTTP, text, text[:at] + re.sub(r'(\n    c\d+ )"[^"\n]*";', r'\1"";', text[at:end])
+           + text[end:])
+    return f"{d.token_zone} ({d.method} {d.path})"
 
 
 @operator("nginx", "concurrency-limit-removed", "one route's concurrency limit removed")
@@ -613,6 +630,18 @@ def _e_rate(env: _Envoy, plan: Plan) -> str:
     for k in names:
         per.pop(k)
     return f"{d.method} {d.path}"
+
+
+@_e("token-budget-removed", "one token zone's budget removed (its filter off on every route)")
+def _e_tokens(env: _Envoy, plan: Plan) -> str:
+    d = token_budgeted(plan)
+    per = env.allowed(d).get("typed_per_filter_config", {})
+    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
+    if name is None:
+        raise NotApplicable("no token filter on that route")
+    for r in env.routes:
+        r.get("typed_per_filter_config", {}).pop(name, None)
+    return f"{d.token_zone} ({d.method} {d.path})"
 
 
 @_e("concurrency-limit-removed", "the concurrency limits (circuit breakers) removed")

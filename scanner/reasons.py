@@ -14,7 +14,7 @@ from typing import Literal
 Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
-    "grpc", "rate", "concurrency", "media-url", "media-data", "media-items", "media-embeds",
+    "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
 ]
 
 # kind -> the status the perimeter answers with
@@ -39,10 +39,11 @@ STATUS: dict[str, int] = {
     "media-embeds": 400,         # embeddings (tensors vLLM deserializes) where they are denied
     "rate": 429,
     "concurrency": 429,
+    "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)
 }
 KINDS: tuple[str, ...] = tuple(STATUS)
 # Denials that depend on timing and load, not on the request: never proof of another reason.
-THROTTLE: frozenset[str] = frozenset({"rate", "concurrency"})
+THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget"})
 
 
 def token(kind: str, detail: str = "") -> str:

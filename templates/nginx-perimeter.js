@@ -18,6 +18,8 @@
 //            On a salted route (cache_salt: per-principal / per-audience) every body leaves
 //            with cache_salt = $perimeter_salt, the client's replaced. Media URLs, data and
 //            embeddings anywhere in the body are decided by the route's media rules.
+//            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged here
+//            at admission, once every other check passed (chargeTokens).
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -319,11 +321,90 @@ function checkMedia(obj, spec) {
     return (limit !== '-' && items.length > Number(limit)) ? 'media-items:over-' + limit : '';
 }
 
+// Token budgets: "t1 2000 principal max_completion_tokens,max_tokens 4096" (zone, tokens per
+// minute, counted per principal or address, the output budget's fields or "-", its cap). The cost
+// is Decision.token_cost (scanner/plan/model.py): the output budget the request runs with (the
+// first field present and not null, whole and >= 0; none present: the cap; no budget, or no JSON
+// object: 0) + floor(body bytes / 4), at least 1.
+var TOKEN_WINDOW = 60000;
+
+function tokenCost(obj, nbytes, fields, cap) {
+    var out = 0;
+    var names, i, n;
+    if (obj !== null && fields !== '-') {
+        out = cap;
+        names = fields.split(',');
+        for (i = 0; i < names.length; i++) {
+            if (has(obj, names[i]) && obj[names[i]] !== null) {
+                n = numeric(obj[names[i]]);
+                out = (n === n && n > 0 && n !== Infinity) ? Math.floor(n) : 0;
+                break;
+            }
+        }
+    }
+    return Math.max(1, out + Math.floor(nbytes / 4));
+}
+
+// Seconds until `cost` more tokens fit, from the window's totals after the refund.
+function retryAfter(now, prev, used, cost, limit) {
+    var off = now % TOKEN_WINDOW;
+    var t;
+    if (cost > limit) {
+        return TOKEN_WINDOW / 1000;     // never fits: a whole window
+    }
+    if (prev > 0 && limit - used - cost >= 0) {
+        t = TOKEN_WINDOW * (1 - (limit - used - cost) / prev) - off;
+    } else {
+        t = (TOKEN_WINDOW - off) + (used > 0 ? TOKEN_WINDOW * (1 - (limit - cost) / used) : 0);
+    }
+    return Math.max(1, Math.ceil(t / 1000));
+}
+
+// Charge the request's cost to its principal's (or address's) budget: one atomic incr in the
+// shared dict, kept when the sliding-window estimate (previous minute's total weighted by what is
+// left of it, plus this minute's) stays within the limit, else refunded and refused (429). true:
+// admitted; false: answered.
+function chargeTokens(r, v, obj) {
+    var spec = v.perimeter_tokens;
+    var parts, limit, who, buf, cost, dict, now, win, key, prev, used;
+    if (!spec) {
+        return true;
+    }
+    parts = spec.split(' ');
+    limit = Number(parts[1]);
+    who = parts[2] === 'principal' ? v.perimeter_principal : r.remoteAddress;
+    buf = r.requestBuffer;
+    cost = tokenCost(obj, buf ? buf.length : 0, parts[3], Number(parts[4]));
+    dict = ngx.shared.perimeter_tokens;
+    now = Date.now();
+    win = Math.floor(now / TOKEN_WINDOW);
+    key = parts[0] + ':' + who + ':';
+    try {
+        prev = dict.get(key + (win - 1)) || 0;
+        used = dict.incr(key + win, cost, 0);
+    } catch (e) {                       // the dict is full: fail closed
+        r.error('perimeter_tokens: ' + e);
+        v.perimeter_reason = 'token-budget-store-full';
+        r.internalRedirect('@perimeter_503');
+        return false;
+    }
+    if (cost > limit || prev * (1 - (now % TOKEN_WINDOW) / TOKEN_WINDOW) + used > limit) {
+        used = dict.incr(key + win, -cost);
+        v.perimeter_retry_after = String(retryAfter(now, prev, used, cost, limit));
+        r.internalRedirect('@perimeter_token_budget');
+        return false;
+    }
+    return true;
+}
+
 function exact(r, v) {
     var text = r.requestText;
     var obj, reason, strip, pins, i, rewrite, salt;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
+        if (!chargeTokens(r, v, null)) {
+            return;
+        }
         r.internalRedirect(v.perimeter_up + '_checked');
         return;
     }
@@ -357,6 +438,9 @@ function exact(r, v) {
     }
     if (reason) {
         deny(r, reason);
+        return;
+    }
+    if (!chargeTokens(r, v, obj)) {
         return;
     }
     if (strip.length > 0 || rewrite.done || salt !== null || pins.length > 0) {

@@ -144,6 +144,22 @@ def config_dir(generator: str, configured: str, output_dir: str) -> str:
     return directory.rstrip("/") or ("/" if directory else "")
 
 
+def njs_version(module: str) -> str:
+    """The njs version a dynamic ``ngx_http_js_module.so`` was built as (the one version string it
+    holds, e.g. "0.7.9" for Debian 12's libnginx-mod-http-js); "" when unreadable or unclear."""
+    try:
+        with open(module, "rb") as f:
+            data = f.read(32 * 1024 * 1024)
+    except OSError:
+        return ""
+    found = {m.decode() for m in re.findall(rb"(?<![0-9.])(0\.[0-9]{1,2}\.[0-9]{1,2})\x00", data)}
+    return found.pop() if len(found) == 1 else ""
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
 @dataclass(frozen=True)
 class NginxOptions:
     njs_module: str = ""
@@ -152,8 +168,9 @@ class NginxOptions:
     user: str = ""
     worker_processes: str = "auto"
     ca_bundle: str = DEFAULT_CA_BUNDLE
+    njs: str = ""            # the target's njs version ("0.7.9"); "" unknown (assumed >= 0.8)
 
-    KNOWN = ("ca_bundle", "config_dir", "njs_module", "upstream_keepalive", "user", "worker_processes")
+    KNOWN = ("ca_bundle", "config_dir", "njs", "njs_module", "upstream_keepalive", "user", "worker_processes")
 
     @classmethod
     def parse(cls, extra: Mapping[str, str]) -> NginxOptions:
@@ -167,7 +184,12 @@ class NginxOptions:
         keepalive = extra.get("upstream_keepalive", "32")
         if not re.match(r"^(0|[1-9][0-9]{0,3})$", keepalive):
             raise GenerateError(f"nginx generator: upstream_keepalive {keepalive!r} is not a number")
-        return cls(njs_module=extra.get("njs_module", ""),
+        njs = extra.get("njs", "")
+        if njs and not re.match(r"^[0-9]{1,3}(\.[0-9]{1,3}){1,2}$", njs):
+            raise GenerateError(f"nginx generator: njs {njs!r} is not a version (e.g. 0.7.9)")
+        if not njs and extra.get("njs_module"):
+            njs = njs_version(extra["njs_module"])   # a dynamic module says which it is
+        return cls(njs_module=extra.get("njs_module", ""), njs=njs,
                    config_dir=_absolute("nginx", "config_dir", extra.get("config_dir", "")),
                    upstream_keepalive=int(keepalive), user=user, worker_processes=workers,
                    ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE))

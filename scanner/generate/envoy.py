@@ -36,6 +36,10 @@ Design (see :mod:`scanner.generate.envoy_model` for the route table):
 * Rate: one ``local_ratelimit`` filter per audience and rate with a descriptor (bucket)
   per principal, keyed on the metadata the key check wrote; auth "none" routes get a
   bucket per client address.
+* Token budgets (``limits.tokens_per_minute``): Lua computes each request's cost
+  (``Decision.token_cost``) into ``perimeter.cost``; one ``local_ratelimit`` filter per token
+  zone, after the rate filters, charges it (``hits_addend``) to a bucket per principal (per
+  client address on auth "none"); Lua's ``envoy_on_response`` writes ``Retry-After``.
 * Concurrency: a cluster per principal (per audience limit) with circuit breakers: at most
   N requests in flight to vLLM and N waiting for a connection; beyond, overflow (flag
   ``UO``) is answered 429. Lua picks the cluster (``cluster_header`` + route re-match).

@@ -96,6 +96,7 @@ class RouteView:
     buffer_bytes: int = 0     # buffer filter limit; 0 = no body limit from the policy
     stream_buffer: int = 0    # route request_body_buffer_limit (Lua reads bodies > 1 MiB)
     rate_filter: str = ""
+    token_filter: str = ""    # the local_ratelimit filter of the route's token budget; "" none
     websocket: bool = False
     retry: str = ""           # Envoy retry_on; "" = no retry
     grpc: bool = False        # a gRPC method: matched only with content-type application/grpc
@@ -120,6 +121,30 @@ class LuaGroup:
                                                  # subject's cache_salt (from the 0600 TSV)
     media: MediaRules | None = None              # the route's media rules; None: not checked
     grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
+    tokens: TokenCost | None = None              # a token budget: Lua sets perimeter.cost
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """What Lua needs to charge a request of a route with a token budget (Decision.token_cost):
+    the output budget's fields in order (empty: none) and its cap, and the zone's limit."""
+
+    fields: tuple[str, ...]
+    cap: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class TokenFilter:
+    """One token budget (limits.tokens_per_minute): a local_ratelimit filter after Lua, one bucket
+    of ``limit`` tokens per principal (or client address), refilled continuously over a minute,
+    charged hits_addend = the cost Lua put in perimeter.cost."""
+
+    name: str
+    limit: int
+    per_address: bool
+    max_descriptors: int
+    audience: str = ""
 
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
@@ -207,6 +232,7 @@ class Model:
     salts: tuple[tuple[str, str], ...] = ()       # (subject, cache_salt): the 0600 TSV only
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
+    token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
     grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -274,6 +300,7 @@ class _Registry:
     rate: dict[str, RateFilter] = field(default_factory=dict)      # by Decision.rate_zone
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
+    tokens: dict[str, TokenFilter] = field(default_factory=dict)   # by Decision.token_zone
 
     def concurrency_group(self, d: Decision) -> str:
         """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
@@ -304,10 +331,13 @@ class _Registry:
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
         media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
+        tpm, spent = d.limits.tokens_per_minute, d.budget
+        tokens = TokenCost(spent.fields if spent else (), spent.cap if spent else 0, tpm) \
+            if d.token_zone and tpm else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
-                 websocket, budget, salt, replace(media, line=0) if media else None, grpc)
+                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -316,7 +346,7 @@ class _Registry:
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
-                grpc=grpc)
+                grpc=grpc, tokens=tokens)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -331,6 +361,19 @@ class _Registry:
             self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth != "key",
                                         audience=d.audience)
         return self.rate[key].name
+
+    def token_filter(self, d: Decision) -> str:
+        tpm = d.limits.tokens_per_minute
+        if not d.token_zone or tpm is None:
+            return ""
+        if d.token_zone not in self.tokens:
+            n = sum(1 for f in self.tokens.values() if f.audience == d.audience)
+            name = f"perimeter.tokens.{d.audience}" + (f".{n + 1}" if n else "")
+            # the filter's LRU of buckets: every principal's own (an evicted one would come back full)
+            self.tokens[d.token_zone] = TokenFilter(name, tpm, per_address=d.auth != "key",
+                                                    max_descriptors=max(64, len(self.principals) + 1)
+                                                    if d.auth == "key" else 10000, audience=d.audience)
+        return self.tokens[d.token_zone].name
 
 
 # --- routes ----------------------------------------------------------------------------
@@ -358,7 +401,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
-                  and bool(d.limits.json_caps or d.fields.decided or d.media.active))
+                  and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
     # Lua forwards, which grows by the output budget it writes in
@@ -377,7 +420,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
         lua_group=reg.lua_group(d, concurrency if key else "", check_body),
         buffer_bytes=held,
         stream_buffer=held if check_body and held > STREAM_BUFFER else 0,
-        rate_filter=reg.rate_filter(d), websocket=websocket,
+        rate_filter=reg.rate_filter(d), token_filter=reg.token_filter(d), websocket=websocket,
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
                                     else "connect-failure,reset-before-request"),
@@ -534,5 +577,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
         salts=salts(plan, "envoy"),
         upstream_key_file=plan.upstream.api_key_file or "",
-        grpc=grpc,
+        grpc=grpc, token_filters=tuple(reg.tokens.values()),
     )

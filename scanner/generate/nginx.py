@@ -18,7 +18,7 @@ Output files (names relative to the output directory):
     when NGINX starts and on ``nginx -s reload`` (after ``keys rotate``/``revoke``: regenerate,
     reload; requests in flight finish on the old workers). ``generate`` prints where it is read.
 ``perimeter.js``
-    The njs module: key hashing and the exact JSON body check.
+    The njs module: key hashing, the exact JSON body check and token budgets.
 
 Generator options (``GenerateOptions.extra``):
 
@@ -36,6 +36,10 @@ Generator options (``GenerateOptions.extra``):
 ``upstream_keepalive``
     Idle keep-alive connections to vLLM per worker (default 32; ``0``: a new
     connection per request, e.g. for an upstream that closes connections after errors).
+``njs``
+    The target's njs version (``0.7.9``); default: read from ``njs_module`` when given, else
+    assumed >= 0.8 (the static build's 0.9). Token budgets (``limits.tokens_per_minute``) need
+    ``js_shared_dict_zone`` (njs >= 0.8): a plan with them is refused for an older njs.
 ``worker_processes`` (default ``auto``), ``user`` (default: none emitted),
 ``ca_bundle`` (CA file for an upstream TLS leg without ``ca``; default
 ``/etc/ssl/certs/ca-certificates.crt``).

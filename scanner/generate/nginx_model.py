@@ -48,7 +48,15 @@ from dataclasses import dataclass, field
 
 from scanner import patterns
 from scanner.errors import GenerateError
-from scanner.generate.common import NginxOptions, Stamp, safe_name, salts, timeout_ms, upstream_tls
+from scanner.generate.common import (
+    NginxOptions,
+    Stamp,
+    safe_name,
+    salts,
+    timeout_ms,
+    upstream_tls,
+    version_tuple,
+)
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.plan.model import (
@@ -99,6 +107,7 @@ class Zone:
     key: str            # NGINX variable the zone counts by
     rate: str = ""      # "10r/s" for limit_req zones
     note: str = ""
+    tokens: int = 0     # token zones: tokens per minute
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,9 @@ class BodyCheck:
                         # (the subject's salt, from the 0600 principals file) into every body
     media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
                         # applies (checkMedia); a body with a media key never takes the fast path
+    tokens: str = ""    # "t1 2000 principal max_tokens 100": the token budget njs charges
+                        # (chargeTokens): zone, tokens per minute, counted per principal or
+                        # address, the output budget's fields ("-": none) and cap
 
 
 @dataclass(frozen=True)
@@ -176,6 +188,7 @@ class Model:
     rate_zones: tuple[Zone, ...]
     conn_zones: tuple[Zone, ...]
     checks: tuple[BodyCheck, ...]
+    token_zones: tuple[Zone, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
@@ -252,7 +265,8 @@ class _Registry:
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str], BodyCheck] = field(
+    tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -286,12 +300,25 @@ class _Registry:
                 note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
         return self.conn[d.conn_zone]
 
+    def token_zone(self, d: Decision) -> str:
+        """njs's token spec of a route with a token budget ("" none), see BodyCheck.tokens."""
+        if not d.token_zone or d.limits.tokens_per_minute is None:
+            return ""
+        if d.token_zone not in self.tokens:
+            who = "principal" if d.auth == "key" else "address"
+            self.tokens[d.token_zone] = Zone(
+                name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
+                note=f"audience {d.audience}, per {who}")
+        z, budget = self.tokens[d.token_zone], d.budget
+        fields, cap = (",".join(budget.fields), budget.cap) if budget else ("-", 0)
+        return f"{z.name} {z.tokens} {z.key} {fields} {cap}"
+
     def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
-              salt: str = "", media: MediaRules | None = None) -> BodyCheck:
+              salt: str = "", media: MediaRules | None = None, tokens: str = "") -> BodyCheck:
         spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
         fields = _fields_spec(rules)
         media_spec = _media_spec(media) if media is not None and media.active else ""
-        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec)
+        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec, tokens)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
@@ -299,9 +326,9 @@ class _Registry:
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
-                parse_all=bool(spec) or bool(salt) or bool(rules.pins)
-                or (rules.decided and rules.unknown != "pass"),
-                salt=salt, media=media_spec)
+                parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(rules.pins)
+                           or (rules.decided and rules.unknown != "pass")),
+                salt=salt, media=media_spec, tokens=tokens)
         return self.checks[key]
 
 
@@ -353,7 +380,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
-            _fields_spec(d.fields), d.salt, d.media)
+            _fields_spec(d.fields), d.salt, d.media, d.token_zone)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -363,15 +390,16 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     websocket = d.kind == "websocket"
     rules = next((x.fields for x in ds if x.fields.decided), d.fields)
     media = next((x.media for x in ds if x.media.active), d.media)
+    tokens = next((reg.token_zone(x) for x in ds if x.token_zone), "")
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
-               and bool(lim.json_caps or rules.decided or media.active))
+               and bool(lim.json_caps or rules.decided or media.active or tokens))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
-    check = reg.check(lim.json_caps, rules, budget, salt, media) if inspect else None
+    check = reg.check(lim.json_caps, rules, budget, salt, media, tokens) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -480,6 +508,9 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     tls_key = _file("listener key", listen.tls.key) if listen.tls else ""
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
+    if reg.tokens and opts.njs and version_tuple(opts.njs) < (0, 8):
+        raise GenerateError(f"nginx generator: tokens_per_minute needs njs >= 0.8 (js_shared_dict_zone); "
+                            f"this NGINX has njs {opts.njs}: use the static build or Envoy")
     return Model(
         stamp=Stamp.of(plan),
         runtime_dir=_file("runtime_dir", options.runtime_dir.rstrip("/") or "/"),
@@ -497,7 +528,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         geos={var: cidrs for cidrs, var in reg.geos.items()},
         rolesets={var: roles for roles, var in reg.rolesets.items()},
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
-        checks=tuple(reg.checks.values()),
+        checks=tuple(reg.checks.values()), token_zones=tuple(reg.tokens.values()),
         locations=locations,
         upstream_key_file=plan.upstream.api_key_file or "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),

@@ -7,6 +7,8 @@ config and the proof of that config cannot disagree about intent.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -98,6 +100,21 @@ class Budget:
                 "when_absent": self.when_absent}
 
 
+def _whole(value: object) -> int:
+    """A budget field's value as the token charge reads it: a number (or a numeric string, as
+    pydantic's lax mode reads it) floored at 0 and rounded down; anything else 0 (vLLM refuses it)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            value = float(value.strip().replace("_", ""))
+        except ValueError:
+            return 0
+    if isinstance(value, int | float) and math.isfinite(value):
+        return max(0, math.floor(value))
+    return 0
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the perimeter does with one method on one route."""
@@ -152,6 +169,34 @@ class Decision:
         limit = self.limits.concurrency
         return f"{self.audience}:{self.auth}:{limit}" if limit else ""
 
+    @property
+    def token_zone(self) -> str:
+        """The token budget family (``limits.tokens_per_minute``), one budget per principal (auth
+        "key") or client address (auth "none") in it: "" when the route has none. Only requests
+        with a body are charged (an allowed HTTP route and a body method)."""
+        tpm = self.limits.tokens_per_minute
+        if not tpm or not self.allowed or self.kind != "http" or self.method not in BODY_METHODS:
+            return ""
+        return f"{self.audience}:{self.auth}:{tpm}t/m"
+
+    def token_cost(self, body: bytes) -> int:
+        """What a request with ``body`` is charged against its token budget, at admission: the
+        output budget it will run with (the first of :attr:`budget`'s fields present and not
+        null, as a whole number >= 0; when none is: the cap, which the proxy writes in; 0 on a
+        route without a budget, and for a body that is not a JSON object) plus floor(body bytes
+        / 4), and at least 1. njs (``tokenCost``) and Lua (``token_cost``) compute the same."""
+        out = 0
+        budget = self.budget
+        if budget is not None and body:
+            try:
+                obj = json.loads(body)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                value = next((obj[f] for f in budget.fields if obj.get(f) is not None), None)
+                out = budget.cap if value is None else _whole(value)
+        return max(1, out + len(body) // 4)
+
     def salt_subject(self, principal: str) -> str:
         """What this route's salt is computed over ("principal:NAME" / "audience:NAME"); "" none."""
         if self.salt == "principal":
@@ -186,6 +231,7 @@ class Decision:
                 "body_bytes": lim.body_bytes, "json_caps": dict(sorted(lim.json_caps.items())),
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
+                **({"tokens_per_minute": lim.tokens_per_minute} if lim.tokens_per_minute else {}),
             },
             "budget": budget.to_dict() if budget else None,
             "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),

@@ -214,7 +214,8 @@ def _networks(node: Node) -> dict[str, tuple[str, ...]]:
 
 
 def _limits(node: Node) -> Limits:
-    m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s", "when_absent"))
+    m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s", "when_absent",
+                      "tokens_per_minute"))
     caps: dict[str, int] = {}
     if "json_caps" in m:
         for field_name, value in m["json_caps"].entries():
@@ -233,6 +234,7 @@ def _limits(node: Node) -> Limits:
         concurrency=m["concurrency"].whole(minimum=1) if "concurrency" in m else None,
         timeout_s=m["timeout_s"].number() if "timeout_s" in m else None,
         when_absent=cast(Any, m["when_absent"].choice(WHEN_ABSENT_CHOICES)) if "when_absent" in m else None,
+        tokens_per_minute=m["tokens_per_minute"].whole(minimum=1) if "tokens_per_minute" in m else None,
     )
 
 

@@ -51,6 +51,9 @@ class Limits:
     concurrency: int | None = None
     timeout_s: float | None = None
     when_absent: WhenAbsent | None = None   # None: not set here ("inject" when nothing sets it)
+    # per principal (per client address on auth "none"), charged at admission: the request's
+    # output budget + body bytes / 4 (Decision.token_cost); None: no token budget
+    tokens_per_minute: int | None = None
 
     def merged(self, override: Limits | None) -> Limits:
         if override is None:
@@ -62,6 +65,8 @@ class Limits:
             concurrency=override.concurrency if override.concurrency is not None else self.concurrency,
             timeout_s=override.timeout_s if override.timeout_s is not None else self.timeout_s,
             when_absent=override.when_absent or self.when_absent,
+            tokens_per_minute=(override.tokens_per_minute if override.tokens_per_minute is not None
+                               else self.tokens_per_minute),
         )
 
 

@@ -47,6 +47,8 @@ class Case:
     hold_ms: int = 0               # ask the witness upstream to hold the answer this long
     hold_group: str = ""           # ... counted from the first arrival of this group's requests
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
+    first: bool = False            # sent before its lane's other ordinary cases (a token budget's
+                                   # proof needs the budget before the other checks spend it)
 
     def all_headers(self) -> dict[str, str]:
         h = dict(self.credential.headers())

@@ -112,6 +112,11 @@ class _Schedule:
             ordered = sorted(free.queues[0], key=lambda i: cases[i].vantage.name)
             free.queues[0].clear()
             free.queues[0].extend(ordered)
+        for st in self.lanes.values():   # the cases that must go first, in their order
+            if any(cases[i].first for i in st.queues[0]):
+                ordered = sorted(st.queues[0], key=lambda i: not cases[i].first)
+                st.queues[0].clear()
+                st.queues[0].extend(ordered)
 
     def pending(self) -> bool:
         return any(st.pending() for st in self.lanes.values())

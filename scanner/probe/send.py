@@ -361,7 +361,14 @@ def _attempt(case: Case, start: float, *, status: int | None = None, error: str 
         credential=case.credential.label, fingerprint=case.credential.fingerprint,
         vantage=case.vantage.name, expected=case.expected, status=status, error=error,
         layer=layer, decision=marker, outcome=outcome, reason=reason,
-        latency_ms=round(((end or time.monotonic()) - start) * 1000, 2), note=case.note, sent_at=start)
+        latency_ms=round(((end or time.monotonic()) - start) * 1000, 2),
+        note=_noted(case.note, status, headers), sent_at=start)
+
+
+def _noted(note: str, status: int | None, headers: Mapping[str, str] | None) -> str:
+    """A 429 that says when to come back (a token budget's Retry-After) keeps that in the note."""
+    retry = (headers or {}).get("retry-after", "") if status == 429 else ""
+    return f"{note}; Retry-After {retry[:16]}" if retry else note
 
 
 def skipped(case: Case, why: str) -> Attempt:

@@ -38,6 +38,8 @@ def _limits(d: Decision) -> str:
         parts.append(f"{lim.rate.rps:g}rps/{lim.rate.burst}")
     if lim.concurrency:
         parts.append(f"conc<={lim.concurrency}")
+    if d.token_zone:
+        parts.append(f"tokens<={lim.tokens_per_minute}/min")
     return " ".join(parts)
 
 

@@ -169,6 +169,12 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "generate-envoy-out-is-a-file": _generate("envoy", lambda t: t / "a-file"),
     "generate-envoy-config-dir-relative": lambda t: Case(
         ["generate", "envoy", "--inventory", INV, "-o", str(t / "out"), "--set", "config_dir=etc/p"], "config_dir"),
+    # a token budget NGINX with njs 0.7 (Debian 12's) cannot keep: refused, never dropped
+    "generate-nginx-token-budget-on-njs-0.7": lambda t: Case(
+        ["generate", "nginx", "--inventory", INV, "-o", str(t / "out"), "--set", "njs=0.7.9", "--policy",
+         str(_file(t, "tokens.yaml", POLICY.read_text().replace(
+             "      concurrency: 16\n", "      concurrency: 16\n      tokens_per_minute: 2000\n", 1)))],
+        "tokens_per_minute needs njs >= 0.8"),
     "generate-nginx-config-dir-relative": lambda t: Case(
         ["generate", "nginx", "--inventory", INV, "-o", str(t / "out"), "--set", "config_dir=etc/p"], "config_dir"),
     # --- keys new --file (a principals file to append to)

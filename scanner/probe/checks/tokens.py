@@ -1,0 +1,220 @@
+"""Token budgets (``limits.tokens_per_minute``): per token zone (:attr:`Decision.token_zone`),
+requests of a known cost (:meth:`Decision.token_cost`, the plan's one statement of what a request
+is charged) from one principal until the budget must be spent: at most ``budget // cost + 3`` of
+them, the cost chosen from the body size so that three fit. The first ones must reach the
+upstream, then the budget must refuse (429 ``token-budget`` with ``Retry-After``); another
+principal's requests, as many as fit a budget, must all reach it (a budget of its own).
+
+The requests are ordinary cases of the route's lane (phase 0: paced under its rate limit, so the
+``rate`` check's burst is not spent here and these never meet the rate limiter), sent before the
+lane's other cases (``Case.first``): the other checks' requests spend the same budget. A zone the
+probe cannot exercise is "not proven" with why, never passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from typing import ClassVar
+
+from scanner import reasons as R
+from scanner.plan.model import Decision
+from scanner.probe import coverage as cov
+from scanner.probe.cases import Case
+from scanner.probe.checks.limits import carrier, pad_field, padded_json
+from scanner.probe.checks.load import Assessment, Zone, by_subject, representative
+from scanner.probe.coverage import Subject
+from scanner.probe.findings import make
+from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Vantage
+from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+
+FIT = 3              # requests of one cost that fit a budget
+EXTRA = 3            # sent beyond what fits
+MAX_REQUESTS = 40    # a zone needing more (a budget far over what one body can cost) is not proven
+OTHER = "other principal"
+
+
+def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
+    """A JSON body ``d`` charges exactly ``cost`` (its output budget set as high as its caps let,
+    the rest in padding: 4 bytes a token); None when no body within ``max_bytes`` does."""
+    budget, fields = d.budget, dict(base)
+    out = 0
+    if budget is not None:
+        first = budget.fields[0]
+        out = max(0, min(budget.cap, d.limits.json_caps.get(first, budget.cap), cost - 64))
+        fields[first] = out
+    for size in range((cost - out) * 4, (cost - out) * 4 + 4):
+        if size > max_bytes:
+            return None
+        body = padded_json(size, fields, pad_field(d))
+        if body[:1] == b"{" and d.token_cost(body) == cost:
+            return body
+    return None
+
+
+def plan_zone(d: Decision, max_bytes: int) -> tuple[int, int, bytes] | tuple[None, str, None]:
+    """(cost, how many fit, body) for ``d``'s budget, or (None, why not, None)."""
+    limit = d.limits.tokens_per_minute or 0
+    want = max(1, limit // FIT)
+    budget = d.budget
+    top = (min(budget.cap, d.limits.json_caps.get(budget.fields[0], budget.cap)) if budget else 0)
+    reach = top + max_bytes // 4 - 16
+    cost = min(want, max(1, reach))
+    fit = limit // cost
+    if fit + EXTRA > MAX_REQUESTS:
+        return None, (f"a budget of {limit} tokens needs {fit + EXTRA} requests of the largest cost a body "
+                      f"may have here ({cost}; more than {MAX_REQUESTS})"), None
+    body = body_of_cost(d, cost, {}, max_bytes)
+    if body is None:
+        return None, f"no body of cost {cost} fits body_bytes here", None
+    return cost, fit, body
+
+
+@register
+class TokenBudget(BaseCheck):
+    """Per token zone: one principal's requests of a known cost until its budget must refuse
+    (429 token-budget with Retry-After); another principal unaffected."""
+
+    id: ClassVar[str] = "token-budget"
+    title: ClassVar[str] = "token budgets"
+
+    def layout(self, ctx: CheckContext) -> list[Zone]:
+        by: dict[str, list[Decision]] = {}
+        for d in ctx.plan.allowed:
+            if d.token_zone:
+                by.setdefault(d.token_zone, []).append(d)
+        out = []
+        for name, ds in sorted(by.items()):
+            rep = representative(ctx, [d for d in ds if carrier(ctx, d) == ("", {})]) \
+                or representative(ctx, ds)
+            cells = ctx.allowed_cells(rep) if rep else []
+            out.append(Zone(self.id, name, tuple(ds), rep, cells[0] if cells else None))
+        return out
+
+    def _max_bytes(self, ctx: CheckContext, d: Decision) -> int:
+        return min(d.limits.body_bytes or 1 << 30, ctx.options.max_body_bytes)
+
+    def _other(self, ctx: CheckContext, z: Zone) -> tuple[Credential, Vantage] | None:
+        """A cell of another principal than the zone's (auth key only: an address is the subject
+        of an auth none zone, and the probe sends from one per vantage)."""
+        if z.rep is None or z.cell is None or z.rep.auth != "key":
+            return None
+        return next((c for c in ctx.allowed_cells(z.rep)
+                     if c[0].kind == "role" and c[0].label != z.cell[0].label), None)
+
+    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
+        for z in self.layout(ctx):
+            s = z.subject()
+            if z.rep is not None and not s.why:
+                if carrier(ctx, z.rep) != ("", {}):
+                    s = replace(s, why="every route in it changes state (--allow-state-changes against a "
+                                       "staging upstream)")
+                else:
+                    cost, why, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep))
+                    if cost is None:
+                        s = replace(s, why=str(why))
+            yield s
+            other = f"{z.key} {OTHER}"
+            if s.why:
+                continue
+            if z.rep is not None and z.rep.auth != "key":
+                yield cov.na(other, "counted per client address (auth: none)", z.rep.method, z.rep.path)
+            elif self._other(ctx, z) is None:
+                yield Subject(other, s.method, s.path, why="one principal only: give a --key of another "
+                                                           "principal the zone admits")
+            else:
+                yield Subject(other, s.method, s.path)
+
+    def generate(self, ctx: CheckContext) -> Iterator[Case]:
+        for z in self.layout(ctx):
+            d, cell = z.rep, z.cell
+            if d is None or cell is None or carrier(ctx, d) != ("", {}):
+                continue
+            cost, fit, body = plan_zone(d, self._max_bytes(ctx, d))
+            if cost is None or body is None or not isinstance(fit, int):
+                continue
+            limit = d.limits.tokens_per_minute
+            n = fit + EXTRA
+            for i in range(n):
+                yield self._case(ctx, d, cell, z.key, body,
+                                 f"cost {cost} {i + 1}/{n} ({fit} fit {limit} tokens per minute)")
+            other = self._other(ctx, z)
+            if other is not None:
+                for i in range(fit):
+                    yield self._case(ctx, d, other, f"{z.key} {OTHER}", body,
+                                     f"another principal, cost {cost} {i + 1}/{fit}")
+
+    def _case(self, ctx: CheckContext, d: Decision, cell: tuple[Credential, Vantage], subject: str,
+              body: bytes, note: str) -> Case:
+        base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=subject, note=note)
+        return replace(base, body=body, json_body=True, expected="allow", reasons=("token-budget",),
+                       headers=(*((k, v) for k, v in base.headers if k.lower() != "content-type"),
+                                ("Content-Type", "application/json")), phase=0, first=True)
+
+    # --- judging ----------------------------------------------------------------------------
+
+    def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
+        by = by_subject(results)
+        out: dict[str, tuple[Assessment, list[Attempt]]] = {}
+        for z in self.layout(ctx):
+            mine, theirs = by.get(z.key, []), by.get(f"{z.key} {OTHER}", [])
+            if z.rep is None or not mine:
+                continue
+            cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep))
+            if cost is None or not isinstance(fit, int):
+                continue
+            out[z.key] = (self._assess(mine, fit), mine)
+            if theirs:
+                out[f"{z.key} {OTHER}"] = (self._assess_other(mine, theirs, fit), theirs)
+        return out
+
+    @staticmethod
+    def _assess(attempts: Sequence[Attempt], fit: int) -> Assessment:
+        n = len(attempts)
+        reached = [a for a in attempts if a.verdict == "proved" and a.outcome == "reached"]
+        refused = [a for a in attempts if R.proves("token-budget", a.status, a.reason)]
+        bad = next((a for a in attempts if a.verdict == "failed"), None)
+        if bad is not None:
+            return "failed", bad.why, n
+        if len(reached) > fit:
+            return "failed", (f"{len(reached)} of {n} requests reached the upstream where the budget holds "
+                              f"{fit}: the token budget is not enforced"), n
+        if not refused:
+            other = next((a for a in attempts if a.verdict != "proved"), None)
+            return "not-proven", (other.why if other else "no request was refused for token-budget"), n
+        timed = [a for a in refused if "Retry-After " in a.note]
+        if len(timed) < len(refused):
+            return "failed", "a token-budget refusal without Retry-After", n
+        if not reached:
+            return "not-proven", ("every request was refused for token-budget: the budget was spent before "
+                                  "(other checks, or an earlier run within the minute)"), n
+        return "proved", (f"{len(reached)} reached the upstream ({fit} fit), then {len(refused)} refused "
+                          f"for token-budget with Retry-After"), n
+
+    @staticmethod
+    def _assess_other(mine: Sequence[Attempt], theirs: Sequence[Attempt], fit: int) -> Assessment:
+        n = len(theirs)
+        passed = sum(a.verdict == "proved" and a.outcome == "reached" for a in theirs)
+        ours = sum(a.verdict == "proved" and a.outcome == "reached" for a in mine)
+        if passed == n and ours:
+            return "proved", (f"all {n} reached while the first principal's budget was spent: a "
+                              "budget of its own"), n
+        if any(R.proves("token-budget", a.status, a.reason) for a in theirs) and passed + ours <= fit:
+            return "failed", (f"refused for token-budget after {passed} of its own and {ours} of the first "
+                              f"principal's requests ({fit} fit one budget): principals share one budget"), n
+        other = next((a for a in theirs if a.verdict != "proved" or a.outcome != "reached"), None)
+        return "not-proven", (other.why if other else "the first principal's requests did not reach"), n
+
+    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
+        for (status, why, _n), attempts in self.assessed(ctx, results).values():
+            if status == "failed":
+                yield make("VP005", attempts, why, title="token budget not enforced", extra=self.id)
+
+    def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
+              interrupted: bool = False) -> Iterable[Coverage]:
+        done = self.assessed(ctx, results)
+        for s in subjects:
+            if s.key in done and s.applies:
+                yield cov.status_of(self.id, s, *done[s.key][0])
+            else:
+                yield from cov.generic(self.id, [s], [], interrupted)

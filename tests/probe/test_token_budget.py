@@ -1,0 +1,211 @@
+"""Per-principal token budgets (issue 10, item 6): ``limits.tokens_per_minute``, charged at
+admission with the request's output budget + body bytes / 4 (:meth:`Decision.token_cost`, the
+one rule njs and Lua implement and the probe predicts with). On the real proxies: NGINX 1.31 +
+njs 0.9 (shared dict) and Envoy 1.40 (Lua + local_ratelimit); Debian's NGINX 1.22 (njs 0.7.9, no
+js_shared_dict_zone) is refused by ``generate`` with exit 2, never given a config without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scanner import documents, verify
+from scanner.cli.main import main
+from scanner.errors import GenerateError, PolicyError
+from scanner.generate.common import njs_version
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.nginx import NginxGenerator
+from scanner.inventory.catalog import load_ref
+from scanner.plan.inputs import load_policy
+from scanner.plan.model import Decision
+from scanner.policy.load import loads
+from scanner.policy.model import Policy
+from scanner.probe.checks.tokens import body_of_cost, plan_zone
+from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.report.plan import to_table
+from scanner.runtime import nginx
+from tests.probe.realproxy import probe_through, proxy_named
+
+CATALOG = "vllm-0.29.0-default"
+DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("token-budget",))
+# with the rate check too: its bursts and follow-ups must not meet the token budget first
+WITH_RATE = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("rate", "token-budget"))
+
+
+def token_policy_text(tpm: int = 2000) -> str:
+    text = DEFAULT.read_text()
+    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n", 1)
+
+
+def token_policy(tpm: int = 2000) -> Policy:
+    return loads(token_policy_text(tpm))
+
+
+def decisions(tmp_path: Path, policy: Policy) -> dict[tuple[str, str], Decision]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    plan = verify.setup(load_ref(CATALOG), policy, tmp_path, 9).plan
+    return {(d.method, d.path): d for d in plan.decisions}
+
+
+# --- the policy and the plan ----------------------------------------------------------------------
+
+def test_the_plan_puts_body_routes_of_the_audience_in_one_token_zone(tmp_path: Path) -> None:
+    ds = decisions(tmp_path, token_policy())
+    chat, comp = ds[("POST", "/v1/chat/completions")], ds[("POST", "/v1/completions")]
+    assert chat.token_zone == comp.token_zone == "inference:key:2000t/m"
+    assert ds[("GET", "/v1/models")].token_zone == ""        # no body: not charged
+    doc = next(d for d in chat.to_dict().items() if d[0] == "limits")[1]
+    assert doc["tokens_per_minute"] == 2000
+    # the default policy has none: the plan's JSON is as before
+    plain = decisions(tmp_path / "b", load_policy(None))
+    assert all(not d.token_zone and "tokens_per_minute" not in d.to_dict()["limits"] for d in plain.values())
+
+
+def test_the_plan_and_policy_documents_hold_the_budget(tmp_path: Path) -> None:
+    plan = verify.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
+    documents.validate("plan", json.loads(plan.to_json()), "plan")
+    documents.validate("policy", yaml.safe_load(token_policy_text()), "policy")
+    assert "tokens<=2000/min" in to_table(plan)
+
+
+def test_tokens_per_minute_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"tokens_per_minute|>= 1"):
+        loads(token_policy_text(0))
+
+
+def test_the_cost_rule(tmp_path: Path) -> None:
+    ds = decisions(tmp_path, token_policy())
+    chat, comp = ds[("POST", "/v1/chat/completions")], ds[("POST", "/v1/completions")]
+    body = json.dumps({"max_tokens": 100, "prompt": "x" * 40}).encode()
+    assert comp.token_cost(body) == 100 + len(body) // 4
+    # absent (or null): the cap the proxy writes in
+    absent = b'{"prompt": "hi", "max_tokens": null}'
+    assert comp.token_cost(absent) == 4096 + len(absent) // 4
+    # the first field present and not null wins; the last copy of a duplicated key counts
+    both = b'{"max_completion_tokens": null, "max_tokens": 7, "max_tokens": 9}'
+    assert chat.token_cost(both) == 9 + len(both) // 4
+    assert chat.token_cost(b'{"max_completion_tokens": 5, "max_tokens": 900}') == 5 + 47 // 4
+    # lax numbers as pydantic reads them; anything else 0; never below 1
+    assert comp.token_cost(b'{"max_tokens": "1_0"}') == 10 + 5
+    assert comp.token_cost(b'{"max_tokens": true}') == 1 + 5
+    assert comp.token_cost(b'{"max_tokens": [1]}') == 0 + 4
+    assert comp.token_cost(b'{"max_tokens": -3}') == 0 + 4
+    assert comp.token_cost(b"") == 1
+    assert comp.token_cost(b"not json at all!") == 4              # not a JSON object: bytes only
+    msgs = ds[("POST", "/v1/messages")]   # no output budget in the plan: bytes only
+    assert msgs.budget is None and msgs.token_cost(b'{"max_tokens": 99999, "x": 1}') == 7
+    assert msgs.token_cost(b"{}") == 1
+
+
+def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
+    ds = decisions(tmp_path, token_policy())
+    for d in (ds[("POST", "/v1/completions")], ds[("POST", "/v1/messages")], ds[("POST", "/v1/chat/completions")]):
+        for cost in (17, 666, 5000):
+            body = body_of_cost(d, cost, {}, 1 << 20)
+            assert body is not None and d.token_cost(body) == cost and isinstance(json.loads(body), dict)
+    cost, fit, _ = plan_zone(ds[("POST", "/v1/completions")], 1 << 20)
+    assert (cost, fit) == (666, 3)
+    cost, why, _ = plan_zone(decisions(tmp_path / "b", token_policy(10**8))[("POST", "/v1/completions")], 1 << 20)
+    assert cost is None and "requests" in str(why)
+
+
+# --- the generators ---------------------------------------------------------------------------------
+
+def test_debian_njs_is_refused_and_a_plan_without_budgets_is_not(tmp_path: Path) -> None:
+    """The refusal itself (exit 2, one line) is a case of tests/cli/test_bad_input.py."""
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(DEFAULT.read_text())
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "nginx", "--inventory", CATALOG, "--policy", str(plain), "-o", str(tmp_path / "out"),
+              "--set", "njs=0.7.9"])
+    assert done.value.code == 0
+
+
+def test_the_debian_module_says_which_njs_it_is(tmp_path: Path) -> None:
+    build = nginx.debian_build()
+    if build is None:
+        pytest.skip("no Debian NGINX")
+    assert njs_version(build.njs_module) == "0.7.9"
+    plan = verify.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
+    with pytest.raises(GenerateError, match=r"needs njs >= 0.8 .*this NGINX has njs 0.7.9"):
+        NginxGenerator().render(plan, GenerateOptions(extra={"njs_module": build.njs_module}))
+
+
+def test_the_nginx_config_with_a_budget_has_no_gixy_findings(tmp_path: Path) -> None:
+    from tests.generate.test_gixy import findings, summary
+
+    policy = tmp_path / "tokens.yaml"
+    policy.write_text(token_policy_text())
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "nginx", "--inventory", CATALOG, "--policy", str(policy), "-o", str(tmp_path / "out")])
+    assert done.value.code == 0
+    assert "js_shared_dict_zone zone=perimeter_tokens" in (tmp_path / "out" / "perimeter-http.conf").read_text()
+    assert summary(findings(tmp_path / "out" / "nginx.conf")) == []
+
+
+def test_verify_on_debian_nginx_exits_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if nginx.debian_build() is None:
+        pytest.skip("no Debian NGINX")
+    policy = tmp_path / "tokens.yaml"
+    policy.write_text(token_policy_text())
+    with pytest.raises(SystemExit) as done:
+        main(["verify", "--proxy", "nginx-debian", "--inventory", CATALOG, "--policy", str(policy)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert done.value.code == 2 and len(err) == 1, err
+    assert "tokens_per_minute needs njs >= 0.8" in err[0] and "njs 0.7.9" in err[0]
+
+
+# --- on the real proxies ----------------------------------------------------------------------------
+
+def _coverage(result: ProbeResult) -> dict[str, tuple[str, str]]:
+    return {c.subject: (c.status, c.why) for c in result.coverage if c.check == "token-budget"}
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path, proxy: str) -> None:
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    result = probe_through(tmp_path, p, token_policy(), CATALOG, WITH_RATE)
+    cov = _coverage(result)
+    zone = "token-budget inference:key:2000t/m"
+    assert cov[zone][0] == "proved", cov
+    assert cov[f"{zone} other principal"][0] == "proved", cov
+    assert not result.findings, result.findings
+    rate = [c for c in result.coverage if c.check == "rate"]
+    assert rate and all(c.status == "proved" for c in rate), rate
+    notes = [a for a in result.attempts if a.subject == zone]
+    reached = [a for a in notes if a.outcome == "reached"]
+    refused = [a for a in notes if a.reason == "token-budget"]
+    assert len(reached) == 3 and len(refused) == 3 and all("Retry-After " in a.note for a in refused)
+    print(proxy, "200:", len(reached), "429:", len(refused), [a.note.rsplit("; ", 1)[-1] for a in refused])
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_the_mutant_without_its_budget_is_caught(tmp_path: Path, proxy: str) -> None:
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed")
+    assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_an_auth_none_zone_counts_per_client_address(tmp_path: Path, proxy: str) -> None:
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    text = DEFAULT.read_text().replace(
+        "limits: {body_bytes: 1, rate: {rps: 20, burst: 40}, timeout_s: 10}",
+        "limits: {body_bytes: 65536, rate: {rps: 20, burst: 40}, timeout_s: 10, tokens_per_minute: 900}").replace(
+        "  - {path: /tokenize, methods: [POST], audience: service}",
+        "  - {path: /tokenize, methods: [POST], audience: monitoring}")
+    result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS)
+    cov = _coverage(result)
+    assert cov["token-budget monitoring:none:900t/m"][0] == "proved", cov
+    assert cov["token-budget monitoring:none:900t/m other principal"][0] == "not-applicable", cov
+    assert not result.findings
