@@ -75,6 +75,7 @@ class MutantRun:
     what: str = ""                 # what the operator changed, or why it could not
     rules: tuple[str, ...] = ()    # the findings that caught it
     seconds: float = 0.0
+    check: str = ""                # the check of the first finding that caught it
 
     def to_dict(self) -> dict[str, object]:
         return {"proxy": self.proxy, "operator": self.operator, "title": self.title, "status": self.status,
@@ -225,6 +226,9 @@ def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options:
     return out
 
 
+MUTANT_TIMEOUT_S = 5.0
+
+
 def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
             keys_per_role: int = 1, only: Sequence[str] = (),
             say: Callable[[str], None] = lambda _m: None) -> tuple[list[ProxyRun], list[MutantRun]]:
@@ -235,8 +239,11 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
 
     baselines: list[ProxyRun] = []
     out: list[MutantRun] = []
-    # a mutant is caught by one failure; an unanswered request is not tried a third time
-    fast = replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2))
+    # a mutant is caught by one failure; an unanswered request is not tried a third time, nor
+    # waited for longer than MUTANT_TIMEOUT_S (the stand-in answers in milliseconds)
+    fast = replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2),
+                   timeout=min(options.timeout, MUTANT_TIMEOUT_S))
+    caught_with: dict[str, str] = {}   # operator (without its proxy kind) -> the check that caught it
     with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
         for proxy, directory in written:
             base = proxy_run(s, proxy, directory, options, witness)
@@ -248,7 +255,13 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
             for op in mutate.operators(proxy.kind):
                 if only and op.id not in only and op.id.partition(".")[2] not in only:
                     continue
-                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
+                name = op.id.partition(".")[2]
+                # the check that caught it elsewhere (or is likely to) sends first: the run stops
+                # at the first failure sooner; every check still runs until one fails
+                lead = replace(fast, lead_check=caught_with.get(name) or likely_check(name))
+                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", lead, witness))
+                if out[-1].check:
+                    caught_with.setdefault(name, out[-1].check)
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
     return baselines, out
 
@@ -272,5 +285,20 @@ def mutant(s: Setup, proxy: Proxy, op: Any, directory: Path, options: ProbeOptio
     except InternalError as exc:
         return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {exc}")
     rules = caught_by(run_.result)
+    check = next((f.check for f in run_.result.findings if f.rule != "VP011"), "")
     return MutantRun(proxy.name, op.id, op.title, "caught" if rules else "survived", what, rules,
-                     run_.seconds)
+                     run_.seconds, check)
+
+
+# words of an operator's id -> the check most likely to catch it (an ordering hint only)
+_LIKELY: tuple[tuple[str, str], ...] = (
+    ("media", "media"), ("token", "token-budget"), ("grpc-denied", "grpc"), ("rate", "rate"),
+    ("concurrency", "concurrency"), ("conn", "concurrency"), ("json-cap", "limits"), ("body", "limits"),
+    ("field", "limits"), ("budget", "limits"), ("salt", "limits"), ("strip", "limits"), ("h2", "protocol"),
+    ("grpc", "protocol"), ("header", "upstream"), ("raw-target", "upstream"), ("upstream-key", "upstream"),
+    ("client-key", "upstream"), ("trust", "spoof"), ("xff", "spoof"), ("prefix", "bypass"),
+    ("normal", "bypass"))
+
+
+def likely_check(operator: str) -> str:
+    return next((check for word, check in _LIKELY if word in operator), "matrix")

@@ -133,5 +133,8 @@ def test_vllm_accepts_every_allowed_field_the_proxy_forwards(setup: verify.Setup
             answers[path] = (r.status_code, "x-perimeter-decision" in r.headers, r.text[:200])
     refused = {p: a for p, a in answers.items() if a[1] or a[0] in (400, 422)}
     assert not refused, refused
-    # validated, then the missing engine: 500, or 501 where the model has no such task
-    assert all(a[0] in (500, 501) for a in answers.values()), answers
+    # validated, then the missing engine: 500, 501 where the model has no such task, or (rerank on
+    # 0.29, whose handler returns None without its serving object) 200 with a null body
+    unexpected = {p: a for p, a in answers.items()
+                  if a[0] not in (500, 501) and a[:1] + a[2:] != (200, "null")}
+    assert not unexpected, unexpected

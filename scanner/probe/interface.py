@@ -103,6 +103,8 @@ class ProbeOptions:
     upstream_key: str = ""         # fingerprint of vLLM's own key, when known (verify): the one the
                                    # witness must see with the plan's upstream.api_key_file
     stop_on_failure: bool = False  # stop sending at the first failed case (mutation runs)
+    lead_check: str = ""           # this check's cases first in every lane (mutation runs: the one
+                                   # expected to catch the mutant; every other check still runs)
     # the policy's cache_salt secret (--salt-secret-file; verify: its throwaway one): the salt a
     # salted route must write is known only with it
     salt_secret: str = field(default="", repr=False, compare=False)

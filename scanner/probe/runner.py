@@ -112,9 +112,10 @@ class _Schedule:
             ordered = sorted(free.queues[0], key=lambda i: cases[i].vantage.name)
             free.queues[0].clear()
             free.queues[0].extend(ordered)
+        lead = options.lead_check
         for st in self.lanes.values():   # the cases that must go first, in their order
-            if any(cases[i].first for i in st.queues[0]):
-                ordered = sorted(st.queues[0], key=lambda i: not cases[i].first)
+            if any(cases[i].first or cases[i].check == lead for i in st.queues[0]):
+                ordered = sorted(st.queues[0], key=lambda i: (not cases[i].first, cases[i].check != lead))
                 st.queues[0].clear()
                 st.queues[0].extend(ordered)
 

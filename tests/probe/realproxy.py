@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,8 @@ import pytest
 from scanner import mutate, verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
-from scanner.policy.model import Policy
-from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.policy.model import Limits, Policy, Rate
+from scanner.probe.interface import Attempt, ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
@@ -27,14 +29,50 @@ def proxy_named(name: str) -> Proxy:
     return NginxProxy(build, name)
 
 
+def unpaced(policy: Policy, factor: int = 20) -> Policy:
+    """``policy`` with every rate limit ``factor`` times higher: for tests about what reaches the
+    upstream, not about rates, the probe's pacing (scanner.probe.pace) then takes seconds less.
+    Rates and concurrency are tested with the policy's own limits elsewhere."""
+    def faster(limits: Limits | None) -> Limits | None:
+        if limits is None or limits.rate is None:
+            return limits
+        return replace(limits, rate=Rate(limits.rate.rps * factor, limits.rate.burst * factor))
+
+    return replace(policy,
+                   audiences={n: replace(a, limits=faster(a.limits) or a.limits) for n, a in policy.audiences.items()},
+                   rules=tuple(replace(r, limits=faster(r.limits)) for r in policy.rules))
+
+
+def but_rates(options: ProbeOptions) -> ProbeOptions:
+    """``options`` with every check but those of rates and concurrency: for a whole run under
+    unpaced() (whose rate limits the probe cannot meet: rightly not proven)."""
+    import scanner.probe.checks  # noqa: F401  (registers them)
+    from scanner.probe import registry
+
+    rates = {"rate", "concurrency", "token-budget"}
+    return replace(options, checks=tuple(c for c in registry.ids() if c not in rates))
+
+
 def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, options: ProbeOptions,
-                  mutant: str = "", keys_per_role: int = 1) -> ProbeResult:
+                  mutant: str = "", keys_per_role: int = 1, paced: bool = False) -> ProbeResult:
+    """``policy``'s plan generated for ``proxy`` (weakened by ``mutant``), started in front of the
+    stand-in and probed; ``paced``: under the policy's own rate limits, else under unpaced()."""
     inventory = load_ref(catalog)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp_path, port, keys_per_role=keys_per_role)
+    s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, port,
+                     keys_per_role=keys_per_role)
     directory = tmp_path / "proxy"
     written = proxy.write(s.plan, directory)
     if mutant:
         mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
     with StandinThread(inventory, "127.0.0.1", port) as standin:
         return verify.proxy_run(s, proxy, directory, options, standin.url).result
+
+
+def decided(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The decided sends among ``attempts``: a case throttled before it was decided (a 429 the
+    schedule did not expect, verdict inconclusive) is sent again; every case must have one."""
+    out = [a for a in attempts if a.verdict != "inconclusive"]
+    assert {(a.method, a.path, a.credential, a.vantage, a.note) for a in out} == \
+        {(a.method, a.path, a.credential, a.vantage, a.note) for a in attempts}, "a case was never decided"
+    return out

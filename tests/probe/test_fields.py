@@ -22,7 +22,7 @@ from scanner.policy.model import FieldRules, Policy
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import probe_through, proxy_named
+from tests.probe.realproxy import decided, probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("limits",))
@@ -118,7 +118,7 @@ def test_field_rules_are_proved_through_the_proxy(tmp_path: Path, proxy: Proxy) 
 def test_unknown_fields_stripped_are_proved_by_the_witness(tmp_path: Path) -> None:
     res = probe_through(tmp_path, proxy_named("envoy"), _unknown_strip(), CATALOG, OPTIONS)
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
-    stripped = [a for a in res.attempts if a.note == "a field the policy does not name, to be stripped"]
+    stripped = decided([a for a in res.attempts if a.note == "a field the policy does not name, to be stripped"])
     assert stripped and all(a.verdict == "proved" and a.upstream is not None for a in stripped)
     for a in stripped:
         assert a.upstream is not None and a.upstream.body is not None

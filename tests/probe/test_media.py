@@ -22,7 +22,7 @@ from scanner.probe.interface import ProbeOptions
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
 from tests.policy.test_media import CORPUS, RULES
-from tests.probe.realproxy import probe_through, proxy_named
+from tests.probe.realproxy import decided, probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("media",))
@@ -77,7 +77,7 @@ def test_the_bundled_media_rules_are_proved_through_the_proxy(tmp_path: Path, pr
 def test_listed_domains_are_proved_through_the_proxy(tmp_path: Path) -> None:
     res = probe_through(tmp_path, proxy_named("envoy"), _with_media(RULES), CATALOG, OPTIONS)
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
-    allowed = [a for a in res.attempts if a.note.startswith("a listed host")]
+    allowed = decided([a for a in res.attempts if a.note.startswith("a listed host")])
     assert allowed and all(a.verdict == "proved" for a in allowed)
 
 

@@ -20,6 +20,7 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
+from tests.probe.realproxy import unpaced
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
@@ -32,13 +33,16 @@ def _nginx() -> Proxy:
     return NginxProxy(build, "nginx")
 
 
-def _probe(tmp_path: Path, proxy: Proxy, edit: Callable[[Path], None], checks: tuple[str, ...]) -> ProbeResult:
-    """The proxy's generated config, edited by hand, in front of the stand-in, probed."""
+def _probe(tmp_path: Path, proxy: Proxy, edit: Callable[[Path], None], checks: tuple[str, ...],
+           paced: bool = False) -> ProbeResult:
+    """The proxy's generated config, edited by hand, in front of the stand-in, probed (``paced``:
+    under the bundled policy's own rate limits, else under unpaced() ones)."""
     from scanner.net import free_port
 
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, load_policy(None), tmp_path, port, keys_per_role=1)
+    policy = load_policy(None)
+    s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, port, keys_per_role=1)
     directory = tmp_path / "proxy"
     edit(proxy.write(s.plan, directory))
     with StandinThread(inventory, "127.0.0.1", port) as standin:
@@ -65,7 +69,7 @@ def test_raised_body_limit_is_caught_though_the_matrix_spends_the_rate_budget(tm
     # Before: the matrix used up the inference rate budget, every body case met 429, and a 429
     # counted as denied. Now a 429 proves nothing but a rate limit, and the cases are paced.
     res = _probe(tmp_path, _nginx(), _route_edit("/v1/chat/completions", r"client_(max_body|body_buffer)_size \d+;",
-                                                 r"client_\1_size 100m;"), ("matrix", "limits"))
+                                                 r"client_\1_size 100m;"), ("matrix", "limits"), paced=True)
     assert "VP005" in _rules(res, "/v1/chat/completions"), [f.title for f in res.findings]
     assert not [a for a in res.attempts if a.check == "limits" and a.verdict == "inconclusive" and a.tries == 3]
 

@@ -170,7 +170,7 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = probe_through(tmp_path, p, token_policy(), CATALOG, WITH_RATE)
+    result = probe_through(tmp_path, p, token_policy(), CATALOG, WITH_RATE, paced=True)
     cov = _coverage(result)
     zone = "token-budget inference:key:2000t/m"
     assert cov[zone][0] == "proved", cov
@@ -190,7 +190,8 @@ def test_the_mutant_without_its_budget_is_caught(tmp_path: Path, proxy: str) -> 
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed")
+    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed",
+                           paced=True)
     assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
 
 
@@ -204,7 +205,7 @@ def test_an_auth_none_zone_counts_per_client_address(tmp_path: Path, proxy: str)
         "limits: {body_bytes: 65536, rate: {rps: 20, burst: 40}, timeout_s: 10, tokens_per_minute: 900}").replace(
         "  - {path: /tokenize, methods: [POST], audience: service}",
         "  - {path: /tokenize, methods: [POST], audience: monitoring}")
-    result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS)
+    result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS, paced=True)
     cov = _coverage(result)
     assert cov["token-budget monitoring:none:900t/m"][0] == "proved", cov
     assert cov["token-budget monitoring:none:900t/m other principal"][0] == "not-applicable", cov

@@ -26,15 +26,17 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.secrets import fingerprint
-from tests.probe.realproxy import probe_through, proxy_named
+from tests.probe.realproxy import but_rates, probe_through, proxy_named, unpaced
 
 CATALOG = "vllm-0.29.0-default"
-OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
+# every check but rates and concurrency: the policy is unpaced (these tests are about the key)
+OPTIONS = but_rates(ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300))
 POLICY_TEXT = (Path(__file__).parents[2] / "policies" / "vllm-default.yaml").read_text()
 
 
 def _policy() -> Policy:
-    policy = load_policy(None)
+    """The bundled policy with vLLM's key file, unpaced (these tests are about the key, not rates)."""
+    policy = unpaced(load_policy(None))
     return replace(policy, upstream=replace(policy.upstream, api_key_file="/run/secrets/vllm-api-key"))
 
 
