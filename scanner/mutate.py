@@ -736,7 +736,7 @@ def _e_upstream_key(env: _Envoy, plan: Plan) -> str:
 @_e("client-headers-forwarded", "the header allowlist turned off (hop-by-hop, spoofable forwarded)")
 def _e_headers(env: _Envoy, plan: Plan) -> str:
     lua = env.lua
-    env.lua = lua.replace("  drop_headers(headers, group.websocket)\n", "")
+    env.lua = re.sub(r"(?m)^  drop_headers\(headers, [^\n]*\)\n", "", lua, count=1)
     if env.lua == lua:
         raise NotApplicable("no header allowlist")
     return "drop_headers off"

@@ -229,6 +229,17 @@ def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options:
 MUTANT_TIMEOUT_S = 5.0
 
 
+def mutant_options(options: ProbeOptions, operator: str, lead: str = "") -> ProbeOptions:
+    """``options`` for the run of mutation ``operator``: a mutant is caught by one failure; an
+    unanswered request is not tried a third time, nor waited for longer than MUTANT_TIMEOUT_S
+    (the upstream answers in milliseconds: the stand-in, or vLLM without its engine). The cases
+    of ``lead`` (or of the check likely to catch it) go first: the run stops sooner; every
+    check still runs until one fails."""
+    return replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2),
+                   timeout=min(options.timeout, MUTANT_TIMEOUT_S),
+                   lead_check=lead or likely_check(operator.partition(".")[2] or operator))
+
+
 def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
             keys_per_role: int = 1, only: Sequence[str] = (),
             say: Callable[[str], None] = lambda _m: None) -> tuple[list[ProxyRun], list[MutantRun]]:
@@ -239,10 +250,6 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
 
     baselines: list[ProxyRun] = []
     out: list[MutantRun] = []
-    # a mutant is caught by one failure; an unanswered request is not tried a third time, nor
-    # waited for longer than MUTANT_TIMEOUT_S (the stand-in answers in milliseconds)
-    fast = replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2),
-                   timeout=min(options.timeout, MUTANT_TIMEOUT_S))
     caught_with: dict[str, str] = {}   # operator (without its proxy kind) -> the check that caught it
     with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
         for proxy, directory in written:
@@ -256,10 +263,9 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                 if only and op.id not in only and op.id.partition(".")[2] not in only:
                     continue
                 name = op.id.partition(".")[2]
-                # the check that caught it elsewhere (or is likely to) sends first: the run stops
-                # at the first failure sooner; every check still runs until one fails
-                lead = replace(fast, lead_check=caught_with.get(name) or likely_check(name))
-                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", lead, witness))
+                # the check that caught it on another proxy leads
+                fast = mutant_options(options, op.id, caught_with.get(name, ""))
+                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
                 if out[-1].check:
                     caught_with.setdefault(name, out[-1].check)
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")

@@ -7,7 +7,6 @@ stand-in is tests/test_verify.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,7 +80,7 @@ WEAKENINGS = ("nginx.prefix-location-added", "nginx.method-check-removed", "ngin
 def test_weakened_config_is_caught(setup: verify.Setup, real_vllm, op_id: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     op = mutate.OPERATORS[op_id]
     proxy = EnvoyProxy() if op.kind == "envoy" else next(_proxies())
-    run = verify.mutant(setup, proxy, op, tmp_path, replace(OPTIONS, stop_on_failure=True), real_vllm.url)
+    run = verify.mutant(setup, proxy, op, tmp_path, verify.mutant_options(OPTIONS, op_id), real_vllm.url)
     assert run.status == "caught", run
     assert run.rules and run.rules != ("VP011",), run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,11 +38,42 @@ def test_every_proxy_kind_has_at_least_15_operators() -> None:
         assert len(mutate.operators(kind)) >= 15, kind
 
 
+# what each operator that does not apply to the bundled policy needs (its settings are tested
+# with the operator in their own tests); an operator that stops matching the generated config
+# (a template changed under it) must not silently join them
+NEEDS = {"upstream-key-not-presented": "upstream.api_key_file", "salt-not-rewritten": "cache_salt",
+         "token-budget-removed": "tokens_per_minute", "grpc-denied-method-forwarded": "grpc:"}
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_only_the_operators_needing_a_setting_do_not_apply_to_the_bundled_policy(name: str, tmp_path: Path) -> None:
+    proxy = _proxy(name)
+    s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, 9)
+    skipped = {}
+    written = proxy.write(s.plan, tmp_path / "generated")
+    for op in mutate.operators(proxy.kind):
+        files = tmp_path / op.id / written.relative_to(tmp_path / "generated")
+        shutil.copytree(tmp_path / "generated", tmp_path / op.id)
+        try:
+            assert op.apply(files, s.plan)
+        except mutate.NotApplicable as exc:
+            skipped[op.id.partition(".")[2]] = str(exc)
+    assert set(skipped) == set(NEEDS) - ({"grpc-denied-method-forwarded"} if proxy.kind == "nginx" else set()), \
+        skipped
+
+
+LOAD_OPERATORS = ("nginx.rate-limit-removed", "nginx.concurrency-limit-removed")
+
+
 @pytest.mark.parametrize("name", PROXIES)
 def test_mutation_score_is_100_percent(name: str) -> None:
     proxy = _proxy(name)
+    # Debian's build: all but the two load operators, whose limit_req / limit_conn lines are the
+    # same text in both builds (caught on the static build; about 35 s of CI time)
+    only = () if name != "nginx-debian" else tuple(
+        op.id for op in mutate.operators("nginx") if op.id not in LOAD_OPERATORS)
     runs, mutants = verify.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
-                                   keys_per_role=2)
+                                   keys_per_role=2, only=only)
     base = runs[0].result
     assert not base.findings and not base.unreachable, [f.title for f in base.findings] or base.reason
     applicable = [m for m in mutants if m.status != "not-applicable"]
