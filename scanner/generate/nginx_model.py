@@ -125,6 +125,8 @@ class BodyCheck:
                         # (the subject's salt, from the 0600 principals file) into every body
     media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
                         # applies (checkMedia); a body with a media key never takes the fast path
+    media_regex: str = ""   # a media key in any spelling: on a parse_all route, a body it does not
+                            # match skips njs's walk for media items ($perimeter_media_seen 0)
     tokens: str = ""    # "t1 2000 principal max_tokens 100": the token budget njs charges
                         # (chargeTokens): zone, tokens per minute, counted per principal or
                         # address, the output budget's fields ("-": none) and cap
@@ -328,7 +330,8 @@ class _Registry:
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
                 parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(rules.pins)
                            or (rules.decided and rules.unknown != "pass")),
-                salt=salt, media=media_spec, tokens=tokens)
+                salt=salt, media=media_spec, tokens=tokens,
+                media_regex=unsafe_body({}, MEDIA_KEYS) if media_spec else "")
         return self.checks[key]
 
 

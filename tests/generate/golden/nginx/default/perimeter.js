@@ -111,43 +111,60 @@ function countOf(v) {
 // (null included); a client's own field name enters a reason only when it is a plain name.
 function checkFields(obj, spec, strip, pins) {
     var parts = spec ? spec.split(' ') : [];
-    var modes = {};
-    var counts = {};
-    var i, j, eq, names, keys, key, mode, colon;
+    var lists = [];
+    var counts = '';
+    var i, j, eq, names, keys, key, mode, colon, at, cap, plain;
     if (parts.length === 0) {
         return '';
     }
+    // each list stays one ",a,b," string searched natively: no object of every name per request
     for (i = 1; i < parts.length; i++) {
         eq = parts[i].indexOf('=');
-        names = parts[i].substring(eq + 1).split(',');
         mode = parts[i].substring(0, eq);
-        for (j = 0; j < names.length; j++) {
-            colon = names[j].indexOf(':');
-            if (mode === 'count') {
-                counts[names[j].substring(0, colon)] = Number(names[j].substring(colon + 1));
-            } else if (mode === 'pin') {
-                modes[names[j].substring(0, colon)] = 'allow';
+        if (mode === 'count') {
+            counts = ',' + parts[i].substring(eq + 1) + ',';
+        } else if (mode === 'pin') {
+            names = parts[i].substring(eq + 1).split(',');
+            for (j = 0; j < names.length; j++) {
+                colon = names[j].indexOf(':');
+                lists.push(['allow', ',' + names[j].substring(0, colon) + ',']);
                 pins.push([names[j].substring(0, colon), pinValue(names[j].substring(colon + 1))]);
-            } else {
-                modes[names[j]] = mode;
             }
+        } else {
+            lists.push([mode, ',' + parts[i].substring(eq + 1) + ',']);
         }
     }
     keys = Object.keys(obj);
     for (i = 0; i < keys.length; i++) {
         key = keys[i];
-        mode = has(modes, key) ? modes[key] : (parts[0] === 'pass' ? 'allow' : parts[0]);
-        if (mode === 'reject') {
-            if (has(modes, key)) {
-                return 'forbidden-field:' + key;
+        mode = '';
+        // a name with a separator in it is no listed name (the lists hold plain names only)
+        plain = key !== '' && key.indexOf(',') === -1 && key.indexOf(':') === -1;
+        if (plain) {
+            for (j = lists.length - 1; j >= 0 && mode === ''; j--) {   // the last list naming it
+                if (lists[j][1].indexOf(',' + key + ',') !== -1) {
+                    mode = lists[j][0];
+                }
             }
-            return 'unknown-field:' + (/^[A-Za-z0-9_]{1,64}$/.test(key) ? key : 'not-a-plain-name');
+        }
+        if (mode === 'reject') {
+            return 'forbidden-field:' + key;
+        }
+        if (mode === '' && parts[0] !== 'pass') {
+            if (parts[0] === 'reject') {
+                return 'unknown-field:' + (/^[A-Za-z0-9_]{1,64}$/.test(key) ? key : 'not-a-plain-name');
+            }
+            mode = parts[0];
         }
         if (mode === 'strip') {
             strip.push(key);
         }
-        if (has(counts, key) && countOf(obj[key]) > counts[key]) {
-            return 'json-cap:' + key + ':count-over-' + counts[key];
+        at = plain ? counts.indexOf(',' + key + ':') : -1;
+        if (at !== -1) {
+            cap = Number(counts.substring(at + key.length + 2, counts.indexOf(',', at + 1)));
+            if (countOf(obj[key]) > cap) {
+                return 'json-cap:' + key + ':count-over-' + cap;
+            }
         }
     }
     return '';
@@ -291,10 +308,12 @@ function urlReason(url, m) {
 }
 
 // "urls=deny items=8 data=- embeds=deny domains=a.example,*.b.example:8443"; returns a reason or ''.
-function checkMedia(obj, spec) {
+// seen: $perimeter_media_seen, "0" only where NGINX's regex found no media key in the body (in
+// any spelling): there is no item to walk for
+function checkMedia(obj, spec, seen) {
     var m = {domains: []};
     var parts, i, eq, items, why, limit;
-    if (!spec) {
+    if (!spec || seen === '0') {
         return '';
     }
     parts = spec.split(' ');
@@ -426,7 +445,7 @@ function exact(r, v) {
         reason = checkFields(obj, v.perimeter_fields, strip, pins);
     }
     if (!reason) {
-        reason = checkMedia(obj, v.perimeter_media);
+        reason = checkMedia(obj, v.perimeter_media, v.perimeter_media_seen);
     }
     if (!reason) {
         reason = checkBudget(obj, v.perimeter_budget, rewrite);
