@@ -3,7 +3,7 @@ the "not proven" finding (VP011) for every subject a check applies to but could 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,18 @@ def judged(attempts: Sequence[Attempt]) -> tuple[CoverageStatus, str, int]:
 
 def status_of(check: str, s: Subject, status: CoverageStatus, why: str, n: int) -> Coverage:
     return Coverage(check, s.key, status, why, n, s.method, s.path)
+
+
+def assessed(check: str, subjects: Sequence[Subject],
+             done: Mapping[str, tuple[tuple[CoverageStatus, str, int], object]],
+             interrupted: bool = False) -> Iterator[Coverage]:
+    """Per subject: the check's own assessment (``done``: subject key -> ((status, why, n), ...))
+    where it made one, else the generic verdict (not applicable, or not proven: nothing sent)."""
+    for s in subjects:
+        if s.key in done and s.applies:
+            yield status_of(check, s, *done[s.key][0])
+        else:
+            yield from generic(check, [s], [], interrupted)
 
 
 def not_proven_findings(check: str, subjects: Sequence[Subject], covered: Iterable[Coverage],

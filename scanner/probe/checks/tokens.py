@@ -212,9 +212,4 @@ class TokenBudget(BaseCheck):
 
     def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
               interrupted: bool = False) -> Iterable[Coverage]:
-        done = self.assessed(ctx, results)
-        for s in subjects:
-            if s.key in done and s.applies:
-                yield cov.status_of(self.id, s, *done[s.key][0])
-            else:
-                yield from cov.generic(self.id, [s], [], interrupted)
+        yield from cov.assessed(self.id, subjects, self.assessed(ctx, results), interrupted)
