@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Literal
@@ -46,6 +47,7 @@ def build(inventory: Inventory, policy: Policy,
             decisions.append(_decide(route, method, rule, policy.audiences[rule.audience], networks,
                                      policy.body))
     unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
+    _misnamed(inventory, policy)
     return Plan(
         decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
         principals=policy.principals,
@@ -113,6 +115,34 @@ def _surface_name(surface: GrpcSurface) -> str:
 _PIN_TYPES: Mapping[str, tuple[type, ...]] = {
     "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,), "null": (type(None),),
     "array": (list,), "object": (dict,)}
+
+
+@functools.cache
+def _catalog_field_names() -> frozenset[str]:
+    """Every top-level request field of every bundled catalog (all the vLLM versions known)."""
+    from scanner.inventory import catalog
+
+    return frozenset(f.name for name in catalog.names() for r in catalog.load_catalog(name).routes
+                     if r.request is not None for f in r.request.fields)
+
+
+def _misnamed(inventory: Inventory, policy: Policy) -> None:
+    """A field name in an audience's rules that no request model has, in this inventory or any
+    bundled catalog, is a misspelling that decides nothing (a denied field would pass under
+    ``unknown: pass``): a policy error naming the line. Not checked on an inventory that knows
+    no request model (``inventory openapi``, older inventories)."""
+    models = [r.request for r in inventory.routes if r.request is not None and r.request.known]
+    if not models:
+        return
+    known = {f.name for m in models for f in m.fields} | _catalog_field_names()
+    for a in sorted(policy.audiences.values(), key=lambda a: a.fields.line):
+        wrong = sorted({*a.fields.named, *a.fields.counts, *a.fields.pins} - known,
+                       key=lambda n: (a.fields.lines.get(n, a.fields.line), n))
+        if wrong:
+            line = a.fields.lines.get(wrong[0], a.fields.line)
+            raise PlanError(f"{policy.source}:{line}: audience {a.name!r} fields: {', '.join(wrong)}: no "
+                            "request model has such a field (this inventory's, or any bundled vLLM "
+                            "catalog's); a misspelled name decides nothing")
 
 
 def _unnamed_fields(inventory: Inventory, decisions: list[Decision], source: str) -> tuple[str, ...]:

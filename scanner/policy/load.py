@@ -274,6 +274,7 @@ def _fields(node: Node) -> FieldRules:
     pin: {NAME: VALUE}}``; each field in one list; a pinned field in none of deny and strip."""
     m = node.mapping(("unknown", *_FIELD_LISTS, "counts", "pin"))
     named: dict[str, str] = {}
+    lines: dict[str, int] = {}
     for key, mode in _FIELD_LISTS.items():
         if key not in m:
             continue
@@ -284,6 +285,7 @@ def _fields(node: Node) -> FieldRules:
             if name in named:
                 raise item.fail(f"field {name!r} is decided twice")
             named[name] = mode
+            lines[name] = item.line
     unknown = m["unknown"].choice(UNKNOWN_FIELD_CHOICES) if "unknown" in m else "reject"
     counts: dict[str, int] = {}
     for name, value in m["counts"].entries() if "counts" in m else ():
@@ -292,6 +294,7 @@ def _fields(node: Node) -> FieldRules:
         if named.get(name, "allow") != "allow":
             raise value.fail(f"field {name!r} is {named[name]}ed: a count cap applies to fields that pass")
         counts[name] = value.whole()
+        lines.setdefault(name, value.line)
     pins: dict[str, Pin] = {}
     for name, value in m["pin"].entries() if "pin" in m else ():
         if not _FIELD_NAME.match(name):
@@ -299,8 +302,9 @@ def _fields(node: Node) -> FieldRules:
         if named.get(name, "allow") != "allow":
             raise value.fail(f"field {name!r} is {named[name]}ed: a pinned field reaches vLLM with its pin")
         pins[name] = _pin(value)
+        lines.setdefault(name, value.line)
     return FieldRules(named=dict(sorted(named.items())), unknown=unknown, counts=dict(sorted(counts.items())),
-                      pins=dict(sorted(pins.items())), line=node.line)
+                      pins=dict(sorted(pins.items())), line=node.line, lines=lines)
 
 
 def _pin(node: Node) -> Pin:

@@ -89,6 +89,8 @@ class FieldRules:
     # field -> the value every body leaves with (number, string, boolean or null), the client's replaced
     pins: Mapping[str, Pin] = field(default_factory=dict)
     line: int = 0
+    # field name -> the policy line naming it (errors only)
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def mode(self, name: str) -> str:
         """allow, reject or strip: what happens to ``name`` when a request carries it (a pinned

@@ -56,3 +56,27 @@ def test_unknown_network_override_is_an_error() -> None:
     policy = load(REPO / "policies" / "vllm-default.yaml")
     with pytest.raises(PlanError, match="no network 'admn'"):
         build(_inventory(), policy, {"admn": ("10.0.0.0/8",)})
+
+
+@pytest.mark.parametrize(("old", "wrong"), [
+    ("        - kv_transfer_params        # disaggregated", "kv_transfer_param"),
+    ("counts: {stop: 16,", "stops"),
+    ("allow: [add_generation_prompt,", "add_generaton_prompt"),
+])
+def test_a_field_name_no_request_model_has_is_a_plan_error_naming_the_line(old: str, wrong: str) -> None:
+    """A misspelled field decides nothing (a denied one would pass under ``unknown: pass``)."""
+    from scanner.inventory.catalog import load_ref
+    from scanner.policy.load import loads
+
+    text = (REPO / "policies" / "vllm-default.yaml").read_text()
+    assert old in text
+    right = wrong.replace("param", "params").replace("stops", "stop").replace("generaton", "generation")
+    policy = loads(text.replace(old, old.replace(right, wrong)), source="p.yaml")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if old in t)
+    with pytest.raises(PlanError, match=rf"^p\.yaml:{line}: audience 'inference' fields: {wrong}: no request model"):
+        build(load_ref("vllm-0.29.0-default"), policy)
+    # the bundled names, some of them fields of another vLLM version only, are all known
+    for ref in ("vllm-0.28.0-default", "vllm-0.29.0-everything", "vllm-0.33.0-everything"):
+        build(load_ref(ref), loads(text, source="p.yaml"))
+    # an inventory that knows no request model cannot tell: not checked
+    build(_inventory(), policy)
