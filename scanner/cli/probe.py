@@ -7,6 +7,7 @@ several hosts/vantages. ``command`` is the click object to register.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import AsyncIterator
 
@@ -26,6 +27,7 @@ from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.policy.salt import read_secret
 from scanner.probe import config, result
+from scanner.probe.canary import Canary
 from scanner.probe.interface import Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
 from scanner.report import html
@@ -67,24 +69,31 @@ def command() -> None:
                    "(without it the salt is reported not proven).")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
+@click.option("--ssrf-canary", default=None, metavar="http://ADDRESS:PORT",
+              help="Staging with a real multimodal model: listen there (an address of this host "
+                   "vLLM can reach) and send media URLs naming it; vLLM fetching one the plan refuses "
+                   "is a finding (check ssrf-canary).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @report_options(FORMATS)
 def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[str, ...],
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
-            witness: str | None, salt_secret_file: str | None, allow_state_changes: bool, quiet: bool,
-            fmt: str, output: str | None, fail_on: Severity, diff_refs: tuple[str, str] | None) -> int:
+            witness: str | None, salt_secret_file: str | None, allow_state_changes: bool,
+            ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
+            diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
-    options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
-                           client="httpx" if client == "httpx" else "stream", max_time=max_time,
-                           allow_state_changes=allow_state_changes, checks=checks,
-                           witness=_base_url("--witness", witness) if witness else None,
-                           salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "")
-    events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
-    res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
+    with Canary(ssrf_canary) if ssrf_canary else contextlib.nullcontext() as canary:
+        options = ProbeOptions(concurrency=concurrency, rate=rate, pipeline=pipeline, timeout=timeout,
+                               client="httpx" if client == "httpx" else "stream", max_time=max_time,
+                               allow_state_changes=allow_state_changes, checks=checks,
+                               witness=_base_url("--witness", witness) if witness else None,
+                               salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "",
+                               canary=canary)
+        events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
+        res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs)
 
 

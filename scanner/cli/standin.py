@@ -27,10 +27,13 @@ from scanner.standin import serve
 @click.option("--api-key-env", default=None, metavar="VAR",
               help="Stand-in only: guard vLLM's prefixes with the key in env var VAR, as vLLM's "
                    "--api-key would (the key is never taken on the command line).")
+@click.option("--fetch-media", is_flag=True,
+              help="Stand-in only: GET each http(s) media URL of a JSON body before answering, as "
+                   "vLLM does (for a probe --ssrf-canary rehearsal; loopback canaries only).")
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
 def command(inventory: str | None, real_python: str | None, tasks: tuple[str, ...],
             env_pairs: tuple[str, ...], host: str, port: int, api_key_env: str | None,
-            serve_args: tuple[str, ...]) -> None:
+            fetch_media: bool, serve_args: tuple[str, ...]) -> None:
     """Serve a vLLM-shaped upstream on loopback until Ctrl-C.
 
     With --inventory: a stand-in that answers every route of the table (200 with a
@@ -59,5 +62,5 @@ def command(inventory: str | None, real_python: str | None, tasks: tuple[str, ..
             raise UsageError(f"--api-key-env {api_key_env}: that variable is empty or unset")
         keys = (value,)
     assert inventory is not None
-    serve.serve_inventory(load_inventory(inventory), host, port, keys, announce)
+    serve.serve_inventory(load_inventory(inventory), host, port, keys, announce, fetch_media)
     sys.stdout.flush()

@@ -14,12 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
 from scanner.severity import SEVERITIES, Severity, at_or_above
+
+if TYPE_CHECKING:
+    from scanner.probe.canary import Canary
 
 Layer = Literal["proxy", "upstream", "none"]
 # What an answer means for reachability:
@@ -108,6 +111,8 @@ class ProbeOptions:
     # the policy's cache_salt secret (--salt-secret-file; verify: its throwaway one): the salt a
     # salted route must write is known only with it
     salt_secret: str = field(default="", repr=False, compare=False)
+    # the running SSRF canary (probe --ssrf-canary; scanner.probe.canary), None: not probed
+    canary: Canary | None = field(default=None, compare=False, repr=False)
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)
 

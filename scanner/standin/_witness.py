@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import urllib.parse
@@ -53,8 +54,9 @@ def fingerprint(value: str) -> str:
 class Witness:
     """Wrap an ASGI app: record every HTTP request that reaches it (see the module docstring)."""
 
-    def __init__(self, app: Any, max_records: int = MAX_RECORDS) -> None:
+    def __init__(self, app: Any, max_records: int = MAX_RECORDS, fetch_media: bool = False) -> None:
         self.app = app
+        self.fetch_media = fetch_media   # fetch each http(s) media URL of a JSON body, as vLLM does
         self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_records)
         self.by_id: dict[str, dict[str, Any]] = {}   # the newest record per probe id
         self.hold_start: dict[str, float] = {}       # hold group -> its first request's arrival
@@ -104,6 +106,8 @@ class Witness:
             self.by_id[probe] = record
         if hold.isdigit():
             await asyncio.sleep(self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group))
+        if self.fetch_media and record["body"] is not None:
+            await _fetch_media(record["body"])
         replay = [{"type": "http.request", "body": body, "more_body": more}]
 
         async def replayed() -> Any:
@@ -177,3 +181,44 @@ def _json_text(body: bytes) -> str | None:
     except ValueError:
         return None
     return body.decode("utf-8", "replace")
+
+
+async def _fetch_media(text: str) -> None:
+    """GET each http(s) media URL of a JSON body (at most 16, 2 s each; errors ignored), before
+    the request is served, as vLLM fetches a request's media before it generates: what an SSRF
+    canary (probe --ssrf-canary) sees through a stand-in started with --fetch-media. Loopback
+    hosts only (an IP literal, decimal included): the stand-in never reaches another host."""
+    import httpx
+
+    from scanner.policy import media
+
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return
+    urls = [i.value for i in media.items(body) if i.kind == "url"]
+    async with httpx.AsyncClient(timeout=2.0, follow_redirects=False, trust_env=False) as client:
+        for url in urls[:16]:
+            target = _loopback_url(url)
+            if target is None:
+                continue
+            with contextlib.suppress(httpx.HTTPError):
+                await client.get(target)
+
+
+def _loopback_url(url: str) -> str | None:
+    """``url`` as a lenient fetcher reads it (a decimal host is an IPv4 address), if its host is
+    a loopback address; else None."""
+    import ipaddress
+
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+        host = parsed.host
+        ip = ipaddress.ip_address(int(host)) if host.isdigit() else ipaddress.ip_address(host)
+    except (httpx.InvalidURL, ValueError):
+        return None
+    if parsed.scheme not in ("http", "https") or not ip.is_loopback:
+        return None
+    return str(parsed.copy_with(host=str(ip)))

@@ -112,11 +112,13 @@ def _routes(inventory: Inventory, counters: Counters) -> list[BaseRoute]:
     return out
 
 
-def build_app(inventory: Inventory, api_keys: tuple[str, ...] = ()) -> tuple[ASGIApp, Counters]:
+def build_app(inventory: Inventory, api_keys: tuple[str, ...] = (),
+              fetch_media: bool = False) -> tuple[ASGIApp, Counters]:
     """The stand-in app behind its upstream witness (scanner.standin._witness), which records
-    every request that reaches it, vLLM's key check included, as the real app would be wrapped."""
+    every request that reaches it, vLLM's key check included, as the real app would be wrapped
+    (``fetch_media``: and fetches a body's media URLs first, as vLLM does)."""
     app, counters = _app(inventory, api_keys)
-    return cast(ASGIApp, Witness(app)), counters
+    return cast(ASGIApp, Witness(app, fetch_media=fetch_media)), counters
 
 
 def _app(inventory: Inventory, api_keys: tuple[str, ...]) -> tuple[ASGIApp, Counters]:

@@ -15,12 +15,12 @@ from scanner.standin.real import RealVllmServer
 
 
 def serve_inventory(inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...],
-                    announce: Callable[[str], None]) -> None:
+                    announce: Callable[[str], None], fetch_media: bool = False) -> None:
     try:
         import uvicorn
     except ImportError:
         raise UsageError("the stand-in needs uvicorn: pip install 'vllm-perimeter[standin]'") from None
-    app, _ = build_app(inventory, api_keys)
+    app, _ = build_app(inventory, api_keys, fetch_media)
     announce(f"stand-in for {inventory.source.target or inventory.source.kind}: "
              f"{len(inventory.routes)} routes on http://{host}:{port} "
              f"(api key: {'on' if api_keys else 'off'}; stats at /__standin__/stats)")
@@ -42,12 +42,13 @@ def serve_real(spec: VllmExtraction, host: str, port: int, announce: Callable[[s
 class StandinThread:
     """The stand-in served by uvicorn in a background thread (for the demo and tests)."""
 
-    def __init__(self, inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...] = (),
+                 fetch_media: bool = False) -> None:
         try:
             import uvicorn
         except ImportError:
             raise UsageError("the stand-in needs uvicorn: pip install 'vllm-perimeter[standin]'") from None
-        app, self.counters = build_app(inventory, api_keys)
+        app, self.counters = build_app(inventory, api_keys, fetch_media)
         self.host, self.port = host, port
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="error",
                                 access_log=False)

@@ -54,9 +54,11 @@ def but_rates(options: ProbeOptions) -> ProbeOptions:
 
 
 def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, options: ProbeOptions,
-                  mutant: str = "", keys_per_role: int = 1, paced: bool = False) -> ProbeResult:
+                  mutant: str = "", keys_per_role: int = 1, paced: bool = False,
+                  fetch_media: bool = False) -> ProbeResult:
     """``policy``'s plan generated for ``proxy`` (weakened by ``mutant``), started in front of the
-    stand-in and probed; ``paced``: under the policy's own rate limits, else under unpaced()."""
+    stand-in (``fetch_media``: fetching media URLs as vLLM does) and probed; ``paced``: under the
+    policy's own rate limits, else under unpaced()."""
     inventory = load_ref(catalog)
     port = free_port()
     s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, port,
@@ -65,7 +67,7 @@ def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, op
     written = proxy.write(s.plan, directory)
     if mutant:
         mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
+    with StandinThread(inventory, "127.0.0.1", port, fetch_media=fetch_media) as standin:
         return verify.proxy_run(s, proxy, directory, options, standin.url).result
 
 
