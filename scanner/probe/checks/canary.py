@@ -23,8 +23,17 @@ from typing import ClassVar
 from scanner.policy import media
 from scanner.probe.canary import Canary
 from scanner.probe.cases import Case
-from scanner.probe.checks.limits import STATE_CHANGING, Out, Spread, body_decisions, review_forwarded
-from scanner.probe.checks.media import _base, _last, _listed_url, compact, leaf, places, skeleton
+from scanner.probe.checks.limits import STATE_CHANGING, body_decisions, review_forwarded
+from scanner.probe.checks.media import (
+    body_base,
+    compact,
+    leaf,
+    listed_url,
+    media_key,
+    media_routes,
+    places,
+    skeleton,
+)
 from scanner.probe.coverage import Subject
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Finding
@@ -68,7 +77,7 @@ class SsrfCanary(BaseCheck):
         for d in body_decisions(ctx):
             if not d.media.active:
                 continue
-            carry = _base(ctx, d)
+            carry = body_base(ctx, d)
             why = STATE_CHANGING if carry is None else ctx.no_cell(d)
             why = why or ("" if places(d, carry[1] if carry else ()) else
                           "no media position whose top-level field the rules allow")
@@ -78,18 +87,9 @@ class SsrfCanary(BaseCheck):
         canary = ctx.options.canary
         if canary is None:
             return
-        for d in body_decisions(ctx):
-            cells = ctx.allowed_cells(d)
-            carry = _base(ctx, d)
-            if not d.media.active or not cells or carry is None:
-                continue
-            query, base = carry
-            where = places(d, base)
-            if not where:
-                continue
-            out = Out(self.id, d, Spread(cells), query, base)
-            place, key = where[0], _last(where[0])
-            listed = (_listed_url(d.media).split("/")[2:3] or ["127.0.0.1"])[0]
+        for d, out, where in media_routes(ctx, self.id):
+            place, key = where[0], media_key(where[0])
+            listed = (listed_url(d.media).split("/")[2:3] or ["127.0.0.1"])[0]
             for note, url in forms(canary, listed, d.method, d.path):
                 raw = compact(out.base, skeleton(place, leaf(key, url)))
                 why = media.reason(json.loads(raw), d.media)

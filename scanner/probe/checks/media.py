@@ -54,7 +54,7 @@ def skeleton(place: str, value: object) -> dict[str, object]:
     return value
 
 
-def _last(place: str) -> str:
+def media_key(place: str) -> str:
     return re.split(r"[.\[\]*]+", place.rstrip("[]*."))[-1]
 
 
@@ -63,13 +63,16 @@ def places(d: Decision, taken: Iterable[str]) -> list[str]:
     capped field), URL-capable first, then shorter; the default chat part for an unknown body."""
     taken = set(taken)
     ok = [p for p in (d.media_at or (DEFAULT_PLACE,))
-          if _last(p) in _URL_CAPABLE and d.fields.mode(p.split("[")[0].split(".")[0]) == "allow"
+          if media_key(p) in _URL_CAPABLE and d.fields.mode(p.split("[")[0].split(".")[0]) == "allow"
           and p.split("[")[0].split(".")[0] not in taken]
-    return sorted(ok, key=lambda p: (media.URL_KEYS.index(_last(p)) if _last(p) in media.URL_KEYS else 9,
-                                     len(p), p))
+    def order(p: str) -> tuple[int, int, str]:
+        key = media_key(p)
+        return media.URL_KEYS.index(key) if key in media.URL_KEYS else 9, len(p), p
+
+    return sorted(ok, key=order)
 
 
-def _listed_url(rules: MediaRules) -> str:
+def listed_url(rules: MediaRules) -> str:
     """A URL on a host the rules list ("" none)."""
     for entry in rules.domains:
         host = ("probe." + entry[2:]) if entry.startswith("*.") else entry
@@ -83,7 +86,7 @@ def url_cases(rules: MediaRules) -> list[tuple[str, str]]:
         return []
     out = [("the cloud metadata service", f"http://{METADATA}/latest/meta-data/"),
            ("file: URL", "file:///etc/passwd")]
-    listed = _listed_url(rules)
+    listed = listed_url(rules)
     if not listed:
         return [*out, ("backslash before userinfo", f"http://127.0.0.1\\@{METADATA}/")]
     host = listed.split("/")[2]
@@ -102,7 +105,7 @@ def url_cases(rules: MediaRules) -> list[tuple[str, str]]:
 def _many(place: str, n: int) -> tuple[dict[str, object], str] | None:
     """A body with ``n`` (short) data: URLs at ``place``: in the list nearest the media key (one
     part each), or the key's own list; None: no list there."""
-    key = _last(place)
+    key = media_key(place)
     if key in media.LIST_KEYS and place.endswith(key):
         return skeleton(place, [SHORT_DATA] * n), place
     cut = place.rfind("[]")
@@ -117,7 +120,7 @@ def compact(base: dict[str, object], body: dict[str, object]) -> bytes:
     return json.dumps({**base, **body}, separators=(",", ":")).encode()
 
 
-def _base(ctx: CheckContext, d: Decision) -> tuple[str, dict[str, object]] | None:
+def body_base(ctx: CheckContext, d: Decision) -> tuple[str, dict[str, object]] | None:
     """(query, fields) every media body of ``d`` is built on; None: it cannot be sent."""
     carry = carrier(ctx, d)
     if carry is None:
@@ -150,7 +153,7 @@ def data_bodies(d: Decision, place: str, base: dict[str, object]) -> list[tuple[
     if limit is None:
         return []
     pad = "data:," + "A" * max(0, limit - len("data:,"))
-    key = _last(place)
+    key = media_key(place)
     return [(compact(base, skeleton(place, leaf(key, pad))), f"a data: URL of exactly {limit} bytes"),
             (compact(base, skeleton(place, leaf(key, pad + "A"))), f"a data: URL of {limit + 1} bytes")]
 
@@ -158,6 +161,20 @@ def data_bodies(d: Decision, place: str, base: dict[str, object]) -> list[tuple[
 def _fits(ctx: CheckContext, d: Decision, bodies: list[tuple[bytes, str]]) -> bool:
     limit = min(d.limits.body_bytes or ctx.options.max_body_bytes, ctx.options.max_body_bytes)
     return all(len(b) <= limit for b, _ in bodies)
+
+
+def media_routes(ctx: CheckContext, check: str) -> Iterator[tuple[Decision, Out, list[str]]]:
+    """(decision, its cases' maker, its media positions) of every route with media rules that a
+    credential and vantage of this run can send a body to."""
+    for d in body_decisions(ctx):
+        cells = ctx.allowed_cells(d)
+        carry = body_base(ctx, d)
+        if not d.media.active or not cells or carry is None:
+            continue
+        query, base = carry
+        where = places(d, base)
+        if where:
+            yield d, Out(check, d, Spread(cells), query, base), where
 
 
 @register
@@ -172,7 +189,7 @@ class Media(BaseCheck):
             if not d.media.active:
                 continue
             key = f"{d.method} {d.path}"
-            carry = _base(ctx, d)
+            carry = body_base(ctx, d)
             where = places(d, carry[1] if carry else ())
             why = STATE_CHANGING if carry is None else (
                 "" if ctx.allowed_cell(d) else "no credential and vantage the plan admits here")
@@ -194,23 +211,14 @@ class Media(BaseCheck):
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         seen: set[MediaRules] = set()
-        for d in body_decisions(ctx):
-            cells = ctx.allowed_cells(d)
-            carry = _base(ctx, d)
-            if not d.media.active or not cells or carry is None:
-                continue
-            query, base = carry
-            where = places(d, base)
-            if not where:
-                continue
-            out = Out(self.id, d, Spread(cells), query, base)
+        for d, out, where in media_routes(ctx, self.id):
             first = d.media not in seen
             seen.add(d.media)
             yield from self._cases(ctx, d, out, where, first)
 
     def _cases(self, ctx: CheckContext, d: Decision, out: Out, where: list[str],
                first: bool) -> Iterator[Case]:
-        rules, place, key = d.media, where[0], _last(where[0])
+        rules, place, key = d.media, where[0], media_key(where[0])
 
         def case(aspect: str, raw: bytes, note: str) -> Case:
             why = media.reason(json.loads(raw), rules)
@@ -223,7 +231,7 @@ class Media(BaseCheck):
         for note, url in url_cases(rules):
             yield case("media", at(place, leaf(key, url)), f"{note} at {place}")
         if first and rules.urls != "pass":   # every other kind of place on the first such route
-            kinds = {_last(p): p for p in reversed(where)}
+            kinds = {media_key(p): p for p in reversed(where)}
             for k, p in sorted(kinds.items()):
                 if p != place:
                     yield case("media", at(p, leaf(k, f"http://{METADATA}/")), f"a URL at {p}")
