@@ -69,9 +69,8 @@ class Canary:
             daemon_threads = True
             address_family = family
 
-        server_class = Server
         try:
-            self._server = server_class((self.host, self.port), Handler)
+            self._server = Server((self.host, self.port), Handler)
         except OSError as exc:
             why = exc.strerror or str(exc)
             raise UsageError(f"--ssrf-canary {self.url}: cannot listen there ({why})") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import ClassVar
@@ -38,6 +39,9 @@ from scanner.probe.coverage import Subject
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Finding
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+
+# the token a case's body carries, as forms() wrote it
+TOKEN = re.compile(r"/vp-canary/([0-9a-f]{16})")
 
 
 def token(method: str, path: str, note: str) -> str:
@@ -101,7 +105,8 @@ class SsrfCanary(BaseCheck):
         canary = ctx.options.canary
         if canary is None:
             return a
-        fetched = token(case.method, case.path, case.note.rsplit(" at ", 1)[0]) in canary.seen()
+        sent = TOKEN.search((case.body or b"").decode("utf-8", "replace"))
+        fetched = sent is not None and sent.group(1) in canary.seen()
         if case.expected == "deny" and fetched:
             return replace(a, verdict="failed", why=f"the upstream fetched the URL ({canary.url} was asked "
                                                     "for it): a server-side request from a request body")
