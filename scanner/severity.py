@@ -16,6 +16,22 @@ def severity_rank(s: str) -> int:
     return SEVERITIES.index(s) if s in SEVERITIES else len(SEVERITIES)
 
 
+# The default --fail-on: every deviation from the plan fails the run, whatever its severity.
+FAIL_ON_DEFAULT: Severity = "info"
+# "Not proven" is not a deviation: it fails the run only with --require-proof.
+NOT_PROVEN_RULE = "VP011"
+
+
+def fails(findings: Iterable[tuple[str, str]], fail_on: str = FAIL_ON_DEFAULT,
+          require_proof: bool = False) -> bool:
+    """The exit-code rule over (rule, severity) pairs: a deviation at or above ``fail_on`` fails;
+    a subject not proven (VP011) fails only with ``require_proof``."""
+    items = list(findings)
+    if require_proof and any(rule == NOT_PROVEN_RULE for rule, _s in items):
+        return True
+    return at_or_above((s for rule, s in items if rule != NOT_PROVEN_RULE), fail_on)
+
+
 def at_or_above(severities: Iterable[str], fail_on: str) -> bool:
     """Does any severity reach ``fail_on`` (``"none"``: never)?"""
     if fail_on == "none":

@@ -8,7 +8,8 @@ changes allowed (the stand-in has no state). Every process and temporary file is
 this returns or raises, Ctrl-C included.
 
 ``mutate`` runs the same loop against weakened copies of the generated config
-(:mod:`scanner.mutate`): each must be caught, i.e. leave at least one finding.
+(:mod:`scanner.mutate`): each must be caught, i.e. make the probe exit non-zero with its
+default flags (a deviation from the plan; "not proven" alone does not catch).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from scanner.errors import InternalError, UsageError
+from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
 from scanner.output import write_text
@@ -291,8 +292,10 @@ def mutant(s: Setup, proxy: Proxy, op: Any, directory: Path, options: ProbeOptio
     except InternalError as exc:
         return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {exc}")
     rules = caught_by(run_.result)
-    check = next((f.check for f in run_.result.findings if f.rule != "VP011"), "")
-    return MutantRun(proxy.name, op.id, op.title, "caught" if rules else "survived", what, rules,
+    check = next((f.check for f in run_.result.deviations), "")
+    # caught only as a user would see it: probe's exit code with its default flags is not 0
+    caught = run_.result.exit_code() != EXIT_OK
+    return MutantRun(proxy.name, op.id, op.title, "caught" if caught else "survived", what, rules,
                      run_.seconds, check)
 
 

@@ -11,7 +11,7 @@ from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
 from scanner.netscan.model import Finding as PortFinding
 from scanner.probe import result as probe_result
 from scanner.probe.interface import ProbeResult
-from scanner.severity import SEVERITIES, Severity, severity_rank
+from scanner.severity import FAIL_ON_DEFAULT, Severity, fails
 
 AUDIT_SCHEMA_VERSION = 1
 
@@ -72,12 +72,14 @@ class AuditReport:
             counts[f.severity] = counts.get(f.severity, 0) + 1
         return counts
 
-    def exit_code(self, fail_on: Severity = "high") -> int:
+    def exit_code(self, fail_on: Severity = FAIL_ON_DEFAULT) -> int:
+        """3 unreachable; 1 drift, or a deviation (a probe or port finding, not "not proven")
+        at or above ``fail_on``; else 0."""
         if self.unreachable:
             return EXIT_UNREACHABLE
-        worst = min((severity_rank(s) for s, n in self.severity_counts().items() if n),
-                    default=len(SEVERITIES))
-        return EXIT_FINDINGS if self.drift or worst <= severity_rank(fail_on) else EXIT_OK
+        found = [(f.rule, f.severity) for f in self.probe.findings]
+        found += [("port", f.severity) for f in (self.ports.findings if self.ports else ())]
+        return EXIT_FINDINGS if self.drift or fails(found, fail_on) else EXIT_OK
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -58,7 +58,8 @@ def command() -> None:
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
 @bound_options(max_time=300.0)
 @checks_option
-@report_options(writers.FORMATS, fail_help="Exit 1 on drift, or on a finding at least this severe.")
+@report_options(writers.FORMATS, require_proof=None,
+                fail_help="Exit 1 on drift, or on a deviation at least this severe (default: any).")
 @click.option("--metrics", "metrics_file", default=None, metavar="FILE",
               help="Write Prometheus text-format metrics to FILE (node_exporter textfile).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")

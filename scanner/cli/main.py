@@ -18,8 +18,9 @@ from scanner.errors import EXIT_UNREACHABLE, EXIT_USAGE, PerimeterError
 
 _EPILOG = """\b
 Stages:  inventory -> plan -> generate | probe -> report
-Exit codes: 0 clean, 1 findings >= --fail-on, 2 usage/config error,
-            3 target unreachable or internal error.
+Exit codes: 0 the plan holds, 1 a deviation from it (with --require-proof also
+            a subject not proven), 2 usage/config error, 3 target unreachable,
+            partial run or internal error.
 Set VLLM_PERIMETER_DEBUG=1 to see tracebacks of internal errors."""
 
 

@@ -10,7 +10,7 @@ import click
 from scanner.errors import UsageError
 from scanner.inventory.catalog import load_ref
 from scanner.inventory.diff import InventoryDiff, diff
-from scanner.severity import SEVERITIES
+from scanner.severity import FAIL_ON_DEFAULT, SEVERITIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,10 +47,18 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def report_options(formats: tuple[str, ...], fail_on: str = "high",
-                   fail_help: str = "Exit 1 when a finding is at least this severe.") -> Callable[[F], F]:
-    """``--format``, ``-o``, ``--fail-on`` and ``--diff`` (an upgrade diff in the HTML report)."""
+def report_options(formats: tuple[str, ...], fail_on: str = FAIL_ON_DEFAULT,
+                   fail_help: str = "Exit 1 when a deviation from the plan is at least this severe "
+                                    "(default: every deviation fails; raising it loosens the verdict).",
+                   require_proof: bool | None = False) -> Callable[[F], F]:
+    """``--format``, ``-o``, ``--fail-on``, ``--require-proof`` (unless ``require_proof`` is None)
+    and ``--diff`` (an upgrade diff in the HTML report)."""
     def apply(func: F) -> F:
+        if require_proof is not None:
+            func = click.option("--require-proof/--no-require-proof", "require_proof", default=require_proof,
+                                show_default=True,
+                                help="Also exit 1 when a subject the plan decides could not be proven "
+                                     "(VP011: not sent in production, or no answer proved it).")(func)
         func = click.option("--diff", "diff_refs", nargs=2, default=None, metavar="OLD NEW",
                             help="With --format html: add this upgrade diff (inventories or catalogs).")(func)
         func = click.option("--fail-on", type=click.Choice(SEVERITIES), default=fail_on, show_default=True,

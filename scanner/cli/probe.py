@@ -81,7 +81,7 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
             witness: str | None, salt_secret_file: str | None, allow_state_changes: bool,
             ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
-            diff_refs: tuple[str, str] | None) -> int:
+            require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
     target = _target(base_url, ca_bundle, client_cert, client_key)
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
@@ -94,26 +94,27 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                                canary=canary)
         events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
         res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
-    return _finish(res, fmt, output, fail_on, diff_refs)
+    return _finish(res, fmt, output, fail_on, diff_refs, require_proof)
 
 
 @command.command("merge")
 @click.argument("files", nargs=-1, required=True, metavar="RESULT.json...")
 @report_options(FORMATS)
 def merge_cmd(files: tuple[str, ...], fmt: str, output: str | None, fail_on: Severity,
-              diff_refs: tuple[str, str] | None) -> int:
+              require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
     """Merge JSON results from runs on different hosts into one report."""
-    return _finish(result.merge([result.load(f) for f in files]), fmt, output, fail_on, diff_refs)
+    return _finish(result.merge([result.load(f) for f in files]), fmt, output, fail_on, diff_refs,
+                   require_proof)
 
 
 def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity,
-            diff_refs: tuple[str, str] | None = None) -> int:
+            diff_refs: tuple[str, str] | None = None, require_proof: bool = False) -> int:
     if diff_refs and fmt != "html":
         raise UsageError("--diff goes with --format html")
     write_text(output, html.render_probe(res, load_diff(diff_refs)) if diff_refs else render(res, fmt))
     if res.unreachable:
         click.echo(f"error: target unreachable or partial results: {res.reason}", err=True)
-    return res.exit_code(fail_on)
+    return res.exit_code(fail_on, require_proof)
 
 
 

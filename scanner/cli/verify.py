@@ -44,11 +44,12 @@ TEXT_FORMATS = ("table", "markdown")
                    "caught; exit 1 when one survives.")
 @click.option("--operator", "only", multiple=True, metavar="ID",
               help="With --mutate: run only these operators (e.g. nginx.rate-limit-removed).")
-@report_options(FORMATS, fail_on="low")
+@report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
             concurrency: int, timeout: float, max_time: float, mutate: bool, only: tuple[str, ...],
-            fmt: str, output: str | None, fail_on: Severity, diff_refs: tuple[str, str] | None,
+            fmt: str, output: str | None, fail_on: Severity, require_proof: bool,
+            diff_refs: tuple[str, str] | None,
             quiet: bool) -> int:
     """Generate, validate, run and probe the proxy for your inventory and policy, on loopback.
 
@@ -60,7 +61,8 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     state-changing requests included (the stand-in has no state). Everything is cleaned up.
 
     \b
-    Exit: 0 clean, 1 findings at or above --fail-on (or a mutant survived), 2 usage error,
+    Exit: 0 the plan holds, 1 a deviation or a subject not proven (--no-require-proof: deviations
+    only; or a mutant survived), 2 usage error,
     3 a proxy rejected its config, a run was cut short, or an internal error.
 
     \b
@@ -86,7 +88,7 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     _write_reports(runs, fmt, output, load_diff(diff_refs))
     if mutate:
         click.echo(render_mutation.render(runs, mutants), nl=False)
-    codes = [r.result.exit_code(fail_on) for r in runs]
+    codes = [r.result.exit_code(fail_on, require_proof) for r in runs]
     if mutate and any(m.status in ("survived", "invalid") for m in mutants):
         codes.append(EXIT_FINDINGS)
     if mutate and any(r.result.findings or r.result.unreachable for r in runs):

@@ -33,14 +33,14 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("VP004", "critical", "denied route reachable through a request variant",
          "Match on the normalised path and reject ambiguous targets (encoded slashes, dot "
          "segments, path parameters, absolute-form) before routing; forward the normalised path."),
-    Rule("VP005", "medium", "limit not enforced",
+    Rule("VP005", "high", "limit not enforced",
          "Enforce the plan's body size, JSON caps and rate limits at the perimeter."),
     Rule("VP006", "medium", "expected route blocked",
          "The plan allows this cell: check the allowlist, the key's role and the source network."),
     Rule("VP007", "high", "unexpected route reachable",
          "A known vLLM route the plan does not list answered: re-run inventory for this deployment "
          "and make sure the perimeter denies everything it does not list."),
-    Rule("VP008", "low", "request the perimeter must refuse was forwarded to the upstream",
+    Rule("VP008", "medium", "request the perimeter must refuse was forwarded to the upstream",
          "Allow only the plan's methods and paths at the perimeter and answer everything else "
          "there (the upstream refused this one itself, or it was a method or preflight)."),
     Rule("VP010", "high", "proxy forwards the raw request target",
@@ -62,7 +62,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("VP014", "high", "principal header missing or chosen by the client",
          "Set X-Perimeter-Principal from the key check only (empty on routes without a key) "
          "and replace any copy the client sent."),
-    Rule("VP015", "medium", "the upstream received something other than what the plan says",
+    Rule("VP015", "high", "the upstream received something other than what the plan says",
          "Forward exactly the checked request: the normalised path, the query, and the body with "
          "the policy's stripped fields removed and nothing else changed."),
     Rule("VP016", "medium", "vLLM's own key not presented upstream",

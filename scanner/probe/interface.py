@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
-from scanner.severity import SEVERITIES, Severity, at_or_above
+from scanner.severity import FAIL_ON_DEFAULT, SEVERITIES, Severity, fails
 
 if TYPE_CHECKING:
     from scanner.probe.canary import Canary
@@ -327,11 +327,19 @@ class ProbeResult:
     reason: str = ""
     coverage: tuple[Coverage, ...] = ()
 
-    def exit_code(self, fail_on: Severity = "high") -> int:
-        """The one exit code of a run: 3 unreachable/partial, 1 findings >= fail_on, else 0."""
+    def exit_code(self, fail_on: Severity = FAIL_ON_DEFAULT, require_proof: bool = False) -> int:
+        """The one exit code of a run: 3 unreachable/partial; 1 a deviation from the plan (any
+        finding but "not proven", at or above ``fail_on``), or with ``require_proof`` a subject
+        not proven; else 0: the plan holds."""
         if self.unreachable:
             return EXIT_UNREACHABLE
-        return EXIT_FINDINGS if at_or_above((f.severity for f in self.findings), fail_on) else EXIT_OK
+        return EXIT_FINDINGS if fails(((f.rule, f.severity) for f in self.findings), fail_on,
+                                      require_proof) else EXIT_OK
+
+    @property
+    def deviations(self) -> tuple[Finding, ...]:
+        """The findings that are deviations from the plan (all but "not proven")."""
+        return tuple(f for f in self.findings if f.rule != "VP011")
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {s: 0 for s in SEVERITIES}

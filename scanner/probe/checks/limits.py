@@ -148,7 +148,6 @@ class Limits(BaseCheck):
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         variants_done: set[tuple[tuple[str, int], ...]] = set()
-        rule_sets: dict[tuple[object, ...], int] = {}   # field rules -> routes with them so far
         for d in body_decisions(ctx):
             cells = ctx.allowed_cells(d)
             carry = carrier(ctx, d)
@@ -164,17 +163,11 @@ class Limits(BaseCheck):
             variants_done.add(caps_key)
             yield from self._body(ctx, d, out)
             yield from self._caps(d, out, encodings)
-            # every named field on the first route with these rules, then one per route in turn
-            # (a field check gone everywhere shows on the first, one gone from a route on that
-            # route), and on each route a field it does not name and one with every field it allows
+            # every named field on every route it applies to (a field allowed on one route only is
+            # a deviation there), a field it does not name, and one body with every field it allows
             names = [f for f in d.fields.named if d.fields.named[f] == "reject" or
                      (d.fields.named[f] == "strip" and ctx.witness)]
             if d.fields.decided:
-                key = (d.fields.unknown, *d.fields.named.items())
-                seen = rule_sets.get(key, 0)
-                if names and seen:
-                    names = names[seen % len(names):][:1]
-                rule_sets[key] = seen + 1
                 yield from self._fields(ctx, d, out, names)
             yield from self._budget(ctx, d, out)
             yield from self._salt(ctx, d, out, len(cells))
