@@ -17,12 +17,13 @@ from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
+from scanner.plan.model import Decision, Plan
 from scanner.policy.load import loads
 from scanner.policy.model import FieldRules, Policy
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import decided, probe_through, proxy_named
+from tests.probe.realproxy import decided, probe_through, proxy_named, unpaced
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("limits",))
@@ -131,6 +132,34 @@ def test_a_route_without_its_field_check_is_caught(tmp_path: Path, name: str) ->
                         mutant="forbidden-field-check-removed")
     assert any(f.rule in ("VP005", "VP015") and "field" in (f.title + f.detail) for f in res.findings), \
         [(f.rule, f.title) for f in res.findings]
+
+
+def _one_route_allows(plan: Plan, field: str) -> tuple[Plan, Decision]:
+    """``plan`` with ``field`` allowed on one route that shares its rules with others (not the
+    first of them): the weakening a reviewer makes by hand on one location."""
+    rules = [d for d in sorted(plan.allowed, key=lambda d: (d.path, d.method))
+             if d.fields.named.get(field) == "reject"]
+    assert len(rules) > 1, "the bundled policy denies it on several routes"
+    target = rules[-1]
+    loose = replace(target, fields=replace(target.fields, named={**target.fields.named, field: "allow"}))
+    return replace(plan, decisions=tuple(loose if d is target else d for d in plan.decisions)), target
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_a_denied_field_allowed_on_one_route_fails_the_run(tmp_path: Path, name: str) -> None:
+    """Every field rule is proved on every route it applies to: allowing kv_transfer_params on one
+    route only (the config generated from that plan, probed with the true one) exits 1 there."""
+    proxy, inventory, port = proxy_named(name), load_ref(CATALOG), free_port()
+    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    weak, target = _one_route_allows(s.plan, "kv_transfer_params")
+    directory = tmp_path / "proxy"
+    proxy.write(weak, directory)
+    with StandinThread(inventory, "127.0.0.1", port) as standin:
+        res = verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+    assert res.exit_code() == 1
+    hit = [f for f in res.findings if f.rule == "VP005"]
+    assert hit and all(f.path == target.path for f in hit), [(f.rule, f.path) for f in res.findings]
+    assert any("kv_transfer_params" in e.note for f in hit for e in f.evidence), hit
 
 
 def _post(client: httpx.Client, key: str, raw: bytes) -> httpx.Response:
