@@ -69,6 +69,15 @@ def salts(plan: Plan, generator: str) -> tuple[tuple[str, str], ...]:
     return tuple((s, salt(secret, s)) for s in sorted(subjects))
 
 
+def host_header(plan: Plan, generator: str) -> str:
+    """The Host both proxies send upstream (:attr:`scanner.plan.model.Plan.host_header`), checked
+    for what a config may hold: never the client's Host or an absolute-form target's host."""
+    value = plan.host_header
+    if not re.fullmatch(r"[A-Za-z0-9.-]+:\d+|\[[0-9A-Fa-f:.]+\]:\d+", value):
+        raise GenerateError(f"{generator} generator: upstream Host {value!r} is not host:port")
+    return value
+
+
 def timeout_ms(seconds: float) -> int:
     """A policy timeout in whole milliseconds, rounded up: never shorter than the policy says."""
     return max(1, math.ceil(seconds * 1000))

@@ -32,6 +32,7 @@ from scanner.generate.common import (
     EnvoyOptions,
     Stamp,
     config_dir,
+    host_header,
     retries_allowed,
     safe_name,
     salts,
@@ -217,6 +218,7 @@ class Model:
     upstream_ip: bool                                  # all are IP addresses: a STATIC cluster
     balance: Balance | None                            # None: one vLLM
     upstream_tls: UpstreamTls | None
+    host_header: str                                   # the Host vLLM receives (the plan's)
     trusted_proxies: tuple[Cidr, ...]
     access_log: str
     keys_file: str
@@ -563,6 +565,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_endpoints=plan.upstream.servers,
         upstream_ip=all(_is_ip(host) for host, _ in plan.upstream.servers),
         balance=_balance(plan), upstream_tls=_upstream_tls(plan, opts),
+        host_header=host_header(plan, "envoy"),
         trusted_proxies=tuple(sorted({cidr(c) for c in plan.trusted_proxies},
                                      key=lambda c: (c.address, c.prefix_len))),
         access_log=options.access_log, keys_file=keys_file(options, opts), admin=opts.admin,

@@ -51,6 +51,7 @@ from scanner.errors import GenerateError
 from scanner.generate.common import (
     NginxOptions,
     Stamp,
+    host_header,
     safe_name,
     salts,
     timeout_ms,
@@ -182,6 +183,7 @@ class Model:
     upstream_balance: str              # "" (one server, or NGINX's round robin) or "least_conn"
     upstream_scheme: str
     upstream_tls: Mapping[str, str]
+    host_header: str                   # the Host vLLM receives (the plan's), never the client's
     trusted_proxies: tuple[str, ...]
     principals: tuple[tuple[str, str, str], ...]   # (sha256, name, role)
     salts: tuple[tuple[str, str], ...]             # (subject, salt): 0600 principals file only
@@ -241,6 +243,13 @@ def _rate(rps: float) -> str:
     if rps >= 1 and float(rps).is_integer():
         return f"{int(rps)}r/s"
     return f"{max(1, round(rps * 60))}r/m"
+
+
+def enforced_rps(rps: float) -> float:
+    """The rate a ``limit_req_zone`` written for ``rps`` enforces (``_rate``: r/s, or r/m rounded)."""
+    text = _rate(rps)
+    n = int(text[:-3])
+    return float(n) if text.endswith("r/s") else n / 60
 
 
 def _duration(seconds: float) -> str:
@@ -524,7 +533,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
         upstream_servers=_servers(plan), upstream_balance=_balance(plan),
-        upstream_scheme=scheme, upstream_tls=up_tls,
+        upstream_scheme=scheme, upstream_tls=up_tls, host_header=host_header(plan, "nginx"),
         trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
                                      for c in plan.trusted_proxies)),
         principals=_principals(plan), salts=salts(plan, "nginx"),

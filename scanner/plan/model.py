@@ -305,6 +305,16 @@ class Plan:
     def denied(self) -> tuple[Decision, ...]:
         return tuple(d for d in self.decisions if not d.allowed)
 
+    @property
+    def host_header(self) -> str:
+        """The Host header vLLM receives on every forwarded request, whatever the client sent
+        (its Host, an absolute-form target): the upstream's TLS server name when one is set,
+        else the first server's host, with the first server's port (IPv6 in brackets). One
+        fixed value across replicas; both generators write it, the witness checks it."""
+        up = self.upstream
+        name = (up.tls.server_name if up.use_tls and up.tls and up.tls.server_name else "") or up.host
+        return f"[{name}]:{up.port}" if ":" in name else f"{name}:{up.port}"
+
     def allowed_paths(self) -> dict[str, tuple[Decision, ...]]:
         """Allowed decisions grouped by path, paths sorted: the generators' unit of work."""
         out: dict[str, list[Decision]] = {}
