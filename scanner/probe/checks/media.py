@@ -210,14 +210,10 @@ class Media(BaseCheck):
                         "" if bodies else "no position in a list to put several items at"))
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        seen: set[MediaRules] = set()
         for d, out, where in media_routes(ctx, self.id):
-            first = d.media not in seen
-            seen.add(d.media)
-            yield from self._cases(ctx, d, out, where, first)
+            yield from self._cases(ctx, d, out, where)
 
-    def _cases(self, ctx: CheckContext, d: Decision, out: Out, where: list[str],
-               first: bool) -> Iterator[Case]:
+    def _cases(self, ctx: CheckContext, d: Decision, out: Out, where: list[str]) -> Iterator[Case]:
         rules, place, key = d.media, where[0], media_key(where[0])
 
         def case(aspect: str, raw: bytes, note: str) -> Case:
@@ -230,7 +226,7 @@ class Media(BaseCheck):
         yield case("media", at(place, leaf(key, DATA_URL)), f"a data: URL at {place}")
         for note, url in url_cases(rules):
             yield case("media", at(place, leaf(key, url)), f"{note} at {place}")
-        if first and rules.urls != "pass":   # every other kind of place on the first such route
+        if rules.urls != "pass":   # every other kind of place, on every route
             kinds = {media_key(p): p for p in reversed(where)}
             for k, p in sorted(kinds.items()):
                 if p != place:
