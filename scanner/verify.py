@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from scanner import mutate
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
@@ -76,11 +77,24 @@ class MutantRun:
     what: str = ""                 # what the operator changed, or why it could not
     rules: tuple[str, ...] = ()    # the findings that caught it
     seconds: float = 0.0
-    check: str = ""                # the check of the first finding that caught it
+    checks: tuple[str, ...] = ()   # the checks of the findings that caught it, first first
+    family: str = ""               # the operator's family (scanner.mutate.FAMILIES)
+    catches: tuple[str, ...] = ()  # the checks the operator says must catch it
+
+    @property
+    def check(self) -> str:
+        """The check of the first finding that caught it ("" none)."""
+        return self.checks[0] if self.checks else ""
+
+    @property
+    def expected(self) -> bool:
+        """Was it caught by a check that the operator says must catch it?"""
+        return self.status == "caught" and bool(set(self.checks) & set(self.catches))
 
     def to_dict(self) -> dict[str, object]:
-        return {"proxy": self.proxy, "operator": self.operator, "title": self.title, "status": self.status,
-                "what": self.what, "rules": list(self.rules), "seconds": self.seconds}
+        return {"proxy": self.proxy, "operator": self.operator, "family": self.family, "title": self.title,
+                "status": self.status, "what": self.what, "rules": list(self.rules),
+                "checks": list(self.checks), "catches": list(self.catches), "seconds": self.seconds}
 
 
 def caught_by(result: ProbeResult) -> tuple[str, ...]:
@@ -234,24 +248,24 @@ def mutant_options(options: ProbeOptions, operator: str, lead: str = "") -> Prob
     """``options`` for the run of mutation ``operator``: a mutant is caught by one failure; an
     unanswered request is not tried a third time, nor waited for longer than MUTANT_TIMEOUT_S
     (the upstream answers in milliseconds: the stand-in, or vLLM without its engine). The cases
-    of ``lead`` (or of the check likely to catch it) go first: the run stops sooner; every
-    check still runs until one fails."""
+    of ``lead`` (default: the first check the operator says catches it) go first: the run stops
+    sooner; every check still runs until one fails."""
+    op = mutate.OPERATORS.get(operator)
     return replace(options, stop_on_failure=True, max_tries=min(options.max_tries, 2),
                    timeout=min(options.timeout, MUTANT_TIMEOUT_S),
-                   lead_check=lead or likely_check(operator.partition(".")[2] or operator))
+                   lead_check=lead or (op.catches[0] if op else ""))
 
 
 def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
             keys_per_role: int = 1, only: Sequence[str] = (),
             say: Callable[[str], None] = lambda _m: None) -> tuple[list[ProxyRun], list[MutantRun]]:
     """The unmutated run per proxy, then one run per mutation operator (scanner.mutate), each
-    on a freshly generated config with one weakening; a mutant is caught when the probe finds
-    anything. A proxy whose unmutated run is not clean gets no mutants: nothing to compare to."""
-    from scanner import mutate
-
+    on a freshly generated config with one weakening, the operator's first catching check
+    leading; a mutant is caught when the probe exits non-zero with its default flags. A proxy
+    whose unmutated run is not clean gets no mutants: nothing to compare to. ``only``: operator
+    ids, names (without the proxy kind) or families."""
     baselines: list[ProxyRun] = []
     out: list[MutantRun] = []
-    caught_with: dict[str, str] = {}   # operator (without its proxy kind) -> the check that caught it
     with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
         for proxy, directory in written:
             base = proxy_run(s, proxy, directory, options, witness)
@@ -261,53 +275,36 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                     "findings): no mutation run")
                 continue
             for op in mutate.operators(proxy.kind):
-                if only and op.id not in only and op.id.partition(".")[2] not in only:
+                if only and not {op.id, op.name, op.family} & set(only):
                     continue
-                name = op.id.partition(".")[2]
-                # the check that caught it on another proxy leads
-                fast = mutant_options(options, op.id, caught_with.get(name, ""))
+                fast = mutant_options(options, op.id)
                 out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
-                if out[-1].check:
-                    caught_with.setdefault(name, out[-1].check)
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
     return baselines, out
 
 
-def mutant(s: Setup, proxy: Proxy, op: Any, directory: Path, options: ProbeOptions,
+def mutant(s: Setup, proxy: Proxy, op: mutate.Operator, directory: Path, options: ProbeOptions,
            witness: str) -> MutantRun:
     """One mutation operator against ``proxy``: a fresh config, the weakening, the proxy's own
     validator, the proxy started and probed (stopping at the first failure)."""
-    from scanner import mutate
-
     files = proxy.write(s.plan, directory)
+
+    def run_of(status: MutantStatus, what: str, **more: Any) -> MutantRun:
+        return MutantRun(proxy.name, op.id, op.title, status, what, family=op.family, catches=op.catches,
+                         **more)
+
     try:
         what = op.apply(files, s.plan)
     except mutate.NotApplicable as exc:
-        return MutantRun(proxy.name, op.id, op.title, "not-applicable", str(exc))
+        return run_of("not-applicable", str(exc))
     problem = proxy.validate(s.plan, directory)
     if problem:
-        return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {problem}")
+        return run_of("invalid", f"{what}: {problem}")
     try:
         run_ = proxy_run(s, proxy, directory, options, witness)
     except InternalError as exc:
-        return MutantRun(proxy.name, op.id, op.title, "invalid", f"{what}: {exc}")
-    rules = caught_by(run_.result)
-    check = next((f.check for f in run_.result.deviations), "")
+        return run_of("invalid", f"{what}: {exc}")
     # caught only as a user would see it: probe's exit code with its default flags is not 0
     caught = run_.result.exit_code() != EXIT_OK
-    return MutantRun(proxy.name, op.id, op.title, "caught" if caught else "survived", what, rules,
-                     run_.seconds, check)
-
-
-# words of an operator's id -> the check most likely to catch it (an ordering hint only)
-_LIKELY: tuple[tuple[str, str], ...] = (
-    ("media", "media"), ("token", "token-budget"), ("grpc-denied", "grpc"), ("rate", "rate"),
-    ("concurrency", "concurrency"), ("conn", "concurrency"), ("json-cap", "limits"), ("body", "limits"),
-    ("field", "limits"), ("budget", "limits"), ("salt", "limits"), ("strip", "limits"), ("h2", "protocol"),
-    ("grpc", "protocol"), ("header", "upstream"), ("raw-target", "upstream"), ("upstream-key", "upstream"),
-    ("client-key", "upstream"), ("trust", "spoof"), ("xff", "spoof"), ("prefix", "bypass"),
-    ("normal", "bypass"))
-
-
-def likely_check(operator: str) -> str:
-    return next((check for word, check in _LIKELY if word in operator), "matrix")
+    return run_of("caught" if caught else "survived", what, rules=caught_by(run_.result),
+                  seconds=run_.seconds, checks=tuple(dict.fromkeys(f.check for f in run_.result.deviations)))

@@ -1,4 +1,5 @@
-"""The mutation run as a table: per proxy, caught/total and every operator's outcome."""
+"""The mutation run as tables: per proxy, caught/total, the score per family, and every
+operator's outcome."""
 
 from __future__ import annotations
 
@@ -7,14 +8,23 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from scanner.mutate import FAMILIES
 from scanner.output import text_console
 from scanner.verify import MutantRun, ProxyRun
 
 
-def score(mutants: Sequence[MutantRun], proxy: str) -> tuple[int, int]:
-    """(caught, total) for ``proxy``; operators that do not apply to the plan are not counted."""
-    mine = [m for m in mutants if m.proxy == proxy and m.status != "not-applicable"]
+def score(mutants: Sequence[MutantRun], proxy: str, family: str = "") -> tuple[int, int]:
+    """(caught, total) for ``proxy`` (and ``family``); operators that do not apply to the plan
+    are not counted."""
+    mine = [m for m in mutants if m.proxy == proxy and m.status != "not-applicable"
+            and (not family or m.family == family)]
     return sum(m.status == "caught" for m in mine), len(mine)
+
+
+def family_scores(mutants: Sequence[MutantRun], proxy: str) -> dict[str, tuple[int, int]]:
+    """(caught, total) per family with at least one applicable operator, in FAMILIES order."""
+    out = {f: score(mutants, proxy, f) for f in FAMILIES}
+    return {f: s for f, s in out.items() if s[1]}
 
 
 def render(runs: Sequence[ProxyRun], mutants: Sequence[MutantRun], width: int = 140) -> str:
@@ -27,12 +37,16 @@ def render(runs: Sequence[ProxyRun], mutants: Sequence[MutantRun], width: int = 
         title = (f"{run.proxy}: mutation score {caught}/{total}" if clean else
                  f"{run.proxy}: the unmutated config has {n} findings: no mutation run")
         table = Table(title=title)
-        for col in ("operator", "status", "caught by", "what changed", "s"):
+        for col in ("family", "operator", "status", "caught by", "what changed", "s"):
             table.add_column(col, overflow="fold")
         for m in mutants:
             if m.proxy == run.proxy:
-                table.add_row(m.operator, m.status, " ".join(m.rules), m.what, f"{m.seconds:.1f}")
+                by = " ".join(m.rules) + (f" ({', '.join(m.checks)})" if m.checks else "")
+                table.add_row(m.family, m.operator, m.status, by, m.what, f"{m.seconds:.1f}")
         out.print(table)
+        families = family_scores(mutants, run.proxy)
+        if families:
+            out.print("per family: " + ", ".join(f"{f} {c}/{t}" for f, (c, t) in families.items()))
         survivors = [m.operator for m in mutants
                      if m.proxy == run.proxy and m.status in ("survived", "invalid")]
         if survivors:

@@ -1,0 +1,420 @@
+"""The operator model: families, the registry, targets picked from the plan, and the plan
+transforms both proxies share (each proxy renders the weakened plan with its own generator)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
+from scanner.policy.model import FieldRules, Limits, Rate
+
+# remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
+# add: a role, a method admitted; move: a denied field (or unknown fields) allowed on one route;
+# switch: a limit left in place but not enforced (dry run, shadow, thresholds at their maximum);
+# source: a fact taken from the client (address, Host, the zone key); loosen: a route's match
+# wider (anchors, parameters, case); expose: something outside the allowlist reachable;
+# forward: something the client sent, or the perimeter owes, reaching vLLM wrongly
+FAMILIES: tuple[str, ...] = ("remove", "raise", "widen", "add", "move", "switch", "source", "loosen",
+                             "expose", "forward")
+
+
+class NotApplicable(Exception):
+    """The plan has nothing this operator could weaken (e.g. no rate limit at all)."""
+
+
+Apply = Callable[[Path, Plan], str]
+
+
+@dataclass(frozen=True)
+class Operator:
+    id: str                        # "nginx.rate-raised-x10"
+    kind: str                      # "nginx" or "envoy"
+    family: str                    # one of FAMILIES
+    target: str                    # what it weakens, picked from the plan when applied
+    title: str
+    catches: tuple[str, ...]       # the checks that must catch it; the first leads its run
+    apply: Apply                   # (directory of the generated files, plan) -> what changed
+    needs: str = ""                # the policy setting it needs ("" none): else NotApplicable
+
+    @property
+    def name(self) -> str:
+        """The id without the proxy kind (the same weakening on both proxies)."""
+        return self.id.partition(".")[2]
+
+
+OPERATORS: dict[str, Operator] = {}
+
+
+def register(op: Operator) -> Operator:
+    if op.id in OPERATORS:
+        raise ValueError(f"mutation operator {op.id} registered twice")
+    if op.family not in FAMILIES or not op.catches:
+        raise ValueError(f"mutation operator {op.id}: family {op.family!r}, catches {op.catches!r}")
+    OPERATORS[op.id] = op
+    return op
+
+
+def operators(kind: str) -> tuple[Operator, ...]:
+    return tuple(op for op in OPERATORS.values() if op.kind == kind)
+
+
+# --- targets: which route of the plan an operator weakens ------------------------------------
+
+Pick = Callable[[Plan], Decision]
+
+
+def pick(plan: Plan, what: str, test: Callable[[Decision], bool], last: bool = False) -> Decision:
+    """The first (or ``last``) allowed HTTP decision, by path and method, that ``test`` accepts."""
+    ordered = sorted(plan.allowed, key=lambda d: (d.path, d.method))
+    found = [d for d in ordered if d.kind == "http" and test(d)]
+    if not found:
+        raise NotApplicable(f"no allowed route {what}")
+    return found[-1] if last else found[0]
+
+
+EVERYWHERE = ("0.0.0.0/0", "::/0")
+
+
+def keyed(plan: Plan) -> Decision:
+    return pick(plan, "that needs a key", lambda d: d.auth == "key" and not d.state_changing)
+
+
+def roled(plan: Plan) -> Decision:
+    roles = {p.role for p in plan.principals}
+    return pick(plan, "limited to some roles",
+                lambda d: d.auth == "key" and bool(d.roles) and bool(roles - set(d.roles)))
+
+
+def roled_other(plan: Plan) -> Decision:
+    """A route limited to roles other than :func:`roled`'s."""
+    first = roled(plan)
+    roles = {p.role for p in plan.principals}
+    return pick(plan, "limited to another set of roles",
+                lambda d: d.auth == "key" and bool(d.roles) and bool(roles - set(d.roles))
+                and set(d.roles) != set(first.roles))
+
+
+def networked(plan: Plan) -> Decision:
+    return pick(plan, "limited to some networks", lambda d: not set(d.networks) & set(EVERYWHERE))
+
+
+def network_sets(plan: Plan) -> list[tuple[str, ...]]:
+    """The distinct network sets of the allowed routes limited to some networks, sorted."""
+    return sorted({d.networks for d in plan.allowed if d.kind == "http" and d.networks
+                   and not set(d.networks) & set(EVERYWHERE)})
+
+
+def on_network_set(n: int) -> Pick:
+    def target(plan: Plan) -> Decision:
+        sets = network_sets(plan)
+        if len(sets) <= n:
+            raise NotApplicable(f"fewer than {n + 1} network sets among the allowed routes")
+        return pick(plan, f"on network set {n + 1}", lambda d: d.networks == sets[n])
+    return target
+
+
+def bodied(plan: Plan) -> Decision:
+    return pick(plan, "with a body limit", lambda d: d.method == "POST" and d.limits.body_bytes is not None)
+
+
+def capped(plan: Plan) -> Decision:
+    return pick(plan, "with JSON caps", lambda d: d.method == "POST" and bool(d.limits.json_caps))
+
+
+def counted(plan: Plan) -> Decision:
+    return pick(plan, "with count caps", lambda d: d.method == "POST" and bool(d.fields.counts), last=True)
+
+
+def budgeted(plan: Plan) -> Decision:
+    return pick(plan, "with an output budget", lambda d: d.enforced_budget is not None)
+
+
+def salted(plan: Plan) -> Decision:
+    return pick(plan, "with a cache salt (cache_salt: per-principal / per-audience)", lambda d: bool(d.salt))
+
+
+def rated(plan: Plan) -> Decision:
+    return pick(plan, "with a rate limit", lambda d: d.limits.rate is not None)
+
+
+def rated_by_principal(plan: Plan) -> Decision:
+    return pick(plan, "with a rate limit per principal",
+                lambda d: d.limits.rate is not None and d.auth == "key", last=True)
+
+
+def rated_by_address(plan: Plan) -> Decision:
+    return pick(plan, "with a rate limit per client address",
+                lambda d: d.limits.rate is not None and d.auth == "none")
+
+
+def token_budgeted(plan: Plan) -> Decision:
+    return pick(plan, "with a token budget", lambda d: bool(d.token_zone))
+
+
+def limited(plan: Plan) -> Decision:
+    return pick(plan, "with a concurrency limit", lambda d: d.limits.concurrency is not None)
+
+
+def plain_get(plan: Plan) -> Decision:
+    return pick(plan, "with GET", lambda d: d.method == "GET" and "{" not in d.path)
+
+
+def template(plan: Plan) -> Decision:
+    return pick(plan, "with a path parameter", lambda d: "{" in d.path)
+
+
+def template_last(plan: Plan) -> Decision:
+    return pick(plan, "with a path parameter", lambda d: "{" in d.path, last=True)
+
+
+def exact_get(plan: Plan) -> Decision:
+    return pick(plan, "with GET on an exact path", lambda d: d.method == "GET" and "{" not in d.path,
+                last=True)
+
+
+def denied_path(plan: Plan) -> str:
+    """A path every method of which is denied (the proxy answers it itself)."""
+    allowed = {d.path for d in plan.allowed}
+    for d in sorted(plan.decisions, key=lambda d: d.path):
+        if d.kind == "http" and d.path not in allowed and "{" not in d.path:
+            return d.path
+    raise NotApplicable("no denied route")
+
+
+def field_checked(plan: Plan) -> Decision:
+    """A route whose field rules act on bodies (and with JSON caps: its body is always read)."""
+    return pick(plan, "with field rules and JSON caps",
+                lambda d: d.fields.decided and bool(d.limits.json_caps))
+
+
+def media_checked(plan: Plan) -> Decision:
+    """A route whose media rules act on bodies."""
+    return pick(plan, "with media rules", lambda d: d.media.active)
+
+
+def where(d: Decision) -> str:
+    return f"{d.method} {d.path}"
+
+
+# --- plan transforms: one decision weakened, the plan rendered again --------------------------
+
+Weaken = Callable[[Plan], tuple[Plan, str]]
+
+
+def with_decision(plan: Plan, old: Decision, new: Decision) -> Plan:
+    return replace(plan, decisions=tuple(new if d is old else d for d in plan.decisions))
+
+
+def on(target: Pick, change: Callable[[Decision], tuple[Decision, str]]) -> Weaken:
+    """Weaken the decision ``target`` picks with ``change`` (-> the new decision, what changed)."""
+    def weaken(plan: Plan) -> tuple[Plan, str]:
+        d = target(plan)
+        new, what = change(d)
+        if new == d:
+            raise NotApplicable(f"{where(d)}: nothing to change")
+        return with_decision(plan, d, new), f"{where(d)}: {what}"
+    return weaken
+
+
+def limits(d: Decision, **changes: object) -> Decision:
+    return replace(d, limits=replace(d.limits, **changes))  # type: ignore[arg-type]
+
+
+def raised(limit: str, factor: int) -> Callable[[Decision], tuple[Decision, str]]:
+    """``limit`` (rate, burst, concurrency, json_caps, counts, body_bytes, tokens_per_minute) x factor."""
+    def change(d: Decision) -> tuple[Decision, str]:
+        lim: Limits = d.limits
+        if limit in ("rate", "burst"):
+            assert lim.rate is not None
+            rate = (Rate(lim.rate.rps * factor, lim.rate.burst) if limit == "rate"
+                    else Rate(lim.rate.rps, lim.rate.burst * factor))
+            return limits(d, rate=rate), f"{limit} x{factor}"
+        if limit == "json_caps":
+            caps = {k: v * factor for k, v in lim.json_caps.items()}
+            return limits(d, json_caps=caps), f"JSON caps x{factor}"
+        if limit == "counts":
+            counts = {k: v * factor for k, v in d.fields.counts.items()}
+            return replace(d, fields=replace(d.fields, counts=counts)), f"count caps x{factor}"
+        value = getattr(lim, limit)
+        assert isinstance(value, int)
+        return limits(d, **{limit: value * factor}), f"{limit} {value} -> {value * factor}"
+    return change
+
+
+def removed(what: str) -> Callable[[Decision], tuple[Decision, str]]:
+    def change(d: Decision) -> tuple[Decision, str]:
+        if what == "key":
+            return replace(d, auth="none", roles=()), "no key needed"
+        if what == "roles":
+            return replace(d, roles=()), f"roles {', '.join(d.roles)} -> any principal"
+        if what == "networks":
+            return replace(d, networks=EVERYWHERE), f"networks {', '.join(d.networks)} -> any address"
+        if what == "rate":
+            return limits(d, rate=None), "no rate limit"
+        if what == "concurrency":
+            return limits(d, concurrency=None), "no concurrency limit"
+        if what == "json_caps":
+            return limits(d, json_caps={}), "no JSON caps"
+        if what == "counts":
+            return replace(d, fields=replace(d.fields, counts={})), "no count caps"
+        raise ValueError(what)
+    return change
+
+
+def widened(prefix: int) -> Callable[[Decision], tuple[Decision, str]]:
+    """The route's first network widened to /prefix (the outside vantage then falls inside)."""
+    def change(d: Decision) -> tuple[Decision, str]:
+        first = ipaddress.ip_network(d.networks[0], strict=False)
+        wide = first.supernet(new_prefix=min(prefix, first.prefixlen)) if prefix else (
+            ipaddress.ip_network("0.0.0.0/0") if first.version == 4 else ipaddress.ip_network("::/0"))
+        return replace(d, networks=(str(wide), *d.networks[1:])), f"{first} -> {wide}"
+    return change
+
+
+def role_added(plan: Plan) -> Callable[[Decision], tuple[Decision, str]]:
+    def change(d: Decision) -> tuple[Decision, str]:
+        other = sorted({p.role for p in plan.principals} - set(d.roles))
+        return replace(d, roles=(*d.roles, other[0])), f"role {other[0]} admitted"
+    return change
+
+
+def method_added(method: str) -> Weaken:
+    """``method`` answered on a route that allows another one only (a GET on a POST route, ...)."""
+    def weaken(plan: Plan) -> tuple[Plan, str]:
+        paths = plan.routes()
+        d = pick(plan, f"without {method}", lambda d: "{" not in d.path and d.method != method
+                 and all(o.method != method for o in paths.get(d.path, ())))
+        extra = replace(d, method=method)
+        return replace(plan, decisions=(*plan.decisions, extra)), f"{method} {d.path} allowed as {d.method}"
+    return weaken
+
+
+def field_moved(nth_route: int) -> Callable[[Plan], tuple[Plan, str]]:
+    """One field the plan rejects allowed on one route only (routes with rejected fields, by
+    path: the ``nth_route``-th from the end; fields: one not governed by the body policy)."""
+    def weaken(plan: Plan) -> tuple[Plan, str]:
+        routes = [d for d in sorted(plan.allowed, key=lambda d: (d.path, d.method))
+                  if d.kind == "http" and d.fields.names("reject")]
+        if len(routes) <= nth_route:
+            raise NotApplicable("too few routes that reject a field")
+        d = routes[-1 - nth_route]
+        governed = {f for fs in GOVERNED_FIELDS.values() for f in fs}
+        names = [f for f in d.fields.names("reject") if f not in governed] or list(d.fields.names("reject"))
+        name = names[len(names) // 2]
+        new = replace(d, fields=replace(d.fields, named={**d.fields.named, name: "allow"}))
+        return with_decision(plan, d, new), f"{where(d)}: {name} allowed"
+    return weaken
+
+
+def governed_moved(plan: Plan) -> tuple[Plan, str]:
+    """A field the body policy governs (chat_template) allowed on one route of another audience
+    than :func:`field_moved`'s."""
+    routes = [d for d in sorted(plan.allowed, key=lambda d: (d.path, d.method))
+              if d.kind == "http" and d.fields.mode("chat_template") == "reject"]
+    if not routes:
+        raise NotApplicable("no route rejects chat_template")
+    first = routes[-1].audience
+    d = next((r for r in reversed(routes) if r.audience != first), routes[-1])
+    new = replace(d, fields=replace(d.fields, named={**d.fields.named, "chat_template": "allow"}))
+    return with_decision(plan, d, new), f"{where(d)}: chat_template allowed"
+
+
+def unknown_moved(plan: Plan) -> tuple[Plan, str]:
+    """The unknown-field rule relaxed on one route: reject -> strip (an unknown field is dropped
+    silently and the request forwarded). Not "pass": NGINX's fast path would then list every
+    rejected field in one regex, longer than a config parameter may be."""
+    d = pick(plan, "that rejects unknown fields", lambda d: d.fields.unknown == "reject", last=True)
+    new = replace(d, fields=replace(d.fields, unknown="strip"))
+    return with_decision(plan, d, new), f"{where(d)}: unknown fields stripped, not refused"
+
+
+def fields_cleared(d: Decision) -> tuple[Decision, str]:
+    return replace(d, fields=FieldRules()), "no field rules"
+
+
+@dataclass(frozen=True)
+class PlanOperator:
+    """A weakening of the plan, the same on both proxies: each renders it with its generator."""
+
+    name: str
+    family: str
+    target: str
+    title: str
+    catches: tuple[str, ...]
+    weaken: Weaken
+    needs: str = ""
+
+
+def plan_operators() -> tuple[PlanOperator, ...]:
+    """The plan transforms of every family that has them (both proxies render each)."""
+    def role_add(target: Pick) -> Weaken:
+        return lambda plan: on(target, role_added(plan))(plan)
+
+    return (
+        PlanOperator("key-check-removed", "remove", "a route that needs a key",
+                     "one route's key check removed",
+                     ("matrix",), on(keyed, removed("key"))),
+        PlanOperator("role-check-removed", "remove", "a route limited to some roles",
+                     "one route's role check removed (any principal)",
+                     ("matrix",), on(roled, removed("roles"))),
+        PlanOperator("network-check-removed", "remove", "a route limited to some networks",
+                     "one route's network check removed", ("matrix",), on(networked, removed("networks"))),
+        PlanOperator("rate-limit-removed", "remove", "a rate-limited route", "one route's rate limit removed",
+                     ("rate",), on(rated, removed("rate"))),
+        PlanOperator("concurrency-limit-removed", "remove", "a route with a concurrency limit",
+                     "one route's concurrency limit removed",
+                     ("concurrency",), on(limited, removed("concurrency"))),
+        PlanOperator("json-cap-removed", "remove", "a route with JSON caps", "one route's JSON caps removed",
+                     ("limits",), on(capped, removed("json_caps"))),
+        PlanOperator("count-caps-removed", "remove", "a route with count caps",
+                     "one route's count caps removed",
+                     ("limits",), on(counted, removed("counts"))),
+        PlanOperator("field-rules-removed", "remove", "a route with field rules",
+                     "one route's field rules removed (every field passes)", ("limits",),
+                     on(lambda p: pick(p, "with field rules", lambda d: d.fields.decided, last=True),
+                        fields_cleared)),
+        PlanOperator("rate-raised-x10", "raise", "a rate-limited route", "one route's rate x10", ("rate",),
+                     on(rated_by_principal, raised("rate", 10))),
+        PlanOperator("burst-raised-x100", "raise", "a rate-limited route",
+                     "one route's burst x100", ("rate",),
+                     on(rated, raised("burst", 100))),
+        PlanOperator("concurrency-raised-x10", "raise", "a route with a concurrency limit",
+                     "one route's concurrency x10", ("concurrency",), on(limited, raised("concurrency", 10))),
+        PlanOperator("json-cap-raised-x100", "raise", "a route with JSON caps", "one route's JSON caps x100",
+                     ("limits",), on(capped, raised("json_caps", 100))),
+        PlanOperator("count-caps-raised-x10", "raise", "a route with count caps",
+                     "one route's count caps x10",
+                     ("limits",), on(counted, raised("counts", 10))),
+        PlanOperator("body-limit-raised", "raise", "a route with a body limit", "one route's body limit x100",
+                     ("limits",), on(bodied, raised("body_bytes", 100))),
+        PlanOperator("token-budget-raised-x1000", "raise", "a route with a token budget",
+                     "one route's token budget x1000", ("token-budget",),
+                     on(token_budgeted, raised("tokens_per_minute", 1000)), needs="limits.tokens_per_minute"),
+        PlanOperator("network-widened-24", "widen", "a route on the first network set",
+                     "one route's network widened to its /24",
+                     ("matrix",), on(on_network_set(0), widened(24))),
+        PlanOperator("network-widened-8", "widen", "a route on the second network set",
+                     "one route's network widened to its /8", ("matrix",), on(on_network_set(1), widened(8))),
+        PlanOperator("network-widened-everywhere", "widen", "a route on the third network set",
+                     "one route's network widened to 0.0.0.0/0",
+                     ("matrix",), on(on_network_set(2), widened(0))),
+        PlanOperator("role-added", "add", "a route limited to some roles", "a role admitted to one route",
+                     ("matrix",), role_add(roled)),
+        PlanOperator("role-added-other", "add", "a route limited to other roles",
+                     "a role admitted to a route of another role set", ("matrix",), role_add(roled_other)),
+        PlanOperator("method-added-get", "add", "a route without GET", "GET answered on a route without it",
+                     ("matrix",), method_added("GET")),
+        PlanOperator("method-added-delete", "add", "a route without DELETE",
+                     "DELETE answered on a route without it", ("matrix",), method_added("DELETE")),
+        PlanOperator("field-allowed-on-one-route", "move", "the last route rejecting a field",
+                     "one rejected field allowed on one route", ("limits",), field_moved(0)),
+        PlanOperator("field-allowed-on-another-route", "move", "another route rejecting a field",
+                     "one rejected field allowed on another route", ("limits",), field_moved(3)),
+        PlanOperator("chat-template-allowed-on-one-route", "move", "a route rejecting chat_template",
+                     "a client chat_template allowed on one route", ("limits",), governed_moved),
+        PlanOperator("unknown-fields-allowed-on-one-route", "move", "a route rejecting unknown fields",
+                     "the unknown-field rule relaxed on one route", ("limits",), unknown_moved),
+    )

@@ -1,0 +1,498 @@
+"""Envoy mutation operators: the plan's weakenings rendered by the Envoy generator, the
+generator's model changed in one marked place (a route's match, a rate filter's buckets, a
+cluster's thresholds), and edits of the rendered envoy.yaml (as data) and its inline Lua."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scanner.generate.envoy import render_model
+from scanner.generate.envoy_model import PRINCIPALS, Model, RouteView, build_model
+from scanner.generate.interface import GenerateOptions
+from scanner.mutate import core
+from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
+from scanner.output import write_text
+from scanner.plan.model import Decision, Plan
+
+KIND = "envoy"
+ENVOY = "envoy.yaml"
+ModelEdit = Callable[[Model, Plan], tuple[Model, str]]
+
+
+# --- rendering: the weakened plan or model, written over the generated files -----------------
+
+def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
+    """Render ``plan`` (its model changed by ``edit``) over the files in ``directory`` with the
+    options ``scanner.runtime.envoy.write`` used."""
+    options = GenerateOptions(output_dir=str(directory.absolute()), access_log=str(directory / "access.log"))
+    model = build_model(plan, options)
+    what = ""
+    if edit is not None:
+        model, what = edit(model, plan)
+    main, principals = render_model(model)
+    write_text(directory / ENVOY, main)
+    write_text(directory / PRINCIPALS, principals, mode=0o600)
+    return what
+
+
+def _plan_operator(p: core.PlanOperator) -> Operator:
+    def apply(directory: Path, plan: Plan) -> str:
+        weak, what = p.weaken(plan)
+        render(directory, weak)
+        return what
+    return Operator(f"{KIND}.{p.name}", KIND, p.family, p.target, p.title, p.catches, apply, p.needs)
+
+
+for _p in core.plan_operators():
+    register(_plan_operator(_p))
+
+
+def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
+              edit: ModelEdit, needs: str = "") -> None:
+    register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches,
+                      lambda directory, plan: render(directory, plan, edit), needs))
+
+
+# --- model edits: one route's match, one rate filter's buckets, one cluster's thresholds -----
+
+def _route(model: Model, d: Decision, change: Callable[[RouteView], RouteView],
+           what: str) -> tuple[Model, str]:
+    """``change`` the allowed route of ``d`` and the 405 route of its path (same match)."""
+    names = {f"allow:{d.method} {d.path}", f"method:{d.path}"}
+    routes = [change(r) if r.name in names else r for r in model.routes]
+    if routes == list(model.routes):
+        raise NotApplicable(f"{where(d)}: nothing to change")
+    return replace(model, routes=tuple(routes)), f"{where(d)}: {what}"
+
+
+PARAMETER = "[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}"
+
+
+def _parameter_any(model: Model, plan: Plan) -> tuple[Model, str]:
+    return _route(model, core.template_last(plan),
+                  lambda r: replace(r, regex=r.regex.replace(PARAMETER, ".+")), "path parameter -> .+")
+
+
+def _case_insensitive(model: Model, plan: Plan) -> tuple[Model, str]:
+    return _route(model, core.template(plan), lambda r: replace(r, regex="(?i)" + r.regex) if r.regex else r,
+                  "case-insensitive regex")
+
+
+def _anchor_dropped(model: Model, plan: Plan) -> tuple[Model, str]:
+    return _route(model, core.template(plan), lambda r: replace(r, regex=r.regex.removesuffix("$") + ".*"),
+                  "end anchor dropped (a prefix of the path matches)")
+
+
+def _rate_by_address(model: Model, plan: Plan) -> tuple[Model, str]:
+    d = core.rated_by_principal(plan)
+    name = next((r.rate_filter for r in model.routes if r.name == f"allow:{d.method} {d.path}"), "")
+    filters = [replace(f, per_address=True) if f.name == name and not f.per_address else f
+               for f in model.rate_filters]
+    if not name or filters == list(model.rate_filters):
+        raise NotApplicable(f"{where(d)}: no rate filter per principal")
+    return replace(model, rate_filters=tuple(filters)), f"{name} ({where(d)}) keyed by client address"
+
+
+def _breaker_max(model: Model, plan: Plan) -> tuple[Model, str]:
+    d = core.limited(plan)
+    clusters = [c for c in model.clusters if c.max_requests]
+    if not clusters:
+        raise NotApplicable("no circuit breaker")
+    c = clusters[-1]
+    big = 2 ** 31 - 1
+    new = tuple(replace(x, max_requests=big, max_pending=big) if x == c else x for x in model.clusters)
+    return replace(model, clusters=new), f"{c.name} (e.g. {where(d)}): circuit breaker thresholds {big}"
+
+
+_model_op("parameter-any", "loosen", "a template route's match",
+          "a template parameter matches .+ (any characters, slashes too)",
+          ("bypass", "upstream"), _parameter_any)
+_model_op("case-insensitive", "loosen", "a template route's match", "a template route matches any case",
+          ("bypass", "matrix"), _case_insensitive)
+_model_op("anchor-dropped", "loosen", "a template route's match",
+          "a template route's end anchor dropped (longer paths match)", ("bypass", "sweep"), _anchor_dropped)
+_model_op("rate-zone-by-address", "source", "a rate filter per principal",
+          "a rate filter keyed by client address instead of principal", ("rate",), _rate_by_address)
+_model_op("circuit-breaker-max", "switch", "a concurrency cluster",
+          "one concurrency cluster's circuit breaker thresholds at their maximum",
+          ("concurrency",), _breaker_max)
+
+
+# --- edits of envoy.yaml (as data) and its inline Lua ----------------------------------------
+
+
+class _Envoy:
+    """envoy.yaml as data: the HTTP connection manager, its routes and the Lua source."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / ENVOY
+        self.doc: dict[str, Any] = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+        listener = self.doc["static_resources"]["listeners"][0]
+        self.hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        self.routes: list[dict[str, Any]] = self.hcm["route_config"]["virtual_hosts"][0]["routes"]
+        self.lua_filter = next(f for f in self.hcm["http_filters"] if f["name"] == "perimeter.lua")
+
+    @property
+    def lua(self) -> str:
+        return str(self.lua_filter["typed_config"]["default_source_code"]["inline_string"])
+
+    @lua.setter
+    def lua(self, text: str) -> None:
+        self.lua_filter["typed_config"]["default_source_code"]["inline_string"] = text
+
+    def route(self, name: str) -> dict[str, Any]:
+        for r in self.routes:
+            if r["name"] == name:
+                return r
+        raise NotApplicable(f"no route {name}")
+
+    def allowed(self, d: Decision) -> dict[str, Any]:
+        return self.route(f"allow:{d.method} {d.path}")
+
+    def save(self) -> None:
+        self.path.write_text(yaml.safe_dump(self.doc, sort_keys=False), encoding="utf-8")
+
+
+def _group_copy(env: _Envoy, route: dict[str, Any], **changes: str) -> str:
+    """Give ``route`` a copy of its Lua group with some fields replaced (Lua source text)."""
+    gid = route["metadata"]["filter_metadata"]["perimeter.lua"]["g"]
+    lua = env.lua
+    m = re.search(r'\n  \["' + re.escape(gid) + r'"\] = \{\n(.*?)\n  \},', lua, re.S)
+    if m is None:
+        raise NotApplicable(f"no Lua group {gid}")
+    body = m.group(1)
+    for key, value in changes.items():
+        body = re.sub(r"(\n|^)(    " + key + r" = )[^\n]*,",
+                      lambda x, v=value: f"{x.group(1)}{x.group(2)}{v},", body)
+    new_id = f"{gid}x"
+    env.lua = lua.replace("local GROUPS = {\n", f'local GROUPS = {{\n  ["{new_id}"] = {{\n{body}\n  }},\n', 1)
+    route["metadata"]["filter_metadata"]["perimeter.lua"]["g"] = new_id
+    return new_id
+
+
+def _fixed_cluster(route: dict[str, Any]) -> None:
+    """Route to the base cluster (what an edit dropping the per-principal routing leaves)."""
+    route["route"].pop("cluster_header", None)
+    route["route"]["cluster"] = "vllm"
+
+
+def _envoy_edit(fn: Callable[[_Envoy, Plan], str]) -> Apply:
+    def apply(directory: Path, plan: Plan) -> str:
+        env = _Envoy(directory)
+        what = fn(env, plan)
+        env.save()
+        return what
+    return apply
+
+
+def _forwarding(name: str, match: dict[str, Any], cluster: str = "vllm") -> dict[str, Any]:
+    return {"name": name, "match": match, "route": {"cluster": cluster, "timeout": "0s"},
+            "typed_per_filter_config": {"perimeter.lua": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
+                "disabled": True}}}
+
+
+def _e(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
+       needs: str = "") -> Callable[[Callable[[_Envoy, Plan], str]], Callable[[_Envoy, Plan], str]]:
+    def add(fn: Callable[[_Envoy, Plan], str]) -> Callable[[_Envoy, Plan], str]:
+        register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches, _envoy_edit(fn), needs))
+        return fn
+    return add
+
+
+@_e("lua-disabled-on-route", "remove", "a route with JSON caps",
+    "the Lua filter turned off on one route (no key, role or body check)", ('matrix', 'limits'))
+def _e_lua_off(env: _Envoy, plan: Plan) -> str:
+    d = core.capped(plan)
+    r = env.allowed(d)
+    r["typed_per_filter_config"]["perimeter.lua"] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute", "disabled": True}
+    return f"{d.method} {d.path}"
+
+
+@_e("method-match-removed", "remove", "a GET route", "one route matches every method",
+    ('matrix',))
+def _e_method(env: _Envoy, plan: Plan) -> str:
+    d = core.plain_get(plan)
+    r = env.allowed(d)
+    r["match"].pop("headers", None)
+    return f"{d.method} {d.path}"
+
+
+@_e("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
+    "one route passes the fields the policy forbids", ('limits',))
+def _e_fields(env: _Envoy, plan: Plan) -> str:
+    d = core.field_checked(plan)
+    _group_copy(env, env.allowed(d), fields="false")
+    return f"{d.method} {d.path}"
+
+
+@_e("media-check-removed", "remove", "a route with media rules",
+    "one route passes any media URL, data and embeddings", ('media',))
+def _e_media(env: _Envoy, plan: Plan) -> str:
+    d = core.media_checked(plan)
+    _group_copy(env, env.allowed(d), media="nil")
+    return f"{d.method} {d.path}"
+
+
+@_e("budget-not-enforced", "remove", "a route with an output budget",
+    "one route forwards bodies without an output budget as sent", ('limits',))
+def _e_budget(env: _Envoy, plan: Plan) -> str:
+    d = core.budgeted(plan)
+    _group_copy(env, env.allowed(d), budget="nil")
+    return f"{d.method} {d.path}"
+
+
+@_e("salt-not-rewritten", "forward", "a salted route",
+    "one route forwards the client's cache_salt (no tenant salt)", ('limits',), needs="body.cache_salt")
+def _e_salt(env: _Envoy, plan: Plan) -> str:
+    d = core.salted(plan)
+    gid = _group_copy(env, env.allowed(d), salt="nil")
+    lua = env.lua
+    a = lua.index(f'\n  ["{gid}"] = {{\n')
+    b = lua.index("\n  },", a)
+    env.lua = lua[:a] + lua[a:b].replace('["cache_salt"] = "strip"', '["cache_salt"] = "allow"') + lua[b:]
+    return f"{d.method} {d.path}"
+
+
+@_e("token-budget-removed", "remove", "a token zone",
+    "one token zone's budget removed (its filter off on every route)", ('token-budget',),
+    needs="limits.tokens_per_minute")
+def _e_tokens(env: _Envoy, plan: Plan) -> str:
+    d = core.token_budgeted(plan)
+    per = env.allowed(d).get("typed_per_filter_config", {})
+    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
+    if name is None:
+        raise NotApplicable("no token filter on that route")
+    for r in env.routes:
+        r.get("typed_per_filter_config", {}).pop(name, None)
+    return f"{d.token_zone} ({d.method} {d.path})"
+
+
+@_e("network-from-forwarding-header", "source", "the listener", "client address taken from X-Forwarded-For",
+    ('spoof', 'matrix'))
+def _e_xff(env: _Envoy, plan: Plan) -> str:
+    env.hcm["use_remote_address"] = False
+    env.hcm["xff_num_trusted_hops"] = 1
+    text = yaml.safe_dump(env.routes)
+    env.hcm["route_config"]["virtual_hosts"][0]["routes"] = yaml.safe_load(
+        text.replace("direct_remote_ip:", "remote_ip:"))
+    return "RBAC on the X-Forwarded-For address"
+
+
+@_e("prefix-route-added", "expose", "the routes under /v1/", "a prefix route forwards everything under /v1/",
+    ('bypass', 'sweep'))
+def _e_prefix(env: _Envoy, plan: Plan) -> str:
+    env.routes.insert(len(env.routes) - 1, _forwarding("mutant:prefix", {"prefix": "/v1/"}))
+    return "prefix /v1/"
+
+
+@_e("regex-route-added", "expose", "a denied route",
+    "a regex route (first in the table) forwards a denied route", ('matrix',))
+def _e_regex(env: _Envoy, plan: Plan) -> str:
+    path = core.denied_path(plan)
+    env.routes.insert(0, _forwarding("mutant:regex", {"safe_regex": {"regex": f"^{re.escape(path)}.*"}}))
+    return f"regex ^{path}"
+
+
+@_e("catch-all-forwarded", "expose", "the catch-all route",
+    "the catch-all route forwards instead of refusing", ('matrix', 'sweep'))
+def _e_catch_all(env: _Envoy, plan: Plan) -> str:
+    r = env.route("deny:unknown")
+    env.routes[env.routes.index(r)] = _forwarding("deny:unknown", r["match"])
+    return "catch-all forwarded"
+
+
+@_e("denied-route-forwarded", "expose", "a denied route", "a denied route is forwarded",
+    ('matrix',))
+def _e_denied(env: _Envoy, plan: Plan) -> str:
+    path = core.denied_path(plan)
+    r = env.route(f"deny:{path}")
+    env.routes[env.routes.index(r)] = _forwarding(f"deny:{path}", r["match"])
+    return path
+
+
+@_e("grpc-denied-method-forwarded", "expose", "a denied gRPC method",
+    "a gRPC method the plan denies is forwarded to vLLM's gRPC server", ('grpc',), needs="grpc")
+def _e_grpc_denied(env: _Envoy, plan: Plan) -> str:
+    g = plan.grpc
+    denied = next((d.path for d in (g.decisions if g else ()) if not d.allowed), "")
+    listeners = env.doc["static_resources"]["listeners"]
+    listener = next((x for x in listeners if x["name"] == "perimeter-grpc"), None)
+    if not denied or listener is None:
+        raise NotApplicable("no gRPC listener with a denied method")
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    i = next(i for i, r in enumerate(routes) if r["name"] == f"deny:{denied}")
+    routes[i] = _forwarding(f"deny:{denied}", routes[i]["match"], cluster="vllm_grpc")
+    return denied
+
+
+@_e("raw-target-forwarded", "forward", "the listener",
+    "paths are matched and forwarded raw (no normalisation)", ('upstream', 'bypass'))
+def _e_raw(env: _Envoy, plan: Plan) -> str:
+    env.hcm["normalize_path"] = False
+    env.hcm["merge_slashes"] = False
+    env.hcm["path_with_escaped_slashes_action"] = "KEEP_UNCHANGED"
+    return "normalize_path off"
+
+
+@_e("client-key-forwarded", "forward", "every route", "the client's Authorization forwarded upstream",
+    ('upstream',))
+def _e_key_fwd(env: _Envoy, plan: Plan) -> str:
+    removed = env.hcm["route_config"]["request_headers_to_remove"]
+    removed.remove("authorization")
+    return "authorization kept"
+
+
+@_e("upstream-key-not-presented", "forward", "every route", "vLLM's own key no longer sent upstream",
+    ('upstream',), needs="upstream.api_key_file")
+def _e_upstream_key(env: _Envoy, plan: Plan) -> str:
+    if not plan.upstream.api_key_file:
+        raise NotApplicable("the policy sets no upstream.api_key_file")
+    added = env.hcm["route_config"]["request_headers_to_add"]
+    kept = [h for h in added if h["header"]["key"] != "authorization"]
+    if len(kept) == len(added):
+        raise NotApplicable("no Authorization added upstream")
+    env.hcm["route_config"]["request_headers_to_add"] = kept
+    return "authorization not added"
+
+
+@_e("client-headers-forwarded", "forward", "every route",
+    "the header allowlist turned off (hop-by-hop, spoofable forwarded)", ('upstream',))
+def _e_headers(env: _Envoy, plan: Plan) -> str:
+    lua = env.lua
+    env.lua = re.sub(r"(?m)^  drop_headers\(headers, [^\n]*\)\n", "", lua, count=1)
+    if env.lua == lua:
+        raise NotApplicable("no header allowlist")
+    return "drop_headers off"
+
+
+@_e("vllm-header-forwarded", "forward", "every route",
+    "X-Vllm-Priority from the client forwarded (queue jumping)", ('upstream',))
+def _e_priority(env: _Envoy, plan: Plan) -> str:
+    lua = env.lua
+    env.lua = lua.replace("local KEPT = { ", 'local KEPT = { ["x-vllm-priority"] = true, ', 1)
+    return "x-vllm-priority kept"
+
+
+@_e("principal-header-from-client", "source", "every route", "the principal header from the client is kept",
+    ('upstream',))
+def _e_principal(env: _Envoy, plan: Plan) -> str:
+    removed = env.hcm["route_config"]["request_headers_to_remove"]
+    removed.remove("x-perimeter-principal")
+    for h in env.hcm["route_config"]["request_headers_to_add"]:
+        if h["header"]["key"] == "x-perimeter-principal":
+            h["append_action"] = "ADD_IF_ABSENT"
+            h["keep_empty_value"] = False
+    env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["x-perimeter-principal"] = true, ', 1)
+    return "x-perimeter-principal kept"
+
+
+@_e("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
+    ('matrix', 'protocol'))
+def _e_upgrade(env: _Envoy, plan: Plan) -> str:
+    d = core.plain_get(plan)
+    r = env.allowed(d)
+    r["route"]["upgrade_configs"] = [{"upgrade_type": "websocket", "enabled": True}]
+    env.hcm.setdefault("upgrade_configs", [{"upgrade_type": "websocket", "enabled": False}])
+    env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["upgrade"] = true, ["connection"] = true, '
+                              '["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ', 1)
+    return f"{d.method} {d.path}"
+
+
+@_e("h2c-accepted", "expose", "the listener",
+    "the listener also speaks HTTP/2 in clear text (codec_type AUTO)", ('protocol',))
+def _e_h2c(env: _Envoy, plan: Plan) -> str:
+    env.hcm["codec_type"] = "AUTO"
+    return "codec_type AUTO"
+
+
+@_e("grpc-accepted", "expose", "the listener",
+    "gRPC-shaped requests (content-type application/grpc) no longer refused", ('protocol',))
+def _e_grpc(env: _Envoy, plan: Plan) -> str:
+    env.routes.remove(env.route("deny:grpc"))
+    return "route deny:grpc removed"
+
+
+@_e("any-key-accepted", "remove", "the key lookup", "an unknown key is taken for a principal",
+    ('matrix',))
+def _e_any_key(env: _Envoy, plan: Plan) -> str:
+    first = sorted(plan.principals, key=lambda p: p.name)
+    if not first:
+        raise NotApplicable("no principals")
+    lua = env.lua
+    env.lua = lua.replace("found = PRINCIPALS[sha256_hex(key)] or false",
+                          f'found = PRINCIPALS[sha256_hex(key)] or {{name = "{first[0].name}", '
+                          f'role = "{first[0].role}"}}')
+    if env.lua == lua:
+        raise NotApplicable("no key lookup")
+    return f"unknown keys -> {first[0].name}"
+
+
+
+# switch: the limit stays written, Envoy only counts what it would refuse (shadow mode)
+
+def _filter(env: _Envoy, name: str) -> dict[str, Any]:
+    for f in env.hcm["http_filters"]:
+        if f["name"] == name:
+            found: dict[str, Any] = f
+            return found
+    raise NotApplicable(f"no filter {name}")
+
+
+def _shadow(env: _Envoy, d: Decision, prefix: str) -> str:
+    per = env.allowed(d).get("typed_per_filter_config", {})
+    name = next((k for k in per if k.startswith(prefix)), None)
+    if name is None:
+        raise NotApplicable(f"{where(d)}: no {prefix} filter")
+    _filter(env, name)["typed_config"]["filter_enforced"] = {
+        "default_value": {"numerator": 0, "denominator": "HUNDRED"}}
+    return f"{name} ({where(d)}): filter_enforced 0 (shadow)"
+
+
+@_e("rate-shadow", "switch", "a rate filter per principal",
+    "one rate filter in shadow mode (filter_enforced 0)", ("rate",))
+def _e_rate_shadow(env: _Envoy, plan: Plan) -> str:
+    return _shadow(env, core.rated_by_principal(plan), "perimeter.rate")
+
+
+@_e("rate-shadow-address", "switch", "a rate filter per client address",
+    "one auth-none rate filter in shadow mode (filter_enforced 0)", ("rate",))
+def _e_rate_shadow_address(env: _Envoy, plan: Plan) -> str:
+    return _shadow(env, core.rated_by_address(plan), "perimeter.rate")
+
+
+@_e("token-shadow", "switch", "a token budget filter",
+    "one token budget filter in shadow mode (filter_enforced 0)", ("token-budget",),
+    needs="limits.tokens_per_minute")
+def _e_token_shadow(env: _Envoy, plan: Plan) -> str:
+    return _shadow(env, core.token_budgeted(plan), "perimeter.tokens")
+
+
+# source / loosen edits of the rendered routes
+
+@_e("host-from-client", "source", "every route", "the client's Host forwarded upstream (no host rewrite)",
+    ("upstream",))
+def _e_host(env: _Envoy, plan: Plan) -> str:
+    gone = [r["name"] for r in env.routes if r.get("route", {}).pop("host_rewrite_literal", None) is not None]
+    if not gone:
+        raise NotApplicable("the generated config sets no Host of its own (the client's reaches vLLM)")
+    return f"host_rewrite_literal dropped on {len(gone)} routes"
+
+
+@_e("exact-to-prefix", "loosen", "an exact GET route", "an exact route's path match made a prefix match",
+    ("bypass", "sweep"))
+def _e_exact_prefix(env: _Envoy, plan: Plan) -> str:
+    d = core.exact_get(plan)
+    r = env.allowed(d)
+    if "path" not in r["match"]:
+        raise NotApplicable(f"{where(d)}: no exact path match")
+    r["match"]["prefix"] = r["match"].pop("path")
+    return f"{where(d)}: path -> prefix"
