@@ -312,9 +312,12 @@ async def _bounded(coro: Coroutine[Any, Any, T], seconds: float) -> T:
 
 
 def raw_request(case: Case, host: str, prefix: str = "", keep_alive: bool = False) -> bytes:
-    """The request bytes for ``case``: its target verbatim (origin- or absolute-form)."""
+    """The request bytes for ``case``: its target verbatim (origin- or absolute-form); the
+    case's own ``Host`` header, if it has one, in place of the target's."""
     target = case.target if case.target.startswith(("http://", "https://")) else prefix + case.target
     headers = case.all_headers()
+    host = next((v for k, v in headers.items() if k.lower() == "host"), host)
+    headers = {k: v for k, v in headers.items() if k.lower() != "host"}
     lines = [f"{case.send_method} {target} HTTP/1.1", f"Host: {host}"]
     if not any(k.lower() == "connection" for k in headers):
         lines.append(f"Connection: {'keep-alive' if keep_alive else 'close'}")

@@ -32,7 +32,7 @@ CONNECTION_NAMED = "X-Vp-Hop"
 # Headers whose upstream copy the prober keeps (the rest of what the witness saw is dropped).
 WATCHED: frozenset[str] = frozenset(
     h.lower() for h in (*SPOOFABLE_HEADERS, *HOP_BY_HOP, *VLLM_REQUEST_HEADERS, CONNECTION_NAMED,
-                        "Authorization", DECISION_HEADER, REASON_HEADER, PRINCIPAL_HEADER))
+                        "Authorization", "Host", DECISION_HEADER, REASON_HEADER, PRINCIPAL_HEADER))
 
 
 class WitnessError(Exception):

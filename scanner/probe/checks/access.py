@@ -263,6 +263,20 @@ def _forwarded_for(addr: str) -> str:
     return f'for="[{addr}]"' if ":" in addr else f"for={addr}"
 
 
+# Headers a proxy or an app may take the client address from (NGINX real_ip_header, Envoy's
+# original IP detection, CDNs' own): each is also sent alone and single-valued.
+CLIENT_ADDRESS_HEADERS: tuple[str, ...] = (
+    "X-Forwarded-For", "X-Real-IP", "True-Client-IP", "X-Client-IP", "CF-Connecting-IP",
+    "X-Cluster-Client-IP", "Fastly-Client-IP", "X-Original-Forwarded-For", "Client-IP",
+    "X-Envoy-External-Address",
+)
+
+
+def single_headers(addr: str) -> tuple[tuple[str, str], ...]:
+    """(name, value): each client-address header alone, claiming ``addr`` once; and Forwarded."""
+    return (*((name, addr) for name in CLIENT_ADDRESS_HEADERS), ("Forwarded", _forwarded_for(addr)))
+
+
 @register
 class Spoof(BaseCheck):
     """Routes allowed only from some networks must not open up to X-Forwarded-For & co."""
@@ -318,11 +332,14 @@ class Spoof(BaseCheck):
             # twice: a proxy that trusts one hop takes the second entry from the right
             headers = (("X-Forwarded-For", f"{addr}, {addr}"), ("X-Real-IP", addr),
                        ("Forwarded", _forwarded_for(addr)))
+            subject, exp = f"spoof {d.method} {d.path}", Expectation("deny", ("network",))
             for cred, vantage in cells:
-                yield ctx.case(self.id, d.method, d.path, cred, vantage, "spoof",
-                               subject=f"spoof {d.method} {d.path}",
-                               exp=Expectation("deny", ("network",)),
+                yield ctx.case(self.id, d.method, d.path, cred, vantage, "spoof", subject=subject, exp=exp,
                                note=f"X-Forwarded-For/X-Real-IP/Forwarded: {addr}", headers=headers)
+            for name, value in single_headers(addr) if cells else ():
+                cred, vantage = cells[0]
+                yield ctx.case(self.id, d.method, d.path, cred, vantage, "spoof", subject=subject, exp=exp,
+                               note=f"{name} alone: {value}", headers=((name, value),))
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged = [("VP003", a) for _c, a in results if a.verdict == "failed" and a.outcome == "reached"]

@@ -5,10 +5,12 @@ the path can be judged (by the upstream's 404 for a raw dot-segment target), on 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import ClassVar
 
+from scanner import patterns
 from scanner.plan.model import (
     DECISION_HEADER,
     PRINCIPAL_HEADER,
@@ -16,11 +18,13 @@ from scanner.plan.model import (
     VLLM_REQUEST_HEADERS,
     Decision,
 )
-from scanner.probe.cases import Case, concrete
+from scanner.probe.cases import PARAM_VALUE, Case, concrete
+from scanner.probe.checks.access import VARIANT_REASONS
 from scanner.probe.coverage import Subject, na
-from scanner.probe.expect import in_networks
+from scanner.probe.expect import Expectation, in_networks
 from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Finding
+from scanner.probe.interface import Attempt, Credential, Finding, Vantage
+from scanner.probe.interface import Upstream as Seen
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.witness import CONNECTION_NAMED
 from scanner.reasons import ANY
@@ -56,6 +60,9 @@ HOSTILE: tuple[tuple[str, str], ...] = (
 # Client-chosen values a trusted proxy may legitimately pass on (X-Forwarded-* from trusted peers).
 TRUSTED_PASS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-forwarded-port",
                           "x-forwarded-prefix"})
+# The client's Host and an absolute-form target's host: vLLM must get the plan's Host instead.
+CLIENT_HOST = "probe-client-host.invalid"
+ABSOLUTE_HOST = "probe-absolute-form.invalid"
 UPGRADE: tuple[tuple[str, str], ...] = (
     ("Upgrade", "websocket"), ("Connection", "close, Upgrade"), ("Sec-WebSocket-Version", "13"),
     ("Sec-WebSocket-Key", "dnAtcGVyaW1ldGVyLXByb2Jl"),
@@ -85,8 +92,10 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     trusted = in_networks(ctx.source_address(case.vantage), ctx.plan.trusted_proxies) \
         if ctx.plan.trusted_proxies else False
     sent = {k.lower(): v for k, v in case.headers}
+    out += identity(ctx, case, seen, trusted)
     for name, value in sent.items():
-        if name in ("connection", PRINCIPAL_HEADER.lower()) or (trusted and name in TRUSTED_PASS):
+        if name in ("connection", "host", "x-forwarded-for", PRINCIPAL_HEADER.lower()) or \
+                (trusted and name in TRUSTED_PASS):
             continue
         got = seen.header(name)
         if got is not None and value.split(",")[0].strip() in got:
@@ -99,6 +108,72 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     if principal != want:
         out.append(("VP014", f"{PRINCIPAL_HEADER} reached the upstream as {principal!r}, expected {want!r}"))
     return out
+
+
+def identity(ctx: CheckContext, case: Case, seen: Seen, trusted: bool) -> list[tuple[str, str]]:
+    """(rule, what) for the proxy's own headers on one forwarded request: Host exactly the plan's
+    (:attr:`scanner.plan.model.Plan.host_header`), X-Forwarded-For exactly the client address the
+    proxy saw (the vantage's source; a trusted proxy's chain is the plan's to pass), X-Request-Id
+    present and the proxy's own (never a value the client sent)."""
+    out: list[tuple[str, str]] = []
+    sent = {k.lower(): v for k, v in case.headers}
+    host, want = seen.header("host"), ctx.plan.host_header
+    if host != want:
+        client = (CLIENT_HOST, ABSOLUTE_HOST, ctx.target.url.host)
+        chosen = host is not None and any(h in host for h in client)
+        out.append(("VP013" if chosen else "VP015",
+                     f"Host: {host!r} reached the upstream, not the plan's {want!r}"
+                     + (" (the client's)" if chosen else "")))
+    source = ctx.source_address(case.vantage)
+    xff = seen.header("x-forwarded-for")
+    if source is not None and not trusted and not _same_address(xff, source):
+        spoofed = xff is not None and "x-forwarded-for" in sent and sent["x-forwarded-for"] in xff
+        out.append(("VP013" if spoofed else "VP015",
+                    f"X-Forwarded-For: {xff!r} reached the upstream, not the client address {source!r}"
+                    + (" (the client's value kept)" if spoofed else "")))
+    rid = seen.header("x-request-id")
+    if not rid:
+        out.append(("VP015", "no X-Request-Id reached the upstream (the proxy sets its own)"))
+    elif "x-request-id" in sent and sent["x-request-id"] in rid:
+        out.append(("VP013", f"X-Request-Id: {rid!r} reached the upstream as the client sent it"))
+    return out
+
+
+def _same_address(value: str | None, source: str) -> bool:
+    try:
+        return value is not None and ipaddress.ip_address(value.strip()) == ipaddress.ip_address(source)
+    except ValueError:
+        return False
+
+
+# --- control characters in path parameters -------------------------------------------------
+
+# (note, parameter value) the plan's parameter pattern refuses: the proxy must refuse them (or
+# the upstream would see another request line than the plan's); raw ones written byte for byte.
+PARAM_VARIANTS: tuple[tuple[str, str], ...] = (
+    *((f"encoded {e} in a parameter", f"probe{e}x1") for e in ("%0A", "%0D", "%00", "%0D%0A")),
+    ("raw CR in a parameter", "probe\rx1"), ("raw NUL in a parameter", "probe\x00x1"),
+)
+PATH_SUFFIXES: tuple[str, ...] = ("%0A", "%0D%0A", "%0D", "%00")
+# A raw LF ends the request line where it stands (NGINX reads the rest as HTTP/0.9, Envoy answers
+# 426): no marked refusal to prove it; with a witness, proved by nothing reaching the upstream.
+RAW_LF = ("raw LF in a parameter", "probe\nx1")
+
+
+def _with_param(path: str, value: str) -> str:
+    """``path`` with its first parameter set to ``value`` and the others to the safe value."""
+    segs, done = [], False
+    for s in patterns.segments(path):
+        if patterns.is_param(s):
+            segs.append(PARAM_VALUE if done else value)
+            done = True
+        else:
+            segs.append(s)
+    return "/" + "/".join(segs)
+
+
+def _control_subject(d: Decision) -> str:
+    return f"control characters {d.method} {d.path}"
 
 
 @register
@@ -138,9 +213,22 @@ class Upstream(BaseCheck):
             else:
                 yield Subject(key, d.method, d.path,
                               why="" if ctx.allowed_cell(d) else "no credential and vantage it admits")
+        for d in self._templated(ctx):
+            yield Subject(_control_subject(d), d.method, d.path,
+                          why="" if ctx.allowed_cell(d) else "no credential and vantage it admits")
+
+    @staticmethod
+    def _templated(ctx: CheckContext) -> list[Decision]:
+        return [d for d in ctx.plan.allowed if d.kind != "mount" and not patterns.is_exact(d.path)]
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         turn = 0
+        for d in self._templated(ctx):
+            cells = ctx.allowed_cells(d)
+            if cells:
+                cred, vantage = cells[turn % len(cells)]
+                turn += 1
+                yield from self._control(ctx, d, cred, vantage)
         for d, key, sent in self._routes(ctx):
             cells = ctx.allowed_cells(d)
             if not sent or not cells:
@@ -157,22 +245,57 @@ class Upstream(BaseCheck):
                 continue
             note, form = NORMALISE_VARIANTS[0]
             yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
-                           target=form.format(path=real), headers=HOSTILE,
-                           note=f"{note}; spoofable, hop-by-hop and perimeter headers")
+                           target=form.format(path=real), headers=(("Host", CLIENT_HOST), *HOSTILE),
+                           note=f"{note}; the client's Host, spoofable, hop-by-hop and perimeter headers")
+            yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
+                           target=f"http://{ABSOLUTE_HOST}{real}",
+                           note="absolute-form target naming another host")
             if d.kind == "http":
                 c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
                              note="WebSocket upgrade on a plain route", headers=UPGRADE)
                 yield replace(c, reasons=(ANY,))   # refusing the upgrade outright is fine too
 
+    def _control(self, ctx: CheckContext, d: Decision, cred: Credential, vantage: Vantage) -> Iterator[Case]:
+        """The route's parameter with CR, LF and NUL (encoded, raw) and the path with an encoded
+        control character after it, from a cell the plan admits: only the path is refused."""
+        exp = Expectation("deny", VARIANT_REASONS)
+        real = concrete(d.path)
+        forms = [(note, _with_param(d.path, value)) for note, value in PARAM_VARIANTS]
+        forms += [(f"{e} after the path", real + e) for e in PATH_SUFFIXES]
+        if ctx.witness:
+            forms.append((RAW_LF[0], _with_param(d.path, RAW_LF[1])))
+        if ctx.options.transport_factory is not None:   # tests' httpx transports: no raw bytes
+            forms = [(note, target) for note, target in forms if not note.startswith("raw ")]
+        for note, target in forms:
+            c = ctx.case(self.id, d.method, d.path, cred, vantage, "variant", subject=_control_subject(d),
+                         exp=exp, target=target, raw=True, note=note)
+            yield replace(c, reasons=(ANY,)) if note == RAW_LF[0] else c
+
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
+        if case.note == RAW_LF[0]:
+            return self._raw_lf(a)
         found = problems(ctx, case, a)
         return failed(a, "; ".join(what for _r, what in found)) if found else a
+
+    @staticmethod
+    def _raw_lf(a: Attempt) -> Attempt:
+        """A raw LF: the witness must have no record of it and no upstream success came back."""
+        if a.upstream is not None or a.verdict == "skipped":
+            return a     # seen_verdict failed it already
+        if a.layer == "upstream" and a.status is not None and a.status < 400:
+            return failed(a, f"the upstream answered {a.status} to a request line cut at a raw LF")
+        return replace(a, verdict="proved", why="the request line ended at the LF; nothing of it "
+                       f"reached the upstream (witness); answer: {a.status or a.error or 'none'}")
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         routed = {(a.method, a.path, a.vantage) for c, a in results
                   if c.role == "declared" and a.outcome == "reached" and a.status != 404}
         flagged: list[tuple[str, Attempt]] = []
+        controls: list[tuple[str, Attempt]] = []
         for c, a in results:
+            if c.subject.startswith("control characters "):
+                controls += [("VP004", a)] if a.verdict == "failed" else []
+                continue
             found = problems(ctx, c, a)
             flagged += [(rule, a) for rule in dict.fromkeys(r for r, _w in found)]
             guessed = (c.role == "variant" and a.upstream is None and a.layer == "upstream"
@@ -187,3 +310,10 @@ class Upstream(BaseCheck):
                 whys = ("the perimeter let a dot-segment spelling through but the upstream did not route "
                         "it (404): the proxy forwards the raw request target")
             yield make(rule, attempts, f"What the upstream received: {whys}.", extra="upstream")
+        for (rule, _m, _p, _v), attempts in group(controls).items():
+            notes = ", ".join(sorted({a.note for a in attempts}))
+            yield make(rule, attempts, f"A path parameter with control characters the plan's pattern refuses "
+                       f"reached the upstream ({notes}): anchor the route's pattern at the very end "
+                       "(NGINX: \\z, not $) and refuse CR, LF and NUL before routing.",
+                       title="control characters in a path parameter reached the upstream",
+                       extra="control")
