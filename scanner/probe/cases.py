@@ -49,6 +49,8 @@ class Case:
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
     first: bool = False            # sent before its lane's other ordinary cases (a token budget's
                                    # proof needs the budget before the other checks spend it)
+    lane: str = ""                 # sent in this pacing lane's phases (scanner.probe.pace), not its own:
+                                   # another principal's request while the first one's bucket is empty
 
     def all_headers(self) -> dict[str, str]:
         h = dict(self.credential.headers())

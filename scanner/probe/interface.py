@@ -130,6 +130,7 @@ class Upstream:
     body: str | None = None        # JSON object bodies up to 64 KiB
     # a larger JSON object: its top-level names and the members of at most 1 KiB (not reported)
     outline: Mapping[str, Any] | None = field(default=None, compare=False)
+    held_ms: float = 0.0           # how long the witness held it (vp_hold); > 0: in flight during the hold
 
     def header(self, name: str) -> str | None:
         """The value of ``name`` (lower case) if it reached the upstream (several: joined)."""

@@ -12,8 +12,10 @@ half the burst up front, then 95% of the rate (a generic cell rate algorithm). N
 leaky bucket admits that; Envoy's bucket, filled once per interval, stays above empty as
 long as half the burst covers one interval's worth (true of every default audience). A lane's
 ordinary cases go first (phase 0), then its held-open concurrency cases (phase 1), then
-its rate burst (phase 2, sent unpaced: meeting the limiter is the point), then requests to
-the bucket's other routes, which must find it empty (phase 3, unpaced too). An unexpected
+its rate burst (phase 2: the burst at once, then 3 x the rate: meeting the limiter is the
+point), then requests to the bucket's other routes, which must find it empty (phase 3, unpaced),
+and another principal's (or address's) requests, which must not (``Case.lane``: sent in this
+lane's phases though their own bucket is another). An unexpected
 429 empties the model (the real bucket is empty) and the case is tried again later.
 """
 
@@ -30,6 +32,8 @@ from scanner.probe.expect import expect, in_networks
 # The share of a bucket the schedule counts on: half the burst, 80% of the rate.
 BURST_SHARE = 0.5
 RATE_SHARE = 0.95
+# A rate burst goes out at this many times the rate once the bucket's burst is spent.
+SUSTAIN = 3.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,11 @@ class LaneState:
     queues: tuple[deque[int], deque[int], deque[int], deque[int]] = field(
         default_factory=lambda: (deque(), deque(), deque(), deque()))
     busy: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # sent, not yet settled, per phase
+    sustained: Gcra = field(init=False)   # the pace of its rate burst (phase 2): burst_model
+
+    def __post_init__(self) -> None:
+        self.sustained = burst_model(self.lane)
+
 
     def phase(self) -> int | None:
         """The phase whose next case may go now: a phase starts once every earlier phase has
@@ -128,6 +137,15 @@ def paced_model(lane: Lane) -> Gcra:
     if lane.rps <= 0:
         return Gcra(0.0, 0.0)
     return Gcra(lane.rps * RATE_SHARE, max(1.0, lane.burst * BURST_SHARE))
+
+
+def burst_model(lane: Lane) -> Gcra:
+    """The pace of ``lane``'s rate burst (phase 2): the bucket's whole burst + 1 at once, then
+    SUSTAIN x its rate, so the burst lasts long enough for a rate above the plan to admit
+    measurably more than the plan's capacity over it (checks.load.capacity)."""
+    if lane.rps <= 0:
+        return Gcra(0.0, 0.0)
+    return Gcra(lane.rps * SUSTAIN, lane.burst + 1.0)
 
 
 def refill_wait(lane: Lane) -> float:

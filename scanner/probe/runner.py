@@ -104,9 +104,10 @@ class _Schedule:
         self.budget = max(50, len(cases) // 5)
         for i, case in enumerate(cases):
             lane = FREE if case.skip else lane_of(ctx.plan, case, ctx.source_address(case.vantage))
-            st = self._lane(lane)
+            # Case.lane: in another (earlier) lane's phases
+            st = (self.lanes.get(case.lane) if case.lane and not case.skip else None) or self._lane(lane)
             st.queues[case.phase].append(i)
-            self.lane_key.append(lane.key)
+            self.lane_key.append(st.lane.key)
         free = self.lanes.get("")
         if free is not None:   # one vantage at a time: a pipelined chunk then shares one connection
             ordered = sorted(free.queues[0], key=lambda i: cases[i].vantage.name)
@@ -139,8 +140,10 @@ class _Schedule:
                 continue
             head = st.queues[phase][0]
             at = max(now, self.not_before[head])
-            if phase < 2 and not self.cases[head].skip:   # bursts and their follow-ups: unpaced
+            if phase < 2 and not self.cases[head].skip:   # bursts at their own pace, follow-ups unpaced
                 at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)
+            elif phase == 2 and not self.cases[head].skip:
+                at = max(at, st.sustained.ready_at(now))
             if best is None or at < best[0]:
                 best = (at, st, phase)
         if best is None:
@@ -155,6 +158,8 @@ class _Schedule:
             i = q.popleft()
             out.append(i)
             st.busy[phase] += 1
+            if not self.cases[i].skip and phase == 2:
+                st.sustained.take(now)
             if not self.cases[i].skip and phase < 2:
                 st.model.take(now)
                 if phase == 0:

@@ -58,7 +58,8 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False)
             method=str(r["method"]), path=str(r["path"]), query=str(r.get("query", "")),
             headers=tuple((str(k), str(v)) for k, v in r.get("headers", ()) if str(k) in WATCHED),
             body_bytes=int(r.get("body_bytes", 0)), body_sha256=str(r.get("body_sha256", "")),
-            body=r.get("body"), outline=r.get("outline") if isinstance(r.get("outline"), dict) else None)
+            body=r.get("body"), outline=r.get("outline") if isinstance(r.get("outline"), dict) else None,
+            held_ms=float(r.get("held_ms", 0.0)))
     return out
 
 

@@ -16,6 +16,8 @@ Standard library only: the real vLLM app is wrapped with it inside vLLM's own Py
   concurrency check keeps requests in flight with it. With ``vp_hold_group=<g>`` the hold ends
   ``ms`` after the group's first request arrived, for every request of the group: one a proxy
   queued until an earlier one was answered (Envoy's pending requests) is not held again.
+  The record's ``held_ms`` is the hold it got: the requests with one above 0 were in flight at
+  once (the concurrency check counts them against the limit).
 * ``GET /__standin__/witness?prefix=P`` returns the records whose id starts with ``P``
   (``{"records": [...]}``), ``?id=I`` the one of that id; this path never reaches the app,
   and no proxy should route it.
@@ -105,7 +107,9 @@ class Witness:
         if probe:
             self.by_id[probe] = record
         if hold.isdigit():
-            await asyncio.sleep(self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group))
+            held = self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group)
+            record["held_ms"] = round(held * 1000, 3)   # > 0: in flight while its group's hold was on
+            await asyncio.sleep(held)
         if self.fetch_media and record["body"] is not None:
             await _fetch_media(record["body"])
         replay = [{"type": "http.request", "body": body, "more_body": more}]

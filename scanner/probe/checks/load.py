@@ -9,6 +9,14 @@ a route whose own limit line is missing cannot hide behind its zone's proof: rig
 burst empties the bucket, the member's requests must meet the 429 for rate too (more of them
 than the bucket can refill in the meantime); while the held requests fill the zone, the
 member's request must be refused for concurrency.
+
+Each limit is proven at its value, not only met: the rate burst's admitted requests are counted
+against what the plan's bucket admits over the time they took (:func:`capacity`, the larger of
+what the generated NGINX and Envoy buckets admit), and the requests the witness saw in flight at
+once against the concurrency limit. A zone counted per principal (per client address on ``auth:
+none``) must also give another principal (address) a bucket of its own: its requests to the same
+route from the same vantage must pass while the first one's bucket is empty (slots full). Without
+a second principal or address that subject is not proven, and says what to pass.
 """
 
 from __future__ import annotations
@@ -19,14 +27,17 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from scanner import reasons as R
+from scanner.generate.envoy_model import bucket
+from scanner.generate.nginx_model import enforced_rps
 from scanner.plan.model import Decision
+from scanner.policy.model import Rate
 from scanner.probe import coverage as cov
 from scanner.probe.cases import Case
 from scanner.probe.coverage import Subject, na
 from scanner.probe.expect import expect
 from scanner.probe.findings import make
 from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credential, Finding, Vantage
-from scanner.probe.pace import RATE_SHARE
+from scanner.probe.pace import RATE_SHARE, lane_of
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
 MAX_HOLD_S = 30.0
@@ -36,6 +47,40 @@ FOLLOW_WINDOW_S = 1.0
 NO_WITNESS = "holding requests open needs a witness upstream (verify, or --witness with the stand-in)"
 
 Assessment = tuple[CoverageStatus, str, int]
+Cell = tuple[Credential, Vantage]
+OTHER_PRINCIPAL = "other principal"
+OTHER_ADDRESS = "other address"
+OTHER_SENDS = 2          # another principal's requests while the first one's bucket is empty
+# NGINX counts a bucket in milliseconds of a clock cached once per event-loop turn: an admission
+# may be counted this much late (and one request more for rounding).
+CLOCK_S = 0.02
+
+
+def capacity(rate: Rate, window: float) -> float:
+    """The most requests a zone of ``rate`` admits within ``window`` seconds from a full bucket,
+    on either generated proxy: NGINX's ``limit_req`` (burst + 1 at once, then the ``rate`` it is
+    written with, scanner.generate.nginx_model.enforced_rps) and Envoy's ``local_ratelimit``
+    bucket (scanner.generate.envoy_model.bucket: max_tokens at once, refilled continuously at
+    tokens_per_fill per fill_interval, as measured on Envoy 1.40); plus CLOCK_S of the rate and
+    one request of tolerance."""
+    b = bucket(rate)
+    envoy = b.max_tokens + b.tokens_per_fill / float(b.fill_interval.removesuffix("s")) * window
+    nginx = rate.burst + 1 + enforced_rps(rate.rps) * window
+    return max(envoy, nginx) + rate.rps * CLOCK_S + 1
+
+
+def other_cell(ctx: CheckContext, d: Decision, cell: Cell) -> tuple[str, Cell | None, str]:
+    """(subject suffix, the cell of another principal, or address on ``auth: none``, that ``d``
+    admits on the same vantage (address: with the same credential), why there is none)."""
+    if d.auth == "key":
+        found = next(((c, v) for c, v in ctx.allowed_cells(d)
+                      if v == cell[1] and c.kind == "role" and c.label != cell[0].label), None)
+        return OTHER_PRINCIPAL, found, ("one principal only: give a second key the zone admits (--key "
+                                        "ROLE=... twice, or a key of another role it admits)")
+    mine = ctx.source_address(cell[1])
+    found = next(((c, v) for c, v in ctx.allowed_cells(d)
+                  if c == cell[0] and ctx.source_address(v) != mine), None)
+    return OTHER_ADDRESS, found, "one address only: give a second --vantage inside its networks"
 
 
 @dataclass(frozen=True)
@@ -79,6 +124,15 @@ class Zone:
             out.append((m, Subject(f"{self.key} via {m.method} {m.path}", m.method, m.path, why=why)))
         return out
 
+    def other(self, ctx: CheckContext) -> tuple[Subject, Cell | None] | None:
+        """The separate-bucket subject (another principal or address) and its cell; None when
+        the zone cannot be exercised at all."""
+        if self.rep is None or self.cell is None:
+            return None
+        suffix, cell, why = other_cell(ctx, self.rep, self.cell)
+        return Subject(f"{self.key} {suffix}", self.rep.method, self.rep.path,
+                       why="" if cell else why), cell
+
 
 def zones(ctx: CheckContext, check: str, attr: str) -> list[Zone]:
     """The zones of ``attr`` ("rate_zone" or "conn_zone"), by name."""
@@ -91,9 +145,9 @@ def zones(ctx: CheckContext, check: str, attr: str) -> list[Zone]:
     for name, ds in sorted(by.items()):
         rep = representative(ctx, ds)
         cells = ctx.allowed_cells(rep) if rep else []
-        # the concurrency check takes another principal than the rate burst's when there are several
-        cell = (cells[-1] if check == "concurrency" else cells[0]) if cells else None
-        out.append(Zone(check, name, tuple(ds), rep, cell))
+        # rate and concurrency take the same principal: its lane holds requests (phase 1), then
+        # bursts (phase 2); another principal's lane then never meets them (the separate buckets)
+        out.append(Zone(check, name, tuple(ds), rep, cells[0] if cells else None))
     return out
 
 
@@ -145,9 +199,13 @@ class ZoneCheck(BaseCheck):
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
         for z in self.layout(ctx):
-            yield self.zone_subject(ctx, z)
-            for _m, s in z.members(ctx):
-                yield s
+            s = self.zone_subject(ctx, z)
+            yield s
+            for _m, m in z.members(ctx):
+                yield m
+            other = z.other(ctx)
+            if other is not None:
+                yield other[0] if not s.why else replace(other[0], why=s.why)
 
     def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
         return z.subject()
@@ -158,6 +216,27 @@ class ZoneCheck(BaseCheck):
     def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
                       followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
         raise NotImplementedError
+
+    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                     attempts: list[Attempt]) -> Assessment:
+        raise NotImplementedError
+
+    def other_cases(self, ctx: CheckContext, z: Zone, phase: int, lead: Case, hold_ms: int = 0,
+                    hold_group: str = "") -> Iterator[Case]:
+        """Another principal's (address's) requests to the zone's route, sent in the first one's
+        lane (``lead``: one of its cases) after its burst (phase 3) or held ones (phase 1)."""
+        other = z.other(ctx)
+        if other is None or other[1] is None or z.rep is None:
+            return
+        subject, (cred, vantage) = other[0], other[1]
+        lane = lane_of(ctx.plan, lead, ctx.source_address(lead.vantage)).key
+        n = 1 if phase == 1 else OTHER_SENDS
+        for i in range(n):
+            base = ctx.case(self.id, z.rep.method, z.rep.path, cred, vantage, "limit", subject=subject.key,
+                            note=f"{cred.label} from {vantage.name}, while {lead.credential.label}'s "
+                                 f"bucket is {'full' if phase == 1 else 'empty'}: {i + 1}/{n}")
+            yield replace(phased(base, phase, (self.id,), burst=z.name if phase == 3 else "", hold_ms=hold_ms,
+                                 hold_group=hold_group), lane=lane)
 
     def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
         """Subject key -> (assessment, attempts) for every subject with attempts."""
@@ -172,12 +251,18 @@ class ZoneCheck(BaseCheck):
             for s, atts in members:
                 if atts:
                     out[s.key] = (self.assess_member(ctx, z, zone, followers, atts), atts)
+            other = z.other(ctx)
+            theirs = by.get(other[0].key, []) if other else []
+            if other and theirs:
+                out[other[0].key] = (self.assess_other(ctx, z, zone, theirs), theirs)
         return out
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        for (status, why, _n), attempts in self.assessed(ctx, results).values():
+        for key, ((status, why, _n), attempts) in self.assessed(ctx, results).items():
             if status == "failed":
-                yield make("VP005", attempts, why, title=self.finding_title, extra=self.id)
+                shared = key.endswith((OTHER_PRINCIPAL, OTHER_ADDRESS))
+                title = f"{self.title.removesuffix('s')} zone shared" if shared else self.finding_title
+                yield make("VP005", attempts, why, title=title, extra=self.id)
 
     def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
               interrupted: bool = False) -> Iterable[Coverage]:
@@ -191,13 +276,15 @@ def follow_ups(rps: float, burst: int, cap: int) -> int:
 
 @register
 class RateBurst(ZoneCheck):
-    """A bounded burst (burst + 2 x rps + 1 requests) per rate zone must meet a 429 for rate;
-    right after it, each other route of the zone must meet it too."""
+    """A bounded burst (burst + 2 x rps + 1 requests: the burst at once, the rest at 3 x rps) per
+    rate zone must meet a 429 for rate, having admitted no more than :func:`capacity` over the
+    time it took; right after it, each other route of the zone must meet it too, and another
+    principal (address) must not."""
 
     id: ClassVar[str] = "rate"
     title: ClassVar[str] = "rate limits"
     attr: ClassVar[str] = "rate_zone"
-    finding_title: ClassVar[str] = "rate limit not enforced"
+    finding_title: ClassVar[str] = "rate above the plan"
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         for z in self.layout(ctx):
@@ -206,10 +293,12 @@ class RateBurst(ZoneCheck):
             if d is None or rate is None or cell is None:
                 continue
             n = min(ctx.options.max_burst, rate.burst + math.ceil(rate.rps * 2) + 1)
+            lead = None
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
                                 note=f"burst {i + 1}/{n} (rps {rate.rps:g}, burst {rate.burst})")
-                yield phased(base, 2, ("rate",), burst=z.name)
+                lead = phased(base, 2, ("rate",), burst=z.name)
+                yield lead
             k = follow_ups(rate.rps, rate.burst, ctx.options.max_burst)
             for m, s in z.members(ctx):
                 if s.why:
@@ -218,6 +307,8 @@ class RateBurst(ZoneCheck):
                     base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
                                     note=f"after the burst on {d.method} {d.path}: {i + 1}/{k}")
                     yield phased(base, 3, ("rate",), burst=z.name)
+            if lead is not None:
+                yield from self.other_cases(ctx, z, 3, lead)
 
     def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
         answered = [a for a in attempts if a.status is not None]
@@ -225,19 +316,35 @@ class RateBurst(ZoneCheck):
         n = len(attempts)
         if rate is None or not answered:
             return "not-proven", "no answer to the burst", n
+        admitted = [a for a in answered if a.outcome == "reached"]
+        took = (max(answered_at(a) for a in admitted) - min(a.sent_at for a in admitted)) if admitted else 0.0
+        most = capacity(rate, took)
+        plan = f"rps {rate.rps:g} + burst {rate.burst} admit at most {most:.1f}"
+        if len(admitted) > most:
+            return "failed", (f"{len(admitted)} of {n} burst requests admitted within {took:.2f}s where "
+                              f"{plan}: the rate or burst is above the plan, or not enforced (dry run, "
+                              "shadow mode)"), n
         limited = [a for a in answered if R.proves("rate", a.status, a.reason)]
         if limited:
-            return "proved", f"{len(limited)} of {n} refused for rate", n
-        if any(a.verdict == "failed" for a in answered):
-            bad = next(a for a in answered if a.verdict == "failed")
+            return "proved", (f"{len(admitted)} admitted within {took:.2f}s ({plan}), {len(limited)} "
+                              "refused for rate"), n
+        bad = next((a for a in answered if a.verdict == "failed"), None)
+        if bad is not None:
             return "failed", f"a burst request was refused for another reason: {bad.why}", n
-        took = max(answered_at(a) for a in answered) - min(a.sent_at for a in answered)
-        capacity = rate.burst + rate.rps * took
-        if len(answered) > capacity + 1:
-            return "failed", (f"{len(answered)} requests in {took:.2f}s (rps {rate.rps:g}, burst "
-                              f"{rate.burst}: at most {capacity:.0f} allowed) met no 429 for rate"), n
-        return "not-proven", (f"{len(answered)} requests took {took:.2f}s, within what rps {rate.rps:g} + "
-                              f"burst {rate.burst} allows ({capacity:.0f}): raise --concurrency"), n
+        return "not-proven", (f"{len(admitted)} of {n} admitted within {took:.2f}s, no more than {plan}, and "
+                              "none refused for rate: send faster (--concurrency)"), n
+
+    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                     attempts: list[Attempt]) -> Assessment:
+        n = len(attempts)
+        who = "principal" if attempts[0].subject.endswith(OTHER_PRINCIPAL) else "address"
+        if any(a.outcome == "reached" for a in attempts):
+            return "proved", f"let through while the first {who}'s bucket was empty: a bucket of its own", n
+        refused = [a for a in attempts if R.proves("rate", a.status, a.reason)]
+        if refused and any(R.proves("rate", a.status, a.reason) for a in zone):
+            return "failed", (f"all {n} refused for rate right after the first {who}'s burst emptied its "
+                              f"bucket: the zone's bucket is shared, not one per {who}"), n
+        return member_failure(attempts) or ("not-proven", "the burst did not empty the first bucket", n)
 
     def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
                       followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
@@ -276,13 +383,15 @@ def hold_seconds(ctx: CheckContext, d: Decision, n: int) -> float:
 @register
 class Concurrency(ZoneCheck):
     """2 x limit + 2 requests held open at once by the witness must meet a 429 for concurrency
-    (NGINX refuses past the limit; Envoy queues up to the limit more, then refuses); while
-    they are held, one request to each other route of the zone must be refused too."""
+    (NGINX refuses past the limit; Envoy queues up to the limit more, then refuses), and no more
+    than the limit may be in flight at once (the witness's ``held_ms``: a request Envoy queued
+    arrives after the hold); while they are held, one request to each other route of the zone
+    must be refused too, and another principal's (address's) one must not."""
 
     id: ClassVar[str] = "concurrency"
     title: ClassVar[str] = "concurrency limits"
     attr: ClassVar[str] = "conn_zone"
-    finding_title: ClassVar[str] = "concurrency limit not enforced"
+    finding_title: ClassVar[str] = "concurrency above the plan"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
         if ctx.witness:
@@ -292,6 +401,9 @@ class Concurrency(ZoneCheck):
             yield na(z.key, NO_WITNESS)
             for _m, s in z.members(ctx):
                 yield na(s.key, NO_WITNESS, s.method, s.path)
+            other = z.other(ctx)
+            if other is not None:
+                yield na(other[0].key, NO_WITNESS, other[0].method, other[0].path)
 
     def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
         s, d = z.subject(), z.rep
@@ -306,7 +418,9 @@ class Concurrency(ZoneCheck):
     def held(self, ctx: CheckContext, z: Zone) -> int:
         """Requests in flight at once: the held ones and one per checkable member."""
         limit = z.rep.limits.concurrency if z.rep else 0
-        return 2 * (limit or 0) + 2 + sum(1 for _m, s in z.members(ctx) if not s.why)
+        other = z.other(ctx)
+        return 2 * (limit or 0) + 2 + sum(1 for _m, s in z.members(ctx) if not s.why) + \
+            (1 if other is not None and other[1] is not None else 0)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         if not ctx.witness:
@@ -320,15 +434,40 @@ class Concurrency(ZoneCheck):
             if hold > MAX_HOLD_S:
                 continue
             n, hold_ms = 2 * d.limits.concurrency + 2, math.ceil(hold * 1000)
+            lead = None
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
                                 note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, {hold:.1f}s)")
-                yield phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+                lead = phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+                yield lead
             for m, s in z.members(ctx):
                 if not s.why:   # after the held ones, in the same lane: the zone is full by then
                     base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
                                     note=f"while {n} requests to {d.method} {d.path} are held")
                     yield phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+            if lead is not None:   # last: the first principal's slots are full by then
+                yield from self.other_cases(ctx, z, 1, lead, hold_ms=hold_ms, hold_group=z.key)
+
+    def in_flight(self, ctx: CheckContext, z: Zone, attempts: Sequence[Attempt]) -> int:
+        """The first principal's requests to the zone's routes that the witness held at once."""
+        subjects = {z.key, *(s.key for _m, s in z.members(ctx))}
+        return sum(1 for a in attempts if a.subject in subjects and a.outcome == "reached"
+                   and a.upstream is not None and a.upstream.held_ms > 0)
+
+    def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
+        out = super().assessed(ctx, results)
+        every = [a for _c, a in results]
+        for z in self.layout(ctx):
+            limit = z.rep.limits.concurrency if z.rep else None
+            if limit is None or z.key not in out:
+                continue
+            at_once = self.in_flight(ctx, z, every)
+            if at_once > limit:
+                _a, attempts = out[z.key]
+                why = (f"{at_once} requests were in flight at once at the upstream (witness) where the "
+                       f"plan allows {limit}: the limit is above the plan")
+                out[z.key] = (("failed", why, len(attempts)), attempts)
+        return out
 
     def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
@@ -354,3 +493,16 @@ class Concurrency(ZoneCheck):
             return "not-proven", f"the requests held on {where} did not fill the zone", n
         return "failed", (f"let through while the zone was full (requests held on {where} were refused "
                           "for concurrency): this route does not count against the zone's limit"), n
+
+    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+                     attempts: list[Attempt]) -> Assessment:
+        n = len(attempts)
+        who = "principal" if attempts[0].subject.endswith(OTHER_PRINCIPAL) else "address"
+        if all(a.outcome == "reached" for a in attempts):
+            return "proved", (f"let through while the first {who}'s requests filled its slots: slots of "
+                              "its own"), n
+        if any(R.proves("concurrency", a.status, a.reason) for a in attempts) and \
+                any(R.proves("concurrency", a.status, a.reason) for a in zone):
+            return "failed", (f"refused for concurrency while the first {who}'s requests were held: the "
+                              f"zone's slots are shared, not counted per {who}"), n
+        return member_failure(attempts) or ("not-proven", "the held requests did not fill the first slots", n)

@@ -2,8 +2,10 @@
 requests of a known cost (:meth:`Decision.token_cost`, the plan's one statement of what a request
 is charged) from one principal until the budget must be spent: at most ``budget // cost + 3`` of
 them, the cost chosen from the body size so that three fit. The first ones must reach the
-upstream, then the budget must refuse (429 ``token-budget`` with ``Retry-After``); another
-principal's requests, as many as fit a budget, must all reach it (a budget of its own).
+upstream, then the budget must refuse (429 ``token-budget`` with ``Retry-After``), having let
+through no more tokens than the plan's budget plus what it refills while they are sent
+(:func:`budget_capacity`); another principal's requests (another address's on ``auth: none``), as
+many as fit a budget, must all reach it (a budget of its own).
 
 The requests are ordinary cases of the route's lane (phase 0: paced under its rate limit, so the
 ``rate`` check's burst is not spent here and these never meet the rate limiter), sent before the
@@ -22,7 +24,15 @@ from scanner.plan.model import Decision
 from scanner.probe import coverage as cov
 from scanner.probe.cases import Case
 from scanner.probe.checks.limits import carrier, pad_field, padded_json
-from scanner.probe.checks.load import Assessment, Zone, by_subject, representative
+from scanner.probe.checks.load import (
+    OTHER_PRINCIPAL,
+    Assessment,
+    Zone,
+    answered_at,
+    by_subject,
+    other_cell,
+    representative,
+)
 from scanner.probe.coverage import Subject
 from scanner.probe.findings import make
 from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Vantage
@@ -31,7 +41,14 @@ from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 FIT = 3              # requests of one cost that fit a budget
 EXTRA = 3            # sent beyond what fits
 MAX_REQUESTS = 40    # a zone needing more (a budget far over what one body can cost) is not proven
-OTHER = "other principal"
+
+
+def budget_capacity(limit: int, window: float) -> float:
+    """The most tokens a budget of ``limit`` per minute lets through within ``window`` seconds from
+    a full budget, on either generated proxy: Envoy's bucket (max_tokens = limit, refilled with
+    limit per 60 s, continuously) and njs's sliding minute (the previous minute's count weighted
+    by what is left of it: it frees at most limit / 60 a second); plus one token of rounding."""
+    return limit * (1 + window / 60) + 1
 
 
 def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
@@ -94,13 +111,13 @@ class TokenBudget(BaseCheck):
     def _max_bytes(self, ctx: CheckContext, d: Decision) -> int:
         return min(d.limits.body_bytes or 1 << 30, ctx.options.max_body_bytes)
 
-    def _other(self, ctx: CheckContext, z: Zone) -> tuple[Credential, Vantage] | None:
-        """A cell of another principal than the zone's (auth key only: an address is the subject
-        of an auth none zone, and the probe sends from one per vantage)."""
-        if z.rep is None or z.cell is None or z.rep.auth != "key":
-            return None
-        return next((c for c in ctx.allowed_cells(z.rep)
-                     if c[0].kind == "role" and c[0].label != z.cell[0].label), None)
+    def _other(self, ctx: CheckContext, z: Zone) -> tuple[str, tuple[Credential, Vantage] | None, str]:
+        """(subject, the cell of another principal than the zone's, or of another address on ``auth:
+        none``, why there is none)."""
+        if z.rep is None or z.cell is None:
+            return f"{z.key} {OTHER_PRINCIPAL}", None, "the zone is not exercised"
+        suffix, cell, why = other_cell(ctx, z.rep, z.cell)
+        return f"{z.key} {suffix}", cell, why
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
         for z in self.layout(ctx):
@@ -114,16 +131,10 @@ class TokenBudget(BaseCheck):
                     if cost is None:
                         s = replace(s, why=str(why))
             yield s
-            other = f"{z.key} {OTHER}"
             if s.why:
                 continue
-            if z.rep is not None and z.rep.auth != "key":
-                yield cov.na(other, "counted per client address (auth: none)", z.rep.method, z.rep.path)
-            elif self._other(ctx, z) is None:
-                yield Subject(other, s.method, s.path, why="one principal only: give a --key of another "
-                                                           "principal the zone admits")
-            else:
-                yield Subject(other, s.method, s.path)
+            other, cell, why = self._other(ctx, z)
+            yield Subject(other, s.method, s.path, why="" if cell else why)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         for z in self.layout(ctx):
@@ -138,11 +149,12 @@ class TokenBudget(BaseCheck):
             for i in range(n):
                 yield self._case(ctx, d, cell, z.key, body,
                                  f"cost {cost} {i + 1}/{n} ({fit} fit {limit} tokens per minute)")
-            other = self._other(ctx, z)
-            if other is not None:
+            other, cell2, _why = self._other(ctx, z)
+            if cell2 is not None:
                 for i in range(fit):
-                    yield self._case(ctx, d, other, f"{z.key} {OTHER}", body,
-                                     f"another principal, cost {cost} {i + 1}/{fit}")
+                    yield self._case(ctx, d, cell2, other, body,
+                                     f"another {'principal' if d.auth == 'key' else 'address'} ("
+                                     f"{cell2[0].label} from {cell2[1].name}), cost {cost} {i + 1}/{fit}")
 
     def _case(self, ctx: CheckContext, d: Decision, cell: tuple[Credential, Vantage], subject: str,
               body: bytes, note: str) -> Case:
@@ -157,28 +169,34 @@ class TokenBudget(BaseCheck):
         by = by_subject(results)
         out: dict[str, tuple[Assessment, list[Attempt]]] = {}
         for z in self.layout(ctx):
-            mine, theirs = by.get(z.key, []), by.get(f"{z.key} {OTHER}", [])
+            other = self._other(ctx, z)[0]
+            mine, theirs = by.get(z.key, []), by.get(other, [])
             if z.rep is None or not mine:
                 continue
             cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep))
-            if cost is None or not isinstance(fit, int):
+            limit = z.rep.limits.tokens_per_minute
+            if cost is None or not isinstance(fit, int) or limit is None:
                 continue
-            out[z.key] = (self._assess(mine, fit), mine)
+            out[z.key] = (self._assess(mine, fit, cost, limit), mine)
             if theirs:
-                out[f"{z.key} {OTHER}"] = (self._assess_other(mine, theirs, fit), theirs)
+                out[other] = (self._assess_other(mine, theirs, fit), theirs)
         return out
 
     @staticmethod
-    def _assess(attempts: Sequence[Attempt], fit: int) -> Assessment:
+    def _assess(attempts: Sequence[Attempt], fit: int, cost: int, limit: int) -> Assessment:
         n = len(attempts)
         reached = [a for a in attempts if a.verdict == "proved" and a.outcome == "reached"]
         refused = [a for a in attempts if R.proves("token-budget", a.status, a.reason)]
         bad = next((a for a in attempts if a.verdict == "failed"), None)
         if bad is not None:
             return "failed", bad.why, n
-        if len(reached) > fit:
-            return "failed", (f"{len(reached)} of {n} requests reached the upstream where the budget holds "
-                              f"{fit}: the token budget is not enforced"), n
+        took = (max(answered_at(a) for a in reached) - min(a.sent_at for a in attempts)) if reached else 0.0
+        most = budget_capacity(limit, took)
+        if len(reached) * cost > most:
+            return "failed", (f"{len(reached)} of {n} requests of cost {cost} reached the upstream within "
+                              f"{took:.1f}s ({len(reached) * cost} tokens) where a budget of {limit} per "
+                              f"minute lets through at most {most:.0f}: the token budget is above the plan, "
+                              "or not enforced"), n
         if not refused:
             other = next((a for a in attempts if a.verdict != "proved"), None)
             return "not-proven", (other.why if other else "no request was refused for token-budget"), n
@@ -201,7 +219,7 @@ class TokenBudget(BaseCheck):
                               "budget of its own"), n
         if any(R.proves("token-budget", a.status, a.reason) for a in theirs) and passed + ours <= fit:
             return "failed", (f"refused for token-budget after {passed} of its own and {ours} of the first "
-                              f"principal's requests ({fit} fit one budget): principals share one budget"), n
+                              f"principal's requests ({fit} fit one budget): one budget is shared"), n
         other = next((a for a in theirs if a.verdict != "proved" or a.outcome != "reached"), None)
         return "not-proven", (other.why if other else "the first principal's requests did not reach"), n
 
