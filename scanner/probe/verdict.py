@@ -29,6 +29,8 @@ def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdi
     proxy = a.layer == "proxy"
     kind, _detail = R.parse(a.reason)
     if proxy and a.status >= 500:
+        if a.reason and a.reason in accepted:    # the 5xx the case is about (an upstream timeout)
+            return "proved", f"{a.status} {a.reason}"
         return "inconclusive", f"the proxy failed: {a.status} {a.reason or a.decision or ''}".rstrip()
     if proxy and a.outcome != "reached":
         if any(R.proves(r, a.status, a.reason) for r in accepted):

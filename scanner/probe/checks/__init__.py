@@ -1,9 +1,12 @@
 """The built-in checks, registered in this order (``--check`` choices and report order):
 access (matrix, bypass, spoof, mounts, sweep), limits (limits), load (rate, concurrency: zones
 of routes sharing a limiter), token-budget (tokens_per_minute), media (URLs, data, embeddings),
-ssrf-canary (media URLs the upstream fetches; only with --ssrf-canary), upstream (normalise,
-headers), protocol (h2c, gRPC on the HTTP listener), grpc (the gRPC listener's methods)."""
+ssrf-canary (media URLs the upstream fetches; only with --ssrf-canary), timeout (upstream
+timeouts at their value), upstream (normalise, headers), protocol (h2c, gRPC on the HTTP
+listener), grpc (the gRPC listener's methods)."""
 
-from scanner.probe.checks import access, limits, load, tokens, media, canary, protocol, upstream, grpc  # noqa: I001
+from scanner.probe.checks import access, limits, load, tokens, media, canary  # noqa: I001
+from scanner.probe.checks import timeouts, protocol, upstream, grpc
 
-__all__ = ["access", "canary", "grpc", "limits", "load", "media", "protocol", "tokens", "upstream"]
+__all__ = ["access", "canary", "grpc", "limits", "load", "media", "protocol", "timeouts", "tokens",
+           "upstream"]

@@ -1,0 +1,85 @@
+"""Upstream timeouts at their value (scanner/probe/checks/timeouts.py): through the real proxies,
+the bundled policy's 10 s monitoring timeout is proved on every route that has it; a timeout
+raised or lowered by hand in the generated config fails the run; a timeout longer than the
+witness can hold is said so, never proved."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from scanner import verify
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.plan.inputs import load_policy
+from scanner.probe.checks.timeouts import Timeouts, provable
+from scanner.probe.interface import ProbeOptions, ProbeResult, Target
+from scanner.probe.registry import CheckContext
+from scanner.standin.serve import StandinThread
+from tests.probe.realproxy import proxy_named, unpaced
+
+CATALOG = "vllm-0.29.0-default"
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("timeout",))
+
+pytestmark = [pytest.mark.nginx, pytest.mark.envoy]
+
+
+def _run(tmp_path: Path, name: str, edit: Callable[[str], str] | None = None) -> ProbeResult:
+    proxy, inventory, port = proxy_named(name), load_ref(CATALOG), free_port()
+    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    directory = tmp_path / "proxy"
+    proxy.write(s.plan, directory)
+    if edit is not None:
+        conf = next(directory.rglob("envoy.yaml" if name == "envoy" else "perimeter-http.conf"))
+        changed = edit(conf.read_text(encoding="utf-8"))
+        assert changed != conf.read_text(encoding="utf-8"), "the weakening applied"
+        conf.write_text(changed, encoding="utf-8")
+    with StandinThread(inventory, "127.0.0.1", port) as standin:
+        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+
+
+def _retime(name: str, old: str, new: str) -> Callable[[str], str]:
+    """Every timeout of ``old`` seconds set to ``new`` (NGINX proxy_read_timeout, Envoy route timeout)."""
+    if name == "envoy":
+        return lambda text: re.sub(rf"(\n\s+timeout: ){old}s\n", rf"\g<1>{new}s\n", text)
+    return lambda text: text.replace(f"proxy_read_timeout {old}s;", f"proxy_read_timeout {new}s;")
+
+
+def test_only_timeouts_the_witness_can_outlast_are_provable() -> None:
+    assert provable(10) and provable(27.5)
+    assert not provable(28) and not provable(120) and not provable(600)
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_the_plans_timeouts_are_proved(tmp_path: Path, name: str) -> None:
+    res = _run(tmp_path, name)
+    assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title, f.detail) for f in res.findings]
+    cov = [c for c in res.coverage if c.check == "timeout"]
+    proved = [c for c in cov if c.status == "proved"]
+    assert proved and all(c.subject.startswith("timeout ") for c in proved)
+    # the 120 s and 600 s timeouts are said to be out of reach, never proved
+    assert any(c.status == "not-applicable" and "cannot be outlasted" in c.why for c in cov)
+    held = [a for a in res.attempts if a.check == "timeout"]
+    assert held and all(a.status == 504 and 9.5 <= a.latency_ms / 1000 <= 12.5 for a in held)
+
+
+@pytest.mark.parametrize(("name", "new", "rule"), [
+    ("nginx", "100", "VP005"), ("envoy", "100", "VP005"),   # raised x10: vLLM's late answer arrives
+    ("nginx", "3", "VP006"), ("envoy", "3", "VP006"),       # lowered: the plan's requests cut short
+])
+def test_a_timeout_changed_by_hand_fails_the_run(tmp_path: Path, name: str, new: str, rule: str) -> None:
+    res = _run(tmp_path, name, _retime(name, "10", new))
+    assert res.exit_code() == 1
+    assert {f.rule for f in res.findings if f.check == "timeout"} == {rule}, \
+        [(f.rule, f.title, f.detail) for f in res.findings]
+
+
+def test_without_a_witness_timeouts_are_not_applicable(tmp_path: Path) -> None:
+    s = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, free_port())
+    ctx = CheckContext(s.plan, Target("http://127.0.0.1:1"), s.credentials, s.vantages, OPTIONS)
+    subjects = list(Timeouts().subjects(ctx))
+    assert subjects and all(not x.applies and "witness" in x.why for x in subjects)
+    assert list(Timeouts().generate(ctx)) == []
