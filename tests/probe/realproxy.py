@@ -44,12 +44,13 @@ def unpaced(policy: Policy, factor: int = 20) -> Policy:
 
 
 def but_rates(options: ProbeOptions) -> ProbeOptions:
-    """``options`` with every check but those of rates and concurrency: for a whole run under
-    unpaced() (whose rate limits the probe cannot meet: rightly not proven)."""
+    """``options`` with every check but those of rates, concurrency and timeouts: for a whole run
+    under unpaced() (whose rate limits the probe cannot meet: rightly not proven; the timeouts
+    hold requests for seconds and are tested in tests/probe/test_timeouts.py)."""
     import scanner.probe.checks  # noqa: F401  (registers them)
     from scanner.probe import registry
 
-    rates = {"rate", "concurrency", "token-budget"}
+    rates = {"rate", "concurrency", "token-budget", "timeout"}
     return replace(options, checks=tuple(c for c in registry.ids() if c not in rates))
 
 
