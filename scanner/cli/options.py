@@ -111,11 +111,38 @@ def credential_options(func: F) -> F:
     return func
 
 
-def bound_options(max_time: float) -> Callable[[F], F]:
-    """How hard and how long a probe may push a live target."""
+class MaxTime(click.ParamType[float | None, Any]):
+    """``--max-time``: seconds (at least 1), or ``auto`` (None: derived from the plan's lower bound)."""
+
+    name = "SECONDS|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | None:
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number of seconds nor auto", param, ctx)
+        if not seconds >= 1:
+            self.fail(f"{value!r}: at least 1 second", param, ctx)
+        return seconds
+
+
+def bound_options(max_time: float | None) -> Callable[[F], F]:
+    """How hard and how long a probe may push a live target; ``max_time`` None: ``--max-time
+    auto`` by default (twice the run's lower bound from the plan, plus a minute)."""
     def apply(func: F) -> F:
-        func = click.option("--max-time", type=click.FloatRange(1), default=max_time, show_default=True,
-                            help="Seconds for the whole run; then partial results and exit 3.")(func)
+        if max_time is None:
+            func = click.option("--max-time", type=MaxTime(), default="auto", show_default=True,
+                                metavar="SECONDS|auto",
+                                help="Seconds for the whole run, then partial results and exit 3; auto: "
+                                     "2 x the run's lower bound (cases / --rate, and each rate-limited "
+                                     "lane at the plan's rate) + 60 s.")(func)
+        else:
+            func = click.option("--max-time", type=click.FloatRange(1), default=max_time, show_default=True,
+                                help="Seconds for the whole run; then partial results and exit 3.")(func)
         func = click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
                             help="Seconds per request.")(func)
         func = click.option("--rate", type=click.FloatRange(0), default=50.0, show_default=True,

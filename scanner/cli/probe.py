@@ -28,7 +28,7 @@ from scanner.plan import inputs
 from scanner.policy.salt import read_secret
 from scanner.probe import config, result
 from scanner.probe.canary import Canary
-from scanner.probe.interface import Event, ProbeOptions, ProbeResult, Started, Target
+from scanner.probe.interface import AttemptDone, Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
 from scanner.report import html
 from scanner.report.probe_writers import FORMATS, render
@@ -52,7 +52,7 @@ def command() -> None:
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
 @click.option("--client-cert", default=None, metavar="FILE", help="Client certificate (mTLS).")
 @click.option("--client-key", default=None, metavar="FILE", help="Client certificate's key (mTLS).")
-@bound_options(max_time=120.0)
+@bound_options(max_time=None)
 @click.option("--pipeline", type=click.IntRange(1, 64), default=1, show_default=True,
               help="HTTP/1.1 requests in flight per connection (pipelining; 1: off).")
 @click.option("--client", type=click.Choice(["stream", "httpx"]), default="stream", show_default=True,
@@ -73,12 +73,13 @@ def command() -> None:
               help="Staging with a real multimodal model: listen there (an address of this host "
                    "vLLM can reach) and send media URLs naming it; vLLM fetching one the plan refuses "
                    "is a finding (check ssrf-canary).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress display (shown only when stderr is a terminal).")
 @report_options(FORMATS)
 def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[str, ...],
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
-            pipeline: int, client: str, timeout: float, max_time: float, checks: tuple[str, ...],
+            pipeline: int, client: str, timeout: float, max_time: float | None, checks: tuple[str, ...],
             witness: str | None, salt_secret_file: str | None, allow_state_changes: bool,
             ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
             require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
@@ -136,16 +137,54 @@ async def _consume(events: AsyncIterator[Event], show_progress: bool) -> ProbeRe
     if not show_progress:
         seen = [e async for e in events]
         return summarize(seen)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("probe"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("probe", total=None)
+    with _Display() as display:
         async for e in events:
             seen.append(e)
-            if isinstance(e, Started):
-                progress.update(task, total=e.total)
-            else:
-                progress.advance(task)
+            display.handle(e)
     return summarize(seen)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds + 0.5), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+class _Display:
+    """The progress display on a terminal (stderr): a handler of the run's events. One line:
+    cases decided of those to send, requests sent, rate-limited lanes left, cases failed so far,
+    elapsed, the least time still needed (ETA), and the time limit with the bound it came from."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("probe"), BarColumn(bar_width=24), MofNCompleteColumn(), TextColumn("cases"),
+            TextColumn("{task.fields[sent]} sent  lanes left {task.fields[lanes]}  "
+                       "{task.fields[failed]} failed"),
+            TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}  {task.fields[limit]}"),
+            console=Console(stderr=True))
+        self.task = self.progress.add_task("probe", total=None, sent=0, lanes="-", failed=0, eta="-",
+                                           limit="")
+        self.lanes = 0
+        self.failed = 0
+
+    def __enter__(self) -> _Display:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def handle(self, e: Event) -> None:
+        if isinstance(e, Started):
+            self.lanes = e.lanes
+            by = f"--rate {e.rate:g}" if e.bound_by == "rate" else ("plan's rates" if e.bound_by else "")
+            self.progress.update(self.task, total=e.total, lanes=f"{e.lanes}/{e.lanes}",
+                                 eta=_clock(e.bound_s),
+                                 limit=f"(limit {_clock(e.max_time_s)}, at least {_clock(e.bound_s)}"
+                                       f"{': ' + by if by else ''})")
+        elif isinstance(e, AttemptDone):
+            self.failed += e.attempt.verdict == "failed"
+            self.progress.update(self.task, completed=e.done, sent=e.sent, failed=self.failed,
+                                 lanes=f"{e.lanes_left}/{self.lanes}", eta=_clock(e.eta_s))

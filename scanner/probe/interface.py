@@ -95,7 +95,8 @@ class ProbeOptions:
     timeout: float = 5.0           # per request
     pipeline: int = 1              # HTTP/1.1 requests in flight per connection (1: no pipelining)
     client: Literal["stream", "httpx"] = "stream"  # httpx: AsyncClient (slower; never pipelines)
-    max_time: float = 120.0        # whole run
+    max_time: float | None = 120.0  # whole run; None: derived from the plan's lower bound
+                                    # (scanner.probe.pace.time_limit: probe --max-time auto)
     allow_state_changes: bool = False
     checks: tuple[str, ...] = ()   # empty: every registered check
     catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files
@@ -263,11 +264,23 @@ class Started:
     vantages: tuple[str, ...]
     credentials: tuple[tuple[str, str], ...]  # (label, fingerprint)
     started_at: float
+    # the run's lower bound from the plan, before anything is sent (scanner.probe.pace.Bound)
+    to_send: int = 0               # cases to send (the others are skipped)
+    bound_s: float = 0.0           # the run takes at least this long ...
+    bound_by: str = ""             # ... set by "rate" (the global --rate) or a lane's key
+    lanes: int = 0                 # rate-limited pacing lanes
+    rate: float = 0.0              # the global rate (0: unpaced)
+    max_time_s: float = 0.0        # the run's time limit (given, or derived from the bound)
 
 
 @dataclass(frozen=True)
 class AttemptDone:
     attempt: Attempt
+    # progress when it settled
+    done: int = 0                  # cases decided (a retried case counts once, when it settles)
+    sent: int = 0                  # requests sent (retries included)
+    lanes_left: int = 0            # rate-limited lanes with cases still to send or settle
+    eta_s: float = 0.0             # the least time the unsent cases still need
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from scanner.plan.model import Plan
 from scanner.probe.cases import Case
 from scanner.probe.expect import expect, in_networks
 
-# The share of a bucket the schedule counts on: half the burst, 80% of the rate.
+# The share of a bucket the schedule counts on: half the burst, 95% of the rate.
 BURST_SHARE = 0.5
 RATE_SHARE = 0.95
 # A rate burst goes out at this many times the rate once the bucket's burst is spent.
@@ -117,7 +117,6 @@ class LaneState:
     def __post_init__(self) -> None:
         self.sustained = burst_model(self.lane)
 
-
     def phase(self) -> int | None:
         """The phase whose next case may go now: a phase starts once every earlier phase has
         been sent and settled (its retries included)."""
@@ -137,6 +136,96 @@ def paced_model(lane: Lane) -> Gcra:
     if lane.rps <= 0:
         return Gcra(0.0, 0.0)
     return Gcra(lane.rps * RATE_SHARE, max(1.0, lane.burst * BURST_SHARE))
+
+
+@dataclass(frozen=True)
+class LaneBound:
+    """The least time one rate-limited lane's cases need at the schedule's pace."""
+
+    key: str
+    rps: float
+    paced: int                     # its ordinary and held cases, at the bucket's pace (paced_model)
+    burst: int                     # its rate burst, at the burst's pace (burst_model)
+    seconds: float                 # the phases one after the other (follow-ups go unpaced)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The least time a run can take, from its plan alone, before anything is sent: the global
+    ``--rate`` over every ordinary case, and each rate-limited lane at its own pace (see the
+    module docstring); the run takes at least the larger. Retries and answers' latency only
+    add to it."""
+
+    cases: int                     # cases to send (not skipped)
+    rate: float                    # the global rate (0: unpaced)
+    global_s: float                # the ordinary cases at ``rate``
+    lanes: tuple[LaneBound, ...]   # rate-limited lanes, slowest first
+
+    @property
+    def seconds(self) -> float:
+        return max(self.global_s, self.lanes[0].seconds if self.lanes else 0.0)
+
+    @property
+    def slowest(self) -> str:
+        """What sets the bound: "rate" (the global rate) or the slowest lane's key ("" if neither)."""
+        if self.global_s > 0 and (not self.lanes or self.global_s >= self.lanes[0].seconds):
+            return "rate"
+        return self.lanes[0].key if self.lanes and self.lanes[0].seconds > 0 else ""
+
+
+def spread_seconds(model: Gcra, n: int, now: float = 0.0) -> float:
+    """How long ``n`` more requests take from ``now`` under ``model``: what it still holds of
+    its burst at once, then one per interval (the last one's send time)."""
+    if model.rps <= 0 or n <= 0:
+        return 0.0
+    return max(0.0, max(model.tat, now) - now + (n - model.burst) * model.interval)
+
+
+def lane_seconds(lane: Lane, paced: int, held_ms: int = 0, burst: int = 0) -> float:
+    """How long a lane's phases take one after the other: ``paced`` ordinary and held cases at
+    the bucket's pace, the longest hold, then ``burst`` cases of its rate burst."""
+    return spread_seconds(paced_model(lane), paced) + held_ms / 1000 + \
+        spread_seconds(burst_model(lane), burst)
+
+
+def global_seconds(ordinary: int, rate: float) -> float:
+    """How long ``ordinary`` cases take at the global rate (the first goes at once)."""
+    return (ordinary - 1) / rate if rate > 0 and ordinary > 1 else 0.0
+
+
+def bound(rate: float, lanes: list[tuple[Lane, list[Case]]]) -> Bound:
+    """The run's :class:`Bound` for its cases grouped by lane."""
+    ordinary = sum(1 for _lane, cases in lanes for c in cases if not c.skip and c.phase == 0)
+    rated = []
+    for lane, cases in lanes:
+        if lane.rps <= 0:
+            continue
+        paced = [c for c in cases if not c.skip and c.phase < 2]
+        held = max((c.hold_ms for c in paced if c.phase == 1), default=0)
+        burst = sum(1 for c in cases if not c.skip and c.phase == 2)
+        rated.append(LaneBound(lane.key, lane.rps, len(paced), burst,
+                               lane_seconds(lane, len(paced), held, burst)))
+    rated.sort(key=lambda b: (-b.seconds, b.key))
+    return Bound(cases=sum(1 for _lane, cases in lanes for c in cases if not c.skip), rate=rate,
+                 global_s=global_seconds(ordinary, rate), lanes=tuple(rated))
+
+
+# --max-time auto: this many times the bound, plus this much (answers, retries, refills)
+AUTO_FACTOR = 2.0
+AUTO_SLACK_S = 60.0
+
+
+def time_limit(b: Bound) -> float:
+    """The run's time limit when none is given (``--max-time auto``)."""
+    return round(AUTO_FACTOR * b.seconds + AUTO_SLACK_S, 1)
+
+
+def remaining_seconds(st: LaneState, now: float) -> float:
+    """The least time ``st``'s unsent cases still need from ``now`` (holds left out)."""
+    if st.lane.rps <= 0:
+        return 0.0
+    return spread_seconds(st.model, len(st.queues[0]) + len(st.queues[1]), now) + \
+        spread_seconds(st.sustained, len(st.queues[2]), now)
 
 
 def burst_model(lane: Lane) -> Gcra:

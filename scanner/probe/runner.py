@@ -46,7 +46,19 @@ from scanner.probe.interface import (
     Vantage,
     Witnessed,
 )
-from scanner.probe.pace import FREE, Gcra, Lane, LaneState, lane_of, paced_model, refill_wait
+from scanner.probe.pace import (
+    FREE,
+    Bound,
+    Gcra,
+    Lane,
+    LaneState,
+    bound,
+    lane_of,
+    paced_model,
+    refill_wait,
+    remaining_seconds,
+    time_limit,
+)
 from scanner.probe.registry import Check, CheckContext, selected
 from scanner.probe.send import Sender, skipped
 from scanner.probe.verdict import verdict
@@ -90,11 +102,12 @@ def catalog_paths(directory: str | None) -> tuple[tuple[str, tuple[str, ...]], .
 
 class _Schedule:
     """Which case goes next: lanes paced by the plan's limits (scanner.probe.pace), one
-    global rate, per-case retries within a bounded budget."""
+    global rate, per-case retries within a bounded budget; the run's lower bound, its time
+    limit (``options.max_time``, or derived from the bound) and what is left of both."""
 
     def __init__(self, ctx: CheckContext, cases: Sequence[Case], options: ProbeOptions,
-                 deadline: float) -> None:
-        self.ctx, self.cases, self.options, self.deadline = ctx, cases, options, deadline
+                 start: float) -> None:
+        self.ctx, self.cases, self.options = ctx, cases, options
         self.glob = Gcra(options.rate, 1.0)
         self.lanes: dict[str, LaneState] = {}
         self.lane_key: list[str] = []
@@ -108,6 +121,12 @@ class _Schedule:
             st = (self.lanes.get(case.lane) if case.lane and not case.skip else None) or self._lane(lane)
             st.queues[case.phase].append(i)
             self.lane_key.append(st.lane.key)
+        self.bound: Bound = bound(options.rate, [(st.lane, [cases[i] for q in st.queues for i in q])
+                                                 for st in self.lanes.values()])
+        self.max_time = options.max_time if options.max_time is not None else time_limit(self.bound)
+        self.deadline = start + self.max_time
+        self.ordinary_left = sum(1 for c in cases if c.phase == 0 and not c.skip)   # unsent, globally paced
+        self.done = 0                  # cases decided: their last send settled, not going again
         free = self.lanes.get("")
         if free is not None:   # one vantage at a time: a pipelined chunk then shares one connection
             ordered = sorted(free.queues[0], key=lambda i: cases[i].vantage.name)
@@ -125,6 +144,16 @@ class _Schedule:
 
     def unsent(self) -> int:
         return sum(len(q) for st in self.lanes.values() for q in st.queues)
+
+    def lanes_left(self) -> int:
+        """Rate-limited lanes with cases still to send or settle."""
+        return sum(1 for st in self.lanes.values() if st.lane.rps > 0 and st.pending())
+
+    def eta(self, now: float) -> float:
+        """The least time the unsent cases still need (the bound, from ``now``)."""
+        rate = self.options.rate
+        left = (self.ordinary_left / rate) if rate > 0 else 0.0
+        return max((left, *(remaining_seconds(st, now) for st in self.lanes.values())))
 
     def pick(self, now: float) -> tuple[list[int], float]:
         """(cases to send now, 0) or ([], seconds to wait); ([], -1) when nothing is left."""
@@ -164,6 +193,7 @@ class _Schedule:
                 st.model.take(now)
                 if phase == 0:
                     self.glob.take(now)
+                    self.ordinary_left -= 1
             if st.lane.slots and phase != 1:
                 self.slots[st.lane.slots_key] = self.slots.get(st.lane.slots_key, 0) + 1
         return out, 0.0
@@ -176,11 +206,12 @@ class _Schedule:
         if st.lane.slots and case.phase != 1:
             self.slots[st.lane.slots_key] -= 1
         self.tries[i] += 1
-        if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline:
-            return False
-        if self.tries[i] >= self.options.max_tries or self.budget <= 0:
+        if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline or \
+                self.tries[i] >= self.options.max_tries or self.budget <= 0:
+            self.done += 1
             return False
         self.budget -= 1
+        self.ordinary_left += 1
         kind, _ = R.parse(attempt.reason)
         if kind in R.THROTTLE and attempt.layer == "proxy":
             if not st.lane.key:
@@ -207,10 +238,10 @@ class _Run:
     """One probe run's state: cases, their latest attempts, the witness's records."""
 
     def __init__(self, ctx: CheckContext, items: Sequence[tuple[Check, Case]], sender: Sender,
-                 options: ProbeOptions, deadline: float) -> None:
+                 options: ProbeOptions, schedule: _Schedule) -> None:
         self.ctx, self.items, self.sender, self.options = ctx, items, sender, options
-        self.cases = [c for _k, c in items]
-        self.schedule = _Schedule(ctx, self.cases, options, deadline)
+        self.cases = schedule.cases
+        self.schedule = schedule
         self.latest: list[Attempt | None] = [None] * len(items)
         self.run_id = secrets.token_hex(3)
         self.counter = 0
@@ -346,25 +377,32 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
             items += [(chk, c) for c in chk.generate(ctx)]
         except Exception as exc:  # a bug in one check: the others still run
             broken.append(Errored(chk.id, f"{type(exc).__name__}: {exc}"))
+    schedule = _Schedule(ctx, [c for _k, c in items], options, t0)
+    b = schedule.bound
     yield Started(target=target.base_url, plan_digest=plan.digest, policy=plan.policy_name,
                   total=len(items), vantages=tuple(v.name for v in ctx.vantages),
                   credentials=tuple((c.label, c.fingerprint) for c in ctx.credentials),
-                  started_at=time.time())
+                  started_at=time.time(), to_send=b.cases, bound_s=round(b.seconds, 1),
+                  bound_by=b.slowest, lanes=len(b.lanes), rate=options.rate,
+                  max_time_s=schedule.max_time)
     for e in broken:
         yield e
     sender = Sender(target, options.timeout, options.transport_factory, options.client)
-    run = _Run(ctx, items, sender, options, t0 + options.max_time)
+    run = _Run(ctx, items, sender, options, schedule)
     reason = ""
     records: dict[str, Upstream] | None = None
     try:
         reason = await _preflight(sender, ctx)
         if not reason:
             async for attempt in run.execute():
-                yield AttemptDone(attempt)
+                yield AttemptDone(attempt, done=schedule.done, sent=run.sent,
+                                  lanes_left=schedule.lanes_left(),
+                                  eta_s=round(schedule.eta(time.monotonic()), 1))
             unsent = run.schedule.unsent()
             if unsent:
                 why = ("stopped at the first failure" if options.stop_on_failure and run.failed
-                       else f"--max-time {options.max_time:g}s exceeded")
+                       else f"--max-time {schedule.max_time:g}s exceeded (the plan's lower bound: "
+                            f"{b.seconds:.0f}s, set by {_bound_by(b)})")
                 reason = f"{why}: {unsent} of {len(items)} cases not sent (partial results)"
                 yield Interrupted(reason)
             elif run.unanswered:
@@ -404,6 +442,12 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
             yield FindingFound(finding)
     yield Finished(elapsed_s=round(time.monotonic() - t0, 3), sent=run.sent, unreachable=bool(reason),
                    reason=reason)
+
+
+def _bound_by(b: Bound) -> str:
+    if b.slowest == "rate":
+        return f"--rate {b.rate:g}"
+    return f"lane {b.slowest} at {b.lanes[0].rps:g} r/s" if b.slowest else "nothing"
 
 
 async def _preflight(sender: Sender, ctx: CheckContext) -> str:
