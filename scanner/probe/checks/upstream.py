@@ -180,10 +180,16 @@ def _control_subject(d: Decision) -> str:
 class Upstream(BaseCheck):
     """What reaches the upstream for every allowed route.
 
-    With a witness: one request per route spelled with dot segments and carrying spoofable,
-    hop-by-hop and perimeter headers, and one asking for a WebSocket upgrade. The upstream
-    must receive the normalised path, none of those headers as sent, never the client's
-    key, and the principal header only as the key check set it.
+    With a witness: one request per route spelled with dot segments and carrying the client's
+    own Host, spoofable, hop-by-hop and perimeter headers, one with an absolute-form target
+    naming another host, and one asking for a WebSocket upgrade. The upstream must receive the
+    normalised path, none of those headers as sent, never the client's key, the principal
+    header only as the key check set it, and the proxy's own Host (the plan's), X-Forwarded-For
+    (the client address) and X-Request-Id (see :func:`identity`).
+
+    With or without one: each route with a ``{parameter}`` gets it with CR, LF and NUL (raw
+    and encoded), and its path followed by an encoded control character; the plan's parameter
+    pattern refuses them all, so the proxy must.
 
     Without a witness only the path can be judged, on a sample of routes: a proxy that
     forwards the raw target makes the upstream route ``/./v1/models`` itself (Starlette:
