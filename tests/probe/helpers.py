@@ -19,6 +19,7 @@ from scanner.probe.runner import probe
 
 USER_KEY = "vp_user-secret-DO-NOT-PRINT-1234567890"
 OPER_KEY = "vp_oper-secret-DO-NOT-PRINT-0987654321"
+USER2_KEY = "vp_user-secret-DO-NOT-PRINT-second-key"   # role "user#2": a second principal of user
 TARGET = Target("http://127.0.0.1:9")
 
 POLICY = """
@@ -68,8 +69,9 @@ def creds(*roles: str) -> tuple[Credential, ...]:
 
     base = (Credential("none", "none"), Credential("malformed-bearer", "malformed"),
             Credential("wrong-key", "wrong", secret="vp_wrong", fingerprint=fingerprint("vp_wrong")))
-    keys = {"user": USER_KEY, "operator": OPER_KEY}
-    return base + tuple(Credential(f"role:{r}", "role", r, keys[r], fingerprint(keys[r])) for r in roles)
+    keys = {"user": USER_KEY, "operator": OPER_KEY, "user#2": USER2_KEY}
+    return base + tuple(Credential(f"role:{r}", "role", r.partition("#")[0], keys[r], fingerprint(keys[r]))
+                        for r in roles)
 
 
 def _upstream(p: Plan, request: httpx.Request) -> httpx.Response:
@@ -117,7 +119,7 @@ def perimeter(p: Plan, broken: str = "") -> Callable[[Vantage], httpx.AsyncBaseT
     ``broken`` names one check to leave out (e.g. "network", "rate", "json-cap")."""
     from scanner.probe.expect import in_networks
 
-    roles = {f"Bearer {USER_KEY}": "user", f"Bearer {OPER_KEY}": "operator"}
+    roles = {f"Bearer {USER_KEY}": "user", f"Bearer {OPER_KEY}": "operator", f"Bearer {USER2_KEY}": "user"}
     buckets: dict[str, Bucket] = {}
 
     def handler(vantage: Vantage, request: httpx.Request) -> httpx.Response:
@@ -142,7 +144,7 @@ def perimeter(p: Plan, broken: str = "") -> Callable[[Vantage], httpx.AsyncBaseT
                 return _deny(403, "role")
         lim = decision.limits
         if lim.rate is not None and broken != "rate":
-            who = auth if decision.auth == "key" else source
+            who = auth if decision.auth == "key" and broken != "rate-shared" else source
             bucket = buckets.setdefault(who, Bucket(lim.rate.rps, lim.rate.burst))
             if not bucket.take():
                 return _deny(429, "rate")

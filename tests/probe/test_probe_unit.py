@@ -26,9 +26,11 @@ VANTAGES = (Vantage(), Vantage("admin", "10.30.0.5"), Vantage("monitoring", "10.
 
 
 def test_correct_perimeter_has_no_findings_and_exits_0() -> None:
-    r = h.run(h.perimeter(h.plan()), "user", "operator", vantages=VANTAGES, allow_state_changes=True)
+    r = h.run(h.perimeter(h.plan()), "user", "user#2", "operator", vantages=VANTAGES, allow_state_changes=True)
     assert not r.unreachable, r.reason
     assert r.findings == (), [f.title for f in r.findings]
+    other = [c for c in r.coverage if c.check == "rate" and c.subject.endswith("other principal")]
+    assert other and all(c.status == "proved" for c in other), other
     assert r.exit_code("low") == 0
     checks = {a.check for a in r.attempts}
     assert {"matrix", "bypass", "spoof", "limits", "rate"} <= checks
@@ -264,12 +266,12 @@ def test_rate_judge_is_not_proven_when_the_burst_was_too_slow() -> None:
         return [_answer(c, 100.0 + i * spacing) for i, c in enumerate(burst)]
 
     fast = list(check.judge(ctx, attempts(0.001)))  # type: ignore[arg-type]
-    assert [f.rule for f in fast] == ["VP005"] and "not enforced" in fast[0].title
+    assert [f.rule for f in fast] == ["VP005"] and "rate above the plan" in fast[0].title
     assert [c.status for c in check.cover(ctx, zone, attempts(0.001))] == ["failed"]  # type: ignore[arg-type]
     slow = list(check.judge(ctx, attempts(1.0)))    # type: ignore[arg-type]
     assert slow == []
     covered = list(check.cover(ctx, zone, attempts(1.0)))  # type: ignore[arg-type]
-    assert [c.status for c in covered] == ["not-proven"] and "raise --concurrency" in covered[0].why
+    assert [c.status for c in covered] == ["not-proven"] and "send faster (--concurrency)" in covered[0].why
 
 
 def test_every_other_route_of_a_rate_zone_must_meet_the_emptied_bucket() -> None:
@@ -316,3 +318,12 @@ def test_error_messages_never_carry_the_key() -> None:
     errors = [a.error for a in r.attempts if a.credential == "role:user" and a.error]
     assert errors and all(h.USER_KEY not in e for e in errors)
     assert any("<redacted>" in e for e in errors)
+
+
+def test_a_rate_zone_shared_by_principals_fails() -> None:
+    """The mock's buckets keyed by address: the second user key is refused once the first one's
+    burst emptied the bucket."""
+    r = h.run(h.perimeter(h.plan(), broken="rate-shared"), "user", "user#2", checks=("rate",))
+    assert r.exit_code() == 1
+    assert {(f.rule, f.title.split(": ")[0]) for f in r.findings} == {("VP005", "rate limit zone shared")}, \
+        r.findings
