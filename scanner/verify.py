@@ -120,13 +120,21 @@ def roles_of(policy: Policy) -> tuple[str, ...]:
 
 def loopback(policy: Policy) -> tuple[dict[str, tuple[str, ...]], tuple[Vantage, ...]]:
     """Each policy network as one loopback address of its own (127.0.0.10, .11, ...), a vantage
-    there, and one vantage outside every network."""
+    there, and one vantage outside every network. A network of an ``auth: none`` audience with
+    limits gets a second address (127.0.1.x) and vantage (``NAME-2``): its limits are counted per
+    client address, and the probe proves that two addresses have buckets of their own."""
     names = sorted(policy.networks)
     if len(names) > 200:
         raise UsageError("verify maps each policy network to a loopback address: at most 200 networks")
-    nets: dict[str, tuple[str, ...]] = {n: (f"127.0.0.{10 + i}/32",) for i, n in enumerate(names)}
+    per_address = {n for a in policy.audiences.values() if a.auth == "none" and
+                   (a.limits.rate or a.limits.concurrency or a.limits.tokens_per_minute) for n in a.networks}
+    nets: dict[str, tuple[str, ...]] = {
+        n: (f"127.0.0.{10 + i}/32", *((f"127.0.1.{10 + i}/32",) if n in per_address else ()))
+        for i, n in enumerate(names)}
     outside = OUTSIDE if OUTSIDE not in nets else f"{OUTSIDE}-all"
-    vantages = tuple(Vantage(n, f"127.0.0.{10 + i}") for i, n in enumerate(names))
+    second = {n: Vantage(f"{n}-2", f"127.0.1.{10 + i}") for i, n in enumerate(names) if n in per_address}
+    vantages = tuple(v for i, n in enumerate(names)
+                     for v in (Vantage(n, f"127.0.0.{10 + i}"), *((second[n],) if n in second else ())))
     return nets, (*vantages, Vantage(outside, "127.0.0.250"))
 
 

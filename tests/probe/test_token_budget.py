@@ -175,9 +175,8 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     zone = "token-budget inference:key:2000t/m"
     assert cov[zone][0] == "proved", cov
     assert cov[f"{zone} other principal"][0] == "proved", cov
-    # verify has one address in the monitoring network: its rate zone's other address is not proven
-    assert [(f.rule, f.check) for f in result.findings] == [("VP011", "rate")], result.findings
-    rate = [c for c in result.coverage if c.check == "rate" and not c.subject.endswith("other address")]
+    assert not result.findings, result.findings
+    rate = [c for c in result.coverage if c.check == "rate"]
     assert rate and all(c.status == "proved" for c in rate), rate
     notes = [a for a in result.attempts if a.subject == zone]
     reached = [a for a in notes if a.outcome == "reached"]
@@ -209,7 +208,6 @@ def test_an_auth_none_zone_counts_per_client_address(tmp_path: Path, proxy: str)
     result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS, paced=True)
     cov = _coverage(result)
     assert cov["token-budget monitoring:none:900t/m"][0] == "proved", cov
-    # another address: verify has one vantage in the monitoring network: not proven, saying what to pass
-    status, why = cov["token-budget monitoring:none:900t/m other address"]
-    assert status == "not-proven" and "second --vantage" in why, cov
-    assert [f.rule for f in result.findings] == ["VP011"], result.findings
+    # verify gives the monitoring network two addresses: each has a budget of its own
+    assert cov["token-budget monitoring:none:900t/m other address"][0] == "proved", cov
+    assert not result.findings, result.findings
