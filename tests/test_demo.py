@@ -26,7 +26,7 @@ def test_demo_closed_loop(ran: tuple[demo.DemoResult, list[str]]) -> None:
     proxied = result.proxied
     assert not proxied.unreachable, proxied.reason
     assert proxied.findings == (), [f"{f.rule} {f.method} {f.path} {f.vantage}" for f in proxied.findings]
-    assert len(proxied.attempts) > 5000 and set(proxied.vantages) == {"public", "monitoring", "admin", "outside"}
+    assert len(proxied.attempts) > 5000 and set(proxied.vantages) == {"public", "monitoring", "monitoring-2", "admin", "outside"}
     # every subject of every check proved (or not applicable with a reason): nothing unproven
     assert proxied.coverage and all(c.status in ("proved", "not-applicable") for c in proxied.coverage)
     assert {c.check for c in proxied.coverage if c.status == "proved"} >= {
