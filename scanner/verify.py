@@ -278,9 +278,9 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
         for proxy, directory in written:
             base = proxy_run(s, proxy, directory, options, witness)
             baselines.append(base)
-            if base.result.findings or base.result.unreachable:
-                say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.findings)} "
-                    "findings): no mutation run")
+            if base.result.deviations or base.result.unreachable:   # "not proven" alone is no deviation
+                say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.deviations)} "
+                    "deviations from the plan): no mutation run")
                 continue
             for op in mutate.operators(proxy.kind):
                 if only and not {op.id, op.name, op.family} & set(only):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def test_every_operator_not_needing_a_setting_applies_to_the_bundled_policy(name
     proxy = _proxy(name)
     s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, 9)
     skipped = {}
+    written = proxy.write(s.plan, tmp_path / "generated")
     for op in mutate.operators(proxy.kind):
-        files = proxy.write(s.plan, tmp_path / op.name)
+        shutil.copytree(tmp_path / "generated", tmp_path / op.name)
+        files = tmp_path / op.name / written.relative_to(tmp_path / "generated")
         try:
             assert op.apply(files, s.plan)
         except mutate.NotApplicable as exc:

@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
+import scanner.mutate.core as core
 from scanner.generate.envoy import render_model
 from scanner.generate.envoy_model import PRINCIPALS, Model, RouteView, build_model
 from scanner.generate.interface import GenerateOptions
-from scanner.mutate import core
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, Model, build_model
-from scanner.mutate import core
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan

@@ -32,10 +32,10 @@ def render(runs: Sequence[ProxyRun], mutants: Sequence[MutantRun], width: int = 
     out = text_console(buf, width)
     for run in runs:
         caught, total = score(mutants, run.proxy)
-        clean = not run.result.findings and not run.result.unreachable
-        n = len(run.result.findings)
+        clean = not run.result.deviations and not run.result.unreachable
+        n = len(run.result.deviations)
         title = (f"{run.proxy}: mutation score {caught}/{total}" if clean else
-                 f"{run.proxy}: the unmutated config has {n} findings: no mutation run")
+                 f"{run.proxy}: the unmutated config has {n} deviations from the plan: no mutation run")
         table = Table(title=title)
         for col in ("family", "operator", "status", "caught by", "what changed", "s"):
             table.add_column(col, overflow="fold")
