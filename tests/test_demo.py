@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +15,16 @@ from scanner.runtime import nginx
 
 
 @pytest.fixture(scope="module")
-def ran() -> tuple[demo.DemoResult, list[str]]:
+def private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary directory of this module's own for what the demo creates (tempfile.tempdir)."""
+    root = tmp_path_factory.mktemp("demo-tmp")
+    saved, tempfile.tempdir = tempfile.tempdir, str(root)
+    yield root
+    tempfile.tempdir = saved
+
+
+@pytest.fixture(scope="module")
+def ran(private_tmp: Path) -> tuple[demo.DemoResult, list[str]]:
     """One demo run for the tests of this module (each run takes most of a minute)."""
     if nginx.static_build() is None and nginx.debian_build() is None:
         pytest.skip("no NGINX installed")
@@ -20,7 +32,7 @@ def ran() -> tuple[demo.DemoResult, list[str]]:
     return demo.run(messages.append), messages
 
 
-def test_demo_closed_loop(ran: tuple[demo.DemoResult, list[str]]) -> None:
+def test_demo_closed_loop(ran: tuple[demo.DemoResult, list[str]], private_tmp: Path) -> None:
     result, messages = ran
     assert [m[:3] for m in messages] == ["1/4", "2/4", "3/4", "4/4"]
     proxied = result.proxied
@@ -41,7 +53,7 @@ def test_demo_closed_loop(ran: tuple[demo.DemoResult, list[str]]) -> None:
         if f.rule == "VP001" and f.path.startswith(("/v1/", "/v2/", "/inference/")):
             assert f.evidence and all(e.request_line.startswith("OPTIONS ") for e in f.evidence), f
     assert result.state_changes_bare == 0
-    assert _verify_processes() == set()   # NGINX, the stand-in and the witness are gone
+    assert _verify_processes(private_tmp) == set()   # NGINX, the stand-in and the witness are gone
 
 
 def test_demo_cli_prints_report_and_exit_code(ran: tuple[demo.DemoResult, list[str]],
@@ -59,26 +71,26 @@ def test_demo_cli_prints_report_and_exit_code(ran: tuple[demo.DemoResult, list[s
     assert "vp_" not in res.output
 
 
-def _verify_processes() -> set[str]:
-    """Processes whose command line names a verify (or demo) working directory."""
-    found = subprocess.run(["pgrep", "-f", "vllm-perimeter-verify-"], capture_output=True, text=True, check=False)
+def _verify_processes(root: Path) -> set[str]:
+    """Processes whose command line names a verify (or demo) working directory under ``root``, the
+    temporary directory of one run of this module (other runs on the machine, e.g. a parallel test
+    worker's, have theirs elsewhere)."""
+    found = subprocess.run(["pgrep", "-f", f"{root}/vllm-perimeter-verify-"], capture_output=True, text=True,
+                           check=False)
     return set(found.stdout.split())
 
 
 @pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])   # SIGINT (Ctrl-C), SIGTERM
-def test_demo_cleans_up_when_stopped(signum: int, code: int) -> None:
+def test_demo_cleans_up_when_stopped(signum: int, code: int, tmp_path: Path) -> None:
     import glob
     import os
     import signal
-    import tempfile
     import time
 
     if nginx.static_build() is None and nginx.debian_build() is None:
         pytest.skip("no NGINX installed")
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*")))
-    running_before = _verify_processes()
     proc = subprocess.Popen([sys.executable, "-m", "scanner.cli.main", "demo"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
@@ -87,10 +99,10 @@ def test_demo_cleans_up_when_stopped(signum: int, code: int) -> None:
         if line.startswith("3/4") or not line:
             break
     time.sleep(1.0)
+    assert _verify_processes(tmp_path), "the demo's proxy runs from its working directory under TMPDIR"
     proc.send_signal(signum)
     proc.communicate(timeout=60)
     assert proc.returncode == code
     time.sleep(0.5)
-    left = set(glob.glob(os.path.join(tempfile.gettempdir(), "vllm-perimeter-verify-*"))) - before
-    assert left == set()
-    assert _verify_processes() <= running_before   # nothing this run started is left running
+    assert glob.glob(os.path.join(tmp_path, "vllm-perimeter-verify-*")) == []
+    assert _verify_processes(tmp_path) == set()   # nothing this run started is left running
