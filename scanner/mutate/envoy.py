@@ -100,14 +100,15 @@ def _rate_by_address(model: Model, plan: Plan) -> tuple[Model, str]:
 
 
 def _breaker_max(model: Model, plan: Plan) -> tuple[Model, str]:
+    """The circuit breakers of one concurrency zone (a cluster per principal) at their maximum."""
     d = core.limited(plan)
-    clusters = [c for c in model.clusters if c.max_requests]
-    if not clusters:
-        raise NotApplicable("no circuit breaker")
-    c = clusters[-1]
+    prefix = f"vllm.{d.audience}.c{d.limits.concurrency}."
     big = 2 ** 31 - 1
-    new = tuple(replace(x, max_requests=big, max_pending=big) if x == c else x for x in model.clusters)
-    return replace(model, clusters=new), f"{c.name} (e.g. {where(d)}): circuit breaker thresholds {big}"
+    new = tuple(replace(c, max_requests=big, max_pending=big) if c.name.startswith(prefix) and c.max_requests
+                else c for c in model.clusters)
+    if new == model.clusters:
+        raise NotApplicable(f"{where(d)}: no circuit breaker named {prefix}*")
+    return replace(model, clusters=new), f"{prefix}* ({where(d)}): circuit breaker thresholds {big}"
 
 
 _model_op("parameter-any", "loosen", "a template route's match",
@@ -119,8 +120,8 @@ _model_op("anchor-dropped", "loosen", "a template route's match",
           "a template route's end anchor dropped (longer paths match)", ("bypass", "sweep"), _anchor_dropped)
 _model_op("rate-zone-by-address", "source", "a rate filter per principal",
           "a rate filter keyed by client address instead of principal", ("rate",), _rate_by_address)
-_model_op("circuit-breaker-max", "switch", "a concurrency cluster",
-          "one concurrency cluster's circuit breaker thresholds at their maximum",
+_model_op("circuit-breaker-max", "switch", "a concurrency zone's clusters",
+          "one concurrency zone's circuit breaker thresholds at their maximum",
           ("concurrency",), _breaker_max)
 
 
@@ -396,7 +397,7 @@ def _e_principal(env: _Envoy, plan: Plan) -> str:
 
 
 @_e("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
-    ('matrix', 'protocol'))
+    ('upstream', 'matrix'))
 def _e_upgrade(env: _Envoy, plan: Plan) -> str:
     d = core.plain_get(plan)
     r = env.allowed(d)

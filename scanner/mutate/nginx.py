@@ -395,7 +395,7 @@ def _n_denied(directory: Path, plan: Plan) -> str:
 
 
 @_op("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
-     ("matrix", "protocol"))
+     ("upstream", "matrix"))
 def _n_upgrade(directory: Path, plan: Plan) -> str:
     d = core.plain_get(plan)
     _edit_route(directory, d.path, lambda b: b.replace(
