@@ -49,8 +49,15 @@ class LimitsDoc(_Doc):
         "(max_tokens, max_completion_tokens, max_output_tokens): write the cap in (default), refuse, or pass")
     tokens_per_minute: int | None = Field(
         default=None, ge=1, description="token budget per principal (per client address on auth: none) and "
-        "minute, charged at admission: the request's output budget (as sent, or the cap written in) plus "
-        "its body bytes / 4; over it: 429 token-budget with Retry-After")
+        "minute, charged at admission: the request's admitted envelope (sequences x output budget per "
+        "sequence, as sent or the cap written in, plus its body bytes); over it: 429 token-budget with "
+        "Retry-After")
+    max_sequences: int | None = Field(
+        default=None, ge=1, le=2147483647, description="the most sequences one request may run (its "
+        "prompts, conversations, inputs or pairs x n / best_of); over it: 400 envelope-sequences")
+    max_request_tokens: int | None = Field(
+        default=None, ge=1, le=2147483647, description="the most tokens one request may ask for "
+        "(sequences x output budget per sequence + body bytes); over it: 400 envelope-tokens")
 
 
 _FIELD = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -322,6 +329,16 @@ class PlanLimitsDoc(_Doc):
     concurrency: int | None
     timeout_s: float | None
     tokens_per_minute: int | None = None
+    max_sequences: int | None = None
+    max_request_tokens: int | None = None
+
+
+class EnvelopeDoc(_Doc):
+    """The fields multiplying a route's work (scanner/plan/envelope.py)."""
+
+    items: list[list[str]] = Field(description="[field, prompts | each]: items summed")
+    pairs: list[list[str]] = Field(description="[side 1, side 2] of pair scoring")
+    per_item: list[str]
 
 
 class BudgetDoc(_Doc):
@@ -365,6 +382,8 @@ class DecisionDoc(_Doc):
     roles: list[str]
     networks: list[str]
     limits: PlanLimitsDoc
+    envelope: EnvelopeDoc | None = Field(default=None, description="the fields multiplying its work, "
+                                         "where it caps or charges them")
     budget: BudgetDoc | None
     fields: DecisionFieldsDoc
     media: DecisionMediaDoc | None = Field(default=None, description="the media rules enforced on this route")

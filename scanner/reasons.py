@@ -15,6 +15,7 @@ Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
+    "envelope-sequences", "envelope-tokens",
 ]
 
 # kind -> the status the perimeter answers with
@@ -37,6 +38,11 @@ STATUS: dict[str, int] = {
     "media-data": 400,           # a data: URL or base64 media over data_max_bytes
     "media-items": 400,          # more media items than max_items
     "media-embeds": 400,         # embeddings (tensors vLLM deserializes) where they are denied
+    # the admitted envelope over a per-request cap (scanner/plan/envelope.py): more sequences than
+    # limits.max_sequences, more tokens than limits.max_request_tokens. 400, as a json-cap: the
+    # body asks for more than one request may (not its size: 413; not a throttle: 429)
+    "envelope-sequences": 400,
+    "envelope-tokens": 400,
     "rate": 429,
     "concurrency": 429,
     "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)

@@ -122,17 +122,35 @@ class LuaGroup:
                                                  # subject's cache_salt (from the 0600 TSV)
     media: MediaRules | None = None              # the route's media rules; None: not checked
     grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
-    tokens: TokenCost | None = None              # a token budget: Lua sets perimeter.cost
+    envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
+    tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
 
 
 @dataclass(frozen=True)
-class TokenCost:
-    """What Lua needs to charge a request of a route with a token budget (Decision.token_cost):
-    the output budget's fields in order (empty: none) and its cap, and the zone's limit."""
+class LuaEnvelope:
+    """What Lua needs for a route's admitted envelope (Decision.envelope): the spec's fields, the
+    output budget's fields in order (empty: none) and its cap, the per-request caps (None: none)."""
 
-    fields: tuple[str, ...]
+    items: tuple[tuple[str, str], ...]
+    pairs: tuple[tuple[str, str], ...]
+    per: tuple[str, ...]
+    out: tuple[str, ...]
     cap: int
-    limit: int
+    seq: int | None
+    tok: int | None
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """Every top-level field the envelope reads."""
+        return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p), *self.per,
+                             *self.out}))
+
+    @staticmethod
+    def of(d: Decision) -> LuaEnvelope:
+        spec, budget = d.envelope_spec, d.budget
+        return LuaEnvelope(items=spec.items, pairs=spec.pairs, per=spec.per_item,
+                           out=budget.fields if budget else (), cap=budget.cap if budget else 0,
+                           seq=d.limits.max_sequences, tok=d.limits.max_request_tokens)
 
 
 @dataclass(frozen=True)
@@ -235,6 +253,7 @@ class Model:
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
     token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
+    envelopes: bool = False     # some Lua group computes the admitted envelope (caps, token budgets)
     grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -333,13 +352,12 @@ class _Registry:
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
         media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
-        tpm, spent = d.limits.tokens_per_minute, d.budget
-        tokens = TokenCost(spent.fields if spent else (), spent.cap if spent else 0, tpm) \
-            if d.token_zone and tpm else None
+        tokens = d.limits.tokens_per_minute if d.token_zone else None
+        envelope = LuaEnvelope.of(d) if (tokens or (check_body and d.envelope_capped)) else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
-                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens)
+                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -348,7 +366,7 @@ class _Registry:
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
-                grpc=grpc, tokens=tokens)
+                grpc=grpc, tokens=tokens, envelope=envelope)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -403,7 +421,8 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
-                  and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone))
+                  and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone
+                           or d.envelope_capped))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
     # Lua forwards, which grows by the output budget it writes in
@@ -581,4 +600,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         salts=salts(plan, "envoy"),
         upstream_key_file=plan.upstream.api_key_file or "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
+        envelopes=any(g.envelope is not None for g in reg.lua.values()),
     )

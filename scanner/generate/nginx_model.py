@@ -128,9 +128,10 @@ class BodyCheck:
                         # applies (checkMedia); a body with a media key never takes the fast path
     media_regex: str = ""   # a media key in any spelling: on a parse_all route, a body it does not
                             # match skips njs's walk for media items ($perimeter_media_seen 0)
-    tokens: str = ""    # "t1 2000 principal max_tokens 100": the token budget njs charges
-                        # (chargeTokens): zone, tokens per minute, counted per principal or
-                        # address, the output budget's fields ("-": none) and cap
+    tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
+                        # tokens per minute, counted per principal or address
+    envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
+                        # admitted envelope njs computes (envelopeOf) and caps; "" none
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ class _Registry:
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -320,16 +321,16 @@ class _Registry:
             self.tokens[d.token_zone] = Zone(
                 name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
                 note=f"audience {d.audience}, per {who}")
-        z, budget = self.tokens[d.token_zone], d.budget
-        fields, cap = (",".join(budget.fields), budget.cap) if budget else ("-", 0)
-        return f"{z.name} {z.tokens} {z.key} {fields} {cap}"
+        z = self.tokens[d.token_zone]
+        return f"{z.name} {z.tokens} {z.key}"
 
     def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
-              salt: str = "", media: MediaRules | None = None, tokens: str = "") -> BodyCheck:
+              salt: str = "", media: MediaRules | None = None, tokens: str = "",
+              envelope: str = "") -> BodyCheck:
         spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
         fields = _fields_spec(rules)
         media_spec = _media_spec(media) if media is not None and media.active else ""
-        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec, tokens)
+        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec, tokens, envelope)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
@@ -337,11 +338,21 @@ class _Registry:
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
-                parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(rules.pins)
+                parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(envelope) or bool(rules.pins)
                            or (rules.decided and rules.unknown != "pass")),
-                salt=salt, media=media_spec, tokens=tokens,
+                salt=salt, media=media_spec, tokens=tokens, envelope=envelope,
                 media_regex=unsafe_body({}, MEDIA_KEYS) if media_spec else "")
         return self.checks[key]
+
+
+def envelope_text(d: Decision) -> str:
+    """njs's form of a route's admitted envelope and its caps (templates/nginx-perimeter.js,
+    envelopeSpec): the spec's fields, the output budget's fields and cap, the per-request caps."""
+    budget, lim = d.budget, d.limits
+    out = f"{','.join(budget.fields)}:{budget.cap}" if budget else "-:0"
+    def cap(n: int | None) -> str:
+        return "-" if n is None else str(n)
+    return f"{d.envelope_spec.text} out={out} seq={cap(lim.max_sequences)} tok={cap(lim.max_request_tokens)}"
 
 
 def _media_spec(m: MediaRules) -> str:
@@ -392,7 +403,8 @@ def _profile(d: Decision) -> tuple[object, ...]:
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
-            _fields_spec(d.fields), d.salt, d.media, d.token_zone)
+            _fields_spec(d.fields), d.salt, d.media, d.token_zone, lim.max_sequences, lim.max_request_tokens,
+            d.envelope_spec)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -403,15 +415,16 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     rules = next((x.fields for x in ds if x.fields.decided), d.fields)
     media = next((x.media for x in ds if x.media.active), d.media)
     tokens = next((reg.token_zone(x) for x in ds if x.token_zone), "")
+    envelope = next((envelope_text(x) for x in ds if x.token_zone or x.envelope_capped), "")
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
-               and bool(lim.json_caps or rules.decided or media.active or tokens))
+               and bool(lim.json_caps or rules.decided or media.active or tokens or envelope))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
-    check = reg.check(lim.json_caps, rules, budget, salt, media, tokens) if inspect else None
+    check = reg.check(lim.json_caps, rules, budget, salt, media, tokens, envelope) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(

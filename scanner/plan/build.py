@@ -12,6 +12,8 @@ from scanner.errors import PerimeterError, PlanError
 from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
+from scanner.plan.envelope import EnvelopeSpec
+from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
@@ -255,5 +257,17 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
         media=media, media_at=media_at,
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
-        rule_line=rule.line,
+        rule_line=rule.line, envelope_spec=_envelope(route, method),
     )
+
+
+def _envelope(route: Route, method: str) -> EnvelopeSpec:
+    """The fields multiplying this route's work, from its request model in the inventory (every
+    multiplier when the model is not known); none for a request without a JSON body."""
+    if route.kind != "http" or method not in BODY_METHODS:
+        return EnvelopeSpec()
+    body = route.request
+    if body is not None and "form" in body.media_type:
+        return EnvelopeSpec()
+    known = body is not None and body.known
+    return envelope_spec_for({f.name: f.types for f in body.fields} if body is not None and known else None)

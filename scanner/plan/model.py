@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
+from scanner.plan.envelope import Envelope, EnvelopeSpec
+from scanner.plan.envelope import sequences as envelope_sequences
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
@@ -143,6 +145,8 @@ class Decision:
     state_changing_by: str = ""     # "policy", "built-in", "policy+built-in" or ""
     upstream_guarded: bool = False  # would vLLM's own --api-key guard this path
     rule_line: int = 0              # policy line of the deciding rule; 0 = default deny
+    # the fields of the route's request model that multiply its work (scanner/plan/envelope.py)
+    envelope_spec: EnvelopeSpec = field(default_factory=EnvelopeSpec)
 
     @property
     def exact(self) -> bool:
@@ -179,23 +183,53 @@ class Decision:
             return ""
         return f"{self.audience}:{self.auth}:{tpm}t/m"
 
-    def token_cost(self, body: bytes) -> int:
-        """What a request with ``body`` is charged against its token budget, at admission: the
-        output budget it will run with (the first of :attr:`budget`'s fields present and not
-        null, as a whole number >= 0; when none is: the cap, which the proxy writes in; 0 on a
-        route without a budget, and for a body that is not a JSON object) plus floor(body bytes
-        / 4), and at least 1. njs (``tokenCost``) and Lua (``token_cost``) compute the same."""
-        out = 0
-        budget = self.budget
-        if budget is not None and body:
+    def envelope(self, body: bytes) -> Envelope:
+        """The admitted envelope of a request with ``body`` (scanner/plan/envelope.py): the
+        sequences it runs (its items x n / best_of, from :attr:`envelope_spec`; 1 for a body that
+        is not a JSON object), the output budget per sequence (the first of :attr:`budget`'s fields
+        present and not null, as a whole number >= 0; none present: the cap, which the proxy
+        writes in; 0 on a route without a budget), its input estimate (the body's bytes) and its
+        ``model``. njs (``envelope``) and Lua (``envelope``) compute the same from the same spec."""
+        obj: object = None
+        if body:
             try:
                 obj = json.loads(body)
             except ValueError:
                 obj = None
-            if isinstance(obj, dict):
-                value = next((obj[f] for f in budget.fields if obj.get(f) is not None), None)
-                out = budget.cap if value is None else _whole(value)
-        return max(1, out + len(body) // 4)
+        if not isinstance(obj, dict):
+            return Envelope(sequences=1, output=0, input=len(body))
+        out = 0
+        budget = self.budget
+        if budget is not None:
+            value = next((obj[f] for f in budget.fields if obj.get(f) is not None), None)
+            out = budget.cap if value is None else _whole(value)
+        model = obj.get("model")
+        return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, _whole), output=out,
+                        input=len(body), model=model if isinstance(model, str) else "")
+
+    def envelope_reason(self, env: Envelope) -> str:
+        """The refusal of a body with envelope ``env`` by the route's per-request caps
+        (``limits.max_sequences``, ``limits.max_request_tokens``): a reason token, "" admitted."""
+        lim = self.limits
+        if lim.max_sequences is not None and env.sequences > lim.max_sequences:
+            return f"envelope-sequences:over-{lim.max_sequences}"
+        if lim.max_request_tokens is not None and env.tokens > lim.max_request_tokens:
+            return f"envelope-tokens:over-{lim.max_request_tokens}"
+        return ""
+
+    @property
+    def envelope_capped(self) -> bool:
+        """Does this route refuse bodies by their envelope (an allowed HTTP route with a body
+        method and a per-request cap)?"""
+        lim = self.limits
+        return (self.allowed and self.kind == "http" and self.method in BODY_METHODS
+                and (lim.max_sequences is not None or lim.max_request_tokens is not None))
+
+    def token_cost(self, body: bytes) -> int:
+        """What a request with ``body`` is charged against its token budget, at admission: its
+        envelope's tokens (:meth:`envelope`: sequences x output budget per sequence + body bytes),
+        at least 1."""
+        return max(1, self.envelope(body).tokens)
 
     def salt_subject(self, principal: str) -> str:
         """What this route's salt is computed over ("principal:NAME" / "audience:NAME"); "" none."""
@@ -232,7 +266,12 @@ class Decision:
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
                 **({"tokens_per_minute": lim.tokens_per_minute} if lim.tokens_per_minute else {}),
+                **({"max_sequences": lim.max_sequences} if lim.max_sequences is not None else {}),
+                **({"max_request_tokens": lim.max_request_tokens}
+                   if lim.max_request_tokens is not None else {}),
             },
+            **({"envelope": self.envelope_spec.to_dict()}
+               if self.envelope_capped or self.token_zone else {}),
             "budget": budget.to_dict() if budget else None,
             "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
                        "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,

@@ -22,6 +22,7 @@ from scanner.policy.model import (
     CACHE_SALT_CHOICES,
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
+    MAX_COUNT,
     METHODS,
     PIN_STRING,
     SALTED,
@@ -215,7 +216,7 @@ def _networks(node: Node) -> dict[str, tuple[str, ...]]:
 
 def _limits(node: Node) -> Limits:
     m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s", "when_absent",
-                      "tokens_per_minute"))
+                      "tokens_per_minute", "max_sequences", "max_request_tokens"))
     caps: dict[str, int] = {}
     if "json_caps" in m:
         for field_name, value in m["json_caps"].entries():
@@ -235,7 +236,18 @@ def _limits(node: Node) -> Limits:
         timeout_s=m["timeout_s"].number() if "timeout_s" in m else None,
         when_absent=cast(Any, m["when_absent"].choice(WHEN_ABSENT_CHOICES)) if "when_absent" in m else None,
         tokens_per_minute=m["tokens_per_minute"].whole(minimum=1) if "tokens_per_minute" in m else None,
+        max_sequences=_count(m["max_sequences"]) if "max_sequences" in m else None,
+        max_request_tokens=_count(m["max_request_tokens"]) if "max_request_tokens" in m else None,
     )
+
+
+def _count(node: Node) -> int:
+    """A per-request envelope cap: a whole number both proxies can hold (1 .. 2^31 - 1; Envoy's
+    hits_addend counts in 32 bits)."""
+    value = node.whole(minimum=1)
+    if value > MAX_COUNT:
+        raise node.fail(f"{value} is more than a proxy can count (at most {MAX_COUNT})")
+    return value
 
 
 def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Audience]:

@@ -31,6 +31,9 @@ CAPPABLE_FIELDS: tuple[str, ...] = (
 # What an audience does with a top-level request-body field it names, and with those it does not.
 FIELD_MODES: tuple[str, ...] = ("allow", "reject", "strip")
 UNKNOWN_FIELD_CHOICES: tuple[str, ...] = ("reject", "strip", "pass")
+# The largest per-request envelope cap (limits.max_sequences, max_request_tokens) either proxy can
+# take: Envoy's hits_addend is a 32-bit count; njs and Lua count in doubles.
+MAX_COUNT = (1 << 31) - 1
 METHODS: tuple[str, ...] = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 SCHEMA_VERSION = 1
 
@@ -54,6 +57,10 @@ class Limits:
     # per principal (per client address on auth "none"), charged at admission: the request's
     # output budget + body bytes / 4 (Decision.token_cost); None: no token budget
     tokens_per_minute: int | None = None
+    # per request, the admitted envelope (scanner/plan/envelope.py): the most sequences one body
+    # may run, and the most tokens (sequences x output budget per sequence + input estimate)
+    max_sequences: int | None = None
+    max_request_tokens: int | None = None
 
     def merged(self, override: Limits | None) -> Limits:
         if override is None:
@@ -67,6 +74,10 @@ class Limits:
             when_absent=override.when_absent or self.when_absent,
             tokens_per_minute=(override.tokens_per_minute if override.tokens_per_minute is not None
                                else self.tokens_per_minute),
+            max_sequences=(override.max_sequences if override.max_sequences is not None
+                           else self.max_sequences),
+            max_request_tokens=(override.max_request_tokens if override.max_request_tokens is not None
+                                else self.max_request_tokens),
         )
 
 

@@ -1,5 +1,5 @@
 """Per-principal token budgets (issue 10, item 6): ``limits.tokens_per_minute``, charged at
-admission with the request's output budget + body bytes / 4 (:meth:`Decision.token_cost`, the
+admission with the request's admitted envelope (sequences x output budget + body bytes) (:meth:`Decision.token_cost`, the
 one rule njs and Lua implement and the probe predicts with). On the real proxies: NGINX 1.31 +
 njs 0.9 (shared dict) and Envoy 1.40 (Lua + local_ratelimit); Debian's NGINX 1.22 (njs 0.7.9, no
 js_shared_dict_zone) is refused by ``generate`` with exit 2, never given a config without it."""
@@ -81,30 +81,33 @@ def test_the_cost_rule(tmp_path: Path) -> None:
     ds = decisions(tmp_path, token_policy())
     chat, comp = ds[("POST", "/v1/chat/completions")], ds[("POST", "/v1/completions")]
     body = json.dumps({"max_tokens": 100, "prompt": "x" * 40}).encode()
-    assert comp.token_cost(body) == 100 + len(body) // 4
+    assert comp.token_cost(body) == 100 + len(body)
     # absent (or null): the cap the proxy writes in
     absent = b'{"prompt": "hi", "max_tokens": null}'
-    assert comp.token_cost(absent) == 4096 + len(absent) // 4
+    assert comp.token_cost(absent) == 4096 + len(absent)
     # the first field present and not null wins; the last copy of a duplicated key counts
     both = b'{"max_completion_tokens": null, "max_tokens": 7, "max_tokens": 9}'
-    assert chat.token_cost(both) == 9 + len(both) // 4
-    assert chat.token_cost(b'{"max_completion_tokens": 5, "max_tokens": 900}') == 5 + 47 // 4
+    assert chat.token_cost(both) == 9 + len(both)
+    assert chat.token_cost(b'{"max_completion_tokens": 5, "max_tokens": 900}') == 5 + 47
     # lax numbers as pydantic reads them; anything else 0; never below 1
-    assert comp.token_cost(b'{"max_tokens": "1_0"}') == 10 + 5
-    assert comp.token_cost(b'{"max_tokens": true}') == 1 + 5
-    assert comp.token_cost(b'{"max_tokens": [1]}') == 0 + 4
-    assert comp.token_cost(b'{"max_tokens": -3}') == 0 + 4
+    assert comp.token_cost(b'{"max_tokens": "1_0"}') == 10 + 21
+    assert comp.token_cost(b'{"max_tokens": true}') == 1 + 20
+    assert comp.token_cost(b'{"max_tokens": [1]}') == 0 + 19
+    assert comp.token_cost(b'{"max_tokens": -3}') == 0 + 18
     assert comp.token_cost(b"") == 1
-    assert comp.token_cost(b"not json at all!") == 4              # not a JSON object: bytes only
+    assert comp.token_cost(b"not json at all!") == 16             # not a JSON object: bytes only
+    # the admitted envelope: a prompt list and n multiply the output budget (scanner/plan/envelope.py)
+    listed = b'{"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}'
+    assert comp.token_cost(listed) == 3 * 2 * 10 + len(listed)
     msgs = ds[("POST", "/v1/messages")]   # no output budget in the plan: bytes only
-    assert msgs.budget is None and msgs.token_cost(b'{"max_tokens": 99999, "x": 1}') == 7
-    assert msgs.token_cost(b"{}") == 1
+    assert msgs.budget is None and msgs.token_cost(b'{"max_tokens": 99999, "x": 1}') == 29
+    assert msgs.token_cost(b"{}") == 2
 
 
 def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
     ds = decisions(tmp_path, token_policy())
     for d in (ds[("POST", "/v1/completions")], ds[("POST", "/v1/messages")], ds[("POST", "/v1/chat/completions")]):
-        for cost in (17, 666, 5000):
+        for cost in (60, 666, 5000):   # the input estimate is every byte: a body of 17 has none
             body = body_of_cost(d, cost, {}, 1 << 20)
             assert body is not None and d.token_cost(body) == cost and isinstance(json.loads(body), dict)
     cost, fit, _ = plan_zone(ds[("POST", "/v1/completions")], 1 << 20)

@@ -8,15 +8,17 @@ cache_salt written in): a stripped field is otherwise invisible."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from scanner import reasons as R
 from scanner.plan.model import BODY_METHODS, Decision
+from scanner.policy.media import MEDIA_KEYS
 from scanner.policy.salt import salt as salt_of
 from scanner.probe import safe
 from scanner.probe.cases import Case, concrete, with_query
@@ -53,6 +55,77 @@ def pad_field(d: Decision) -> str:
         if d.fields.mode(name) == "allow" and name not in d.limits.json_caps and name not in budget:
             return name
     return "pad"
+
+
+def multipliers(d: Decision) -> list[tuple[str, Callable[[int], dict[str, object]]]]:
+    """The ways a body asks ``d`` for k sequences, one per multiplier its envelope reads
+    (scanner/plan/envelope.py) that its rules let through: (name, k -> the fields). Each makes
+    Decision.envelope count exactly k sequences (with no other multiplier in the body)."""
+    spec, rules = d.envelope_spec, d.fields
+    out: list[tuple[str, Callable[[int], dict[str, object]]]] = []
+
+    def ok(*names: str) -> bool:   # let through as sent (a media key would be judged as media)
+        return all(rules.mode(n) == "allow" and n not in rules.pins
+                   and not (d.media.active and n in MEDIA_KEYS) for n in names)
+    for name in spec.per_item:
+        if ok(name):
+            out.append((name, functools.partial(_count_field, name)))
+    for name, _rule in spec.items:
+        if ok(name):
+            item: object = ["a"] if name == "messages" else "a"
+            out.append((f"{name} list", functools.partial(_list_field, name, item)))
+    for a, b in spec.pairs:
+        if ok(a, b):
+            out.append((f"{a}:{b} pairs", functools.partial(_pair_fields, a, b)))
+    return out
+
+
+def _count_field(name: str, k: int) -> dict[str, object]:
+    return {name: k}
+
+
+def _list_field(name: str, item: object, k: int) -> dict[str, object]:
+    return {name: [item] * k}
+
+
+def _pair_fields(a: str, b: str, k: int) -> dict[str, object]:
+    return {a: "q", b: ["a"] * k}
+
+
+def most_sequences(d: Decision, name: str) -> int:
+    """The most sequences multiplier ``name`` may ask for on ``d`` (its JSON cap, its count cap)."""
+    field_name = name.split(" ")[0].split(":")[-1]
+    caps = [c for c in (d.limits.json_caps.get(field_name), d.fields.counts.get(field_name)) if c is not None]
+    return min(caps) if caps else 1 << 20
+
+
+def tokens_body(d: Decision, tokens: int, base: Mapping[str, object], max_bytes: int,
+                shape: tuple[str, Callable[[int], dict[str, object]]] | None = None) -> bytes | None:
+    """A JSON body whose envelope on ``d`` is exactly ``tokens`` (sequences x output budget +
+    bytes), within its caps and ``max_bytes``: as many sequences as ``shape`` (a multiplier, else
+    the first one the route has) may ask for, the output budget as high as its caps let, the rest
+    padding; None when no such body exists."""
+    budget = d.budget
+    first = budget.fields[0] if budget else ""
+    top = min(budget.cap, d.limits.json_caps.get(first, budget.cap)) if budget else 0
+    shapes = [shape] if shape else multipliers(d)[:1]
+    name, fields = shapes[0] if shapes else ("", lambda k: {})
+    most = min(d.limits.max_sequences or 1 << 20, most_sequences(d, name) if name else 1, 64)
+    for k in range(most, 0, -1):
+        extra = {**base, **(fields(k) if k > 1 or not name else {})}
+        head = len(json.dumps({**extra, first: top, pad_field(d): ""}, separators=(",", ":")))
+        per = max(0, min(top, (tokens - head) // k)) if budget else 0
+        if budget:
+            extra[first] = per
+        for size in range(max(1, tokens - k * per - 4), tokens - k * per + 4):
+            if size > max_bytes:
+                break
+            body = padded_json(size, extra, pad_field(d))
+            if body[:1] == b"{" and d.token_cost(body) == tokens:
+                return body
+        if budget and per < top:
+            break   # fewer sequences cannot reach more tokens within the caps
+    return None
 
 
 def cap_bodies(name: str, cap: int) -> list[tuple[str, bytes]]:
@@ -128,6 +201,12 @@ class Limits(BaseCheck):
                     yield Subject(key, d.method, d.path, why=why)
             if lim.json_caps or lim.body_bytes is not None:
                 yield Subject(f"at-limits {where}", d.method, d.path, why=why)
+            if d.envelope_capped and lim.max_sequences is not None:
+                over = any(most_sequences(d, name) > lim.max_sequences for name, _ in multipliers(d))
+                yield Subject(f"envelope-sequences {where}", d.method, d.path, why=why or (
+                    "" if over else "no multiplier here may ask for more than max_sequences (its caps)"))
+            if d.envelope_capped and lim.max_request_tokens is not None:
+                yield Subject(f"envelope-tokens {where}", d.method, d.path, why=why)
             if d.salt:   # not proven (never passed) unless the salt can be seen and computed
                 yield Subject(f"salt {where}", d.method, d.path, why=why or (
                     "the cache_salt written is visible only to a witness upstream" if not ctx.witness else
@@ -174,6 +253,36 @@ class Limits(BaseCheck):
             yield from self._salt(ctx, d, out, len(cells))
             yield from self._counts(ctx, d, out)
             yield from self._pins(ctx, d, out)
+            yield from self._envelope(ctx, d, out)
+
+    def _envelope(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
+        """Each per-request cap by every multiplier the route reads: one sequence over
+        ``max_sequences`` refused (envelope-sequences), exactly at it let through; a body of
+        ``max_request_tokens`` + 1 tokens refused (envelope-tokens), one of exactly that many let
+        through (Decision.envelope is the plan's count)."""
+        lim = d.limits
+        if not d.envelope_capped:
+            return
+        max_bytes = min(lim.body_bytes or 1 << 30, ctx.options.max_body_bytes)
+        if lim.max_sequences is not None:
+            k = lim.max_sequences
+            for name, fields in multipliers(d):
+                if most_sequences(d, name) < k + 1:
+                    continue
+                over, at = out.json(fields(k + 1)), out.json(fields(k))
+                yield out.case("envelope-sequences", "deny", ("envelope-sequences",), over,
+                               f"{name}: {k + 1} sequences > max_sequences {k}")
+                yield out.case("envelope-sequences", "allow", (), at, f"{name}: exactly {k} sequences")
+        if lim.max_request_tokens is not None:
+            t = lim.max_request_tokens
+            for tokens, expected in ((t + 1, "deny"), (t, "allow")):
+                body = tokens_body(d, tokens, out.base, max_bytes)
+                if body is None:
+                    continue
+                reasons = ("envelope-tokens",) if expected == "deny" else ()
+                yield out.case("envelope-tokens", expected, reasons, body,
+                               f"{tokens} tokens ({d.envelope(body).sequences} sequences) "
+                               f"{'>' if expected == 'deny' else '='} max_request_tokens {t}")
 
     def _counts(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         """Each count cap: one item over it refused, exactly at it let through (as a list: the
@@ -444,6 +553,11 @@ class Out:
     def case(self, aspect: str, expected: str, reasons: tuple[str, ...], body: bytes, note: str,
              chunked: bool = False) -> Case:
         d = self.d
+        # a body the route's per-request caps refuse (its envelope over max_sequences or
+        # max_request_tokens) is expected refused for that, whatever else it was sent for
+        over = d.envelope_reason(d.envelope(body)) if expected == "allow" and d.envelope_capped else ""
+        if over:
+            expected, reasons, note = "deny", (over.rsplit(":", 1)[0],), f"{note} (envelope: {over})"
         cred, vantage = self.spread.next()
         return Case(self.check, d.method, d.path, d.method, with_query(concrete(d.path), self.query), cred,
                     vantage, expected, reasons, f"{aspect} {d.method} {d.path}",  # type: ignore[arg-type]

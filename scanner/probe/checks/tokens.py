@@ -1,11 +1,14 @@
 """Token budgets (``limits.tokens_per_minute``): per token zone (:attr:`Decision.token_zone`),
 requests of a known cost (:meth:`Decision.token_cost`, the plan's one statement of what a request
-is charged) from one principal until the budget must be spent: at most ``budget // cost + 3`` of
-them, the cost chosen from the body size so that three fit. The first ones must reach the
-upstream, then the budget must refuse (429 ``token-budget`` with ``Retry-After``), having let
-through no more tokens than the plan's budget plus what it refills while they are sent
-(:func:`budget_capacity`); another principal's requests (another address's on ``auth: none``), as
-many as fit a budget, must all reach it (a budget of its own).
+is charged: its admitted envelope's tokens) from one principal until the budget must be spent: at
+most ``budget // cost + 3`` of them, the cost chosen so that three fit (or the route's
+max_request_tokens). The requests take turns over every multiplier of every route in the zone
+(``n``, ``best_of``, prompt lists, batches of conversations, input lists, pairs), each asking for
+several sequences: a proxy that charges one of them less lets more through than the budget.
+The first ones must reach the upstream, then the budget must refuse (429 ``token-budget`` with
+``Retry-After``), having let through no more tokens than the plan's budget plus what it refills
+while they are sent (:func:`budget_capacity`); another principal's requests (another address's
+on ``auth: none``), as many as fit a budget, must all reach it (a budget of its own).
 
 The requests are ordinary cases of the route's lane (phase 0: paced under its rate limit, so the
 ``rate`` check's burst is not spent here and these never meet the rate limiter), sent before the
@@ -15,7 +18,7 @@ probe cannot exercise is "not proven" with why, never passed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -23,7 +26,7 @@ from scanner import reasons as R
 from scanner.plan.model import Decision
 from scanner.probe import coverage as cov
 from scanner.probe.cases import Case
-from scanner.probe.checks.limits import carrier, pad_field, padded_json
+from scanner.probe.checks.limits import carrier, multipliers, tokens_body
 from scanner.probe.checks.load import (
     OTHER_PRINCIPAL,
     Assessment,
@@ -52,31 +55,18 @@ def budget_capacity(limit: int, window: float) -> float:
 
 
 def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
-    """A JSON body ``d`` charges exactly ``cost`` (its output budget set as high as its caps let,
-    the rest in padding: 4 bytes a token); None when no body within ``max_bytes`` does."""
-    budget, fields = d.budget, dict(base)
-    out = 0
-    if budget is not None:
-        first = budget.fields[0]
-        out = max(0, min(budget.cap, d.limits.json_caps.get(first, budget.cap), cost - 64))
-        fields[first] = out
-    for size in range((cost - out) * 4, (cost - out) * 4 + 4):
-        if size > max_bytes:
-            return None
-        body = padded_json(size, fields, pad_field(d))
-        if body[:1] == b"{" and d.token_cost(body) == cost:
-            return body
-    return None
+    """A JSON body ``d`` charges exactly ``cost`` (Decision.token_cost: its envelope's tokens),
+    asking for as many sequences as its first multiplier and caps let; None when none fits."""
+    return tokens_body(d, cost, base, max_bytes)
 
 
-def plan_zone(d: Decision, max_bytes: int) -> tuple[int, int, bytes] | tuple[None, str, None]:
-    """(cost, how many fit, body) for ``d``'s budget, or (None, why not, None)."""
+def plan_zone(d: Decision, max_bytes: int,
+              kinds: int = FIT) -> tuple[int, int, bytes] | tuple[None, str, None]:
+    """(cost, how many fit, body) for ``d``'s budget, or (None, why not, None). The cost lets
+    ``kinds`` requests (at least three: one per multiplier of the zone) fit the budget, or is the
+    route's max_request_tokens when that is less (a body over it is refused before it is charged)."""
     limit = d.limits.tokens_per_minute or 0
-    want = max(1, limit // FIT)
-    budget = d.budget
-    top = (min(budget.cap, d.limits.json_caps.get(budget.fields[0], budget.cap)) if budget else 0)
-    reach = top + max_bytes // 4 - 16
-    cost = min(want, max(1, reach))
+    cost = max(1, min(limit // max(FIT, kinds), d.limits.max_request_tokens or limit))
     fit = limit // cost
     if fit + EXTRA > MAX_REQUESTS:
         return None, (f"a budget of {limit} tokens needs {fit + EXTRA} requests of the largest cost a body "
@@ -85,6 +75,29 @@ def plan_zone(d: Decision, max_bytes: int) -> tuple[int, int, bytes] | tuple[Non
     if body is None:
         return None, f"no body of cost {cost} fits body_bytes here", None
     return cost, fit, body
+
+
+def kinds(ctx: CheckContext, ds: Sequence[Decision], cell: tuple[Credential, Vantage] | None) -> int:
+    """How many multipliers (by name) the routes of a zone have for ``cell``'s principal."""
+    return len({name for d in ds if cell is not None and carrier(ctx, d) == ("", {})
+                and cell in ctx.allowed_cells(d) for name, _ in multipliers(d)})
+
+
+def shapes(ctx: CheckContext, ds: Sequence[Decision], cost: int, cell: tuple[Credential, Vantage],
+           max_bytes: Callable[[Decision], int]) -> list[tuple[Decision, str, bytes]]:
+    """Bodies of exactly ``cost`` through every multiplier of every route in a zone (n, best_of,
+    prompt lists, batches, input lists, pairs: scanner/plan/envelope.py), each asking for more than
+    one sequence: (route, multiplier, body). A proxy that ignores one charges those less."""
+    out, named = [], set()
+    for d in sorted(ds, key=lambda d: (d.path, d.method)):
+        if carrier(ctx, d) != ("", {}) or cell not in ctx.allowed_cells(d):
+            continue    # another principal's cell would be another budget
+        for shape in multipliers(d):
+            body = None if shape[0] in named else tokens_body(d, cost, {}, max_bytes(d), shape)
+            if body is not None and d.envelope(body).sequences > 1:
+                out.append((d, shape[0], body))
+                named.add(shape[0])     # each multiplier once, on the first route that has it
+    return out
 
 
 @register
@@ -127,7 +140,8 @@ class TokenBudget(BaseCheck):
                     s = replace(s, why="every route in it changes state (--allow-state-changes against a "
                                        "staging upstream)")
                 else:
-                    cost, why, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep))
+                    cost, why, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep),
+                                             kinds(ctx, z.decisions, z.cell))
                     if cost is None:
                         s = replace(s, why=str(why))
             yield s
@@ -141,14 +155,19 @@ class TokenBudget(BaseCheck):
             d, cell = z.rep, z.cell
             if d is None or cell is None or carrier(ctx, d) != ("", {}):
                 continue
-            cost, fit, body = plan_zone(d, self._max_bytes(ctx, d))
+            cost, fit, body = plan_zone(d, self._max_bytes(ctx, d), kinds(ctx, z.decisions, cell))
             if cost is None or body is None or not isinstance(fit, int):
                 continue
             limit = d.limits.tokens_per_minute
             n = fit + EXTRA
+            # the same cost through each multiplier of the zone's routes in turn (same principal)
+            sent = shapes(ctx, z.decisions, cost, cell, lambda x: self._max_bytes(ctx, x)) or [(d, "", body)]
             for i in range(n):
-                yield self._case(ctx, d, cell, z.key, body,
-                                 f"cost {cost} {i + 1}/{n} ({fit} fit {limit} tokens per minute)")
+                route, shape, b = sent[i % len(sent)]
+                seq = route.envelope(b).sequences
+                yield self._case(ctx, route, cell, z.key, b,
+                                 f"cost {cost} {i + 1}/{n} ({fit} fit {limit} tokens per minute)"
+                                 + (f"; {shape}: {seq} sequences" if shape else ""))
             other, cell2, _why = self._other(ctx, z)
             if cell2 is not None:
                 for i in range(fit):
@@ -173,7 +192,7 @@ class TokenBudget(BaseCheck):
             mine, theirs = by.get(z.key, []), by.get(other, [])
             if z.rep is None or not mine:
                 continue
-            cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep))
+            cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep), kinds(ctx, z.decisions, z.cell))
             limit = z.rep.limits.tokens_per_minute
             if cost is None or not isinstance(fit, int) or limit is None:
                 continue

@@ -18,8 +18,10 @@
 //            On a salted route (cache_salt: per-principal / per-audience) every body leaves
 //            with cache_salt = $perimeter_salt, the client's replaced. Media URLs, data and
 //            embeddings anywhere in the body are decided by the route's media rules.
-//            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged here
-//            at admission, once every other check passed (chargeTokens).
+//            The admitted envelope (sequences, output budget per sequence, input estimate) is
+//            computed here on routes with per-request caps or a token budget; over a cap: 400.
+//            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged its
+//            envelope's tokens here at admission, once every other check passed (chargeTokens).
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -340,29 +342,117 @@ function checkMedia(obj, spec, seen) {
     return (limit !== '-' && items.length > Number(limit)) ? 'media-items:over-' + limit : '';
 }
 
-// Token budgets: "t1 2000 principal max_completion_tokens,max_tokens 4096" (zone, tokens per
-// minute, counted per principal or address, the output budget's fields or "-", its cap). The cost
-// is Decision.token_cost (scanner/plan/model.py): the output budget the request runs with (the
-// first field present and not null, whole and >= 0; none present: the cap; no budget, or no JSON
-// object: 0) + floor(body bytes / 4), at least 1.
-var TOKEN_WINDOW = 60000;
+// The admitted envelope (scanner/plan/envelope.py, Decision.envelope): "items=prompt:prompts,
+// messages:prompts pairs=query:documents per=n,best_of out=max_completion_tokens,max_tokens:4096
+// seq=16 tok=70000" (a list "-": none; seq/tok "-": no cap). sequences = (items, at least 1) x
+// (the largest per-item count, at least 1); output per sequence = the first out field present and
+// not null, whole and >= 0 (none present: the cap; no budget: 0); input = body bytes.
+function itemCount(v, rule) {
+    var i, k;
+    if (v === null || v === undefined) {
+        return 0;
+    }
+    if (!Array.isArray(v)) {
+        return 1;
+    }
+    if (rule === 'each') {
+        return v.length;
+    }
+    k = 0;
+    for (i = 0; i < v.length; i++) {
+        if (typeof v[i] === 'string' || Array.isArray(v[i])) {
+            k++;
+        }
+    }
+    return Math.max(1, k);
+}
 
-function tokenCost(obj, nbytes, fields, cap) {
+function pairCount(a, b) {
+    if (a === 0 || b === 0) {
+        return Math.max(a, b);
+    }
+    return (a !== b && a > 1 && b > 1) ? a * b : Math.max(a, b);
+}
+
+function whole(v) {
+    var n = numeric(v);
+    return (n === n && n > 0 && n !== Infinity) ? Math.floor(n) : 0;
+}
+
+function envelopeSpec(text) {
+    var e = {items: [], pairs: [], per: [], out: [], cap: 0, seq: '-', tok: '-'};
+    var parts = text ? text.split(' ') : [];
+    var i, eq, key, val, list, j, colon;
+    for (i = 0; i < parts.length; i++) {
+        eq = parts[i].indexOf('=');
+        key = parts[i].substring(0, eq);
+        val = parts[i].substring(eq + 1);
+        if (key === 'seq' || key === 'tok') {
+            e[key] = val;
+            continue;
+        }
+        if (key === 'out') {
+            colon = val.lastIndexOf(':');
+            e.cap = Number(val.substring(colon + 1));
+            val = val.substring(0, colon);
+        }
+        list = val === '-' ? [] : val.split(',');
+        for (j = 0; j < list.length; j++) {
+            colon = list[j].indexOf(':');
+            e[key].push(colon < 0 ? list[j] : [list[j].substring(0, colon), list[j].substring(colon + 1)]);
+        }
+    }
+    return e;
+}
+
+function envelopeOf(obj, nbytes, e) {
+    var items = 0;
+    var per = 1;
     var out = 0;
-    var names, i, n;
-    if (obj !== null && fields !== '-') {
-        out = cap;
-        names = fields.split(',');
-        for (i = 0; i < names.length; i++) {
-            if (has(obj, names[i]) && obj[names[i]] !== null) {
-                n = numeric(obj[names[i]]);
-                out = (n === n && n > 0 && n !== Infinity) ? Math.floor(n) : 0;
+    var i, f;
+    if (obj === null) {
+        return {seq: 1, out: 0, input: nbytes, tokens: nbytes};
+    }
+    for (i = 0; i < e.items.length; i++) {
+        f = e.items[i][0];
+        items += has(obj, f) ? itemCount(obj[f], e.items[i][1]) : 0;
+    }
+    for (i = 0; i < e.pairs.length; i++) {
+        items += pairCount(has(obj, e.pairs[i][0]) ? itemCount(obj[e.pairs[i][0]], 'each') : 0,
+                           has(obj, e.pairs[i][1]) ? itemCount(obj[e.pairs[i][1]], 'each') : 0);
+    }
+    for (i = 0; i < e.per.length; i++) {
+        if (has(obj, e.per[i]) && obj[e.per[i]] !== null) {
+            per = Math.max(per, whole(obj[e.per[i]]));
+        }
+    }
+    if (e.out.length > 0) {
+        out = e.cap;
+        for (i = 0; i < e.out.length; i++) {
+            if (has(obj, e.out[i]) && obj[e.out[i]] !== null) {
+                out = whole(obj[e.out[i]]);
                 break;
             }
         }
     }
-    return Math.max(1, out + Math.floor(nbytes / 4));
+    items = Math.max(1, items) * per;
+    return {seq: items, out: out, input: nbytes, tokens: items * out + nbytes};
 }
+
+// The route's per-request caps (limits.max_sequences, max_request_tokens): a reason or ''.
+function envelopeReason(env, e) {
+    if (e.seq !== '-' && env.seq > Number(e.seq)) {
+        return 'envelope-sequences:over-' + e.seq;
+    }
+    if (e.tok !== '-' && env.tokens > Number(e.tok)) {
+        return 'envelope-tokens:over-' + e.tok;
+    }
+    return '';
+}
+
+// Token budgets: "t1 2000 principal" (zone, tokens per minute, counted per principal or address).
+// The cost is the envelope's tokens (Decision.token_cost), at least 1.
+var TOKEN_WINDOW = 60000;
 
 // Seconds until `cost` more tokens fit, from the window's totals after the refund.
 function retryAfter(now, prev, used, cost, limit) {
@@ -383,17 +473,17 @@ function retryAfter(now, prev, used, cost, limit) {
 // shared dict, kept when the sliding-window estimate (previous minute's total weighted by what is
 // left of it, plus this minute's) stays within the limit, else refunded and refused (429). true:
 // admitted; false: answered.
-function chargeTokens(r, v, obj) {
+function chargeTokens(r, v, env) {
     var spec = v.perimeter_tokens;
-    var parts, limit, who, buf, cost, dict, now, win, key, prev, used;
+    var parts, limit, who, cost, dict, now, win, key, prev, used;
     if (!spec) {
         return true;
     }
     parts = spec.split(' ');
     limit = Number(parts[1]);
     who = parts[2] === 'principal' ? v.perimeter_principal : r.remoteAddress;
-    buf = r.requestBuffer;
-    cost = tokenCost(obj, buf ? buf.length : 0, parts[3], Number(parts[4]));
+    // over the whole budget never fits: counted as limit + 1 (a finite, exact increment)
+    cost = Math.min(Math.max(1, env.tokens), limit + 1);
     dict = ngx.shared.perimeter_tokens;
     now = Date.now();
     win = Math.floor(now / TOKEN_WINDOW);
@@ -418,10 +508,12 @@ function chargeTokens(r, v, obj) {
 
 function exact(r, v) {
     var text = r.requestText;
-    var obj, reason, strip, pins, i, rewrite, salt;
+    var buf = r.requestBuffer;
+    var nbytes = buf ? buf.length : 0;
+    var obj, reason, strip, pins, i, rewrite, salt, e, env;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
-        if (!chargeTokens(r, v, null)) {
+        if (!chargeTokens(r, v, envelopeOf(null, nbytes, null))) {
             return;
         }
         r.internalRedirect(v.perimeter_up + '_checked');
@@ -455,11 +547,16 @@ function exact(r, v) {
     if (!reason && salt === '') {
         reason = 'bad-request:no-salt';
     }
+    if (!reason && v.perimeter_envelope) {
+        e = envelopeSpec(v.perimeter_envelope);
+        env = envelopeOf(obj, nbytes, e);
+        reason = envelopeReason(env, e);
+    }
     if (reason) {
         deny(r, reason);
         return;
     }
-    if (!chargeTokens(r, v, obj)) {
+    if (!chargeTokens(r, v, env || envelopeOf(obj, nbytes, {items: [], pairs: [], per: [], out: []}))) {
         return;
     }
     if (strip.length > 0 || rewrite.done || salt !== null || pins.length > 0) {
