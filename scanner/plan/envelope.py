@@ -117,9 +117,10 @@ def count(value: object, rule: ItemRule) -> int:
 
 def pairs(a: int, b: int) -> int:
     """Pooled sequences of pair scoring with ``a`` and ``b`` items (vLLM: 1:N or N:N; any other
-    shape is refused by vLLM, and counted as every pair here)."""
+    shape is refused by vLLM, and counted as every pair here). A side absent: no pairs (vLLM
+    needs both; another pair form of the route may use the side present)."""
     if a == 0 or b == 0:
-        return max(a, b)
+        return 0
     return a * b if a != b and a > 1 and b > 1 else max(a, b)
 
 

