@@ -52,6 +52,26 @@ KINDS: tuple[str, ...] = tuple(STATUS)
 THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget"})
 
 
+# The access checks, which both perimeters apply before any other check of a matched route
+# (NGINX: the location's rewrite-phase checks; Envoy: route match, RBAC, then the Lua key check).
+ACCESS: frozenset[str] = frozenset({"not-allowlisted", "method-not-allowed", "network", "missing-key",
+                                    "unknown-key", "role"})
+# Refusals only a later check gives: the key named a principal (its role), or the body was read and
+# judged (its declared size is not one: NGINX refuses that before the location's own checks).
+LATER: frozenset[str] = frozenset({"role", "json-cap", "forbidden-field", "unknown-field", "bad-json",
+                                   "media-url", "media-data", "media-items", "media-embeds",
+                                   "envelope-sequences", "envelope-tokens"})
+
+
+def past(expected: tuple[str, ...], value: str) -> bool:
+    """Did a refusal ``value`` come from a check that runs only after the access checks the
+    ``expected`` reasons name had admitted the request (an unknown key refused for its role, a
+    network-denied caller refused for its body)? Then those checks let it through."""
+    kind, _detail = parse(value)
+    wanted = {e.partition(":")[0] for e in expected}
+    return kind in LATER and kind not in wanted and bool(wanted & ACCESS)
+
+
 def token(kind: str, detail: str = "") -> str:
     """The header value for ``kind`` (and a field name or other detail)."""
     if kind not in STATUS:

@@ -7,8 +7,10 @@
 * expected **deny**: proved only when the perimeter answered with the status and
   ``X-Perimeter-Reason`` of one of the case's reasons. A throttled answer, a refusal for
   another reason, a proxy 5xx or no answer is *inconclusive*: the denial the case is about
-  was never exercised. The upstream answering (whatever it said) *failed*: the perimeter
-  let the request through.
+  was never exercised; but a refusal only a later check gives (an unknown key refused for its
+  role, a denied network for its body: scanner.reasons.past) *failed*: the check under test
+  let it through. The upstream answering (whatever it said) *failed*: the perimeter let the
+  request through.
 
 Inconclusive attempts are retried (scanner.probe.pace); what stays inconclusive is
 reported as not proven, never as passed.
@@ -40,6 +42,9 @@ def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdi
         if expected == "allow":
             return "failed", f"refused by the perimeter: {a.status} {a.reason or 'no reason given'}"
         want = " or ".join(accepted) or "a reason"
+        if R.past(accepted, a.reason):
+            return "failed", (f"refused only by a later check ({a.status} {a.reason}): the perimeter let it "
+                              f"past the check that refuses it ({want})")
         return "inconclusive", (f"refused for another reason ({a.status} {a.reason or 'no reason given'}) "
                                 f"than the one under test ({want})")
     # the upstream answered

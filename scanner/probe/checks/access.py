@@ -169,10 +169,24 @@ def path_variants(path: str, host: str) -> list[tuple[str, str]]:
     return [(n, t) for n, t in out if t != path]
 
 
+def neighbours(path: str) -> list[tuple[str, str]]:
+    """(note, target) spellings next to a concrete allowed path that name another path: a
+    perimeter matching the route exactly and case-sensitively refuses them as unknown; a
+    prefix, case-insensitive, unanchored or catch-all match forwards them."""
+    return [("upper case", path.upper()), ("trailing slash", f"{path}/"), ("a suffix", f"{path}-probe"),
+            ("a path below", f"{path}/probe-sub")]
+
+
+def _neighbour_subject(path: str) -> str:
+    return f"neighbours {path}"
+
+
 @register
 class Bypass(BaseCheck):
     """Denied routes must stay denied under encodings, dot segments, slashes, case, path
-    parameters, absolute-form targets, method-override and URL-override headers, preflight."""
+    parameters, absolute-form targets, method-override and URL-override headers, preflight;
+    and the paths next to an allowed route (its upper case, a trailing slash, a suffix, a path
+    below) are not that route: sent as it admits them, they must be refused as unknown."""
 
     id: ClassVar[str] = "bypass"
     stable: ClassVar[bool] = True
@@ -190,6 +204,8 @@ class Bypass(BaseCheck):
                 yield Subject(key, "*", path)
             else:
                 yield na(key, f"allowed to {ctx.credentials[0].label} from every vantage", "*", path)
+        for d, _cell in self._admitted(ctx):
+            yield Subject(_neighbour_subject(d.path), d.method, d.path)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         cred = ctx.credentials[0]
@@ -203,6 +219,26 @@ class Bypass(BaseCheck):
                                             ctx.options.allow_state_changes) is None:
                     method = safe.wrong_method(declared)
                 yield from self._variants(ctx, path, method, cred, vantage, host)
+        yield from self._neighbours(ctx)
+
+    def _admitted(self, ctx: CheckContext) -> list[tuple[Decision, tuple[Credential, Vantage]]]:
+        """Each allowed HTTP path once (its first allowed method), with a cell the plan admits."""
+        out: dict[str, tuple[Decision, tuple[Credential, Vantage]]] = {}
+        for d in sorted(ctx.plan.allowed, key=lambda d: (d.path, d.state_changing, d.method)):
+            cell = ctx.allowed_cell(d) if d.kind == "http" and d.path not in out else None
+            if cell is not None:
+                out[d.path] = (d, cell)
+        return list(out.values())
+
+    def _neighbours(self, ctx: CheckContext) -> Iterator[Case]:
+        planned = [re.compile(patterns.to_regex(p)) for p in ctx.plan.routes()]
+        for d, (cred, vantage) in self._admitted(ctx):
+            for note, target in neighbours(concrete(d.path)):
+                if any(rx.fullmatch(target) for rx in planned):
+                    continue    # another route of the plan (or this template's parameter)
+                yield ctx.case(self.id, d.method, d.path, cred, vantage, "variant",
+                               subject=_neighbour_subject(d.path), exp=NOT_ALLOWLISTED, target=target,
+                               raw=True, note=note, extra_reasons=VARIANT_REASONS)
 
     def _variants(self, ctx: CheckContext, path: str, method: str, cred: Credential, vantage: Vantage,
                   host: str) -> Iterator[Case]:
@@ -241,8 +277,9 @@ class Bypass(BaseCheck):
                                                                   else rule), a))
         for (rule, _m, _p, _v), attempts in group(flagged).items():
             notes = ", ".join(sorted({a.note for a in attempts}))
-            yield make(rule, attempts, f"The upstream answered these variants of a denied route: {notes}.",
-                       extra="bypass")
+            what = "paths next to an allowed route" if attempts[0].note in dict(neighbours("/")) \
+                else "variants of a denied route"
+            yield make(rule, attempts, f"The upstream answered these {what}: {notes}.", extra="bypass")
 
 
 # --- spoofed forwarding headers ------------------------------------------------------------
