@@ -34,9 +34,16 @@ function deny(r, reason) {
     r.internalRedirect('@perimeter_400');
 }
 
-// A capped field's value as pydantic's lax int parsing would see it; NaN when it
-// cannot be compared (rejected: vLLM would reject it too, or read it differently).
-function numeric(value) {
+// An integer field's value as vLLM reads it (pydantic's lax mode; scanner/plan/vllm_json.py
+// vllm_int): true / false are 1 / 0; a number only when whole and within 64 bits; a string
+// with Unicode whitespace trimmed (Rust's set, not U+FEFF) when it is an optional sign, ASCII
+// digits with single underscores between them and an optional '.' with zeros only. NaN when
+// vLLM refuses it (hex, exponents, '1__0', '10.5', other digits, lists, objects).
+var INT_WS = /^[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g;
+var INT_TEXT = /^[+-]?[0-9](?:_?[0-9])*(?:\.0+)?$/;
+var INT64 = 9223372036854775808;
+
+function vllmInt(value) {
     var s;
     if (value === true) {
         return 1;
@@ -45,14 +52,11 @@ function numeric(value) {
         return 0;
     }
     if (typeof value === 'number') {
-        return value;
+        return (Math.floor(value) === value && value >= -INT64 && value < INT64) ? value : NaN;
     }
     if (typeof value === 'string') {
-        s = value.trim();
-        if (/^[+-]?[0-9][0-9_]*(\.[0-9_]*)?$/.test(s) && s.indexOf('__') < 0) {
-            s = s.split('_').join('');
-        }
-        return s === '' ? NaN : Number(s);
+        s = value.replace(INT_WS, '');
+        return INT_TEXT.test(s) ? Number(s.split('_').join('')) : NaN;
     }
     return NaN;
 }
@@ -70,7 +74,7 @@ function checkCaps(obj, caps) {
         name = items[i].substring(0, eq);
         cap = Number(items[i].substring(eq + 1));
         if (has(obj, name) && obj[name] !== null) {
-            n = numeric(obj[name]);
+            n = vllmInt(obj[name]);
             if (n !== n) {
                 return 'json-cap:' + name + ':not-a-number';
             }
@@ -375,8 +379,8 @@ function pairCount(a, b) {
 }
 
 function whole(v) {
-    var n = numeric(v);
-    return (n === n && n > 0 && n !== Infinity) ? Math.floor(n) : 0;
+    var n = vllmInt(v);
+    return (n === n && n > 0) ? n : 0;
 }
 
 function envelopeSpec(text) {

@@ -8,7 +8,6 @@ config and the proof of that config cannot disagree about intent.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,6 +17,7 @@ from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
 from scanner.plan.envelope import Envelope, EnvelopeSpec
 from scanner.plan.envelope import sequences as envelope_sequences
+from scanner.plan.vllm_json import vllm_int
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
@@ -103,18 +103,9 @@ class Budget:
 
 
 def _whole(value: object) -> int:
-    """A budget field's value as the token charge reads it: a number (or a numeric string, as
-    pydantic's lax mode reads it) floored at 0 and rounded down; anything else 0 (vLLM refuses it)."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, str):
-        try:
-            value = float(value.strip().replace("_", ""))
-        except ValueError:
-            return 0
-    if isinstance(value, int | float) and math.isfinite(value):
-        return max(0, math.floor(value))
-    return 0
+    """A budget field's value as the token charge reads it: the integer vLLM reads
+    (:func:`scanner.plan.vllm_json.vllm_int`) floored at 0; anything vLLM refuses 0."""
+    return max(0, vllm_int(value) or 0)
 
 
 @dataclass(frozen=True)
@@ -382,15 +373,9 @@ class Plan:
         on ``d``: less the fields its rules strip, its output budget decided, and on a salted
         route (``d.salt``) ``cache_salt`` = ``salt``, the perimeter's salt for the sender
         (:func:`scanner.policy.salt.salt`); None: it is refused for its absent budget."""
-        if d.salt and not salt:
-            raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
-        kept = {k: v for k, v in body.items() if d.fields.mode(k) != "strip"}
-        out = d.budget.forwarded(kept) if d.budget else kept
-        if out is not None and d.salt:
-            out["cache_salt"] = salt
-        if out is not None:
-            out.update(d.fields.pins)
-        return out
+        from scanner.plan.body import forwarded  # the body rules' one statement (imports this module)
+
+        return forwarded(d, body, salt)
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route

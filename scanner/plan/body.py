@@ -1,0 +1,180 @@
+"""The body rules of one decision, as one reference: what the perimeter must do with a raw request
+body on a route, refuse it (with which reason, :mod:`scanner.reasons`) or forward it (which body:
+fields stripped, output budget written in, cache salt, pins), reading the body exactly as vLLM
+does (:mod:`scanner.plan.vllm_json`).
+
+njs (``templates/nginx-perimeter.js``) and Lua (``templates/envoy_json.lua.j2``,
+``envoy_perimeter.lua.j2``) implement the same rules; ``tests/differential`` holds all three (and
+vLLM's own request models) to this judge over a corpus of bodies. The checks, in the order their
+reasons are given (one body may break several):
+
+1. the body is a JSON object (``bad-json``);
+2. each capped field (``limits.json_caps``, by name) is null or an integer pydantic reads as at most
+   its cap (``json-cap:NAME``): a value vLLM would refuse is refused here too;
+3. each top-level field in document order (a duplicated key once, with its last value): refused
+   by name (``forbidden-field:NAME``), unnamed under ``unknown: reject`` (``unknown-field:NAME``),
+   or holding more items than its count (``json-cap:NAME:count-over-N``);
+4. media anywhere in the body (:func:`scanner.policy.media.reason`);
+5. the output budget absent (every field it is read from absent or null) under ``when_absent:
+   reject`` (``json-cap:FIELD:absent``);
+6. a salted route without a salt for the sender (``bad-request:no-salt``);
+7. the admitted envelope over the route's per-request caps (:meth:`Decision.envelope_reason`).
+
+Bodies that are not inspected are forwarded as sent: empty ones, form bodies (:func:`is_form`:
+``multipart/form-data`` and ``application/x-www-form-urlencoded``, which vLLM does not read as
+JSON) and every body of a route with no body rule. The body is read strictly (:func:`document`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scanner import reasons
+from scanner.plan.model import BODY_METHODS, Decision
+from scanner.plan.vllm_json import vllm_int, within
+from scanner.policy import media
+from scanner.policy.model import count_of
+
+FORM_TYPES: tuple[str, ...] = ("multipart/form-data", "application/x-www-form-urlencoded")
+HTTP_WS = " \t\n\x0b\x0c\r"   # what NGINX's \s and Lua's %s strip around a media type
+_PLAIN = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The perimeter's answer to one body: refused (``reason``), or forwarded as ``body`` (the JSON
+    object the upstream must receive; None: the bytes as sent, not inspected)."""
+
+    reason: str = ""
+    body: dict[str, object] | None = None
+    cost: int = 0                  # the token charge (route with a token budget; else 0)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.reason)
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        """The refusal's kind and field (``("json-cap", "max_tokens")``); ("", "") forwarded."""
+        return reasons.parse(self.reason) if self.reason else ("", "")
+
+
+def inspects(d: Decision) -> bool:
+    """Does the perimeter read this route's bodies at all (both generators decide it so)?"""
+    return (d.kind != "websocket" and d.method in BODY_METHODS
+            and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone))
+
+
+def is_form(content_type: str | None) -> bool:
+    """Is a body with this Content-Type a form (not inspected): all of it before the first ``;``,
+    whitespace stripped and case folded, one of :data:`FORM_TYPES`. Nothing vLLM's FastAPI
+    reads as JSON is a form: ``application/x-www-form-urlencoded x+json`` is JSON to it (its
+    subtype ends with ``+json``), and inspected here."""
+    return (content_type or "").partition(";")[0].strip(HTTP_WS).lower() in FORM_TYPES
+
+
+def document(raw: bytes) -> object:
+    """The body as the perimeter reads it: RFC 8259 JSON in UTF-8 (no byte order mark, no
+    ``NaN`` / ``Infinity``, which Python's json, and so vLLM, would also take); ValueError else.
+    A stricter reading than vLLM's refuses more, never less."""
+    def constant(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(raw.decode("utf-8"), parse_constant=constant)
+
+
+def caps_reason(caps: Mapping[str, int], doc: Mapping[str, object]) -> str:
+    for name, cap in sorted(caps.items()):
+        if name in doc and not within(doc[name], cap):
+            return reasons.token("json-cap", name)
+    return ""
+
+
+def fields_reason(d: Decision, doc: Mapping[str, object]) -> str:
+    rules = d.fields
+    if not rules.decided:
+        return ""
+    for key, value in doc.items():
+        if rules.mode(key) == "reject":
+            if key in rules.named:
+                return reasons.token("forbidden-field", key)
+            return reasons.token("unknown-field", key if _PLAIN.fullmatch(key) else "not-a-plain-name")
+        cap = rules.counts.get(key)
+        if cap is not None and count_of(value) > cap:
+            return f"json-cap:{key}:count-over-{cap}"
+    return ""
+
+
+def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "") -> dict[str, object] | None:
+    """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: less the
+    fields its rules strip, its output budget decided, on a salted route ``cache_salt`` = ``salt``
+    (the perimeter's salt for the sender), then the pins; None: refused for its absent budget."""
+    if d.salt and not salt:
+        raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
+    kept = {k: v for k, v in doc.items() if d.fields.mode(k) != "strip"}
+    out = d.budget.forwarded(kept) if d.budget else kept
+    if out is not None and d.salt:
+        out["cache_salt"] = salt
+    if out is not None:
+        out.update(d.fields.pins)
+    return out
+
+
+def judge(d: Decision, raw: bytes, salt: str = "",
+          content_type: str | None = "application/json") -> Judgement:
+    """What the perimeter must do with ``raw`` sent to ``d`` (an allowed route) with this
+    Content-Type; ``salt``: the perimeter's cache salt for the sender on a salted route ("" none
+    known: refused)."""
+    form = is_form(content_type)
+    cost = 0 if not d.token_zone else max(1, len(raw) // 4) if form else d.token_cost(raw)
+    if not inspects(d) or not raw or form:
+        return Judgement(cost=cost)
+    try:
+        doc = document(raw)
+    except (ValueError, RecursionError):
+        return Judgement("bad-json")
+    if not isinstance(doc, dict):
+        return Judgement("bad-json:not-an-object")
+    why = caps_reason(d.limits.json_caps, doc) or fields_reason(d, doc) or media.reason(doc, d.media)
+    if why:
+        return Judgement(why)
+    budget = d.enforced_budget
+    if budget is not None and budget.when_absent == "reject" and budget.absent(doc):
+        return Judgement(f"json-cap:{budget.field}:absent")
+    if d.salt and not salt:
+        return Judgement("bad-request:no-salt")
+    why = d.envelope_reason(d.envelope(raw)) if d.envelope_capped else ""
+    if why:
+        return Judgement(why)
+    return Judgement(body=forwarded(d, doc, salt), cost=cost)
+
+
+def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
+    """How a body that reached the upstream (``doc``, as vLLM reads it) breaks ``d``'s rules:
+    a capped field vLLM reads as over its cap (a value it refuses, it refuses: no more work), a
+    field refused or stripped by the rules, a count over, a pin or the salt not the perimeter's,
+    media the rules refuse, no output budget where the plan decides its absence. Empty: nothing
+    more than the plan allows reached vLLM."""
+    if not isinstance(doc, dict):
+        return ()
+    out = [f"cap {n}: {doc[n]!r}" for n, cap in sorted(d.limits.json_caps.items())
+           if n in doc and (vllm_int(doc[n]) or 0) > cap]
+    rules = d.fields
+    for key, value in doc.items():
+        mode = rules.mode(key)
+        if mode != "allow" and not (key == "cache_salt" and d.salt):
+            out.append(f"field {key}: {mode}")
+        if key in rules.counts and count_of(value) > rules.counts[key]:
+            out.append(f"count {key}: {count_of(value)} > {rules.counts[key]}")
+    out += [f"pin {k}: {doc.get(k)!r}" for k, v in rules.pins.items() if doc.get(k, object()) != v]
+    if d.salt and doc.get("cache_salt") != salt:
+        out.append("salt: not the perimeter's")
+    why = media.reason(doc, d.media)
+    if why:
+        out.append(f"media: {why}")
+    budget = d.enforced_budget
+    if budget is not None and budget.absent(doc):
+        out.append(f"budget: {'/'.join(budget.fields)} absent")
+    return tuple(out)

@@ -1,0 +1,77 @@
+"""How vLLM reads a request body: the one reading the body rules follow (the reference judge in
+:mod:`scanner.plan.body`, ``Decision.token_cost``), and the one njs (``vllmInt`` in
+``templates/nginx-perimeter.js``) and Lua (``vllm_int`` in ``templates/envoy_json.lua.j2``) copy.
+
+* **Which bodies are JSON** (FastAPI's request parsing, vLLM 0.29's FastAPI): no
+  ``Content-Type``, or one whose main type is ``application`` and subtype ``json`` or ``*+json``
+  (``application/x-www-form-urlencoded+json`` too); any other body reaches the model as bytes
+  and is refused by its validation.
+* **The document** is Python's ``json.loads`` of the bytes (Starlette's ``request.json()``): a
+  duplicated key keeps its last value (at the position of its first), ``\\u`` escapes are decoded,
+  ``NaN`` / ``Infinity`` are numbers, UTF-16/32 bodies are detected by their first bytes.
+* **An integer field** (``max_tokens``, ``n``, ...) is read by pydantic's lax mode (measured on
+  vLLM 0.29.0, ``ChatCompletionRequest.model_validate``): ``true`` / ``false`` are 1 / 0; a float
+  only when whole and within 64 bits; a string after Unicode whitespace is trimmed (Rust's
+  ``char::is_whitespace``: ``\\u0085``, ``\\u00a0``, ``\\u3000`` too, not ``\\ufeff``) when it is
+  an optional sign, ASCII digits with single underscores between them (leading zeros allowed),
+  and an optional ``.`` with zeros only (``" +99_999 "``, ``"0099999"``, ``"99999.000"``).
+  Refused: hex, octal and binary prefixes, exponents (``"1e5"``), ``"1__0"``, ``"_1"``, ``"1."``,
+  ``"10.0_0"``, non-ASCII digits, ``"inf"``; lists, objects and null (no value).
+"""
+
+from __future__ import annotations
+
+import email.message
+import json
+import math
+import re
+
+# Rust's char::is_whitespace (what pydantic-core trims around a numeric string)
+WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009" \
+             "\u200a\u2028\u2029\u202f\u205f\u3000"
+INT_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?", re.ASCII)
+INT64 = 2 ** 63
+
+
+def reads_json(content_type: str | None) -> bool:
+    """Does vLLM's FastAPI parse a body with this ``Content-Type`` as JSON (None: no header)?"""
+    if not content_type:
+        return True
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def loads(raw: bytes) -> object:
+    """The document vLLM reads from a JSON body; ValueError when it reads none."""
+    return json.loads(raw)
+
+
+def vllm_int(value: object) -> int | None:
+    """An integer field's value as pydantic reads it (see the module docstring); None: refused."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != math.floor(value) or not -INT64 <= value < INT64:
+            return None
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip(WHITESPACE)
+        if not INT_TEXT.fullmatch(text):
+            return None
+        return int(text.partition(".")[0].replace("_", ""))
+    return None
+
+
+def within(value: object, cap: int) -> bool:
+    """Does a capped field with ``value`` pass: null (the field's default) or an integer pydantic
+    reads as at most ``cap``? Anything vLLM would not read as an integer is refused too."""
+    if value is None:
+        return True
+    n = vllm_int(value)
+    return n is not None and n <= cap

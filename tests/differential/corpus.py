@@ -1,0 +1,262 @@
+"""The differential corpus: hand-picked bodies plus bodies generated with hypothesis (numbers in
+every form, duplicate and escaped keys, denied and unknown fields, counts, nesting, media shapes,
+absent budgets, content types), each a raw JSON text built member by member so that every
+spelling (an escaped key, ``1e3``, ``-0``, a string with Unicode whitespace) reaches the proxy as
+written. Deterministic: the same corpus on every run (``derandomize``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TypeVar
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from tests.differential.harness import Case
+
+CHAT, COMP, RESP = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+BATCH, TOKENIZE = "/v1/chat/completions/batch", "/tokenize"
+# route -> (role, base members)
+ROUTES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    CHAT: ("user", (('"model"', '"m"'), ('"messages"', '[{"role":"user","content":"hi"}]'))),
+    COMP: ("user", (('"model"', '"m"'), ('"prompt"', '"hi"'))),
+    RESP: ("user", (('"model"', '"m"'), ('"input"', '"hi"'))),
+    BATCH: ("service", (('"model"', '"m"'), ('"messages"', '[[{"role":"user","content":"hi"}]]'))),
+    TOKENIZE: ("service", (('"model"', '"m"'), ('"prompt"', '"hi"'))),
+}
+CAPPED = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "logprobs",
+          "top_logprobs", "prompt_logprobs")
+DENIED = ("priority", "request_id", "kv_transfer_params", "cache_salt", "chat_template", "vllm_xargs",
+          "chat_template_kwargs", "prompt_embeds")
+UNKNOWN = ("foo", "Max_tokens", "max_tokens ", "max tokens", "a,b", "a:b", "", "\u043a\u043b\u044e\u0447",
+           "max_tokens\u0000", "MAX_TOKENS")
+NEAR = (0, 1, 3, 4, 5, 8, 9, 19, 20, 21, 4095, 4096, 4097, 8191, 8192, 8193, 99999)
+WS = ("", "", "", " ", "\t", "\n", "\r", "\x0b", "\x0c", "\u00a0", "\u0085", "\u3000", "\u2003", "\ufeff",
+      "\x1c", "\u200b")
+NON_ASCII = {"fullwidth": 0xFF10, "arabic": 0x0660, "devanagari": 0x0966}
+FLOATS = ("4096.0", "4097.0", "4096.5", "100.5", "1e3", "1E4", "4.096e3", "4.097e3", "-0", "-0.0", "0.0",
+          "1e400", "-1e400", "1" + "0" * 25, "4096.00000000000000001", "4096.9999999999999999", "5e-324",
+          "20.000", "21.0", "4.0", "5.0", "9007199254740993", "-4097", "1.5e1")
+LITERALS = ("true", "false", "null", "[]", "[4096]", "{}", '""', '"abc"', '{"a":1}', '[1,2]')
+CONTENT_TYPES = (None, "application/json; charset=utf-8", "text/plain", "application/x-www-form-urlencoded",
+                 "multipart/form-data; boundary=x", "application/x-www-form-urlencoded+json", "APPLICATION/JSON",
+                 "application/vnd.api+json", " multipart/form-data", "multipart/form-data+json",
+                 "application/json+x-www-form-urlencoded", "application/x-www-form-urlencoded; charset=utf-8",
+                 "application/x-www-form-urlencoded x+json")
+MEDIA = (
+    '[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://a.example/x.png"}}]}]',
+    '[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]',
+    '[{"role":"user","content":[{"type":"image_url","image_url":"DATA:image/png;base64,AA"}]}]',
+    '[{"role":"user","content":[{"type":"image_url","image_url":{"url":null}}]}]',
+    '[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]',
+    '[{"role":"user","content":[{"type":"image_embeds","image_embeds":"AAAA"}]}]',
+    '[{"role":"user","content":[{"type":"image_url","image_\\u0075rl":{"url":"https://b.example/y"}}]}]',
+    '[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:x","url":"http://c.example/"}}]}]',
+    '[{"role":"user","content":[' + ",".join(['{"type":"image_url","image_url":"data:,A"}'] * 9) + ']}]',
+    '[{"role":"user","content":[' + ",".join(['{"type":"image_url","image_url":"data:,A"}'] * 8) + ']}]',
+)
+
+
+def key(name: str, escape: Sequence[bool] = ()) -> str:
+    """The JSON text of key ``name``, each character ``\\u``-escaped where ``escape`` says."""
+    out = []
+    for i, ch in enumerate(name):
+        if i < len(escape) and escape[i]:
+            out.append(f"\\u{ord(ch):04x}" if i % 2 else f"\\u{ord(ch):04X}")
+        else:
+            out.append(json.dumps(ch, ensure_ascii=False)[1:-1])
+    return '"' + "".join(out) + '"'
+
+
+@st.composite
+def numeric_string(draw: st.DrawFn) -> str:
+    """A JSON string holding a number in one of pydantic's accepted or refused spellings."""
+    n = draw(st.sampled_from(NEAR) | st.integers(0, 10 ** 6))
+    digits = str(n)
+    form = draw(st.sampled_from(("plain", "zeros", "under", "double-under", "edge-under", "hex", "exp",
+                                 "non-ascii", "frac", "plain", "under")))
+    if form == "zeros":
+        digits = "0" * draw(st.integers(1, 3)) + digits
+    elif form == "under" and len(digits) > 1:
+        at = draw(st.integers(1, len(digits) - 1))
+        digits = digits[:at] + "_" + digits[at:]
+    elif form == "double-under" and len(digits) > 1:
+        digits = digits[:1] + "__" + digits[1:]
+    elif form == "edge-under":
+        digits = draw(st.sampled_from(("_" + digits, digits + "_")))
+    elif form == "hex":
+        digits = f"0x{n:x}"
+    elif form == "exp":
+        digits = draw(st.sampled_from((f"{n}e0", f"{n / 1000:g}e3", f"{n}E+0")))
+    elif form == "non-ascii":
+        base = NON_ASCII[draw(st.sampled_from(sorted(NON_ASCII)))]
+        digits = "".join(chr(base + int(c)) for c in digits)
+    frac = draw(st.sampled_from(("", "", "", ".0", ".000", ".5", ".", ".0_0", ".00001")))
+    sign = draw(st.sampled_from(("", "", "", "+", "-", "+-")))
+    text = draw(st.sampled_from(WS)) + sign + digits + frac + draw(st.sampled_from(WS))
+    return json.dumps(text, ensure_ascii=draw(st.booleans()))
+
+
+def value() -> st.SearchStrategy[str]:
+    """The JSON text of a capped field's value."""
+    ints = (st.sampled_from(NEAR) | st.integers(-5, 10 ** 7)).map(str)
+    return st.one_of(ints, ints, st.sampled_from(FLOATS), numeric_string(), numeric_string(),
+                     st.sampled_from(LITERALS))
+
+
+@st.composite
+def spelled(draw: st.DrawFn, name: str) -> str:
+    if draw(st.integers(0, 4)) == 0:
+        return key(name, draw(st.lists(st.booleans(), min_size=len(name), max_size=len(name))))
+    return key(name)
+
+
+def _list(n: int, item: str) -> str:
+    return "[" + ",".join([item] * n) + "]"
+
+
+@st.composite
+def extra(draw: st.DrawFn, path: str) -> list[tuple[str, str]]:
+    """One to three members added to a route's base body."""
+    kind = draw(st.sampled_from(("cap", "cap", "cap", "cap", "dup", "denied", "unknown", "count", "nested",
+                                 "media", "null-budget")))
+    if kind == "cap":
+        return [(draw(spelled(draw(st.sampled_from(CAPPED)))), draw(value()))]
+    if kind == "dup":
+        name = draw(st.sampled_from(CAPPED))
+        return [(draw(spelled(name)), draw(value())), (draw(spelled(name)), draw(value()))]
+    if kind == "denied":
+        return [(draw(spelled(draw(st.sampled_from(DENIED)))), draw(st.sampled_from(('"x"', "1", "null", "{}"))))]
+    if kind == "unknown":
+        return [(key(draw(st.sampled_from(UNKNOWN))), "1")]
+    if kind == "count":
+        which = draw(st.sampled_from(("stop", "stop", "stop_token_ids", "logit_bias", "tools", "bad_words")))
+        if which == "logit_bias":
+            k = draw(st.sampled_from((0, 299, 300, 301)))
+            return [(key(which), "{" + ",".join(f'"{i}":1' for i in range(k)) + "}")]
+        k = draw(st.integers(0, 70) if which in ("stop_token_ids", "bad_words") else st.integers(0, 18))
+        item = {"stop": '"s"', "stop_token_ids": "1", "bad_words": '"w"',
+                "tools": '{"type":"function","function":{"name":"f"}}'}[which]
+        shape = draw(st.sampled_from(("list", "list", "string", "object", "null")))
+        text = {"list": _list(k, item), "string": '"s"', "object": '{"a":"b"}', "null": "null"}[shape]
+        return [(draw(spelled(which)), text)]
+    if kind == "nested":
+        name = draw(st.sampled_from(CAPPED))
+        return [(key("metadata"), f'{{"{name}": {draw(value())}}}')]
+    if kind == "media":
+        return [(key("messages"), draw(st.sampled_from(MEDIA)))]
+    return [(draw(spelled(draw(st.sampled_from(("max_tokens", "max_completion_tokens", "max_output_tokens"))))),
+             "null")]
+
+
+@st.composite
+def generated(draw: st.DrawFn) -> tuple[str, bytes, str | None]:
+    path = draw(st.sampled_from((CHAT, CHAT, CHAT, COMP, COMP, RESP, BATCH, TOKENIZE)))
+    _role, base = ROUTES[path]
+    members = list(base)
+    for _ in range(draw(st.integers(1, 3))):
+        for m in draw(extra(path)):
+            members.insert(draw(st.integers(0, len(members))), m)
+    sep = draw(st.sampled_from((",", ", ", ",\n  ")))
+    colon = draw(st.sampled_from((":", ": ", " : ")))
+    raw = "{" + sep.join(k + colon + v for k, v in members) + "}"
+    ct = draw(st.sampled_from(CONTENT_TYPES)) if draw(st.integers(0, 14)) == 0 else "application/json"
+    return path, raw.encode("utf-8"), ct
+
+
+T = TypeVar("T")
+
+
+def draw_many(strategy: st.SearchStrategy[T], n: int) -> list[T]:
+    """``n`` examples of ``strategy``, the same on every run."""
+    out: list[T] = []
+
+    @settings(max_examples=n, database=None, derandomize=True, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), deadline=None)
+    @given(strategy)
+    def collect(example: T) -> None:
+        out.append(example)
+
+    collect()
+    return out
+
+
+def _chat(members: str) -> bytes:
+    return ('{"model":"m","messages":[{"role":"user","content":"hi"}],' + members + "}").encode("utf-8")
+
+
+# (path, raw body, content type, note)
+HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
+    *((CHAT, _chat(f'"max_tokens": {json.dumps(v)}'), "application/json", f"measured {v!r}")
+      for v in (" +99_999 ", "0099999", "99999.000", "9_9_9_9_9", "\t100", "99999\n", "0x65", "1e5",
+                "9.9999e4", "99999.5", "\uff19\uff19", "\u0669\u0669", "1__0", "_10", "10_", "4_0_9_7",
+                "04096.0", "+4096", "-4096", " 4096 ", "\u00a04097", "\u30004097", "\ufeff4097", "\x1c4097")),
+    (CHAT, _chat('"max\\u005ftokens": 99999'), "application/json", "escaped key over the cap"),
+    (CHAT, _chat('"max\\u005Ftokens": "4097"'), "application/json", "escaped key, string over the cap"),
+    (CHAT, _chat('"max_tokens": 1, "max_tokens": 99999'), "application/json", "duplicate: last over"),
+    (CHAT, _chat('"max_tokens": 99999, "max_tokens": 1'), "application/json", "duplicate: first over"),
+    (CHAT, _chat('"max_tokens": 5, "max_tokens": null'), "application/json", "duplicate: last null"),
+    (CHAT, _chat('"max_completion_tokens": null, "max_tokens": null'), "application/json", "budget nulls"),
+    (CHAT, _chat('"max_completion_tokens": 0'), "application/json", "budget zero"),
+    (CHAT, _chat('"n": "4", "n": "5"'), "application/json", "n duplicate strings"),
+    (CHAT, _chat('"n": 4.0'), "application/json", "n float whole"),
+    (CHAT, _chat('"n": 5.0'), "application/json", "n float over"),
+    (CHAT, _chat('"max_tokens": NaN'), "application/json", "NaN literal"),
+    (CHAT, _chat('"max_tokens": Infinity'), "application/json", "Infinity literal"),
+    (CHAT, _chat('"temperature": NaN'), "application/json", "NaN on an uncapped field"),
+    (CHAT, _chat('"max_tokens": 4096') + b" ", "application/json", "trailing space"),
+    (CHAT, b"\xef\xbb\xbf" + _chat('"max_tokens": 99999'), "application/json", "UTF-8 BOM"),
+    (CHAT, _chat('"max_tokens": 99999').decode().encode("utf-16"), "application/json", "UTF-16 over"),
+    (CHAT, _chat('"max_tokens": 99999').decode().encode("utf-16-le"), "application/json", "UTF-16-LE over"),
+    (CHAT, b'[{"max_tokens": 99999}]', "application/json", "an array"),
+    (CHAT, b'"x"', "application/json", "a string"),
+    (CHAT, b"{", "application/json", "truncated"),
+    (CHAT, b'{"model":"m","messages":[{"role":"user","content":"\xff"}]}', "application/json", "invalid UTF-8"),
+    (CHAT, _chat('"max_tokens": 99999'), "application/x-www-form-urlencoded+json", "+json form-like type"),
+    (CHAT, _chat('"max_tokens": 99999'), "multipart/form-data+json", "multipart+json"),
+    (CHAT, _chat('"max_tokens": 99999'), "application/x-www-form-urlencoded", "form type, JSON body"),
+    (CHAT, _chat('"max_tokens": 99999'), None, "no content type"),
+    (CHAT, _chat('"max_tokens": 99999'), "application/x-www-form-urlencoded x+json", "form type, then +json"),
+    (CHAT, _chat('"max_tokens": 99999'), "application/x-www-form-urlencoded +json; a=b", "form, +json, param"),
+    (CHAT, _chat('"max_tokens": 99999'), "multipart/form-data x+json", "multipart, then +json"),
+    (CHAT, _chat('"max_tokens": 99999'), "application/x-www-form-urlencoded ; charset=utf-8", "form, space"),
+    (CHAT, _chat('"max_tokens": 99999'), "text/plain", "text/plain"),
+    (CHAT, _chat('"logit_bias": {{{}}}'.format(",".join(f'"{i}":1' for i in range(300))) + ', "logit_bias": {}'),
+     "application/json", "duplicate count, last small"),
+    (CHAT, _chat('"stop": [{}]'.format(",".join(['"s"'] * 17))), "application/json", "stop 17"),
+    (CHAT, _chat('"st\\u006fp": [{}]'.format(",".join(['"s"'] * 17))), "application/json", "escaped stop 17"),
+    (CHAT, _chat('"stop": [{}], "stop": ["s"]'.format(",".join(['"s"'] * 17))), "application/json", "dup stop"),
+    (CHAT, _chat('"metadata": {"max_tokens": 99999}'), "application/json", "nested cap"),
+    (CHAT, _chat('"cache\\u005fsalt": "x"'), "application/json", "escaped denied"),
+    (CHAT, _chat('"priority": 1, "priority": null'), "application/json", "denied then null"),
+    (CHAT, _chat('"1": 1, "max_tokens": 99999'), "application/json", "integer-like key first"),
+    (CHAT, b'{"model":"m","messages":' + b"[" * 200 + b"]" * 200 + b"}", "application/json", "deep nesting"),
+    *((CHAT, b'{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":' + b"[" * k + b"]" * k + b"}",
+       "application/json", f"nesting {k}") for k in (30, 64, 100, 126, 127, 128, 129, 130, 1000)),
+    *((CHAT, _chat(f'"messages": {m}'), "application/json", f"media {i}") for i, m in enumerate(MEDIA)),
+    (CHAT, _chat('"messages": [{"role":"user","content":[{"type":"image_url","image_url":"data:,%s"}]}]'
+                 % ("A" * 524288)), "application/json", "media data over"),
+    (COMP, b'{"model":"m","prompt":"hi","max_tokens":"4_096.000"}', "application/json", "completions string"),
+    (COMP, b'{"model":"m","prompt":"hi","logprobs":"5"}', "application/json", "completions logprobs string"),
+    (COMP, b'{"model":"m","prompt":"hi"}', "application/json", "completions absent budget"),
+    (RESP, b'{"model":"m","input":"hi","max_output_tokens":" 4097"}', "application/json", "responses over"),
+    (BATCH, b'{"model":"m","messages":[[{"role":"user","content":"hi"}]],"max_tokens":"8193"}',
+     "application/json", "batch string over"),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","max_tokens":8193}', "application/json", "fast path over"),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","max_tokens":8192}', "application/json", "fast path at cap"),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","max_tokens":"8193"}', "application/json", "fast path string"),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","max_tokens":8192,"max_tokens":8193}', "application/json",
+     "fast path duplicate"),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","cache_salt":"x"}', "application/json", "fast path denied"),
+)
+
+
+def cases(generated_count: int = 520) -> list[Case]:
+    """The whole corpus: the hand-picked bodies, then ``generated_count`` generated ones."""
+    out = [Case(f"h{i}", path, raw, ct, ROUTES[path][0], note) for i, (path, raw, ct, note) in enumerate(HAND)]
+    for i, (path, raw, ct) in enumerate(draw_many(generated(), generated_count)):
+        out.append(Case(f"g{i}", path, raw, ct, ROUTES[path][0]))
+    return out
+
+

@@ -1,0 +1,74 @@
+"""Run inside vLLM's venv: read JSON lines {"id", "path", "content_type", "body"
+(base64), "fields"} on stdin and
+write one JSON line per body: how vLLM 0.29's own request model reads it (FastAPI's JSON rule,
+Python's json, pydantic's model_validate): {"id", "json": parsed as JSON, "valid": the model
+accepted it, "values": {field: the value the model holds}} for the fields asked for that the
+model declares. Standard library and vLLM only (this file is run by path)."""
+
+from __future__ import annotations
+
+import base64
+import email.message
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    BatchChatCompletionRequest,
+    ChatCompletionRequest,
+)
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+          "/v1/responses": ResponsesRequest, "/v1/chat/completions/batch": BatchChatCompletionRequest}
+
+
+def reads_json(content_type: str | None) -> bool:
+    """FastAPI's rule (fastapi/routing.py, get_request_handler)."""
+    if not content_type:
+        return True
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def judge(item: dict) -> dict:
+    out = {"id": item["id"], "json": False, "valid": False, "values": {}}
+    if not reads_json(item.get("content_type")):
+        return out
+    try:
+        doc = json.loads(base64.b64decode(item["body"]))
+    except ValueError:
+        return out
+    out["json"] = True
+    model = MODELS.get(item["path"])
+    if model is None or not isinstance(doc, dict):
+        return out
+    try:
+        req = model.model_validate(doc)
+    except Exception:
+        return out
+    out["valid"] = True
+    for name in item.get("fields", ()):
+        if name in model.model_fields:
+            value = getattr(req, name)
+            out["values"][name] = value if value is None or isinstance(value, int | str) else repr(value)
+    return out
+
+
+def main() -> None:
+    import warnings
+    warnings.simplefilter("ignore")
+    for line in sys.stdin:
+        if line.strip():
+            sys.stdout.write("ORACLE " + json.dumps(judge(json.loads(line))) + "\n")
+
+
+if __name__ == "__main__":
+    main()
