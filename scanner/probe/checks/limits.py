@@ -129,9 +129,12 @@ def tokens_body(d: Decision, tokens: int, base: Mapping[str, object], max_bytes:
 
 
 def cap_bodies(name: str, cap: int) -> list[tuple[str, bytes]]:
-    """Over-cap bodies: the plain integer first, then encodings pydantic also reads as a number."""
+    """Over-cap bodies: the plain integer first, then encodings pydantic also reads as a number
+    (its lax reading, scanner.plan.vllm_json.vllm_int: sign, Unicode whitespace, single
+    underscores, leading zeros, a fraction of zeros)."""
     over = cap + 1
     escaped = "".join(f"\\u{ord(c):04x}" for c in name)
+    spaced = f' +{"_".join(str(over))} '
     return [
         (f"{name}={over} (int)", json.dumps({name: over}).encode()),
         (f'{name}="{over}" (string)', json.dumps({name: str(over)}).encode()),
@@ -139,7 +142,15 @@ def cap_bodies(name: str, cap: int) -> list[tuple[str, bytes]]:
         (f"{name}=1e9", f'{{"{name}": 1e9}}'.encode()),
         (f"{name} with \\u-escaped key", f'{{"{escaped}": {over}}}'.encode()),
         (f"duplicate {name} key", f'{{"{name}": 1, "{name}": {over}}}'.encode()),
+        (f'{name}="{spaced}" (string)', json.dumps({name: spaced}).encode()),
+        (f'{name}="00{over}.000" (string)', json.dumps({name: f"00{over}.000"}).encode()),
+        (f'{name}="\\u3000{over}\\u00a0" (string)', json.dumps({name: f"\u3000{over}\u00a0"}).encode()),
     ]
+
+
+# Content types vLLM's FastAPI reads as JSON (scanner.plan.vllm_json.reads_json) that a perimeter
+# could take for a form or for no JSON at all: an over-cap body under each is refused too.
+JSON_TYPES: tuple[str, ...] = ("application/x-www-form-urlencoded x+json", "application/vnd.api+json")
 
 
 def body_decisions(ctx: CheckContext) -> list[Decision]:
@@ -345,6 +356,10 @@ class Limits(BaseCheck):
                 # another encoding may also be refused as malformed JSON: still a refusal
                 reasons = (R.token("json-cap", name),) if j == 0 else (R.token("json-cap", name), "bad-json")
                 yield out.case(f"json-cap {name}", "deny", reasons, body, f"json cap: {note} > {cap}")
+            for ctype in JSON_TYPES if name in encoded else ():
+                case = out.case(f"json-cap {name}", "deny", (R.token("json-cap", name),),
+                                out.json({name: cap + 1}), f"json cap: {name}={cap + 1} > {cap} as {ctype}")
+                yield replace(case, headers=(("Content-Type", ctype),))
 
     def _fields(self, ctx: CheckContext, d: Decision, out: Out, names: Sequence[str]) -> Iterator[Case]:
         rules = d.fields
