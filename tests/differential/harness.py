@@ -170,7 +170,7 @@ def admitted_more(d: Decision, content_type: str | None, forwarded: bytes | None
         return []
     try:
         doc = loads(forwarded)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     out = list(violations(d, doc, salt))
     if vllm and vllm.get("valid"):
@@ -201,6 +201,6 @@ def compare(ref: Judgement, seen: Seen, raw: bytes) -> str:
         return "" if seen.forwarded == raw else "body differs"
     try:
         got = loads(seen.forwarded or b"")
-    except ValueError:
+    except (ValueError, RecursionError):
         return "body differs"
     return "" if got == ref.body else "body differs"
