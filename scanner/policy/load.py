@@ -23,6 +23,7 @@ from scanner.policy.model import (
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
     MAX_COUNT,
+    MAX_JSON_CAP,
     METHODS,
     PIN_STRING,
     SALTED,
@@ -224,6 +225,9 @@ def _limits(node: Node) -> Limits:
                 raise value.fail(f"cannot cap {field_name!r}; cappable fields: {', '.join(CAPPABLE_FIELDS)}"
                                  + _hint(field_name, CAPPABLE_FIELDS))
             caps[field_name] = value.whole()
+            if caps[field_name] > MAX_JSON_CAP:
+                raise value.fail(f"{caps[field_name]} is more than njs and Lua read exactly (numbers are "
+                                 f"doubles there): at most {MAX_JSON_CAP}")
     rate = None
     if "rate" in m:
         r = m["rate"].mapping(("rps", "burst"), required=("rps",))

@@ -28,6 +28,9 @@ CAPPABLE_FIELDS: tuple[str, ...] = (
     "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
     "logprobs", "top_logprobs", "prompt_logprobs",
 )
+# The largest JSON cap both proxies compare exactly: njs and Lua read numbers as doubles, which
+# hold every integer up to 2^53, so no integer over such a cap reads as within it.
+MAX_JSON_CAP = 2 ** 53 - 1
 # What an audience does with a top-level request-body field it names, and with those it does not.
 FIELD_MODES: tuple[str, ...] = ("allow", "reject", "strip")
 UNKNOWN_FIELD_CHOICES: tuple[str, ...] = ("reject", "strip", "pass")

@@ -97,3 +97,16 @@ def test_a_form_test_that_misreads_json_fails_the_probe(tmp_path: Path, name: st
     failed = [a for a in res.attempts if a.verdict == "failed" and "x+json" in a.note]
     assert failed and res.exit_code() != 0
     assert {f.rule for f in res.findings} - {"VP011"}, [(f.rule, f.title) for f in res.findings]
+
+
+def test_a_cap_the_proxies_cannot_read_exactly_is_a_policy_error() -> None:
+    from scanner.errors import PolicyError
+    from scanner.policy.load import loads
+    from scanner.policy.model import MAX_JSON_CAP
+    text = ("schema_version: 1\nname: t\nnetworks: {n: [127.0.0.1/32]}\naudiences:\n"
+            "  a: {kind: end-user, networks: [n], auth: none, limits: {json_caps: {max_tokens: %d}}}\n"
+            "routes:\n  - {path: /v1/chat/completions, audience: a}\n")
+    assert loads(text % MAX_JSON_CAP, source="p.yaml").audiences["a"].limits.json_caps["max_tokens"] == 2 ** 53 - 1
+    with pytest.raises(PolicyError) as err:
+        loads(text % (MAX_JSON_CAP + 1), source="p.yaml")
+    assert "p.yaml:5" in str(err.value) and "at most 9007199254740991" in str(err.value)
