@@ -176,13 +176,26 @@ function checkFields(obj, spec, strip, pins) {
     return '';
 }
 
-// "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": when every field
-// read is absent or null (vLLM's default: the rest of the context window), refuse, or drop
-// the nulls and write the cap in. Returns a deny reason or ''; sets rewrite.done.
-function checkBudget(obj, spec, rewrite) {
+// "max_completion_tokens,max_tokens max_completion_tokens 4096 inject [8192 8192]": when every
+// field read is absent or null (vLLM's default: the rest of the context window), refuse, or drop
+// the nulls and write the budget in (Budget.written: the cap, fitted into the context length
+// when known; 0 written: the body as sent). Returns a deny reason or ''; sets rewrite.done.
+function budgetFit(cap, window, nbytes) {
+    var fit;
+    if (cap <= 0) {
+        return 0;
+    }
+    if (window <= 0) {
+        return cap;
+    }
+    fit = Math.min(cap, window - nbytes);
+    return fit >= 1 ? fit : 0;
+}
+
+function checkBudget(obj, spec, rewrite, nbytes) {
     var parts = spec ? spec.split(' ') : [];
-    var fields, i;
-    if (parts.length !== 4) {
+    var fields, i, fit;
+    if (parts.length !== 4 && parts.length !== 6) {
         return '';
     }
     fields = parts[0].split(',');
@@ -194,10 +207,14 @@ function checkBudget(obj, spec, rewrite) {
     if (parts[3] === 'reject') {
         return 'json-cap:' + parts[1] + ':absent';
     }
+    fit = budgetFit(Number(parts[2]), parts.length === 6 ? Number(parts[4]) : 0, nbytes);
+    if (fit === 0) {
+        return '';
+    }
     for (i = 0; i < fields.length; i++) {
         delete obj[fields[i]];
     }
-    obj[parts[1]] = Number(parts[2]);
+    obj[parts[1]] = fit;
     rewrite.done = true;
     return '';
 }
@@ -350,7 +367,8 @@ function checkMedia(obj, spec, seen) {
 // messages:prompts pairs=query:documents per=n,best_of out=max_completion_tokens,max_tokens:4096
 // seq=16 tok=70000" (a list "-": none; seq/tok "-": no cap). sequences = (items, at least 1) x
 // (the largest per-item count, at least 1); output per sequence = the first out field present and
-// not null, whole and >= 0 (none present: the cap; no budget: 0); input = body bytes.
+// not null, whole and >= 0 (none present, nothing written: vLLM's default bound or the cap;
+// no budget: 0); input = body bytes. Runs after checkBudget wrote the budget into obj.
 function itemCount(v, rule) {
     var i, k;
     if (v === null || v === undefined) {
@@ -544,7 +562,7 @@ function exact(r, v) {
         reason = checkMedia(obj, v.perimeter_media, v.perimeter_media_seen);
     }
     if (!reason) {
-        reason = checkBudget(obj, v.perimeter_budget, rewrite);
+        reason = checkBudget(obj, v.perimeter_budget, rewrite, nbytes);
     }
     // the salt of this route's principal or audience; '' (none known): refused, never unsalted
     salt = v.perimeter_salt_subject ? (v.perimeter_salt || '') : null;

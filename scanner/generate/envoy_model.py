@@ -129,7 +129,9 @@ class LuaGroup:
 @dataclass(frozen=True)
 class LuaEnvelope:
     """What Lua needs for a route's admitted envelope (Decision.envelope): the spec's fields, the
-    output budget's fields in order (empty: none) and its cap, the per-request caps (None: none)."""
+    output budget's fields in order (empty: none), what a body without one runs (Budget.output:
+    the most written, 0 nothing; the context length it is fitted into, 0 none; vLLM's default
+    bound when nothing is written), the per-request caps (None: none)."""
 
     items: tuple[tuple[str, str], ...]
     pairs: tuple[tuple[str, str], ...]
@@ -138,6 +140,8 @@ class LuaEnvelope:
     cap: int
     seq: int | None
     tok: int | None
+    window: int = 0
+    rest: int = 0
 
     @property
     def named(self) -> tuple[str, ...]:
@@ -149,8 +153,9 @@ class LuaEnvelope:
     def of(d: Decision) -> LuaEnvelope:
         spec, budget = d.envelope_spec, d.budget
         return LuaEnvelope(items=spec.items, pairs=spec.pairs, per=spec.per_item,
-                           out=budget.fields if budget else (), cap=budget.cap if budget else 0,
-                           seq=d.limits.max_sequences, tok=d.limits.max_request_tokens)
+                           out=budget.fields if budget else (), cap=budget.write_cap if budget else 0,
+                           seq=d.limits.max_sequences, tok=d.limits.max_request_tokens,
+                           window=budget.window if budget else 0, rest=budget.rest if budget else 0)
 
 
 @dataclass(frozen=True)

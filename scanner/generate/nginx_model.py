@@ -327,7 +327,7 @@ class _Registry:
     def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
               salt: str = "", media: MediaRules | None = None, tokens: str = "",
               envelope: str = "") -> BodyCheck:
-        spec = f"{','.join(budget.fields)} {budget.field} {budget.cap} {budget.when_absent}" if budget else ""
+        spec = budget_text(budget) if budget else ""
         fields = _fields_spec(rules)
         media_spec = _media_spec(media) if media is not None and media.active else ""
         key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec, tokens, envelope)
@@ -345,11 +345,20 @@ class _Registry:
         return self.checks[key]
 
 
+def budget_text(budget: Budget) -> str:
+    """njs's form of a route's output budget (templates/nginx-perimeter.js, checkBudget): the
+    fields read, the field written, the most written (0: nothing), what to do when absent, and,
+    when the serve arguments bound vLLM's default, the context length it is fitted into (0: none)
+    and vLLM's default bound (Budget.written, Budget.rest)."""
+    text = f"{','.join(budget.fields)} {budget.field} {budget.write_cap} {budget.when_absent}"
+    return f"{text} {budget.window} {budget.rest}" if budget.default.known else text
+
+
 def envelope_text(d: Decision) -> str:
     """njs's form of a route's admitted envelope and its caps (templates/nginx-perimeter.js,
     envelopeSpec): the spec's fields, the output budget's fields and cap, the per-request caps."""
     budget, lim = d.budget, d.limits
-    out = f"{','.join(budget.fields)}:{budget.cap}" if budget else "-:0"
+    out = f"{','.join(budget.fields)}:{budget.rest}" if budget else "-:0"
     def cap(n: int | None) -> str:
         return "-" if n is None else str(n)
     return f"{d.envelope_spec.text} out={out} seq={cap(lim.max_sequences)} tok={cap(lim.max_request_tokens)}"

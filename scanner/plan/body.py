@@ -107,14 +107,16 @@ def fields_reason(d: Decision, doc: Mapping[str, object]) -> str:
     return ""
 
 
-def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "") -> dict[str, object] | None:
+def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
+              size: int = 0) -> dict[str, object] | None:
     """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: less the
     fields its rules strip, its output budget decided, on a salted route ``cache_salt`` = ``salt``
-    (the perimeter's salt for the sender), then the pins; None: refused for its absent budget."""
+    (the perimeter's salt for the sender), then the pins; ``size``: the bytes it was received as
+    (they bound the budget written in, :meth:`Budget.written`); None: refused for its absent budget."""
     if d.salt and not salt:
         raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
     kept = {k: v for k, v in doc.items() if d.fields.mode(k) != "strip"}
-    out = d.budget.forwarded(kept) if d.budget else kept
+    out = d.budget.forwarded(kept, size) if d.budget else kept
     if out is not None and d.salt:
         out["cache_salt"] = salt
     if out is not None:
@@ -148,7 +150,7 @@ def judge(d: Decision, raw: bytes, salt: str = "",
     why = d.envelope_reason(d.envelope(raw)) if d.envelope_capped else ""
     if why:
         return Judgement(why)
-    return Judgement(body=forwarded(d, doc, salt), cost=cost)
+    return Judgement(body=forwarded(d, doc, salt, len(raw)), cost=cost)
 
 
 def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
@@ -175,6 +177,9 @@ def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
     if why:
         out.append(f"media: {why}")
     budget = d.enforced_budget
-    if budget is not None and budget.absent(doc):
+    # without a budget vLLM's own default applies; fine where the plan lets it (within the cap,
+    # or a body too long to fit one into the context length), not where the cap is always written
+    if budget is not None and budget.absent(doc) and (budget.when_absent == "reject"
+                                                      or not (budget.quiet or budget.window)):
         out.append(f"budget: {'/'.join(budget.fields)} absent")
     return tuple(out)

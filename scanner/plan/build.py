@@ -12,6 +12,7 @@ from scanner.errors import PerimeterError, PlanError
 from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
+from scanner.plan import output_default
 from scanner.plan.envelope import EnvelopeSpec
 from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan
@@ -38,6 +39,8 @@ def build(inventory: Inventory, policy: Policy,
     decisions: list[Decision] = []
     uncovered: list[str] = []
     used: set[int] = set()
+    # what vLLM generates for a body without an output budget, from its serve arguments
+    default = output_default.read(inventory.vllm.serve_args if inventory.vllm else ())
     for route in inventory.routes:
         for method in route.methods:
             rule = _rule_for(policy.rules, route, method)
@@ -46,8 +49,8 @@ def build(inventory: Inventory, policy: Policy,
                 decisions.append(_deny(route, method, "no rule covers this route (default deny)"))
                 continue
             used.add(rule.line)
-            decisions.append(_decide(route, method, rule, policy.audiences[rule.audience], networks,
-                                     policy.body))
+            decided = _decide(route, method, rule, policy.audiences[rule.audience], networks, policy.body)
+            decisions.append(replace(decided, output_default=default) if decided.allowed else decided)
     unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
     _misnamed(inventory, policy)
     return Plan(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
 from scanner.plan.envelope import Envelope, EnvelopeSpec
 from scanner.plan.envelope import sequences as envelope_sequences
+from scanner.plan.output_default import OutputDefault
 from scanner.plan.vllm_json import vllm_int
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
@@ -81,25 +83,83 @@ class Budget:
     """A route's output budget: the fields it is read from, capped; what happens without them."""
 
     fields: tuple[str, ...]
-    field: str                 # written with the cap when every one of ``fields`` is absent or null
+    field: str                 # written when every one of ``fields`` is absent or null (inject)
     cap: int                   # the smallest cap the plan puts on ``fields``
     when_absent: WhenAbsent
+    # what vLLM generates without a budget, from the inventory's serve arguments
+    default: OutputDefault = dataclass_field(default_factory=OutputDefault)
 
     def absent(self, body: Mapping[str, object]) -> bool:
         """Does vLLM fall back to its own default for this body (no field, or only nulls)?"""
         return all(body.get(f) is None for f in self.fields)
 
-    def forwarded(self, body: Mapping[str, object]) -> dict[str, object] | None:
-        """The body the upstream must receive for ``body`` (a JSON object); None: refused."""
+    @property
+    def window(self) -> int:
+        """The context length the written budget is fitted into (``max_model_len``), 0: none
+        (vLLM's own default is within the cap, or the length is not known: the cap is written)."""
+        lim = self.default
+        if self.when_absent != "inject" or lim.max_model_len is None or self.quiet:
+            return 0
+        return lim.max_model_len
+
+    @property
+    def quiet(self) -> bool:
+        """Is vLLM's own default already within the cap (``max_model_len`` or the
+        ``max_new_tokens`` override at most the cap), so nothing need be written?"""
+        bound = self.default.bound
+        return bound is not None and bound <= self.cap
+
+    @property
+    def write_cap(self) -> int:
+        """The most the perimeter writes into a body without a budget: the cap under ``inject``,
+        0 when it writes nothing (``reject``, ``pass``, or :attr:`quiet`)."""
+        return self.cap if self.when_absent == "inject" and not self.quiet else 0
+
+    @property
+    def rest(self) -> int:
+        """The output per sequence vLLM runs at most for a body without a budget when nothing is
+        written: its default's bound from the serve arguments, else (not known) the cap."""
+        bound = self.default.bound
+        return bound if bound is not None else self.cap
+
+    def written(self, size: int) -> int | None:
+        """The budget written into a body of ``size`` bytes that has none (``inject``); None:
+        nothing is written. vLLM refuses prompt + budget > ``max_model_len``, and a body holds no
+        more prompt tokens than bytes (scanner/plan/envelope.py), so ``min(cap, max_model_len -
+        size)`` is never refused for a prompt that fits; when that is below 1 (a body of
+        ``max_model_len`` bytes or more), nothing is written and vLLM's default applies. Nothing
+        either when that default is within the cap (:attr:`quiet`); the cap when the context
+        length is not known. njs (``budgetFit``) and Lua (``budget_fit``) compute the same from
+        :attr:`write_cap` and :attr:`window`."""
+        if not self.write_cap:
+            return None
+        if not self.window:
+            return self.write_cap
+        fit = min(self.write_cap, self.window - size)
+        return fit if fit >= 1 else None
+
+    def output(self, size: int) -> int:
+        """The output per sequence of a body of ``size`` bytes without a budget, as vLLM will
+        run it at most: what is written, else :attr:`rest`."""
+        fit = self.written(size)
+        return fit if fit is not None else self.rest
+
+    def forwarded(self, body: Mapping[str, object], size: int = 0) -> dict[str, object] | None:
+        """The body the upstream must receive for ``body`` (a JSON object received as ``size``
+        bytes); None: refused."""
         if not self.absent(body) or self.when_absent == "pass":
             return dict(body)
         if self.when_absent == "reject":
             return None
-        return {**{k: v for k, v in body.items() if k not in self.fields}, self.field: self.cap}
+        fit = self.written(size)
+        if fit is None:        # vLLM's default applies: the body as sent (a null reads as absent)
+            return dict(body)
+        return {**{k: v for k, v in body.items() if k not in self.fields}, self.field: fit}
 
     def to_dict(self) -> dict[str, Any]:
         return {"fields": list(self.fields), "field": self.field, "cap": self.cap,
-                "when_absent": self.when_absent}
+                "when_absent": self.when_absent,
+                **({"default": self.default.to_dict()} if self.default.known else {})}
 
 
 def _whole(value: object) -> int:
@@ -138,6 +198,8 @@ class Decision:
     rule_line: int = 0              # policy line of the deciding rule; 0 = default deny
     # the fields of the route's request model that multiply its work (scanner/plan/envelope.py)
     envelope_spec: EnvelopeSpec = field(default_factory=EnvelopeSpec)
+    # what vLLM generates for a body without an output budget (the inventory's serve arguments)
+    output_default: OutputDefault = field(default_factory=OutputDefault)
 
     @property
     def exact(self) -> bool:
@@ -178,9 +240,10 @@ class Decision:
         """The admitted envelope of a request with ``body`` (scanner/plan/envelope.py): the
         sequences it runs (its items x n / best_of, from :attr:`envelope_spec`; 1 for a body that
         is not a JSON object), the output budget per sequence (the first of :attr:`budget`'s fields
-        present and not null, as a whole number >= 0; none present: the cap, which the proxy
-        writes in; 0 on a route without a budget), its input estimate (the body's bytes) and its
-        ``model``. njs (``envelope``) and Lua (``envelope``) compute the same from the same spec."""
+        present and not null, as a whole number >= 0; none present: :meth:`Budget.output`, what
+        the proxy writes in or vLLM's own default; 0 on a route without a budget), its input
+        estimate (the body's bytes) and its ``model``. njs (``envelope``) and Lua (``envelope``)
+        compute the same from the same spec."""
         obj: object = None
         if body:
             try:
@@ -193,7 +256,7 @@ class Decision:
         budget = self.budget
         if budget is not None:
             value = next((obj[f] for f in budget.fields if obj.get(f) is not None), None)
-            out = budget.cap if value is None else _whole(value)
+            out = budget.output(len(body)) if value is None else _whole(value)
         model = obj.get("model")
         return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, _whole), output=out,
                         input=len(body), model=model if isinstance(model, str) else "")
@@ -238,7 +301,7 @@ class Decision:
         caps = [cap for f, cap in self.limits.json_caps.items() if f in spec[0]]
         if not caps:
             return None
-        return Budget(spec[0], spec[1], min(caps), self.limits.when_absent or "inject")
+        return Budget(spec[0], spec[1], min(caps), self.limits.when_absent or "inject", self.output_default)
 
     @property
     def enforced_budget(self) -> Budget | None:
@@ -368,14 +431,14 @@ class Plan:
         return {p: tuple(ds) for p, ds in out.items()}
 
     def forwarded_body(self, d: Decision, body: Mapping[str, object],
-                       salt: str = "") -> dict[str, object] | None:
+                       salt: str = "", size: int = 0) -> dict[str, object] | None:
         """The JSON body the upstream must receive when ``body`` (a JSON object) is let through
         on ``d``: less the fields its rules strip, its output budget decided, and on a salted
         route (``d.salt``) ``cache_salt`` = ``salt``, the perimeter's salt for the sender
         (:func:`scanner.policy.salt.salt`); None: it is refused for its absent budget."""
         from scanner.plan.body import forwarded  # the body rules' one statement (imports this module)
 
-        return forwarded(d, body, salt)
+        return forwarded(d, body, salt, size)
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route

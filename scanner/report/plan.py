@@ -20,9 +20,12 @@ def _limits(d: Decision) -> str:
         parts.append("caps:" + ",".join(f"{k}<={v}" for k, v in sorted(lim.json_caps.items())))
     budget = d.budget
     if budget is not None:
-        verb = {"inject": "written in", "reject": "refused", "pass": "passed"}[budget.when_absent]
-        parts.append(f"no-budget:{verb}" + (f"({budget.field}={budget.cap})" if budget.when_absent == "inject"
-                                            else ""))
+        verb = {"inject": "written in" if budget.write_cap else "left to vllm", "reject": "refused",
+                "pass": "passed"}[budget.when_absent]
+        fit = f"<=min({budget.cap},{budget.window}-bytes)" if budget.window else f"={budget.write_cap}"
+        parts.append(f"no-budget:{verb}" + (f"({budget.field}{fit})" if budget.write_cap else "")
+                     + (f"(vllm-default<={budget.rest})"
+                        if budget.default.known and budget.when_absent != "reject" else ""))
     if d.fields.decided:
         named = {m: len(d.fields.names(m)) for m in ("allow", "reject", "strip") if d.fields.names(m)}
         parts.append("fields:" + ",".join(f"{m}{n}" for m, n in named.items()) + f",other={d.fields.unknown}")

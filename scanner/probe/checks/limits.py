@@ -385,8 +385,10 @@ class Limits(BaseCheck):
 
     def _budget(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         """Bodies without the route's output budget (absent, null, a null last copy of a duplicated
-        key, which is the one Python keeps): refused, or let through with the cap written in (the
-        witness shows which)."""
+        key, which is the one Python keeps): refused, or let through with the budget the plan
+        writes in for its size (Budget.written: the cap, fitted into the context length when the
+        serve arguments give it; nothing where vLLM's own default is within the cap); the witness
+        shows which."""
         budget = d.enforced_budget
         if budget is None or (budget.when_absent == "inject" and not ctx.witness):
             return
@@ -404,8 +406,9 @@ class Limits(BaseCheck):
                 yield out.case("budget", "deny", (R.token("json-cap", budget.field),), body,
                                f"output budget {note}: refused")
             else:
-                yield out.case("budget", "allow", (), body,
-                               f"output budget {note}: {budget.field}={budget.cap} written in")
+                fit = budget.written(len(body))
+                yield out.case("budget", "allow", (), body, f"output budget {note}: " + (
+                    f"{budget.field}={fit} written in" if fit is not None else "vLLM's own default applies"))
 
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         return review_forwarded(ctx, case, a)
@@ -450,7 +453,7 @@ def review_forwarded(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         if salt is None:
             return replace(a, verdict="inconclusive",
                            why=f"the sender of a {d.salt}-salted request is unknown")
-        want = ctx.plan.forwarded_body(d, obj, salt)
+        want = ctx.plan.forwarded_body(d, obj, salt, len(case.body))
     verdict, why = body_received(case.body, a.upstream, want)
     return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
