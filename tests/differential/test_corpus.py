@@ -12,6 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,7 @@ from scanner.inventory.model import Inventory
 from scanner.plan.body import Judgement, judge
 from scanner.plan.inputs import load_policy
 from scanner.plan.vllm_json import vllm_int
+from scanner.policy.model import Policy
 from tests.differential import corpus
 from tests.differential.harness import Case, Stand, admitted_more, compare, run, stand, vllm_reads
 from tests.probe.realproxy import proxy_named
@@ -40,9 +42,24 @@ def cases() -> list[Case]:
     return out
 
 
-@pytest.fixture(scope="module")
-def bench(inventory: Inventory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
-    yield stand(inventory, load_policy(None), tmp_path_factory.mktemp("differential"))
+def rewriting() -> Policy:
+    """The bundled policy with every way a proxy rewrites a body: per-principal cache salt,
+    chat_template stripped, unknown fields stripped, priority and service_tier pinned."""
+    policy = load_policy(None)
+    inference = policy.audiences["inference"]
+    named = {k: v for k, v in inference.fields.named.items() if k not in ("priority", "service_tier")}
+    fields = replace(inference.fields, named=named, unknown="strip", pins={"priority": 0, "service_tier": "auto"})
+    return replace(policy, audiences={**policy.audiences, "inference": replace(inference, fields=fields)},
+                   body=replace(policy.body, cache_salt="per-principal", chat_template="strip"))
+
+
+POLICIES = {"bundled": lambda: load_policy(None), "rewriting": rewriting}
+
+
+@pytest.fixture(scope="module", params=sorted(POLICIES))
+def bench(request: pytest.FixtureRequest, inventory: Inventory,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
+    yield stand(inventory, POLICIES[request.param](), tmp_path_factory.mktemp("differential"))
 
 
 def _reference(s: Stand, cases: list[Case]) -> dict[str, Judgement]:
@@ -96,7 +113,7 @@ def test_the_reference_forwards_nothing_beyond_the_plan(bench: Stand, cases: lis
     for cid, (case, raw) in sent.items():
         d = plan.decision("POST", case.path)
         assert d is not None
-        more = admitted_more(d, case.content_type, raw, oracle.get(cid))
+        more = admitted_more(d, case.content_type, raw, oracle.get(cid), bench.salt(case.role, case.path))
         if more:
             bad[cid] = (case.note, case.raw[:160], more)
     assert not bad, bad
@@ -122,16 +139,17 @@ def test_the_proxy_agrees_with_the_reference(bench: Stand, inventory: Inventory,
         d = plan.decision("POST", case.path)
         assert d is not None
         s = seen[case.id]
-        why = admitted_more(d, case.content_type, s.forwarded, oracle.get(case.id))
+        why = admitted_more(d, case.content_type, s.forwarded, oracle.get(case.id), bench.salt(case.role, case.path))
         if why:
             more[case.id] = (case.path, case.note, case.raw[:200], case.content_type, why)
         cls = compare(ref[case.id], s, case.raw)
         if cls:
             classes[cls] += 1
-            if len(examples[cls]) < 4:
+            if len(examples[cls]) < 6:
                 examples[cls].append(f"{case.id} {case.path} {case.raw[:90]!r} ref={ref[case.id].reason or 'forward'} "
                                      f"{name}={s.status} {s.reason or 'forward'}")
-    print(f"\n{name}: {len(cases)} bodies in {took:.1f} s; disagreements: {dict(classes) or 'none'}")
+    print(f"\n{name} ({bench.setup.plan.policy_name}{', rewriting' if bench.setup.plan.body.salted else ''}): "
+          f"{len(cases)} bodies in {took:.1f} s; disagreements: {dict(classes) or 'none'}")
     for cls, lines in examples.items():
         for line in lines:
             print(f"  [{cls}] {line}")
@@ -150,6 +168,6 @@ def test_bodies_span_the_classes(cases: list[Case], bench: Stand) -> None:
     """The corpus exercises every check: refusals of each kind and forwarded bodies, on every route."""
     ref = _reference(bench, cases)
     kinds = collections.Counter(j.kind[0] or "forward" for j in ref.values())
-    assert {"json-cap", "forbidden-field", "unknown-field", "bad-json", "media-url", "media-items",
-            "forward"} <= set(kinds), kinds
+    unknown = {"unknown-field"} if bench.setup.plan.decision("POST", corpus.CHAT).fields.unknown == "reject" else set()
+    assert {"json-cap", "forbidden-field", "bad-json", "media-url", "media-items", "forward", *unknown} <= set(kinds), kinds
     assert {c.path for c in cases} == set(corpus.ROUTES)
