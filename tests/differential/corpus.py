@@ -120,7 +120,11 @@ def _list(n: int, item: str) -> str:
 def extra(draw: st.DrawFn, path: str) -> list[tuple[str, str]]:
     """One to three members added to a route's base body."""
     kind = draw(st.sampled_from(("cap", "cap", "cap", "cap", "dup", "denied", "unknown", "count", "nested",
-                                 "media", "null-budget")))
+                                 "media", "null-budget", "prompts")))
+    if kind == "prompts":
+        k = draw(st.integers(0, 20))
+        item = draw(st.sampled_from(('"p"', "[1,2]", "1", '{"a":1}')))
+        return [(key("prompt"), _list(k, item))]
     if kind == "cap":
         return [(draw(spelled(draw(st.sampled_from(CAPPED)))), draw(value()))]
     if kind == "dup":
@@ -240,6 +244,11 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     (COMP, b'{"model":"m","prompt":"hi","max_tokens":"4_096.000"}', "application/json", "completions string"),
     (COMP, b'{"model":"m","prompt":"hi","logprobs":"5"}', "application/json", "completions logprobs string"),
     (COMP, b'{"model":"m","prompt":"hi"}', "application/json", "completions absent budget"),
+    *((COMP, ('{"model":"m","prompt":[' + ",".join(['"p"'] * k) + '],"n":' + n + ',"max_tokens":16}').encode(),
+       "application/json", f"envelope: {k} prompts, n={n}")
+      for k, n in ((16, "1"), (17, "1"), (4, "4"), (5, "4"), (5, '" 4 "'), (5, '"4.000"'), (4, '"+4"'),
+                   (5, "4.0"), (5, "true"), (17, "null"))),
+    (CHAT, _chat('"n": " 4 ", "max_completion_tokens": "4_0_9_6"'), "application/json", "envelope strings"),
     (RESP, b'{"model":"m","input":"hi","max_output_tokens":" 4097"}', "application/json", "responses over"),
     (BATCH, b'{"model":"m","messages":[[{"role":"user","content":"hi"}]],"max_tokens":"8193"}',
      "application/json", "batch string over"),
