@@ -101,6 +101,10 @@ DENY_PAGES: tuple[tuple[int, str, str], ...] = (
     (503, "upstream-unavailable", "error"), (504, "upstream-timeout", "error"),
 )
 
+# Upstream answers replaced by the perimeter's own JSON error (@perimeter_upstream_error, the
+# status kept); 502 and 504 go to the upstream-unavailable / upstream-timeout pages.
+UPSTREAM_ERROR_CODES: tuple[int, ...] = (500, 501, 503, 505, 506, 507, 508, 510, 511)
+
 
 @dataclass(frozen=True)
 class Zone:
@@ -199,6 +203,7 @@ class Model:
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
     websocket_headers: tuple[tuple[str, str], ...]
     deny_pages: tuple[tuple[int, str, str], ...] = DENY_PAGES
+    upstream_error_codes: tuple[int, ...] = UPSTREAM_ERROR_CODES
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
     principal_header: str = PRINCIPAL_HEADER

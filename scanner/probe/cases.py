@@ -46,6 +46,8 @@ class Case:
     phase: Phase = 0
     hold_ms: int = 0               # ask the witness upstream to hold the answer this long
     hold_group: str = ""           # ... counted from the first arrival of this group's requests
+    answer: int = 0                # ask the witness upstream to answer this status itself (vp_answer);
+                                   # the answer's body is kept in the attempt (answer_body)
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
     first: bool = False            # sent before its lane's other ordinary cases (a token budget's
                                    # proof needs the budget before the other checks spend it)

@@ -69,6 +69,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "With upstream.api_key_file the proxy must send Authorization: Bearer <that key> on every "
          "allowed request (vLLM's --api-key refuses the guarded routes otherwise); check that the "
          "proxy can read the file."),
+    Rule("VP018", "high", "the upstream's error text reached the client",
+         "Replace every 5xx answer from vLLM by the perimeter's own JSON error with the request id "
+         "(its error text has leaked heap addresses: CVE-2026-22778, CVE-2026-54236); NGINX: "
+         "proxy_intercept_errors with error_page for the 5xx only, Envoy: the custom_response "
+         "filter. vLLM's 4xx validation answers must pass unchanged."),
     Rule("VP017", "high", "HTTP/2 cleartext or gRPC accepted on the HTTP/1.1 listener",
          "Serve HTTP/1.1 only on the perimeter's listener (Envoy: codec_type HTTP1; NGINX: no "
          "http2 there) and refuse content-type application/grpc* before any route: a gRPC surface "

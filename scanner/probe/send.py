@@ -28,6 +28,7 @@ from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
 from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
+ANSWER_KEPT = 8192             # bytes of an answer body kept for a case with ``answer``
 H2_SPOKEN = "the listener answered in HTTP/2 (h2c prior knowledge accepted)"
 T = TypeVar("T")
 
@@ -104,12 +105,13 @@ class Sender:
                 a = _attempt(case, start, status=status, headers=headers)
                 return replace(a, error=H2_SPOKEN) if h2 else a
             if not self.use_httpx or (case.raw and self.factory is None):
-                status, headers = await _bounded(self._send_raw(case), self.timeout_for(case))
+                status, headers, body = await _bounded(self._send_raw(case), self.timeout_for(case))
             else:
-                status, headers = await self._send_httpx(case)
+                status, headers, body = await self._send_httpx(case)
         except Exception as exc:  # every failure is data
             return _attempt(case, start, error=scrub(error_reason(exc), _secrets(case)))
-        return _attempt(case, start, status=status, headers=headers)
+        a = _attempt(case, start, status=status, headers=headers)
+        return replace(a, answer_body=body[:ANSWER_KEPT].decode("latin-1")) if case.answer else a
 
     async def send_many(self, cases: Sequence[Case]) -> list[Attempt]:
         """Several cases: pipelined per vantage on one kept-alive connection where eligible."""
@@ -160,7 +162,7 @@ class Sender:
             else:
                 conn.close()
 
-    async def _send_httpx(self, case: Case) -> tuple[int, Mapping[str, str]]:
+    async def _send_httpx(self, case: Case) -> tuple[int, Mapping[str, str], bytes]:
         base = self.target.url
         target = case.target
         if target.startswith(("http://", "https://")):
@@ -181,11 +183,12 @@ class Sender:
                 if retry:
                     continue
                 raise
+            body = await resp.aread() if case.answer else b""
             await resp.aclose()
-            return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}
+            return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, body
         raise AssertionError("unreachable")
 
-    async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str]]:
+    async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str], bytes]:
         """HTTP/1.1 over asyncio streams: keep-alive per vantage, a fresh connection for variants."""
         data = raw_request(case, self._host, self._prefix, keep_alive=not case.raw)
         idle = self._idle.setdefault(case.vantage.name, [])
@@ -206,7 +209,7 @@ class Sender:
                 idle.append(conn)
             else:
                 conn.close()
-            return status, headers
+            return status, headers, conn.body
         raise AssertionError("unreachable")
 
     async def _send_h2c(self, case: Case) -> tuple[int, Mapping[str, str], bool]:
@@ -258,6 +261,7 @@ class _Conn:
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
         self.eof = False
+        self.body = b""          # the last answer's body, its first ANSWER_KEPT bytes
 
     async def write(self, data: bytes) -> None:
         """A server may answer before reading all of a large body (a 413) and reset the
@@ -280,6 +284,7 @@ class _Conn:
         self.h11.send(h11.Request(method=method, target="/", headers=[("Host", "probe")]))
         self.h11.send(h11.EndOfMessage())
         status, headers = 0, {}
+        self.body = b""
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
@@ -292,6 +297,8 @@ class _Conn:
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            elif isinstance(event, h11.Data) and len(self.body) < ANSWER_KEPT:
+                self.body += bytes(event.data[:ANSWER_KEPT - len(self.body)])
             elif isinstance(event, h11.EndOfMessage):
                 keep = self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE and not self.eof
                 return status, headers, keep
@@ -350,7 +357,7 @@ def _secrets(case: Case) -> tuple[str, ...]:
 
 def _pipelinable(case: Case) -> bool:
     return (not case.raw and not case.h2c and not case.grpc_port and not case.chunked and not case.hold_ms
-            and len(case.body or b"") <= 65536)
+            and not case.answer and len(case.body or b"") <= 65536)
 
 
 def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",

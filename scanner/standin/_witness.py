@@ -18,6 +18,11 @@ Standard library only: the real vLLM app is wrapped with it inside vLLM's own Py
   queued until an earlier one was answered (Envoy's pending requests) is not held again.
   The record's ``held_ms`` is the hold it got: the requests with one above 0 were in flight at
   once (the concurrency check counts them against the limit).
+* ``vp_answer=<status>`` (400 - 599): the witness records the request, then answers it itself
+  with that status and :func:`error_body` (a vLLM-style error whose text holds
+  :data:`LEAK_MARKER`, like the heap addresses of CVE-2026-22778): the prober's error-body check
+  proves a 5xx text never reaches the client and a 4xx one passes byte for byte. Only ever
+  served by the loopback stand-in or the witness-wrapped vLLM of a verify run.
 * ``GET /__standin__/witness?prefix=P`` returns the records whose id starts with ``P``
   (``{"records": [...]}``), ``?id=I`` the one of that id; this path never reaches the app,
   and no proxy should route it.
@@ -37,6 +42,8 @@ WITNESS_PATH = "/__standin__/witness"
 PROBE_PARAM = "vp_probe"
 HOLD_PARAM = "vp_hold"
 HOLD_GROUP_PARAM = "vp_hold_group"
+ANSWER_PARAM = "vp_answer"
+LEAK_MARKER = "0x7f00deadbeef"
 MAX_HOLD_GROUPS = 10_000
 MAX_RECORDS = 200_000
 MAX_HOLD_MS = 30_000
@@ -85,13 +92,15 @@ class Witness:
         probe = next((v for k, v in query if k == PROBE_PARAM), "")
         hold = next((v for k, v in query if k == HOLD_PARAM), "")
         group = next((v for k, v in query if k == HOLD_GROUP_PARAM), "")
+        answer = next((v for k, v in query if k == ANSWER_PARAM), "")
         body, more = await _read_body(receive)
         record: dict[str, Any] = {
             "id": probe,
             "method": scope.get("method", ""),
             "path": (scope.get("raw_path") or scope.get("path", "").encode()).decode("latin-1"),
             "query": urllib.parse.urlencode([(k, v) for k, v in query
-                                             if k not in (PROBE_PARAM, HOLD_PARAM, HOLD_GROUP_PARAM)]),
+                                             if k not in (PROBE_PARAM, HOLD_PARAM, HOLD_GROUP_PARAM,
+                                                          ANSWER_PARAM)]),
             "headers": [[k.decode("latin-1").lower(), _value(k, v)] for k, v in scope.get("headers", [])],
             "body_bytes": len(body),
             "body_sha256": hashlib.sha256(body).hexdigest(),
@@ -110,6 +119,13 @@ class Witness:
             held = self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group)
             record["held_ms"] = round(held * 1000, 3)   # > 0: in flight while its group's hold was on
             await asyncio.sleep(held)
+        if answer.isdigit() and 400 <= int(answer) <= 599:
+            payload = error_body(int(answer), probe)
+            await send({"type": "http.response.start", "status": int(answer),
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload})
+            return
         if self.fetch_media and record["body"] is not None:
             await _fetch_media(record["body"])
         replay = [{"type": "http.request", "body": body, "more_body": more}]
@@ -133,6 +149,15 @@ class Witness:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
+
+
+def error_body(status: int, probe: str) -> bytes:
+    """The witness's answer to ``vp_answer=status`` for probe id ``probe``: a vLLM-style error
+    object whose message holds :data:`LEAK_MARKER` (deterministic: the prober knows it)."""
+    message = (f"vp-error {probe}: EngineCore failed, <vllm.v1.engine.EngineCoreRequest object at "
+               f"{LEAK_MARKER}>")
+    return json.dumps({"error": {"message": message, "type": "InternalServerError" if status >= 500
+                                 else "BadRequestError", "code": status}}).encode()
 
 
 def _value(name: bytes, value: bytes) -> str:

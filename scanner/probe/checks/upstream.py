@@ -28,6 +28,7 @@ from scanner.probe.interface import Upstream as Seen
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.witness import CONNECTION_NAMED
 from scanner.reasons import ANY
+from scanner.standin._witness import LEAK_MARKER, error_body
 
 NO_WITNESS = "needs a witness upstream (verify, or --witness with the stand-in)"
 # Harmless spellings of an allowed path that a normalising proxy forwards as the path itself.
@@ -176,6 +177,40 @@ def _control_subject(d: Decision) -> str:
     return f"control characters {d.method} {d.path}"
 
 
+# --- what the client sees of the upstream's errors -----------------------------------------
+
+ERROR_ANSWERS: tuple[int, ...] = (500, 400)   # a 5xx must be replaced, a 4xx pass byte for byte
+
+
+def _error_subject(d: Decision) -> str:
+    return f"error body {d.method} {d.path}"
+
+
+def error_verdict(case: Case, a: Attempt) -> Attempt:
+    """A case the witness answered itself with ``case.answer`` (:func:`error_body`, whose text
+    holds :data:`LEAK_MARKER`): a 5xx must reach the client as the perimeter's JSON error, the
+    status kept, with the X-Request-Id the upstream received and none of the upstream's text; a
+    4xx exactly as the upstream sent it."""
+    if a.upstream is None:
+        return replace(a, verdict="inconclusive", why="it did not reach the upstream; nothing to judge")
+    got = a.answer_body
+    if case.answer >= 500:
+        if LEAK_MARKER in got or "vp-error" in got:
+            return failed(a, f"the upstream's {case.answer} text reached the client: {got[:120]!r}")
+        rid = a.upstream.header("x-request-id") or ""
+        if a.status != case.answer or a.decision != "error" or not rid or rid not in got:
+            return failed(a, f"the upstream's {case.answer} came back as {a.status} "
+                          f"(decision {a.decision or 'none'}), not the perimeter's error with the "
+                          f"request id: {got[:120]!r}")
+        return replace(a, verdict="proved", why=f"the upstream's {case.answer} text was replaced by the "
+                       "perimeter's error with the request id")
+    if a.status == case.answer and got.encode("latin-1") == error_body(case.answer, a.probe_id):
+        return replace(a, verdict="proved",
+                       why=f"the upstream's {case.answer} reached the client byte for byte")
+    return failed(a, f"the upstream's {case.answer} answer did not reach the client unchanged "
+                  f"({a.status}, decision {a.decision or 'none'}: {got[:120]!r})")
+
+
 @register
 class Upstream(BaseCheck):
     """What reaches the upstream for every allowed route.
@@ -222,6 +257,18 @@ class Upstream(BaseCheck):
         for d in self._templated(ctx):
             yield Subject(_control_subject(d), d.method, d.path,
                           why="" if ctx.allowed_cell(d) else "no credential and vantage it admits")
+        for d in self._answering(ctx):
+            if not ctx.witness:
+                yield na(_error_subject(d), f"{NO_WITNESS}: it answers a 5xx and a 4xx itself",
+                         d.method, d.path)
+            else:
+                yield Subject(_error_subject(d), d.method, d.path,
+                              why="" if ctx.allowed_cell(d) else "no credential and vantage it admits")
+
+    @staticmethod
+    def _answering(ctx: CheckContext) -> list[Decision]:
+        """The routes whose error answers are proved: every allowed HTTP route."""
+        return [d for d in ctx.plan.allowed if d.kind == "http"]
 
     @staticmethod
     def _templated(ctx: CheckContext) -> list[Decision]:
@@ -260,6 +307,10 @@ class Upstream(BaseCheck):
                 c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
                              note="WebSocket upgrade on a plain route", headers=UPGRADE)
                 yield replace(c, reasons=(ANY,))   # refusing the upgrade outright is fine too
+                for status in ERROR_ANSWERS:
+                    c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness",
+                                 subject=_error_subject(d), note=f"the upstream answers {status} itself")
+                    yield replace(c, answer=status)
 
     def _control(self, ctx: CheckContext, d: Decision, cred: Credential, vantage: Vantage) -> Iterator[Case]:
         """The route's parameter with CR, LF and NUL (encoded, raw) and the path with an encoded
@@ -278,6 +329,8 @@ class Upstream(BaseCheck):
             yield replace(c, reasons=(ANY,)) if note == RAW_LF[0] else c
 
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
+        if case.answer:
+            return error_verdict(case, a)
         if case.note == RAW_LF[0]:
             return self._raw_lf(a)
         found = problems(ctx, case, a)
@@ -301,6 +354,10 @@ class Upstream(BaseCheck):
         for c, a in results:
             if c.subject.startswith("control characters "):
                 controls += [("VP004", a)] if a.verdict == "failed" else []
+                continue
+            if c.answer:
+                if a.verdict == "failed":
+                    flagged.append(("VP018" if c.answer >= 500 else "VP006", a))
                 continue
             found = problems(ctx, c, a)
             flagged += [(rule, a) for rule in dict.fromkeys(r for r, _w in found)]

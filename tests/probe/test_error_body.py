@@ -1,0 +1,115 @@
+"""What the client sees of vLLM's errors (issue 19, item 5): a 5xx body from the upstream never
+reaches the client (vLLM's error text has leaked heap addresses: CVE-2026-22778, CVE-2026-54236);
+the perimeter answers its own JSON error with the request id, the status kept. A 4xx (vLLM's
+validation answers) passes byte for byte.
+
+The witness answers ``vp_answer=<status>`` itself with a body holding a marker
+(scanner/standin/_witness.py, error_body); the upstream check's "error body" aspect sends a 500 and
+a 400 through every allowed HTTP route. Hand weakenings of the generated configs (NGINX: the
+interception removed, or the 5xx pages dropped so the server's 4xx pages intercept; Envoy: the
+custom_response filter removed) make the probe exit 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scanner import verify
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.plan.inputs import load_policy
+from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.runtime.proxy import Proxy
+from scanner.standin._witness import LEAK_MARKER
+from scanner.standin.serve import StandinThread
+from tests.probe.realproxy import proxy_named, unpaced
+
+CATALOG = "vllm-0.29.0-default"
+OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=("upstream",))
+NGINX_HTTP, ENVOY = "perimeter-http.conf", "envoy.yaml"
+Edit = Callable[[Path], None]
+
+
+def _probe(tmp_path: Path, proxy: Proxy, edit: Edit | None = None) -> ProbeResult:
+    inventory = load_ref(CATALOG)
+    port = free_port()
+    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    directory = tmp_path / "proxy"
+    written = proxy.write(s.plan, directory)
+    if edit is not None:
+        edit(written)
+    with StandinThread(inventory, "127.0.0.1", port) as standin:
+        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+
+
+def _sub(name: str, old: str, new: str) -> Edit:
+    def edit(conf: Path) -> None:
+        f = conf / name
+        text = f.read_text()
+        changed = re.sub(old, new, text)
+        assert changed != text, (name, old)
+        f.write_text(changed)
+    return edit
+
+
+def _drop_custom_response(conf: Path) -> None:
+    f = conf / ENVOY
+    lines = f.read_text().split("\n")
+    start = next(i for i, ln in enumerate(lines) if ln.strip() == "- name: perimeter.upstream_errors")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next(i for i in range(start + 1, len(lines))
+               if lines[i].strip().startswith("- name:") and len(lines[i]) - len(lines[i].lstrip()) == indent)
+    f.write_text("\n".join(lines[:start] + lines[end:]))
+
+
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+def test_5xx_bodies_are_replaced_and_4xx_pass_on_every_route(tmp_path: Path, name: str) -> None:
+    res = _probe(tmp_path, proxy_named(name))
+    assert res.findings == (), [(f.rule, f.title) for f in res.findings]
+    subjects = [c for c in res.coverage if c.subject.startswith("error body ")]
+    assert len(subjects) > 20 and {c.status for c in subjects} == {"proved"}, subjects
+    last = {(a.subject, a.note): a for a in res.attempts if a.note.startswith("the upstream answers ")}
+    assert len(last) == 2 * len(subjects)       # a 500 and a 400 per route (the last try of each)
+    for a in last.values():
+        assert a.verdict == "proved", (a.path, a.note, a.why)
+        if a.status == 500:
+            assert LEAK_MARKER not in a.answer_body and a.decision == "error"
+            assert a.upstream is not None and (a.upstream.header("x-request-id") or "-") in a.answer_body
+        else:
+            assert a.status == 400 and LEAK_MARKER in a.answer_body and not a.decision
+
+
+WEAKENINGS: dict[str, tuple[str, Edit, str]] = {
+    # the interception removed: vLLM's 5xx text reaches the client
+    "nginx-no-intercept": ("nginx", _sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
+    "nginx-debian-no-intercept": ("nginx-debian", _sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
+    # the location's own error pages dropped: the server's (4xx too) intercept every answer
+    "nginx-server-pages-intercept": (
+        "nginx", _sub(NGINX_HTTP, r"(\n *proxy_intercept_errors on;)(\n *error_page [^\n]+)+", r"\1"), "VP006"),
+    "envoy-no-custom-response": ("envoy", _drop_custom_response, "VP018"),
+}
+
+
+@pytest.mark.parametrize("weakening", sorted(WEAKENINGS))
+def test_hand_weakenings_fail_the_probe(tmp_path: Path, weakening: str) -> None:
+    proxy, edit, rule = WEAKENINGS[weakening]
+    res = _probe(tmp_path, proxy_named(proxy), edit)
+    assert res.exit_code() == 1
+    assert rule in {f.rule for f in res.findings}, [(f.rule, f.title) for f in res.findings]
+
+
+def test_without_a_witness_the_error_body_is_not_applicable(tmp_path: Path) -> None:
+    inventory = load_ref(CATALOG)
+    port = free_port()
+    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    proxy = proxy_named("nginx")
+    proxy.write(s.plan, tmp_path / "proxy")
+    with StandinThread(inventory, "127.0.0.1", port):
+        res = verify.proxy_run(s, proxy, tmp_path / "proxy", replace(OPTIONS, max_time=120), "").result
+    subjects = [c for c in res.coverage if c.subject.startswith("error body ")]
+    assert subjects and {c.status for c in subjects} == {"not-applicable"}, subjects
