@@ -88,8 +88,8 @@ class MutantRun:
 
     @property
     def expected(self) -> bool:
-        """Was it caught by a check that the operator says must catch it?"""
-        return self.status == "caught" and bool(set(self.checks) & set(self.catches))
+        """Was it caught by a check (or rule) that the operator says must catch it?"""
+        return self.status == "caught" and bool((set(self.checks) | set(self.rules)) & set(self.catches))
 
     def to_dict(self) -> dict[str, object]:
         return {"proxy": self.proxy, "operator": self.operator, "family": self.family, "title": self.title,

@@ -35,7 +35,9 @@ class Operator:
     family: str                    # one of FAMILIES
     target: str                    # what it weakens, picked from the plan when applied
     title: str
-    catches: tuple[str, ...]       # the checks that must catch it; the first leads its run
+    # the checks that must catch it (the first leads its run), or a rule of caught_by (e.g.
+    # "unreachable": the mutant proxy answers no HTTP/1.1 at all)
+    catches: tuple[str, ...]
     apply: Apply                   # (directory of the generated files, plan) -> what changed
     needs: str = ""                # the policy setting it needs ("" none): else NotApplicable
 

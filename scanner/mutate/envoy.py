@@ -117,7 +117,8 @@ _model_op("parameter-any", "loosen", "a template route's match",
 _model_op("case-insensitive", "loosen", "a template route's match", "a template route matches any case",
           ("bypass", "matrix"), _case_insensitive)
 _model_op("anchor-dropped", "loosen", "a template route's match",
-          "a template route's end anchor dropped (longer paths match)", ("bypass", "sweep"), _anchor_dropped)
+          "a template route's end anchor dropped (longer paths match)", ("matrix", "bypass", "sweep"),
+          _anchor_dropped)
 _model_op("rate-zone-by-address", "source", "a rate filter per principal",
           "a rate filter keyed by client address instead of principal", ("rate",), _rate_by_address)
 _model_op("circuit-breaker-max", "switch", "a concurrency zone's clusters",
@@ -208,7 +209,7 @@ def _e(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...
 
 
 @_e("lua-disabled-on-route", "remove", "a route with JSON caps",
-    "the Lua filter turned off on one route (no key, role or body check)", ('matrix', 'limits'))
+    "the Lua filter turned off on one route (no key, role or body check)", ('matrix', 'limits', 'rate'))
 def _e_lua_off(env: _Envoy, plan: Plan) -> str:
     d = core.capped(plan)
     r = env.allowed(d)
@@ -303,7 +304,7 @@ def _e_regex(env: _Envoy, plan: Plan) -> str:
 
 
 @_e("catch-all-forwarded", "expose", "the catch-all route",
-    "the catch-all route forwards instead of refusing", ('matrix', 'sweep'))
+    "the catch-all route forwards instead of refusing", ('bypass', 'matrix', 'sweep'))
 def _e_catch_all(env: _Envoy, plan: Plan) -> str:
     r = env.route("deny:unknown")
     env.routes[env.routes.index(r)] = _forwarding("deny:unknown", r["match"])

@@ -405,8 +405,8 @@ def _n_upgrade(directory: Path, plan: Plan) -> str:
     return where(d)
 
 
-@_op("h2c-accepted", "expose", "the listener",
-     "the listener also speaks HTTP/2 in clear text (prior knowledge)", ("protocol",))
+@_op("h2c-accepted", "expose", "the listener",   # NGINX 1.22's port then speaks HTTP/2 only (unreachable)
+     "the listener also speaks HTTP/2 in clear text (prior knowledge)", ("protocol", "unreachable"))
 def _n_h2c(directory: Path, plan: Plan) -> str:
     text = _read(directory, HTTP)
     m = re.search(r"\n    listen ([^;\n]+);", text)
