@@ -43,7 +43,8 @@ TEXT_FORMATS = ("table", "markdown")
               help="Also run every mutation operator against the proxy: each weakened config must be "
                    "caught; exit 1 when one survives.")
 @click.option("--operator", "only", multiple=True, metavar="ID",
-              help="With --mutate: run only these operators (e.g. nginx.rate-limit-removed).")
+              help="With --mutate: run only these operators: an id (nginx.rate-dry-run), a name on "
+                   "every proxy (rate-dry-run) or a family (switch).")
 @report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
