@@ -201,9 +201,13 @@ function checkBudget(obj, spec, rewrite, nbytes) {
     fields = parts[0].split(',');
     for (i = 0; i < fields.length; i++) {
         if (has(obj, fields[i]) && obj[fields[i]] !== null) {
+            rewrite.from = 'sent';
+            rewrite.out = whole(obj[fields[i]]);
             return '';
         }
     }
+    rewrite.from = 'default';
+    rewrite.out = parts.length === 6 ? Number(parts[5]) : Number(parts[2]);
     if (parts[3] === 'reject') {
         return 'json-cap:' + parts[1] + ':absent';
     }
@@ -216,6 +220,8 @@ function checkBudget(obj, spec, rewrite, nbytes) {
     }
     obj[parts[1]] = fit;
     rewrite.done = true;
+    rewrite.from = 'written';
+    rewrite.out = fit;
     return '';
 }
 
@@ -461,6 +467,15 @@ function envelopeOf(obj, nbytes, e) {
     return {seq: items, out: out, input: nbytes, tokens: items * out + nbytes};
 }
 
+// The access log's view of an inspected body: its model (a string, at most 128 characters), the
+// sequences, the output budget per sequence and where it came from (sent, written, default).
+function logEnvelope(v, obj, env, rewrite) {
+    v.perimeter_model = typeof obj.model === 'string' ? obj.model.substring(0, 128) : '';
+    v.perimeter_sequences = String(env.seq);
+    v.perimeter_output = rewrite.from ? String(rewrite.out) : '';
+    v.perimeter_output_from = rewrite.from || '';
+}
+
 // The route's per-request caps (limits.max_sequences, max_request_tokens): a reason or ''.
 function envelopeReason(env, e) {
     if (e.seq !== '-' && env.seq > Number(e.seq)) {
@@ -506,6 +521,7 @@ function chargeTokens(r, v, env) {
     who = parts[2] === 'principal' ? v.perimeter_principal : r.remoteAddress;
     // over the whole budget never fits: counted as limit + 1 (a finite, exact increment)
     cost = Math.min(Math.max(1, env.tokens), limit + 1);
+    v.perimeter_charged = String(cost);
     dict = ngx.shared.perimeter_tokens;
     now = Date.now();
     win = Math.floor(now / TOKEN_WINDOW);
@@ -574,11 +590,13 @@ function exact(r, v) {
         env = envelopeOf(obj, nbytes, e);
         reason = envelopeReason(env, e);
     }
+    env = env || envelopeOf(obj, nbytes, {items: [], pairs: [], per: [], out: []});
+    logEnvelope(v, obj, env, rewrite);
     if (reason) {
         deny(r, reason);
         return;
     }
-    if (!chargeTokens(r, v, env || envelopeOf(obj, nbytes, {items: [], pairs: [], per: [], out: []}))) {
+    if (!chargeTokens(r, v, env)) {
         return;
     }
     if (strip.length > 0 || rewrite.done || salt !== null || pins.length > 0) {

@@ -147,7 +147,7 @@ class LuaEnvelope:
     def named(self) -> tuple[str, ...]:
         """Every top-level field the envelope reads."""
         return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p), *self.per,
-                             *self.out}))
+                             *self.out, "model"}))
 
     @staticmethod
     def of(d: Decision) -> LuaEnvelope:
