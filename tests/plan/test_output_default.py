@@ -228,3 +228,44 @@ def test_njs_and_lua_write_and_charge_what_the_reference_does(tmp_path: Path, na
     assert outcomes == {f"{k}-{n}": v for k in ("chat", "comp") for n, v in (
         (200, "4096"), (6000, "2192"), (8191, "1"), (8192, "envelope-tokens:over-8192"),
         (9000, "envelope-tokens:over-8192"))}, outcomes
+
+
+def _probe_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) -> tuple[int, set[str]]:
+    """The limits check through ``name`` generated for a model of 8192 tokens (hand-edited by
+    ``edit``: file, old, new): its exit code and the rules of its findings."""
+    from scanner import verify
+    from scanner.net import free_port
+    from scanner.probe.interface import ProbeOptions
+    from scanner.standin.serve import StandinThread
+    from tests.probe.realproxy import unpaced
+
+    inv = _inventory(8192)
+    port = free_port()
+    s = verify.setup(inv, unpaced(load_policy(None)), tmp_path, port)
+    proxy = proxy_named(name)
+    written = proxy.write(s.plan, tmp_path / "proxy")
+    if edit is not None:
+        f = written / edit[0]
+        text = f.read_text()
+        assert edit[1] in text
+        f.write_text(text.replace(edit[1], edit[2]))
+    options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=("limits",))
+    with StandinThread(inv, "127.0.0.1", port) as st:
+        res = verify.proxy_run(s, proxy, tmp_path / "proxy", options, st.url).result
+    budgets = [c for c in res.coverage if c.subject.startswith("budget ")]
+    assert budgets and (edit is not None or {c.status for c in budgets} == {"proved"}), budgets
+    return res.exit_code(), {f.rule for f in res.findings}
+
+
+@pytest.mark.parametrize(("name", "edit"), [
+    ("nginx", None), ("envoy", None),
+    # the budget no longer fitted into the context length: the cap written into a long body
+    ("nginx", ("perimeter-http.conf", " inject 8192 8192", " inject 0 8192")),
+    ("envoy", ("envoy.yaml", "cap = 4096, window = 8192, reject", "cap = 4096, window = 0, reject")),
+])
+def test_the_probe_proves_the_fitted_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) -> None:
+    code, rules = _probe_budget(tmp_path, name, edit)
+    if edit is None:
+        assert code == 0 and rules <= {"VP011"}, rules
+    else:
+        assert code == 1 and "VP015" in rules, rules

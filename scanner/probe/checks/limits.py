@@ -401,6 +401,11 @@ class Limits(BaseCheck):
             (f"duplicate {first} key, null last",
              ("{" + (head + ", " if head else "") + f'"{first}": 1, "{first}": null}}').encode()),
         ]
+        if budget.window and budget.cap > 1:   # a long body: the budget fitted into the context length
+            size = budget.window - budget.cap // 2
+            if size <= (d.limits.body_bytes or size):
+                bodies.append((f"{size} bytes of a {budget.window}-token context",
+                               padded_json(size, rest, pad_field(d))))
         for note, body in bodies:
             if budget.when_absent == "reject":
                 yield out.case("budget", "deny", (R.token("json-cap", budget.field),), body,
