@@ -92,6 +92,42 @@ def _pair_fields(a: str, b: str, k: int) -> dict[str, object]:
     return {a: "q", b: ["a"] * k}
 
 
+def combined(d: Decision, k: int) -> dict[str, object]:
+    """Every multiplier of ``d`` at once, each asking for as many sequences as its caps let, at
+    most ``k``: the most work one body admitted by the route's other caps can ask for."""
+    out: dict[str, object] = {}
+    for name, fields in multipliers(d):
+        out.update(fields(max(1, min(most_sequences(d, name), k))))
+    return out
+
+
+def ceiling_sequences(d: Decision) -> int:
+    """The most sequences a body within the route's other caps asks for, as the plan counts them
+    (Decision.envelope of every multiplier at once, each bounded by max_sequences + 1)."""
+    k = (d.limits.max_sequences or 1 << 10) + 1
+    return d.envelope(json.dumps(combined(d, k)).encode()).sequences
+
+
+def ceiling_tokens(d: Decision, max_body_bytes: int) -> int:
+    """An upper bound of the envelope a body within the route's other limits can have: its most
+    sequences x the most output per sequence + its largest body."""
+    lim, budget = d.limits, d.budget
+    sequences = min(lim.max_sequences or 1 << 62, ceiling_sequences(d))
+    output = max(budget.cap, budget.rest) if budget else 0
+    return sequences * output + min(lim.body_bytes or max_body_bytes, max_body_bytes)
+
+
+def base_of(ctx: CheckContext, d: Decision) -> dict[str, object]:
+    """The fields every body of ``d`` is built on (its carrier, its budget when absent ones are
+    refused): as :meth:`Limits.generate` builds them."""
+    carry = carrier(ctx, d)
+    base = dict(carry[1]) if carry else {}
+    budget = d.budget
+    if budget is not None and budget.when_absent == "reject":
+        base[budget.field] = budget.cap
+    return base
+
+
 def most_sequences(d: Decision, name: str) -> int:
     """The most sequences multiplier ``name`` may ask for on ``d`` (its JSON cap, its count cap)."""
     field_name = name.split(" ")[0].split(":")[-1]
@@ -213,11 +249,20 @@ class Limits(BaseCheck):
             if lim.json_caps or lim.body_bytes is not None:
                 yield Subject(f"at-limits {where}", d.method, d.path, why=why)
             if d.envelope_capped and lim.max_sequences is not None:
-                over = any(most_sequences(d, name) > lim.max_sequences for name, _ in multipliers(d))
-                yield Subject(f"envelope-sequences {where}", d.method, d.path, why=why or (
-                    "" if over else "no multiplier here may ask for more than max_sequences (its caps)"))
+                most = ceiling_sequences(d)
+                key = f"envelope-sequences {where}"
+                yield (Subject(key, d.method, d.path, why=why) if most > lim.max_sequences else
+                       na(key, f"the route's other caps keep every body at {most} sequences at most "
+                               f"(max_sequences {lim.max_sequences})", d.method, d.path))
             if d.envelope_capped and lim.max_request_tokens is not None:
-                yield Subject(f"envelope-tokens {where}", d.method, d.path, why=why)
+                most, key = ceiling_tokens(d, ctx.options.max_body_bytes), f"envelope-tokens {where}"
+                yield (Subject(key, d.method, d.path, why=why or (
+                    "" if tokens_body(d, lim.max_request_tokens + 1, base_of(ctx, d),
+                                      min(lim.body_bytes or 1 << 30, ctx.options.max_body_bytes))
+                    else "no body over it fits body_bytes and --max-body-bytes"))
+                       if most > lim.max_request_tokens else
+                       na(key, f"the route's other limits keep every body's envelope at {most} tokens at "
+                               f"most (max_request_tokens {lim.max_request_tokens})", d.method, d.path))
             if d.salt:   # not proven (never passed) unless the salt can be seen and computed
                 yield Subject(f"salt {where}", d.method, d.path, why=why or (
                     "the cache_salt written is visible only to a witness upstream" if not ctx.witness else
@@ -276,14 +321,20 @@ class Limits(BaseCheck):
             return
         max_bytes = min(lim.body_bytes or 1 << 30, ctx.options.max_body_bytes)
         if lim.max_sequences is not None:
-            k = lim.max_sequences
+            k, alone = lim.max_sequences, 0
             for name, fields in multipliers(d):
                 if most_sequences(d, name) < k + 1:
                     continue
+                alone += 1
                 over, at = out.json(fields(k + 1)), out.json(fields(k))
                 yield out.case("envelope-sequences", "deny", ("envelope-sequences",), over,
                                f"{name}: {k + 1} sequences > max_sequences {k}")
                 yield out.case("envelope-sequences", "allow", (), at, f"{name}: exactly {k} sequences")
+            together = out.json(combined(d, k + 1))
+            n = d.envelope(together).sequences
+            if not alone and n > k:   # no multiplier alone may exceed it, together they do
+                yield out.case("envelope-sequences", "deny", ("envelope-sequences",), together,
+                               f"every multiplier at once: {n} sequences > max_sequences {k}")
         if lim.max_request_tokens is not None:
             t = lim.max_request_tokens
             for tokens, expected in ((t + 1, "deny"), (t, "allow")):
