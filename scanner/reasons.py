@@ -48,6 +48,9 @@ STATUS: dict[str, int] = {
     "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)
 }
 KINDS: tuple[str, ...] = tuple(STATUS)
+# Not a refusal: the reason on the perimeter's own error that replaced an upstream 5xx (its body
+# never reaches the client); the request reached the upstream.
+UPSTREAM_ERROR = "upstream-error"
 # Denials that depend on timing and load, not on the request: never proof of another reason.
 THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget"})
 

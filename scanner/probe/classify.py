@@ -8,6 +8,7 @@ from urllib.parse import unquote
 
 from scanner.plan.model import DECISION_HEADER, REASON_HEADER
 from scanner.probe.interface import Layer, Outcome
+from scanner.reasons import UPSTREAM_ERROR
 
 _MARKER = DECISION_HEADER.lower()
 _REASON = REASON_HEADER.lower()
@@ -17,14 +18,17 @@ def classify(status: int, headers: Mapping[str, str]) -> tuple[Layer, Outcome, s
     """(layer, outcome, marker value, reason) for one answer; ``headers`` keys in lower case.
 
     The proxy answered when its marker header is present: ``reached`` when it says allow
-    (never on a refusal), ``limited`` for a 429, ``error`` for its own 5xx, else ``denied``.
-    Otherwise the upstream did: vLLM's own 401 on its key-guarded prefixes is ``guarded``
+    (never on a refusal), ``limited`` for a 429, ``error`` for its own 5xx, else ``denied``;
+    but its error replacing an upstream 5xx (reason ``upstream-error``) is the upstream's answer,
+    ``reached``. Otherwise the upstream did: vLLM's own 401 on its key-guarded prefixes is ``guarded``
     (not reached, but not the perimeter's doing either), 403 is a deny by the upstream, 404
     and a non-JSON 400 (the server refused the request line) mean there is nothing there.
     """
     marker = headers.get(_MARKER)
     if marker is not None:
         reason = headers.get(_REASON, "")
+        if reason == UPSTREAM_ERROR and status >= 500:   # vLLM answered; the perimeter replaced its body
+            return "upstream", "reached", marker, reason
         if marker.lower().startswith("allow") and status < 400:
             return "proxy", "reached", marker, reason
         if status == 429:

@@ -129,9 +129,10 @@ def setup(real_vllm: Any, request: pytest.FixtureRequest,
 
 
 def reached(reply: Reply) -> None:
-    """vLLM answered (any status), not the proxy."""
+    """vLLM answered (any status), not the proxy (its 5xx: the perimeter's error replaces the body)."""
     assert not reply.denied, (reply.status, reply.headers, reply.body[:300])
-    assert "x-perimeter-reason" not in reply.headers
+    assert reply.headers.get("x-perimeter-reason", "upstream-error") == "upstream-error"
+    assert "x-perimeter-reason" not in reply.headers or reply.status >= 500
     assert reply.headers.get("server") != "envoy" or reply.status not in (401, 403, 404, 405, 413, 429)
 
 

@@ -72,7 +72,9 @@ def bearer(p: Principal) -> dict[str, str]:
 
 
 def is_proxy_reply(r: RawResponse | httpx.Response) -> bool:
-    return DECISION in {k.lower() for k in r.headers}
+    """The proxy answered itself (its error replacing vLLM's 5xx body is vLLM's answer)."""
+    headers = {k.lower(): v for k, v in r.headers.items()}
+    return DECISION in headers and headers.get(REASON) != "upstream-error"
 
 
 def assert_denied(r: RawResponse | httpx.Response, status: int | None = None, reason: str = "") -> None:
