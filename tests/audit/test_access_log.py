@@ -65,7 +65,8 @@ def test_every_line_carries_the_request_and_its_envelope(tmp_path: Path, name: s
         assert not cred.secret or cred.secret not in text       # never a key
     got, bad = access_log.read(logs[0])
     assert bad == 0
-    mine = [e for e in got if e.path in (CHAT, COMPLETIONS)]
+    # (a request the harness sent again on a fresh connection leaves a 499/408 line behind)
+    mine = [e for e in got if e.path in (CHAT, COMPLETIONS) and e.status not in (408, 499)]
     assert len(mine) == len(cases), [(e.path, e.status) for e in got]
     plan = s.setup.plan
     ids = set()
