@@ -70,6 +70,9 @@ UPGRADE: tuple[tuple[str, str], ...] = (
 )
 
 
+UPGRADE_NOTE = "WebSocket upgrade on a plain route"
+
+
 def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]:
     """(rule, what) for what reached the upstream that must not have, for one allowed request."""
     seen = a.upstream
@@ -305,7 +308,7 @@ class Upstream(BaseCheck):
                            note="absolute-form target naming another host")
             if d.kind == "http":
                 c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
-                             note="WebSocket upgrade on a plain route", headers=UPGRADE)
+                             note=UPGRADE_NOTE, headers=UPGRADE)
                 yield replace(c, reasons=(ANY,))   # refusing the upgrade outright is fine too
                 for status in ERROR_ANSWERS:
                     c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness",
@@ -331,6 +334,11 @@ class Upstream(BaseCheck):
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         if case.answer:
             return error_verdict(case, a)
+        if case.note == UPGRADE_NOTE and a.status is None and a.verdict == "inconclusive":
+            # neither refused nor answered as HTTP/1.1: the proxy took the upgrade and waits for the
+            # upgraded stream (Envoy with upgrade_configs on the route): a plain route passes upgrades
+            return failed(a, f"no answer to a WebSocket upgrade on a plain route ({a.error or 'timeout'}): "
+                          "the proxy accepted the upgrade instead of refusing it or serving plain HTTP/1.1")
         if case.note == RAW_LF[0]:
             return self._raw_lf(a)
         found = problems(ctx, case, a)
@@ -365,6 +373,8 @@ class Upstream(BaseCheck):
                        and a.status == 404 and (a.method, a.path, a.vantage) in routed)
             if guessed:
                 flagged.append(("VP010", a))
+            elif not found and a.verdict == "failed" and c.note == UPGRADE_NOTE:
+                flagged.append(("VP013", a))
             elif not found and a.verdict == "failed":
                 flagged.append(("VP015" if a.outcome == "reached" else "VP006", a))
         for (rule, _m, _p, _v), attempts in group(flagged).items():
