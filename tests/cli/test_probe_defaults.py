@@ -107,18 +107,21 @@ def deviations(report: dict[str, object]) -> list[tuple[object, ...]]:
     return [(f["rule"], f["method"], f["path"], f["vantage"], f["detail"]) for f in findings if f["rule"] != "VP011"]
 
 
+# NGINX here, Envoy in test_probe_defaults_envoy.py: two modules, so two test workers run them at once
 CASES = [
     pytest.param("nginx", "vllm-0.29.0-default", marks=[pytest.mark.nginx, pytest.mark.timeout(900)]),
-    pytest.param("envoy", "vllm-0.29.0-default", marks=[pytest.mark.envoy, pytest.mark.timeout(900)]),
     pytest.param("nginx", "vllm-0.29.0-everything",
                  marks=[pytest.mark.nginx, pytest.mark.slow, pytest.mark.timeout(1800)]),
-    pytest.param("envoy", "vllm-0.29.0-everything",
-                 marks=[pytest.mark.envoy, pytest.mark.slow, pytest.mark.timeout(1800)]),
 ]
 
 
 @pytest.mark.parametrize(("proxy_name", "catalog"), CASES)
 def test_default_flags_finish_clean(tmp_path: Path, proxy_name: str, catalog: str) -> None:
+    finish_clean(tmp_path, proxy_name, catalog)
+
+
+def finish_clean(tmp_path: Path, proxy_name: str, catalog: str) -> None:
+    """probe with default flags through ``proxy_name`` on ``catalog``: exit 0, no deviation."""
     code, report, seconds = probe_defaults(tmp_path, proxy_name, catalog)
     assert not report.get("unreachable"), report.get("reason")
     assert deviations(report) == []
