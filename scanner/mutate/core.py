@@ -350,6 +350,22 @@ class PlanOperator:
     needs: str = ""
 
 
+def register_plan_operators(kind: str, render: Callable[[Path, Plan], object]) -> None:
+    """Register every plan transform (:func:`plan_operators`) for ``kind``: each weakens a copy of
+    the plan and ``render`` writes it with that proxy's generator over the generated files."""
+    for p in plan_operators():
+        register(Operator(f"{kind}.{p.name}", kind, p.family, p.target, p.title, p.catches,
+                          _rendered(p, render), p.needs))
+
+
+def _rendered(p: PlanOperator, render: Callable[[Path, Plan], object]) -> Apply:
+    def apply(directory: Path, plan: Plan) -> str:
+        weak, what = p.weaken(plan)
+        render(directory, weak)
+        return what
+    return apply
+
+
 def plan_operators() -> tuple[PlanOperator, ...]:
     """The plan transforms of every family that has them (both proxies render each)."""
     def role_add(target: Pick) -> Weaken:

@@ -46,16 +46,7 @@ def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
     return what
 
 
-def _plan_operator(p: core.PlanOperator) -> Operator:
-    def apply(directory: Path, plan: Plan) -> str:
-        weak, what = p.weaken(plan)
-        render(directory, weak)
-        return what
-    return Operator(f"{KIND}.{p.name}", KIND, p.family, p.target, p.title, p.catches, apply, p.needs)
-
-
-for _p in core.plan_operators():
-    register(_plan_operator(_p))
+core.register_plan_operators(KIND, render)
 
 
 def _op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
