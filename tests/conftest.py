@@ -23,6 +23,25 @@ def _vllm_python() -> str | None:
     return python if probe.returncode == 0 else None
 
 
+# Modules of minutes (probes paced by the policy's real limits), handed out first: pytest-xdist
+# (--dist loadfile) gives modules to its two workers in collection order, so the longest going
+# first lets both end together.
+LONG_FIRST = ("tests/test_verify.py", "tests/cli/test_probe_defaults.py", "tests/cli/test_probe_defaults_envoy.py",
+              "tests/test_e2e.py", "tests/probe/test_redteam.py", "tests/test_demo.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+
+    def first(item: pytest.Item) -> int:
+        try:
+            return rank.get(item.path.relative_to(REPO).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=first)   # stable: each module's own order is kept
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of the real vLLM 0.29.0 venv. Missing under CI=true is a failure, not a skip."""

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from scanner import mutate, verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan.inputs import load_policy
 from scanner.policy.model import Limits, Policy, Rate
 from scanner.probe.interface import Attempt, ProbeOptions, ProbeResult
 from scanner.runtime import nginx
@@ -79,3 +81,34 @@ def decided(attempts: Sequence[Attempt]) -> list[Attempt]:
     assert {(a.method, a.path, a.credential, a.vantage, a.note) for a in out} == \
         {(a.method, a.path, a.credential, a.vantage, a.note) for a in attempts}, "a case was never decided"
     return out
+
+
+Edit = Callable[[Path], None]
+
+
+def sub(name: str, old: str, new: str, count: int = 0) -> Edit:
+    """A reviewer's hand edit: the regex ``old`` replaced by ``new`` in the written file ``name``
+    (it must change)."""
+    def edit(conf: Path) -> None:
+        f = conf / name
+        text = f.read_text()
+        changed = re.sub(old, new, text, count=count)
+        assert changed != text, (name, old)
+        f.write_text(changed)
+    return edit
+
+
+def probe_edited(tmp_path: Path, proxy: Proxy, options: ProbeOptions, edit: Edit | None = None,
+                 catalog: str = "vllm-0.29.0-default", witness: bool = True) -> ProbeResult:
+    """The bundled policy's plan (unpaced()) generated for ``proxy``, edited by hand (``edit`` gets
+    the written config directory), started in front of the stand-in and probed with ``options``
+    (with the stand-in's witness unless ``witness`` is false)."""
+    inventory = load_ref(catalog)
+    port = free_port()
+    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    directory = tmp_path / "proxy"
+    written = proxy.write(s.plan, directory)
+    if edit is not None:
+        edit(written)
+    with StandinThread(inventory, "127.0.0.1", port) as standin:
+        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "").result

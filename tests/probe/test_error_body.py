@@ -12,8 +12,6 @@ custom_response filter removed) make the probe exit 1.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,34 +25,15 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime.proxy import Proxy
 from scanner.standin._witness import LEAK_MARKER
 from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import proxy_named, unpaced
+from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub, unpaced
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=("upstream",))
 NGINX_HTTP, ENVOY = "perimeter-http.conf", "envoy.yaml"
-Edit = Callable[[Path], None]
 
 
 def _probe(tmp_path: Path, proxy: Proxy, edit: Edit | None = None) -> ProbeResult:
-    inventory = load_ref(CATALOG)
-    port = free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
-    directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if edit is not None:
-        edit(written)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
-
-
-def _sub(name: str, old: str, new: str) -> Edit:
-    def edit(conf: Path) -> None:
-        f = conf / name
-        text = f.read_text()
-        changed = re.sub(old, new, text)
-        assert changed != text, (name, old)
-        f.write_text(changed)
-    return edit
+    return probe_edited(tmp_path, proxy, OPTIONS, edit, CATALOG)
 
 
 def _drop_custom_response(conf: Path) -> None:
@@ -86,11 +65,11 @@ def test_5xx_bodies_are_replaced_and_4xx_pass_on_every_route(tmp_path: Path, nam
 
 WEAKENINGS: dict[str, tuple[str, Edit, str]] = {
     # the interception removed: vLLM's 5xx text reaches the client
-    "nginx-no-intercept": ("nginx", _sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
-    "nginx-debian-no-intercept": ("nginx-debian", _sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
+    "nginx-no-intercept": ("nginx", sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
+    "nginx-debian-no-intercept": ("nginx-debian", sub(NGINX_HTTP, r"\n *proxy_intercept_errors on;", ""), "VP018"),
     # the location's own error pages dropped: the server's (4xx too) intercept every answer
     "nginx-server-pages-intercept": (
-        "nginx", _sub(NGINX_HTTP, r"(\n *proxy_intercept_errors on;)(\n *error_page [^\n]+)+", r"\1"), "VP006"),
+        "nginx", sub(NGINX_HTTP, r"(\n *proxy_intercept_errors on;)(\n *error_page [^\n]+)+", r"\1"), "VP006"),
     "envoy-no-custom-response": ("envoy", _drop_custom_response, "VP018"),
 }
 

@@ -9,52 +9,24 @@ the unmodified configs give no finding, every edit makes the probe exit 1."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from scanner import verify
-from scanner.inventory.catalog import load_ref
-from scanner.net import free_port
-from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime.proxy import Proxy
-from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import proxy_named, unpaced
+from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300)
 TEMPLATE = "/v1/responses/{response_id}"
-Edit = Callable[[Path], None]
 
 
 def _probe(tmp_path: Path, proxy: Proxy, edit: Edit | None, checks: tuple[str, ...],
            witness: bool = True) -> ProbeResult:
     """The generated config (edited by hand) in front of the stand-in, probed with ``checks``."""
-    inventory = load_ref(CATALOG)
-    port = free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
-    directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if edit is not None:
-        edit(written)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, replace(OPTIONS, checks=checks),
-                                standin.url if witness else "").result
-
-
-def _sub(name: str, old: str, new: str, count: int = 0) -> Edit:
-    """Replace the regex ``old`` by ``new`` in the written file ``name`` (it must change)."""
-    def edit(conf: Path) -> None:
-        f = conf / name
-        text = f.read_text()
-        changed = re.sub(old, new, text, count=count)
-        assert changed != text, (name, old)
-        f.write_text(changed)
-    return edit
+    return probe_edited(tmp_path, proxy, replace(OPTIONS, checks=checks), edit, CATALOG, witness)
 
 
 def _both(*edits: Edit) -> Edit:
@@ -76,29 +48,29 @@ def _dollar_anchor(conf: Path) -> None:
 NGINX_HTTP, NGINX_PROXY, ENVOY = "perimeter-http.conf", "perimeter-proxy.conf", "envoy.yaml"
 WEAKENINGS: dict[str, tuple[str, Edit, tuple[str, ...], str]] = {
     # name: (proxy, edit, checks, a rule the finding must have)
-    "nginx-host-from-client": ("nginx", _sub(NGINX_HTTP, r'proxy_set_header Host "[^"]+";',
+    "nginx-host-from-client": ("nginx", sub(NGINX_HTTP, r'proxy_set_header Host "[^"]+";',
                                              "proxy_set_header Host $http_host;"), ("upstream",), "VP013"),
     "nginx-dollar-anchor": ("nginx", _dollar_anchor, ("upstream",), "VP004"),
-    "nginx-xff-appended": ("nginx", _sub(NGINX_PROXY, r"X-Forwarded-For \$remote_addr;",
+    "nginx-xff-appended": ("nginx", sub(NGINX_PROXY, r"X-Forwarded-For \$remote_addr;",
                                          "X-Forwarded-For $proxy_add_x_forwarded_for;"), ("upstream",), "VP013"),
-    "nginx-request-id-from-client": ("nginx", _sub(NGINX_PROXY, r"X-Request-Id \$request_id;",
+    "nginx-request-id-from-client": ("nginx", sub(NGINX_PROXY, r"X-Request-Id \$request_id;",
                                                    "X-Request-Id $http_x_request_id;"), ("upstream",), "VP015"),
     "nginx-real-ip-from-true-client-ip": (
-        "nginx", _sub(NGINX_HTTP, r"    server_name _;\n", "    server_name _;\n    set_real_ip_from 0.0.0.0/0;\n"
+        "nginx", sub(NGINX_HTTP, r"    server_name _;\n", "    server_name _;\n    set_real_ip_from 0.0.0.0/0;\n"
                       "    real_ip_header True-Client-IP;\n", count=1), ("spoof",), "VP003"),
     "nginx-debian-dollar-anchor": ("nginx-debian", _dollar_anchor, ("upstream",), "VP004"),
     "nginx-debian-real-ip-from-x-client-ip": (
-        "nginx-debian", _sub(NGINX_HTTP, r"    server_name _;\n", "    server_name _;\n    set_real_ip_from "
+        "nginx-debian", sub(NGINX_HTTP, r"    server_name _;\n", "    server_name _;\n    set_real_ip_from "
                              "0.0.0.0/0;\n    real_ip_header X-Client-IP;\n", count=1), ("spoof",), "VP003"),
-    "envoy-client-address-from-xff": ("envoy", _both(_sub(ENVOY, "direct_remote_ip", "remote_ip"),
-                                                     _sub(ENVOY, "use_remote_address: true", "use_remote_address: false")),
+    "envoy-client-address-from-xff": ("envoy", _both(sub(ENVOY, "direct_remote_ip", "remote_ip"),
+                                                     sub(ENVOY, "use_remote_address: true", "use_remote_address: false")),
                                       ("spoof",), "VP003"),
-    "envoy-host-from-client": ("envoy", _sub(ENVOY, r"\n *host_rewrite_literal: [^\n]+", ""), ("upstream",),
+    "envoy-host-from-client": ("envoy", sub(ENVOY, r"\n *host_rewrite_literal: [^\n]+", ""), ("upstream",),
                                "VP013"),
-    "envoy-xff-appended": ("envoy", _both(_sub(ENVOY, r'\n *- "x-forwarded-for"', ""),
-                                          _sub(ENVOY, r"(key: x-forwarded-for, [^\n]+\n *append_action: )\w+",
+    "envoy-xff-appended": ("envoy", _both(sub(ENVOY, r'\n *- "x-forwarded-for"', ""),
+                                          sub(ENVOY, r"(key: x-forwarded-for, [^\n]+\n *append_action: )\w+",
                                                r"\1APPEND_IF_EXISTS_OR_ADD")), ("upstream",), "VP013"),
-    "envoy-request-id-from-client": ("envoy", _sub(ENVOY, r"\n( *)stat_prefix: perimeter\n",
+    "envoy-request-id-from-client": ("envoy", sub(ENVOY, r"\n( *)stat_prefix: perimeter\n",
                                                    r"\n\1stat_prefix: perimeter\n\1preserve_external_request_id: true\n",
                                                    count=1), ("upstream",), "VP013"),
 }

@@ -9,7 +9,6 @@ front of the stand-in and its witness, with the checks of its area, the probe mu
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from scanner.net import free_port
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import but_rates, proxy_named, unpaced
+from tests.probe.realproxy import Edit, but_rates, proxy_named, sub, unpaced
 
 pytestmark = [pytest.mark.nginx, pytest.mark.envoy]
 
@@ -29,7 +28,6 @@ CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300)
 HTTP, PROXY, PRINCIPALS, ENVOY = "perimeter-http.conf", "perimeter-proxy.conf", "perimeter-principals.conf", \
     "envoy.yaml"
-Edit = Callable[[Path], None]
 
 # the checks of each area (the witness is always there)
 AREAS: dict[str, tuple[str, ...]] = {
@@ -41,17 +39,6 @@ AREAS: dict[str, tuple[str, ...]] = {
 
 
 # --- edits ------------------------------------------------------------------------------------------
-
-def sub(name: str, old: str, new: str, count: int = 0) -> Edit:
-    """The regex ``old`` replaced by ``new`` in the written file ``name`` (it must change)."""
-    def edit(conf: Path) -> None:
-        f = conf / name
-        text = f.read_text()
-        changed = re.sub(old, new, text, count=count)
-        assert changed != text, (name, old)
-        f.write_text(changed)
-    return edit
-
 
 def text(name: str, old: str, new: str, count: int = -1) -> Edit:
     """The literal ``old`` replaced by ``new`` (``count`` times, all by default) in ``name``."""
