@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scanner import reasons
+from scanner.plan import settle
 from scanner.plan.model import BODY_METHODS, Decision
 from scanner.plan.vllm_json import vllm_int, within
 from scanner.policy import media
@@ -112,7 +113,8 @@ def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
     """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: less the
     fields its rules strip, its output budget decided, on a salted route ``cache_salt`` = ``salt``
     (the perimeter's salt for the sender), then the pins; ``size``: the bytes it was received as
-    (they bound the budget written in, :meth:`Budget.written`); None: refused for its absent budget."""
+    (they bound the budget written in, :meth:`Budget.written`); on a settled stream, asking for
+    its usage (:func:`scanner.plan.settle.asking_usage`); None: refused for its absent budget."""
     if d.salt and not salt:
         raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
     kept = {k: v for k, v in doc.items() if d.fields.mode(k) != "strip"}
@@ -121,6 +123,8 @@ def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
         out["cache_salt"] = salt
     if out is not None:
         out.update(d.fields.pins)
+    if out is not None and d.token_zone and d.envelope_spec.ask_usage:
+        out = settle.asking_usage(out) or out
     return out
 
 

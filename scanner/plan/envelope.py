@@ -59,10 +59,12 @@ class EnvelopeSpec:
     items: tuple[tuple[str, ItemRule], ...] = ()     # summed: the prompts (conversations, inputs)
     pairs: tuple[tuple[str, str], ...] = ()          # pair sides: their pairs add to the items
     per_item: tuple[str, ...] = ()                   # sequences per item: the largest, >= 1
+    # the model takes ``stream_options``: a settled stream asks for its usage (scanner/plan/settle.py)
+    ask_usage: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"items": [[f, rule] for f, rule in self.items], "pairs": [list(p) for p in self.pairs],
-                "per_item": list(self.per_item)}
+                "per_item": list(self.per_item), **({"ask_usage": True} if self.ask_usage else {})}
 
     @property
     def text(self) -> str:
@@ -77,7 +79,9 @@ class EnvelopeSpec:
 def spec_for(fields: Mapping[str, tuple[str, ...]] | None) -> EnvelopeSpec:
     """The spec of a route whose request model has the top-level ``fields`` (name -> JSON types;
     None: its body is not known, so every multiplier is read). An item field counts where the
-    model takes a list there (``prompt`` on /v1/responses is a template object: one request)."""
+    model takes a list there (``prompt`` on /v1/responses is a template object: one request). A
+    stream asks for its usage only where the model is known to take ``stream_options``."""
+    ask_usage = fields is not None and "stream_options" in fields
     if fields is None:
         every = (*ITEM_FIELDS, *(f for p in PAIR_FIELDS for f in p), *SEQUENCE_FIELDS)
         fields = {f: ("array",) for f in every}
@@ -85,7 +89,7 @@ def spec_for(fields: Mapping[str, tuple[str, ...]] | None) -> EnvelopeSpec:
     return EnvelopeSpec(items=tuple((f, rule) for f, rule in ITEM_FIELDS.items()
                                     if "array" in fields.get(f, ())),
                         pairs=tuple(p for p in PAIR_FIELDS if p[0] in have and p[1] in have),
-                        per_item=tuple(f for f in SEQUENCE_FIELDS if f in have))
+                        per_item=tuple(f for f in SEQUENCE_FIELDS if f in have), ask_usage=ask_usage)
 
 
 @dataclass(frozen=True)

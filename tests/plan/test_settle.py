@@ -1,0 +1,61 @@
+"""scanner/plan/settle.py: what is read as usage, what is refunded, when a stream asks for usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from scanner.plan import settle
+from scanner.plan.settle import Usage
+
+
+@pytest.mark.parametrize("answer, usage", [
+    ({"usage": {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}}, Usage(7, 10)),
+    ({"usage": {"prompt_tokens": 7, "total_tokens": 7}}, Usage(7, 0)),                    # embeddings
+    ({"usage": {"input_tokens": 5, "output_tokens": 3}}, Usage(5, 3)),                     # responses
+    ({"type": "response.completed", "response": {"usage": {"input_tokens": 5, "output_tokens": 3}}},
+     Usage(5, 3)),
+    ({"usage": None}, None), ({"usage": {"prompt_tokens": "7"}}, None),
+    ({"usage": {"prompt_tokens": -1, "completion_tokens": 1}}, None),
+    ({"usage": {"prompt_tokens": True, "completion_tokens": 1}}, None), ([], None), ({}, None),
+])
+def test_usage_is_read_only_from_whole_counts(answer: object, usage: Usage | None) -> None:
+    assert settle.usage_of(answer) == usage
+
+
+def test_a_stream_settles_by_its_last_usage_event() -> None:
+    events = [{"choices": [{"delta": {}}]}, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 10}},
+              "[DONE]"]
+    assert settle.stream_usage(events) == Usage(3, 10)
+    assert settle.stream_usage(events[:1]) is None       # cut short: nothing to settle
+
+
+@pytest.mark.parametrize("charged, usage, body, back", [
+    (4096 + 100, Usage(25, 10), {"max_tokens": 4096}, 4096 + 100 - 35),
+    (4 * 4096 + 100, Usage(25, 40), {"n": 4}, 4 * 4096 + 100 - 65),
+    (4 * 4096 + 100, Usage(25, 40), {"n": 2, "best_of": 4}, 0),        # 2 sequences vLLM does not report
+    (4 * 4096 + 100, Usage(25, 40), {"n": 4, "best_of": 4}, 4 * 4096 + 100 - 65),
+    (100, None, {}, 0),                                                  # no usage: the charge stands
+    (10, Usage(25, 40), {}, 0),                                          # more than charged: nothing back
+])
+def test_refund_returns_the_unused_reservation(charged: int, usage: Usage | None, body: dict[str, object],
+                                                back: int) -> None:
+    assert settle.refund(charged, usage, body) == back
+
+
+@pytest.mark.parametrize("body, sent", [
+    ({"stream": True}, {"stream": True, "stream_options": {"include_usage": True}}),
+    ({"stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": True, "x": 1}},
+     {"stream": True, "stream_options": {"x": 1, "include_usage": True}}),
+    ({"stream": True, "stream_options": {"include_usage": True}}, None),      # asked already
+    ({"stream": "true"}, None), ({"stream": False}, None), ({}, None),
+    ({"stream": True, "stream_options": "x"}, None),                          # vLLM refuses it itself
+])
+def test_a_stream_asks_for_usage_only_where_nothing_changes_for_vllm(body: dict[str, object],
+                                                                      sent: dict[str, object] | None) -> None:
+    assert settle.asking_usage(body) == sent
+
+
+def test_only_the_usage_only_event_is_hidden() -> None:
+    assert settle.hidden({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    assert not settle.hidden({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
+    assert not settle.hidden({"choices": []})
