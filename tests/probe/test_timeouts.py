@@ -5,8 +5,6 @@ witness can hold is said so, never proved."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,7 @@ from scanner.plan.inputs import load_policy
 from scanner.probe.checks.timeouts import Timeouts, provable
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
-from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import proxy_named, unpaced
+from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("timeout",))
@@ -27,25 +24,15 @@ OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=(
 pytestmark = [pytest.mark.nginx, pytest.mark.envoy]
 
 
-def _run(tmp_path: Path, name: str, edit: Callable[[str], str] | None = None) -> ProbeResult:
-    proxy, inventory, port = proxy_named(name), load_ref(CATALOG), free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
-    directory = tmp_path / "proxy"
-    proxy.write(s.plan, directory)
-    if edit is not None:
-        conf = next(directory.rglob("envoy.yaml" if name == "envoy" else "perimeter-http.conf"))
-        changed = edit(conf.read_text(encoding="utf-8"))
-        assert changed != conf.read_text(encoding="utf-8"), "the weakening applied"
-        conf.write_text(changed, encoding="utf-8")
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+def _run(tmp_path: Path, name: str, edit: Edit | None = None) -> ProbeResult:
+    return probe_edited(tmp_path, proxy_named(name), OPTIONS, edit, CATALOG)
 
 
-def _retime(name: str, old: str, new: str) -> Callable[[str], str]:
+def _retime(name: str, old: str, new: str) -> Edit:
     """Every timeout of ``old`` seconds set to ``new`` (NGINX proxy_read_timeout, Envoy route timeout)."""
     if name == "envoy":
-        return lambda text: re.sub(rf"(\n\s+timeout: ){old}s\n", rf"\g<1>{new}s\n", text)
-    return lambda text: text.replace(f"proxy_read_timeout {old}s;", f"proxy_read_timeout {new}s;")
+        return sub("envoy.yaml", rf"(\n\s+timeout: ){old}s\n", rf"\g<1>{new}s\n")
+    return sub("perimeter-http.conf", rf"proxy_read_timeout {old}s;", f"proxy_read_timeout {new}s;")
 
 
 def test_only_timeouts_the_witness_can_outlast_are_provable() -> None:
