@@ -135,7 +135,8 @@ class BodyCheck:
     tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
                         # tokens per minute, counted per principal or address
     envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
-                        # admitted envelope njs computes (envelopeOf) and caps; "" none
+                        # admitted envelope njs computes (envelopeOf) and caps; "" none; with
+                        # " usage=ask" a settled stream asks for its usage (askUsage)
 
 
 @dataclass(frozen=True)
@@ -361,12 +362,16 @@ def budget_text(budget: Budget) -> str:
 
 def envelope_text(d: Decision) -> str:
     """njs's form of a route's admitted envelope and its caps (templates/nginx-perimeter.js,
-    envelopeSpec): the spec's fields, the output budget's fields and cap, the per-request caps."""
+    envelopeSpec): the spec's fields, the output budget's fields and cap, the per-request caps;
+    ``usage=ask`` on a route with a token budget whose model takes ``stream_options`` (a settled
+    stream asks for its usage: scanner/plan/settle.py asking_usage, njs askUsage)."""
     budget, lim = d.budget, d.limits
     out = f"{','.join(budget.fields)}:{budget.rest}" if budget else "-:0"
     def cap(n: int | None) -> str:
         return "-" if n is None else str(n)
-    return f"{d.envelope_spec.text} out={out} seq={cap(lim.max_sequences)} tok={cap(lim.max_request_tokens)}"
+    ask = " usage=ask" if d.token_zone and d.envelope_spec.ask_usage else ""
+    return (f"{d.envelope_spec.text} out={out} seq={cap(lim.max_sequences)} tok={cap(lim.max_request_tokens)}"
+            f"{ask}")
 
 
 def _media_spec(m: MediaRules) -> str:
@@ -453,7 +458,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         check=check,
         websocket=websocket, up=up,
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
-                                       or bool(rules.pins)
+                                       or bool(rules.pins) or check.envelope.endswith(" usage=ask")
                                        or (budget is not None and budget.when_absent == "inject")),
     )
 

@@ -408,7 +408,7 @@ function whole(v) {
 }
 
 function envelopeSpec(text) {
-    var e = {items: [], pairs: [], per: [], out: [], cap: 0, seq: '-', tok: '-'};
+    var e = {items: [], pairs: [], per: [], out: [], cap: 0, seq: '-', tok: '-', ask: false};
     var parts = text ? text.split(' ') : [];
     var i, eq, key, val, list, j, colon;
     for (i = 0; i < parts.length; i++) {
@@ -417,6 +417,10 @@ function envelopeSpec(text) {
         val = parts[i].substring(eq + 1);
         if (key === 'seq' || key === 'tok') {
             e[key] = val;
+            continue;
+        }
+        if (key === 'usage') {          // usage=ask: a settled stream asks for its usage (askUsage)
+            e.ask = val === 'ask';
             continue;
         }
         if (key === 'out') {
@@ -541,14 +545,233 @@ function chargeTokens(r, v, env) {
         r.internalRedirect('@perimeter_token_budget');
         return false;
     }
+    // what the answer settles (settle, js_body_filter): the window's key, the refundable charge
+    v.perimeter_settle = key + win + ' ' + cost + ' -';
     return true;
+}
+
+// Settlement (scanner/plan/settle.py, the reference): the unused part of the charge goes back
+// once the answer reports its usage.
+//
+// A body running sequences vLLM's usage does not count (best_of over n): nothing refundable.
+function unreported(obj) {
+    var best, n;
+    if (obj === null || !has(obj, 'best_of') || obj.best_of === null) {
+        return false;
+    }
+    best = vllmInt(obj.best_of);
+    n = vllmInt(has(obj, 'n') && obj.n !== null ? obj.n : 1);
+    return best !== best || n !== n || best > n;
+}
+
+// settle.asking_usage: a stream ("stream": true, the JSON value) not asking for its usage leaves
+// with stream_options.include_usage true (the client's other options kept, continuous_usage_stats
+// dropped); a stream_options that is not an object is left alone (vLLM refuses it). true: written.
+function askUsage(obj) {
+    var options = has(obj, 'stream_options') ? obj.stream_options : null;
+    var kept = {};
+    var keys, i;
+    if (obj.stream !== true) {
+        return false;
+    }
+    if (options !== null && (typeof options !== 'object' || Array.isArray(options) ||
+                             options.include_usage === true)) {
+        return false;
+    }
+    keys = options === null ? [] : Object.keys(options);
+    for (i = 0; i < keys.length; i++) {
+        if (keys[i] !== 'include_usage' && keys[i] !== 'continuous_usage_stats') {
+            kept[keys[i]] = options[keys[i]];
+        }
+    }
+    kept.include_usage = true;
+    obj.stream_options = kept;
+    return true;
+}
+
+// settle.usage_of: [input, output] of a JSON answer or one event's data; null when none.
+function countOf0(value) {
+    return (typeof value === 'number' && Math.floor(value) === value && value >= 0) ? value : -1;
+}
+
+function usageOf(doc) {
+    var u, input, output;
+    if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) {
+        return null;
+    }
+    u = doc.usage;
+    if ((u === null || typeof u !== 'object' || Array.isArray(u)) && doc.response !== null &&
+            typeof doc.response === 'object' && !Array.isArray(doc.response)) {
+        u = doc.response.usage;
+    }
+    if (u === null || typeof u !== 'object' || Array.isArray(u)) {
+        return null;
+    }
+    input = countOf0(has(u, 'prompt_tokens') ? u.prompt_tokens : u.input_tokens);
+    output = countOf0(has(u, 'completion_tokens') ? u.completion_tokens
+                      : (has(u, 'output_tokens') ? u.output_tokens : 0));
+    return (input < 0 || output < 0) ? null : [input, output];
+}
+
+// settle.hidden: the usage-only event vLLM sends last when asked ("choices": [] and a usage).
+function hiddenEvent(doc) {
+    return doc !== null && typeof doc === 'object' && Array.isArray(doc.choices) &&
+        doc.choices.length === 0 && doc.usage !== null && typeof doc.usage === 'object' &&
+        !Array.isArray(doc.usage);
+}
+
+// The refund goes back to the window the charge was put in (its key), floored at 0, never to the
+// current one: the counts then equal those of a budget that had charged the usage at admission
+// (usage <= charge), so the sliding minute never lets through more than the plan's capacity. Taken
+// from the current window instead, a charge still weighing (1 - elapsed) in the previous minute
+// would be refunded at full weight: more let through than the usage justifies. A window older than
+// the previous minute no longer counts: nothing to return.
+function giveBack(key, n) {
+    var dict = ngx.shared.perimeter_tokens;
+    var win = Number(key.substring(key.lastIndexOf(':') + 1));
+    var left;
+    if (n <= 0 || Math.floor(Date.now() / TOKEN_WINDOW) - win > 1 || !dict.has(key)) {
+        return;
+    }
+    left = dict.incr(key, -n, 0);
+    if (left < 0) {                     // another writer raced the expiry: never below zero
+        dict.incr(key, -left, 0);
+    }
+}
+
+// Per request (each request has its own VM): what settleHeaders decided for this answer.
+var SETTLE_JSON_MAX = 4194304;          // a JSON answer longer than this keeps its charge
+var answer = null;
+
+// js_header_filter on token-budget locations: read $perimeter_settle ("KEY COST FLAGS", FLAGS a:
+// the proxy asked for the usage); an encoded answer (the proxy asks for identity) is not read.
+function settleHeaders(r) {
+    var spec = r.variables.perimeter_settle || '';
+    var enc = r.headersOut['Content-Encoding'];
+    var type = r.headersOut['Content-Type'] || '';
+    var b = spec.lastIndexOf(' ');
+    var a = spec.lastIndexOf(' ', b - 1);
+    answer = null;
+    if (!spec || a < 0 || (enc && enc !== 'identity')) {
+        return;
+    }
+    answer = {key: spec.substring(0, a), cost: Number(spec.substring(a + 1, b)),
+              asked: spec.substring(b + 1) === 'a', stream: /^\s*text\/event-stream/i.test(type),
+              parts: [], size: 0, held: null, skip: false, usage: null};
+    if (answer.stream && answer.asked) {
+        delete r.headersOut['Content-Length'];   // an event may be dropped: the length changes
+    }
+}
+
+// One complete line of a stream (no '\n'): its usage noted; false: dropped (the usage-only event
+// the proxy asked for, and the blank line ending it).
+function streamLine(s, line) {
+    var text = line.charAt(line.length - 1) === '\r' ? line.substring(0, line.length - 1) : line;
+    var doc;
+    if (s.skip) {
+        s.skip = false;
+        if (text === '') {
+            return false;
+        }
+    }
+    if (text.substring(0, 5) !== 'data:' || text.indexOf('usage') < 0) {
+        return true;
+    }
+    try {
+        doc = JSON.parse(text.substring(text.charAt(5) === ' ' ? 6 : 5));
+    } catch (e) {
+        return true;
+    }
+    s.usage = usageOf(doc) || s.usage;
+    if (s.asked && hiddenEvent(doc)) {
+        s.skip = true;
+        return false;
+    }
+    return true;
+}
+
+// A stream: complete lines go on at once (the usage-only event dropped when the proxy asked);
+// only an incomplete trailing line waits for its end. Nothing is held when nothing is dropped.
+function settleStream(r, s, data, last) {
+    var buf = s.held ? Buffer.concat([s.held, data]) : data;
+    var end = buf.lastIndexOf('\n');
+    var lines, out, i;
+    s.held = null;
+    if (end < 0 && !last) {
+        s.held = buf;
+        if (!s.asked) {
+            r.sendBuffer(data, {last: false});
+        }
+        return;
+    }
+    lines = buf.slice(0, end + 1).toString().split('\n');
+    lines.pop();
+    if (!last && end + 1 < buf.length) {
+        s.held = buf.slice(end + 1);
+    } else if (end + 1 < buf.length) {
+        lines.push(buf.slice(end + 1).toString());
+    }
+    if (!s.asked) {                     // nothing is dropped: the bytes as they came
+        for (i = 0; i < lines.length; i++) {
+            streamLine(s, lines[i]);
+        }
+        r.sendBuffer(data, {last: last});
+        return;
+    }
+    out = [];
+    for (i = 0; i < lines.length; i++) {
+        if (streamLine(s, lines[i])) {
+            out.push(lines[i]);
+        }
+    }
+    out = out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
+    r.sendBuffer(out, {last: last});
+}
+
+// js_body_filter on token-budget locations: every byte passes on at once (a stream's usage-only
+// event excepted when the proxy asked); the answer's usage is read (a JSON answer's, a stream's
+// last event reporting one) and, once the answer is complete (a stream cut short never is), the
+// charge less the usage is returned (settle.refund). Usage noted in $perimeter_usage
+// ("INPUT+OUTPUT") for the access log. No usage: the charge stands.
+function settle(r, data, flags) {
+    var s = answer;
+    var doc;
+    if (s === null) {
+        r.sendBuffer(data, flags);
+        r.done();
+        return;
+    }
+    if (s.stream) {
+        settleStream(r, s, data, flags.last);
+    } else {
+        if (s.size + data.length <= SETTLE_JSON_MAX) {
+            s.parts.push(data);
+        }
+        s.size += data.length;
+        r.sendBuffer(data, flags);
+        if (flags.last && s.size <= SETTLE_JSON_MAX) {
+            try {
+                doc = JSON.parse(Buffer.concat(s.parts).toString());
+            } catch (e) {
+                doc = null;
+            }
+            s.usage = usageOf(doc);
+        }
+    }
+    if (flags.last) {
+        answer = null;
+        if (s.usage !== null) {
+            r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
+            giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
+        }
+    }
 }
 
 function exact(r, v) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
-    var obj, reason, strip, pins, i, rewrite, salt, e, env;
+    var obj, reason, strip, pins, i, rewrite, salt, e, env, changed;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
         if (!chargeTokens(r, v, envelopeOf(null, nbytes, null))) {
@@ -599,16 +822,25 @@ function exact(r, v) {
     if (!chargeTokens(r, v, env)) {
         return;
     }
-    if (strip.length > 0 || rewrite.done || salt !== null || pins.length > 0) {
-        for (i = 0; i < strip.length; i++) {
-            delete obj[strip[i]];
-        }
-        if (salt !== null) {
-            obj.cache_salt = salt;
-        }
-        for (i = 0; i < pins.length; i++) {
-            obj[pins[i][0]] = pins[i][1];
-        }
+    if (v.perimeter_settle && unreported(obj)) {
+        v.perimeter_settle = v.perimeter_settle.replace(/ [0-9]+ -$/, ' 0 -');
+    }
+    changed = strip.length > 0 || rewrite.done || salt !== null || pins.length > 0;
+    for (i = 0; i < strip.length; i++) {
+        delete obj[strip[i]];
+    }
+    if (salt !== null) {
+        obj.cache_salt = salt;
+    }
+    for (i = 0; i < pins.length; i++) {
+        obj[pins[i][0]] = pins[i][1];
+    }
+    // a settled stream asks for its usage (after the pins, as scanner/plan/body.py forwarded)
+    if (v.perimeter_settle && e && e.ask && askUsage(obj)) {
+        v.perimeter_settle = v.perimeter_settle.replace(/-$/, 'a');
+        changed = true;
+    }
+    if (changed) {
         v.perimeter_body_out = JSON.stringify(obj);
         r.internalRedirect(v.perimeter_up + '_rewrite');
         return;
@@ -631,4 +863,4 @@ function body(r) {
     }
 }
 
-export default {keyHash, read, body};
+export default {keyHash, read, body, settleHeaders, settle};
