@@ -691,32 +691,26 @@ function streamLine(s, line) {
 }
 
 // A stream: complete lines go on at once (the usage-only event dropped when the proxy asked);
-// only an incomplete trailing line waits for its end. Nothing is held when nothing is dropped.
-function settleStream(r, s, data, last) {
+// only an incomplete trailing line waits for its end. Nothing is held back when nothing is
+// dropped. Returns what to send on.
+function streamPart(s, data, last) {
     var buf = s.held ? Buffer.concat([s.held, data]) : data;
     var end = buf.lastIndexOf('\n');
     var lines, out, i;
     s.held = null;
-    if (end < 0 && !last) {
-        s.held = buf;
-        if (!s.asked) {
-            r.sendBuffer(data, {last: false});
-        }
-        return;
-    }
-    lines = buf.slice(0, end + 1).toString().split('\n');
-    lines.pop();
     if (!last && end + 1 < buf.length) {
         s.held = buf.slice(end + 1);
-    } else if (end + 1 < buf.length) {
+    }
+    lines = end < 0 ? [] : buf.slice(0, end + 1).toString().split('\n');
+    lines.pop();
+    if (last && end + 1 < buf.length) {
         lines.push(buf.slice(end + 1).toString());
     }
     if (!s.asked) {                     // nothing is dropped: the bytes as they came
         for (i = 0; i < lines.length; i++) {
             streamLine(s, lines[i]);
         }
-        r.sendBuffer(data, {last: last});
-        return;
+        return data;
     }
     out = [];
     for (i = 0; i < lines.length; i++) {
@@ -724,17 +718,18 @@ function settleStream(r, s, data, last) {
             out.push(lines[i]);
         }
     }
-    out = out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
-    r.sendBuffer(out, {last: last});
+    return out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
 }
 
 // js_body_filter on token-budget locations: every byte passes on at once (a stream's usage-only
 // event excepted when the proxy asked); the answer's usage is read (a JSON answer's, a stream's
 // last event reporting one) and, once the answer is complete (a stream cut short never is), the
-// charge less the usage is returned (settle.refund). Usage noted in $perimeter_usage
-// ("INPUT+OUTPUT") for the access log. No usage: the charge stands.
+// charge less the usage is returned (settle.refund) before its last bytes leave: a client that
+// has the whole answer finds the budget settled. Usage noted in $perimeter_usage ("INPUT+OUTPUT")
+// for the access log. No usage: the charge stands.
 function settle(r, data, flags) {
     var s = answer;
+    var out = data;
     var doc;
     if (s === null) {
         r.sendBuffer(data, flags);
@@ -742,13 +737,12 @@ function settle(r, data, flags) {
         return;
     }
     if (s.stream) {
-        settleStream(r, s, data, flags.last);
+        out = streamPart(s, data, flags.last);
     } else {
         if (s.size + data.length <= SETTLE_JSON_MAX) {
             s.parts.push(data);
         }
         s.size += data.length;
-        r.sendBuffer(data, flags);
         if (flags.last && s.size <= SETTLE_JSON_MAX) {
             try {
                 doc = JSON.parse(Buffer.concat(s.parts).toString());
@@ -765,6 +759,7 @@ function settle(r, data, flags) {
             giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
         }
     }
+    r.sendBuffer(out, flags);
 }
 
 function exact(r, v) {
