@@ -209,14 +209,19 @@ class EnvoyOptions:
     config_dir: str = ""
     ca_bundle: str = DEFAULT_CA_BUNDLE
     admin: tuple[str, int] | None = None
+    workers: int = 1      # Envoy's --concurrency: token-budget credits are held per worker
 
-    KNOWN = ("admin", "ca_bundle", "config_dir")
+    KNOWN = ("admin", "ca_bundle", "config_dir", "workers")
 
     @classmethod
     def parse(cls, extra: Mapping[str, str]) -> EnvoyOptions:
         _unknown("envoy", extra, cls.KNOWN)
+        workers = extra.get("workers", "1")
+        if not workers.isdigit() or not 1 <= int(workers) <= 1024:
+            raise GenerateError(f"envoy generator: workers {workers!r} must be Envoy's --concurrency (1..1024)")
         return cls(config_dir=_absolute("envoy", "config_dir", extra.get("config_dir", "")),
-                   ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE), admin=_admin(extra.get("admin", "")))
+                   ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE), admin=_admin(extra.get("admin", "")),
+                   workers=int(workers))
 
 
 def _admin(text: str) -> tuple[str, int] | None:

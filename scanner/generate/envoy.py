@@ -40,6 +40,11 @@ Design (see :mod:`scanner.generate.envoy_model` for the route table):
   (``Decision.token_cost``) into ``perimeter.cost``; one ``local_ratelimit`` filter per token
   zone, after the rate filters, charges it (``hits_addend``) to a bucket per principal (per
   client address on auth "none"); Lua's ``envoy_on_response`` writes ``Retry-After``.
+  Settled from usage (scanner/plan/settle.py): a stream not asking for its usage leaves asking
+  (the usage-only event then dropped from the answer), the answer's usage read as its chunks go
+  by (nothing buffered), and the unused reservation credited to the principal's next requests in
+  this worker (``perimeter.hits``, the bucket's charge, is the cost less the credit; see the Lua
+  and the ``workers`` option); ``perimeter:usage`` (INPUT+OUTPUT) and ``perimeter:refund`` logged.
 * Concurrency: a cluster per principal (per audience limit) with circuit breakers: at most
   N requests in flight to vLLM and N waiting for a connection; beyond, overflow (flag
   ``UO``) is answered 429. Lua picks the cluster (``cluster_header`` + route re-match).
@@ -61,6 +66,12 @@ Generator options (``GenerateOptions.extra``):
     (default ``/etc/ssl/certs/ca-certificates.crt``).
 ``admin``
     ``127.0.0.1:PORT`` (loopback only) to enable Envoy's admin interface; off by default.
+``workers``
+    The ``--concurrency`` Envoy will run with (default 1). Token budgets are settled from usage
+    with a credit ledger in each worker's Lua state; each worker may hold at most this share of
+    a bucket's deficit, so the credits never let more through than a real refund would. Run with
+    more workers than this and a principal using several connections could be credited up to
+    (workers run - 1) x its deficit beyond it; fewer: refunds are smaller than they could be.
 
 ``options.access_log`` gets one JSON line per request (time, client, principal, method,
 path, route, status, latency_ms, decision, reason, rule); ``options.error_log`` is not

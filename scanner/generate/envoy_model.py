@@ -124,6 +124,7 @@ class LuaGroup:
     grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
     envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
     tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
+    token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,14 @@ class LuaEnvelope:
     tok: int | None
     window: int = 0
     rest: int = 0
+    settled: bool = False    # a token budget settled from usage (scanner/plan/settle.py): best_of, n read
+    ask: bool = False        # ... and a stream asks for its usage (EnvelopeSpec.ask_usage)
 
     @property
     def named(self) -> tuple[str, ...]:
         """Every top-level field the envelope reads."""
         return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p), *self.per,
-                             *self.out, "model"}))
+                             *self.out, "model", *(("best_of", "n") if self.settled else ())}))
 
     @staticmethod
     def of(d: Decision) -> LuaEnvelope:
@@ -155,7 +158,8 @@ class LuaEnvelope:
         return LuaEnvelope(items=spec.items, pairs=spec.pairs, per=spec.per_item,
                            out=budget.fields if budget else (), cap=budget.write_cap if budget else 0,
                            seq=d.limits.max_sequences, tok=d.limits.max_request_tokens,
-                           window=budget.window if budget else 0, rest=budget.rest if budget else 0)
+                           window=budget.window if budget else 0, rest=budget.rest if budget else 0,
+                           settled=bool(d.token_zone), ask=bool(d.token_zone) and spec.ask_usage)
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,8 @@ class TokenFilter:
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
 SALT_BYTES = len(',"cache_salt":""') + 64
+# the most asking a stream for its usage adds (settle.asking_usage)
+ASK_BYTES = len(',"stream_options":{"include_usage":true}')
 
 
 @dataclass(frozen=True)
@@ -259,6 +265,7 @@ class Model:
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
     token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
     envelopes: bool = False     # some Lua group computes the admitted envelope (caps, token budgets)
+    workers: int = 1            # Envoy's --concurrency: each worker holds a share of the credits
     grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -362,7 +369,8 @@ class _Registry:
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
-                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope)
+                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
+                 self.token_filter(d))
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -371,7 +379,7 @@ class _Registry:
                 roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
-                grpc=grpc, tokens=tokens, envelope=envelope)
+                grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(d))
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -435,6 +443,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     grown = len(f',"{budget.field}":{budget.cap}') if budget and budget.when_absent == "inject" else 0
     grown += SALT_BYTES if check_body and d.salt else 0
     grown += sum(len(f',"{k}":{json.dumps(v)}') for k, v in d.fields.pins.items()) if check_body else 0
+    grown += ASK_BYTES if check_body and d.token_zone and d.envelope_spec.ask_usage else 0
     held = body_bytes + grown if body_bytes else 0
     grpc = d.kind == "grpc"
     return RouteView(
@@ -606,4 +615,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_key_file=plan.upstream.api_key_file or "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
         envelopes=any(g.envelope is not None for g in reg.lua.values()),
+        workers=opts.workers,
     )

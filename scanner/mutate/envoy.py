@@ -268,6 +268,21 @@ def _e_tokens(env: _Envoy, plan: Plan) -> str:
     return f"{d.token_zone} ({d.method} {d.path})"
 
 
+@_e("settlement-skipped", "remove", "a token zone",
+    "one token zone's charge not settled from usage (its bucket charged the whole reservation: the "
+    "credits of settled answers ignored)", ('token-budget',), needs="limits.tokens_per_minute")
+def _e_settlement(env: _Envoy, plan: Plan) -> str:
+    d = core.token_budgeted(plan)
+    per = env.allowed(d).get("typed_per_filter_config", {})
+    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
+    f = next((f for f in env.hcm["http_filters"] if f["name"] == name), None)
+    if f is None:
+        raise NotApplicable("no token filter on that route")
+    for limit in f["typed_config"]["rate_limits"]:
+        limit["hits_addend"] = {"format": "%DYNAMIC_METADATA(perimeter:cost)%"}
+    return f"{d.token_zone} ({d.method} {d.path})"
+
+
 @_e("network-from-forwarding-header", "source", "the listener", "client address taken from X-Forwarded-For",
     ('spoof', 'matrix'))
 def _e_xff(env: _Envoy, plan: Plan) -> str:

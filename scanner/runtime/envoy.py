@@ -35,8 +35,9 @@ def write(plan: Plan, directory: Path, extra: dict[str, str] | None = None) -> P
 
 def process(plan: Plan, directory: Path, extra: dict[str, str] | None = None,
             concurrency: int = 1, flush_ms: int = 0) -> ManagedProcess:
-    """The Envoy process for ``plan``; ``flush_ms`` > 0 flushes the access log that often."""
-    write(plan, directory, extra)
+    """The Envoy process for ``plan``; ``flush_ms`` > 0 flushes the access log that often. The
+    config is written for ``concurrency`` workers (token-budget credits are shared out among them)."""
+    write(plan, directory, {"workers": str(concurrency), **(extra or {})})
     return start(plan, directory, concurrency, flush_ms)
 
 

@@ -1,0 +1,183 @@
+"""Envoy 1.40: token budgets settled from usage (issue 19 item 3; the rules: scanner/plan/settle.py).
+The Lua asks a stream for its usage where the plan says so (LuaEnvelope.of: EnvelopeSpec.ask_usage),
+reads the usage from the JSON answer or the stream's events as they go by, drops the usage-only
+event it asked for, and credits the unused reservation to the principal's next requests (the
+bucket's charge, perimeter.hits, lowered by it). One Envoy in front of the stand-in for the module."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scanner import mutate, verify
+from scanner.audit.access_log import Entry, entries
+from scanner.errors import GenerateError
+from scanner.generate.envoy_model import LuaEnvelope
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.envoy import EnvoyGenerator
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.plan.model import Plan
+from scanner.runtime import envoy
+from scanner.standin.serve import StandinThread
+from tests.probe.test_token_budget import token_policy
+
+CATALOG = "vllm-0.29.0-default"
+LIMIT = 2000
+CHAT = "/v1/chat/completions"
+DELAY = 0.15     # the stand-in's spacing of a stream's steps
+
+
+def _plan(tmp: Path) -> verify.Setup:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return verify.setup(load_ref(CATALOG), token_policy(LIMIT), tmp, free_port())
+
+
+def _rendered(plan: Plan, tmp: Path, extra: dict[str, str] | None = None) -> str:
+    options = GenerateOptions(output_dir=str(tmp), access_log=str(tmp / "access.log"), extra=extra or {})
+    config = EnvoyGenerator().render(plan, options)
+    return next(f.content for f in config.files if f.name == "envoy.yaml")
+
+
+# --- the config -----------------------------------------------------------------------------------
+
+def test_the_lua_asks_where_the_plan_says_and_the_bucket_is_charged_hits(tmp_path: Path) -> None:
+    plan = _plan(tmp_path).plan
+    text = _rendered(plan, tmp_path)
+    doc = yaml.safe_load(text)
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    tokens = [f for f in hcm["http_filters"] if f["name"].startswith("perimeter.tokens")]
+    assert tokens and all(r["hits_addend"]["format"] == "%DYNAMIC_METADATA(perimeter:hits)%"
+                          for f in tokens for r in f["typed_config"]["rate_limits"])
+    settled = [d for d in plan.allowed if d.token_zone]
+    asking = {d.path for d in settled if LuaEnvelope.of(d).ask}
+    assert CHAT in asking and "/v1/completions" in asking        # their models take stream_options
+    assert all(LuaEnvelope.of(d).ask == d.envelope_spec.ask_usage for d in settled)
+    assert not any(LuaEnvelope.of(d).ask for d in plan.allowed if not d.token_zone)
+    lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
+    assert lua.count("ask = true") >= 1 and "local WORKERS = 1\n" in lua
+    assert "local WORKERS = 4\n" in _rendered(plan, tmp_path, {"workers": "4"})
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "-1", "2000"])
+def test_workers_must_be_a_concurrency(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(GenerateError, match="workers"):
+        _rendered(_plan(tmp_path).plan, tmp_path, {"workers": bad})
+
+
+def test_settlement_skipped_charges_the_whole_reservation(tmp_path: Path) -> None:
+    s = _plan(tmp_path)
+    written = envoy.write(s.plan, tmp_path / "proxy").parent
+    op = mutate.OPERATORS["envoy.settlement-skipped"]
+    assert op.family == "remove" and "token-budget" in op.catches
+    assert op.apply(written, s.plan)
+    text = (written / "envoy.yaml").read_text()
+    assert "perimeter:hits" not in text.split("http_filters:", 1)[1].split("perimeter.upstream_errors")[0]
+
+
+# --- on the real proxy ----------------------------------------------------------------------------
+
+@dataclass
+class Live:
+    setup: verify.Setup
+    directory: Path
+    headers: dict[str, str]
+    source: str
+
+    def send(self, body: object, path: str = CHAT) -> tuple[int, bytes, list[float], float]:
+        """(status, answer, arrival times of its chunks from the send, total time)."""
+        c = http.client.HTTPConnection(self.setup.plan.listen.address, self.setup.plan.listen.port,
+                                       timeout=20, source_address=(self.source, 0))
+        t0 = time.monotonic()
+        c.request("POST", path, body=json.dumps(body), headers=self.headers)
+        r = c.getresponse()
+        parts, times = [], []
+        while True:
+            piece = r.read1(65536)
+            if not piece:
+                break
+            parts.append(piece)
+            times.append(time.monotonic() - t0)
+        c.close()
+        return r.status, b"".join(parts), times, time.monotonic() - t0
+
+    def log(self) -> list[Entry]:
+        time.sleep(0.3)
+        return list(entries((self.directory / "access.log").read_text().splitlines())[0])
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("settle")
+    s = _plan(tmp)
+    directory = tmp / "proxy"
+    cred = next(c for c in s.credentials if c.role == "user")
+    source = next(v.address for v in s.vantages if v.name == "public")
+    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=DELAY):
+        with envoy.process(s.plan, directory, flush_ms=50):
+            yield Live(s, directory, {**cred.headers(), "Content-Type": "application/json"}, source)
+
+
+def _body(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, **extra}
+
+
+def _events(answer: bytes) -> list[str]:
+    return [line[6:] for line in answer.decode().split("\n") if line.startswith("data: ")]
+
+
+def test_answers_are_settled_more_requests_than_their_reservations_fit(live: Live) -> None:
+    n = 12     # reservations of about 430 tokens each: 4 fit 2000 unsettled
+    got = [live.send(_body())[0] for _ in range(n)]
+    assert got == [200] * n, got
+    mine = [e for e in live.log() if e.path == CHAT][-n:]
+    for e in mine:
+        inp, out = (int(x) for x in e.usage.split("+"))
+        assert e.tokens_charged and e.tokens_charged > 400 and inp + out < 100, e
+    assert sum(e.tokens_charged or 0 for e in mine) > 2 * LIMIT     # let through: settled
+    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+    refunds = [r for r in raw if r["path"] == CHAT][-n:]
+    assert all(int(r["tokens_refunded"]) == int(r["tokens_charged"]) - sum(map(int, r["usage"].split("+")))
+               for r in refunds), refunds
+
+
+def test_a_stream_not_asking_is_asked_and_the_usage_event_dropped(live: Live) -> None:
+    status, answer, times, total = live.send(_body(max_tokens=6, stream=True))
+    assert status == 200
+    events = _events(answer)
+    assert events[-1] == "[DONE]"
+    assert not any('"usage"' in e for e in events), events           # asked by the proxy: hidden
+    assert all(json.loads(e)["choices"] for e in events[:-1])
+    # streamed as it came: the first bytes long before the end (nothing held)
+    assert times[0] < total - 3 * DELAY, (times, total)
+    e = [x for x in live.log() if x.path == CHAT][-1]
+    assert e.usage and int(e.usage.split("+")[1]) == 6, e
+
+
+def test_a_stream_asking_keeps_its_usage_event(live: Live) -> None:
+    status, answer, _times, _total = live.send(
+        _body(max_tokens=4, stream=True, stream_options={"include_usage": True}))
+    events = _events(answer)
+    assert status == 200 and events[-1] == "[DONE]"
+    usage = json.loads(events[-2])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+    e = [x for x in live.log() if x.path == CHAT][-1]
+    assert e.usage == f"{usage['usage']['prompt_tokens']}+4"
+
+
+def test_best_of_over_n_keeps_its_charge(live: Live) -> None:
+    status, _answer, _t, _total = live.send(
+        {"model": "m", "prompt": "hi", "max_tokens": 50, "n": 1, "best_of": 2}, "/v1/completions")
+    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+    time.sleep(0.3)
+    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+    last = [r for r in raw if r["path"] == "/v1/completions"][-1]
+    assert status == 200 and last["usage"], last
+    assert int(last["tokens_refunded"]) == 0, last
