@@ -334,6 +334,16 @@ def _n_tokens(directory: Path, plan: Plan) -> str:
     return f"{d.token_zone} ({where(d)})"
 
 
+@_op("settlement-skipped", "remove", "the token-budget locations",
+     "no answer settles its charge (the njs body filter removed: every request keeps its admitted "
+     "envelope)", ("token-budget",), needs="limits.tokens_per_minute")
+def _n_settle(directory: Path, plan: Plan) -> str:
+    d = core.token_budgeted(plan)
+    text = _read(directory, HTTP)
+    _write(directory, HTTP, text, re.sub(r"\n *js_body_filter perimeter\.settle[^;\n]*;", "", text))
+    return f"{d.token_zone} ({where(d)}): js_body_filter removed"
+
+
 @_op("any-key-accepted", "remove", "the principals map",
      "an unknown key is taken for a principal", ("matrix",))
 def _n_any_key(directory: Path, plan: Plan) -> str:

@@ -48,9 +48,12 @@ class Case:
     hold_group: str = ""           # ... counted from the first arrival of this group's requests
     answer: int = 0                # ask the witness upstream to answer this status itself (vp_answer);
                                    # the answer's body is kept in the attempt (answer_body)
+    read_answer: bool = False      # keep the answer's body in the attempt (answer_body, first 64 KiB):
+                                   # the judge reads it (a token budget's settlement reads its usage)
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
-    first: bool = False            # sent before its lane's other ordinary cases (a token budget's
-                                   # proof needs the budget before the other checks spend it)
+    first: bool = False            # sent before its lane's other ordinary cases, one at a time (a
+                                   # token budget's proof needs the budget before the other checks
+                                   # spend it, and each answer settled before the next is admitted)
     lane: str = ""                 # sent in this pacing lane's phases (scanner.probe.pace), not its own:
                                    # another principal's request while the first one's bucket is empty
 

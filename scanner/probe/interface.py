@@ -173,7 +173,8 @@ class Attempt:
     probe_id: str = ""             # correlates the request with the upstream witness's record
     subject: str = ""              # the plan decision or limit this attempt is evidence for
     upstream: Upstream | None = None  # what reached the upstream (a witness run only)
-    answer_body: str = ""          # the answer's body (first 8 KiB, latin-1) of a case with ``answer``
+    answer_body: str = ""          # the answer's body (latin-1) of a case with ``answer`` (first 8 KiB)
+                                   # or ``read_answer`` (first 64 KiB)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _ATTEMPT_FIELDS}

@@ -114,6 +114,7 @@ class _Schedule:
         self.tries = [0] * len(cases)
         self.not_before = [0.0] * len(cases)
         self.slots: dict[str, int] = {}
+        self.firsts: dict[str, int] = {}     # Case.first cases in flight, per lane (one at a time)
         self.budget = max(50, len(cases) // 5)
         for i, case in enumerate(cases):
             lane = FREE if case.skip else lane_of(ctx.plan, case, ctx.source_address(case.vantage))
@@ -168,6 +169,8 @@ class _Schedule:
             if phase != 1 and lane.slots and self.slots.get(lane.slots_key, 0) >= lane.slots:
                 continue
             head = st.queues[phase][0]
+            if self.cases[head].first and self.firsts.get(st.lane.key, 0):
+                continue    # the previous one's answer first (a token budget settles on it)
             at = max(now, self.not_before[head])
             if phase < 2 and not self.cases[head].skip:   # bursts at their own pace, follow-ups unpaced
                 at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)
@@ -183,7 +186,8 @@ class _Schedule:
         depth = self.options.pipeline if st.lane is FREE or not st.lane.key else 1
         out: list[int] = []
         q = st.queues[phase]
-        while q and len(out) < depth and self.not_before[q[0]] <= now:
+        while q and len(out) < depth and self.not_before[q[0]] <= now and \
+                not (self.cases[q[0]].first and self.firsts.get(st.lane.key, 0)):
             i = q.popleft()
             out.append(i)
             st.busy[phase] += 1
@@ -196,6 +200,9 @@ class _Schedule:
                     self.ordinary_left -= 1
             if st.lane.slots and phase != 1:
                 self.slots[st.lane.slots_key] = self.slots.get(st.lane.slots_key, 0) + 1
+            if self.cases[i].first:
+                self.firsts[st.lane.key] = self.firsts.get(st.lane.key, 0) + 1
+                break
         return out, 0.0
 
     def settle(self, i: int, attempt: Attempt, now: float) -> bool:
@@ -205,6 +212,8 @@ class _Schedule:
         st.busy[case.phase] -= 1
         if st.lane.slots and case.phase != 1:
             self.slots[st.lane.slots_key] -= 1
+        if case.first:
+            self.firsts[st.lane.key] -= 1
         self.tries[i] += 1
         if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline or \
                 self.tries[i] >= self.options.max_tries or self.budget <= 0:

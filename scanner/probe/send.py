@@ -29,6 +29,7 @@ from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
 ANSWER_KEPT = 8192             # bytes of an answer body kept for a case with ``answer``
+READ_KEPT = 65536              # ... for a case with ``read_answer`` (a JSON answer read whole)
 H2_SPOKEN = "the listener answered in HTTP/2 (h2c prior knowledge accepted)"
 T = TypeVar("T")
 
@@ -111,7 +112,8 @@ class Sender:
         except Exception as exc:  # every failure is data
             return _attempt(case, start, error=scrub(error_reason(exc), _secrets(case)))
         a = _attempt(case, start, status=status, headers=headers)
-        return replace(a, answer_body=body[:ANSWER_KEPT].decode("latin-1")) if case.answer else a
+        kept = ANSWER_KEPT if case.answer else READ_KEPT if case.read_answer else 0
+        return replace(a, answer_body=body[:kept].decode("latin-1")) if kept else a
 
     async def send_many(self, cases: Sequence[Case]) -> list[Attempt]:
         """Several cases: pipelined per vantage on one kept-alive connection where eligible."""
@@ -183,7 +185,7 @@ class Sender:
                 if retry:
                     continue
                 raise
-            body = await resp.aread() if case.answer else b""
+            body = await resp.aread() if case.answer or case.read_answer else b""
             await resp.aclose()
             return resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, body
         raise AssertionError("unreachable")
@@ -261,7 +263,7 @@ class _Conn:
         self.reader, self.writer = reader, writer
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
         self.eof = False
-        self.body = b""          # the last answer's body, its first ANSWER_KEPT bytes
+        self.body = b""          # the last answer's body, its first READ_KEPT bytes
 
     async def write(self, data: bytes) -> None:
         """A server may answer before reading all of a large body (a 413) and reset the
@@ -297,8 +299,8 @@ class _Conn:
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
-            elif isinstance(event, h11.Data) and len(self.body) < ANSWER_KEPT:
-                self.body += bytes(event.data[:ANSWER_KEPT - len(self.body)])
+            elif isinstance(event, h11.Data) and len(self.body) < READ_KEPT:
+                self.body += bytes(event.data[:READ_KEPT - len(self.body)])
             elif isinstance(event, h11.EndOfMessage):
                 keep = self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE and not self.eof
                 return status, headers, keep
@@ -357,7 +359,7 @@ def _secrets(case: Case) -> tuple[str, ...]:
 
 def _pipelinable(case: Case) -> bool:
     return (not case.raw and not case.h2c and not case.grpc_port and not case.chunked and not case.hold_ms
-            and not case.answer and len(case.body or b"") <= 65536)
+            and not case.answer and not case.read_answer and len(case.body or b"") <= 65536)
 
 
 def _attempt(case: Case, start: float, *, status: int | None = None, error: str = "",

@@ -1,28 +1,55 @@
-"""Token budgets (``limits.tokens_per_minute``): per token zone (:attr:`Decision.token_zone`),
-requests of a known cost (:meth:`Decision.token_cost`, the plan's one statement of what a request
-is charged: its admitted envelope's tokens) from one principal until the budget must be spent: at
-most ``budget // cost + 3`` of them, the cost chosen so that three fit (or the route's
-max_request_tokens). The requests take turns over every multiplier of every route in the zone
-(``n``, ``best_of``, prompt lists, batches of conversations, input lists, pairs), each asking for
-several sequences: a proxy that charges one of them less lets more through than the budget.
-The first ones must reach the upstream, then the budget must refuse (429 ``token-budget`` with
-``Retry-After``), having let through no more tokens than the plan's budget plus what it refills
-while they are sent (:func:`budget_capacity`); another principal's requests (another address's
-on ``auth: none``), as many as fit a budget, must all reach it (a budget of its own).
+"""Token budgets (``limits.tokens_per_minute``) and their settlement from usage: per token zone
+(:attr:`Decision.token_zone`), one principal sends requests of a known cost (:meth:`Decision.token_cost`,
+the plan's one statement of what a request is charged at admission: its admitted envelope's tokens),
+one at a time (``Case.first``: each answer is complete, so settled, before the next is admitted):
 
-The requests are ordinary cases of the route's lane (phase 0: paced under its rate limit, so the
-``rate`` check's burst is not spent here and these never meet the rate limiter), sent before the
-lane's other cases (``Case.first``): the other checks' requests spend the same budget. A zone the
-probe cannot exercise is "not proven" with why, never passed.
+1. ``settled``: ``fit`` requests (``budget // cost``, the cost chosen so that three fit, or the
+   route's max_request_tokens) whose answers' bodies the prober reads, on the zone's generation
+   routes when it has any (their model takes ``stream_options``). vLLM, and the stand-in,
+   report ``usage`` in every JSON answer (the stand-in: ``max(1, bytes // 4)`` prompt tokens and
+   ``min(budget, 10)`` completion tokens per choice): far less than the charge. The proxy must
+   return the charge less that usage (scanner/plan/settle.py :func:`refund`) before the answer
+   ends. Bodies that run sequences vLLM does not report (``best_of`` above ``n``) are not used.
+2. ``kept``: ``fit + 3`` requests that keep their charge: with the stand-in's witness, it answers
+   them 400 itself (``vp_answer``, an error answer reports no usage); against a real deployment
+   (no witness) they are ordinary requests whose answers' usage is read too. They take turns over
+   every multiplier of every route in the zone (``n``, ``best_of``, prompt lists, batches of
+   conversations, input lists, pairs), each asking for several sequences: a proxy that charges one
+   of them less lets more through than the budget.
+
+Another principal's requests (another address's on ``auth: none``), as many as fit a budget, must
+all reach the upstream (a budget of its own). The requests are ordinary cases of the route's lane
+(phase 0, paced under its rate limit: they never meet the rate limiter), sent before the lane's
+other cases, whose requests spend the same budget.
+
+What is judged, per zone (``token-budget <zone>``): the tokens let through, each reached request
+counted at its settled charge (its cost less the refund its answer's usage gives, the whole cost
+when the answer reported none), are at most the budget plus what it refills while they are sent
+(:func:`budget_capacity`), else VP005 (an answer without usage refunded counts at its whole cost);
+then the budget refuses (429 ``token-budget`` with ``Retry-After``). The settlement
+(``token-budget <zone> settled``): more requests of the cost reached than the budget lets through
+unsettled within that time: proved; the first request sent after the settled answers refused
+although the usage they reported left room for it on a budget spent by these requests only: VP005
+"token budget not settled" (the refunds were not made, or not before the answers ended).
+
+How it can fail wrongly or stay unproven: a budget already spent by the same principal within the
+minute (an earlier probe) leaves less room than the check counts on: the zone is then "not proven"
+(every request refused), but a budget spent by other means after the settled requests were let
+through can make the first ``kept`` request refused and look unsettled. An upstream that reports
+no usage (an old stand-in, a server not OpenAI-shaped) leaves the settlement "not proven", never
+failed; so does a JSON answer longer than the 64 KiB the prober reads. A zone the probe cannot
+exercise is "not proven" with why, never passed.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 from scanner import reasons as R
+from scanner.plan import settle
 from scanner.plan.model import Decision
 from scanner.probe import coverage as cov
 from scanner.probe.cases import Case
@@ -32,7 +59,6 @@ from scanner.probe.checks.load import (
     Assessment,
     Zone,
     answered_at,
-    by_subject,
     other_cell,
     representative,
 )
@@ -44,6 +70,9 @@ from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 FIT = 3              # requests of one cost that fit a budget
 EXTRA = 3            # sent beyond what fits
 MAX_REQUESTS = 40    # a zone needing more (a budget far over what one body can cost) is not proven
+SETTLED, KEPT = "settled", "kept"      # the two kinds of the first principal's requests (note prefix)
+KEPT_ANSWER = 400    # the witness's own answer to a kept request: an error, no usage
+Sent = tuple[Case, Attempt]
 
 
 def budget_capacity(limit: int, window: float) -> float:
@@ -68,9 +97,9 @@ def plan_zone(d: Decision, max_bytes: int,
     limit = d.limits.tokens_per_minute or 0
     cost = max(1, min(limit // max(FIT, kinds), d.limits.max_request_tokens or limit))
     fit = limit // cost
-    if fit + EXTRA > MAX_REQUESTS:
-        return None, (f"a budget of {limit} tokens needs {fit + EXTRA} requests of the largest cost a body "
-                      f"may have here ({cost}; more than {MAX_REQUESTS})"), None
+    if 2 * fit + EXTRA > MAX_REQUESTS:
+        return None, (f"a budget of {limit} tokens needs {2 * fit + EXTRA} requests of the largest cost a "
+                      f"body may have here ({cost}; more than {MAX_REQUESTS})"), None
     body = body_of_cost(d, cost, {}, max_bytes)
     if body is None:
         return None, f"no body of cost {cost} fits body_bytes here", None
@@ -100,10 +129,44 @@ def shapes(ctx: CheckContext, ds: Sequence[Decision], cost: int, cell: tuple[Cre
     return out
 
 
+def _doc(raw: bytes | str | None) -> object:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def reported(body: bytes) -> bool:
+    """Does vLLM's usage count every sequence this body runs (settle.unreported)?"""
+    doc = _doc(body)
+    return not settle.unreported(doc if isinstance(doc, dict) else None)
+
+
+def answer_usage(a: Attempt) -> settle.Usage | None:
+    """The usage the JSON answer the client received reports (None: none, or not read whole)."""
+    return settle.usage_of(_doc(a.answer_body))
+
+
+def settled_charge(cost: int, c: Case, a: Attempt) -> int:
+    """What a request of ``cost`` weighs once its answer settled it: the cost less the refund the
+    usage its answer reported gives (scanner/plan/settle.py); the whole cost without usage."""
+    doc = _doc(c.body)
+    return cost - settle.refund(cost, answer_usage(a), doc if isinstance(doc, dict) else None)
+
+
+def _reached(a: Attempt) -> bool:
+    return a.verdict == "proved" and a.outcome == "reached"
+
+
+def _refused(a: Attempt) -> bool:
+    return R.proves("token-budget", a.status, a.reason)
+
+
 @register
 class TokenBudget(BaseCheck):
-    """Per token zone: one principal's requests of a known cost until its budget must refuse
-    (429 token-budget with Retry-After); another principal unaffected."""
+    """Per token zone: one principal's requests of a known cost, settled from their answers' usage,
+    then kept, until its budget must refuse (429 token-budget with Retry-After); another principal
+    unaffected."""
 
     id: ClassVar[str] = "token-budget"
     title: ClassVar[str] = "token budgets"
@@ -145,6 +208,7 @@ class TokenBudget(BaseCheck):
                     if cost is None:
                         s = replace(s, why=str(why))
             yield s
+            yield replace(s, key=f"{z.key} {SETTLED}")
             if s.why:
                 continue
             other, cell, why = self._other(ctx, z)
@@ -160,14 +224,25 @@ class TokenBudget(BaseCheck):
                 continue
             limit = d.limits.tokens_per_minute
             n = fit + EXTRA
+            where = f"cost {cost}, {fit} fit {limit} tokens per minute"
             # the same cost through each multiplier of the zone's routes in turn (same principal)
             sent = shapes(ctx, z.decisions, cost, cell, lambda x: self._max_bytes(ctx, x)) or [(d, "", body)]
+            # settled: bodies whose sequences vLLM's usage counts, on the generation routes (their
+            # model takes stream_options) when the zone has any: their answers report usage
+            counted = [x for x in sent if reported(x[2])] or [(d, "", body)]
+            counted = [x for x in counted if x[0].envelope_spec.ask_usage] or counted
+            for i in range(fit):
+                route, shape, b = counted[i % len(counted)]
+                seqs = f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""
+                c = self._case(ctx, route, cell, z.key, b,
+                               f"{SETTLED} {i + 1}/{fit}: {where}, its answer's usage read{seqs}")
+                yield replace(c, read_answer=True)
             for i in range(n):
                 route, shape, b = sent[i % len(sent)]
-                seq = route.envelope(b).sequences
-                yield self._case(ctx, route, cell, z.key, b,
-                                 f"cost {cost} {i + 1}/{n} ({fit} fit {limit} tokens per minute)"
-                                 + (f"; {shape}: {seq} sequences" if shape else ""))
+                c = self._case(ctx, route, cell, z.key, b, f"{KEPT} {i + 1}/{n}: {where}"
+                               + ("; the upstream answers 400 itself (no usage)" if ctx.witness else "")
+                               + (f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""))
+                yield replace(c, answer=KEPT_ANSWER) if ctx.witness else replace(c, read_answer=True)
             other, cell2, _why = self._other(ctx, z)
             if cell2 is not None:
                 for i in range(fit):
@@ -185,67 +260,119 @@ class TokenBudget(BaseCheck):
     # --- judging ----------------------------------------------------------------------------
 
     def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
-        by = by_subject(results)
+        by: dict[str, list[Sent]] = {}
+        for c, a in results:
+            by.setdefault(a.subject, []).append((c, a))
         out: dict[str, tuple[Assessment, list[Attempt]]] = {}
         for z in self.layout(ctx):
             other = self._other(ctx, z)[0]
-            mine, theirs = by.get(z.key, []), by.get(other, [])
+            mine, theirs = by.get(z.key, []), [a for _c, a in by.get(other, [])]
             if z.rep is None or not mine:
                 continue
             cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep), kinds(ctx, z.decisions, z.cell))
             limit = z.rep.limits.tokens_per_minute
             if cost is None or not isinstance(fit, int) or limit is None:
                 continue
-            out[z.key] = (self._assess(mine, fit, cost, limit), mine)
+            attempts = [a for _c, a in mine]
+            out[z.key] = (self._assess(mine, fit, cost, limit), attempts)
+            out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit), attempts)
             if theirs:
-                out[other] = (self._assess_other(mine, theirs, fit), theirs)
+                out[other] = (self._assess_other(attempts, theirs, fit), theirs)
         return out
 
     @staticmethod
-    def _assess(attempts: Sequence[Attempt], fit: int, cost: int, limit: int) -> Assessment:
+    def _assess(sent: Sequence[Sent], fit: int, cost: int, limit: int) -> Assessment:
+        attempts = [a for _c, a in sent]
         n = len(attempts)
-        reached = [a for a in attempts if a.verdict == "proved" and a.outcome == "reached"]
-        refused = [a for a in attempts if R.proves("token-budget", a.status, a.reason)]
+        reached = [(c, a) for c, a in sent if _reached(a)]
+        refused = [a for a in attempts if _refused(a)]
         bad = next((a for a in attempts if a.verdict == "failed"), None)
         if bad is not None:
             return "failed", bad.why, n
-        took = (max(answered_at(a) for a in reached) - min(a.sent_at for a in attempts)) if reached else 0.0
+        start = min(a.sent_at for a in attempts)
+        took = (max(answered_at(a) for _c, a in reached) - start) if reached else 0.0
         most = budget_capacity(limit, took)
-        if len(reached) * cost > most:
+        spent = sum(settled_charge(cost, c, a) for c, a in reached)
+        if spent > most:
             return "failed", (f"{len(reached)} of {n} requests of cost {cost} reached the upstream within "
-                              f"{took:.1f}s ({len(reached) * cost} tokens) where a budget of {limit} per "
-                              f"minute lets through at most {most:.0f}: the token budget is above the plan, "
-                              "or not enforced"), n
+                              f"{took:.1f}s ({spent} tokens once settled by the usage their answers "
+                              "reported) "
+                              f"where a budget of {limit} per minute lets through at most {most:.0f}: the "
+                              "token budget is above the plan, not enforced, or refunds answers without "
+                              "usage"), n
         if not refused:
             other = next((a for a in attempts if a.verdict != "proved"), None)
-            return "not-proven", (other.why if other else "no request was refused for token-budget"), n
+            return "not-proven", (other.why if other else
+                                  f"no request was refused for token-budget ({spent} tokens once settled by "
+                                  "the usage their answers reported)"), n
         timed = [a for a in refused if "Retry-After " in a.note]
         if len(timed) < len(refused):
             return "failed", "a token-budget refusal without Retry-After", n
         if not reached:
             return "not-proven", ("every request was refused for token-budget: the budget was spent before "
                                   "(other checks, or an earlier run within the minute)"), n
-        return "proved", (f"{len(reached)} reached the upstream ({fit} fit), then {len(refused)} refused "
-                          f"for token-budget with Retry-After"), n
+        return "proved", (f"{len(reached)} reached the upstream ({spent} tokens once settled; {fit} of cost "
+                          f"{cost} fit unsettled), then {len(refused)} refused for token-budget with "
+                          "Retry-After"), n
+
+    @staticmethod
+    def _assess_settled(sent: Sequence[Sent], cost: int, limit: int) -> Assessment:
+        """Did the usage the settled requests' answers reported go back to the budget?"""
+        n = len(sent)
+        first = [(c, a) for c, a in sent if c.note.startswith(SETTLED)]
+        later = sorted(((c, a) for c, a in sent if not c.note.startswith(SETTLED)),
+                       key=lambda x: x[1].sent_at)
+        if not first or any(a.verdict == "failed" for _c, a in sent):
+            return "not-proven", "the zone's requests failed or were not sent", n
+        if not all(_reached(a) for _c, a in first):
+            a = next(a for _c, a in first if not _reached(a))
+            return "not-proven", (f"a request whose usage was to be read did not reach the upstream "
+                                  f"({a.status or a.error or 'no answer'}): the budget was spent before"), n
+        usages = [answer_usage(a) for _c, a in first]
+        if all(u is None for u in usages):
+            return "not-proven", ("the upstream's answers reported no usage: nothing to settle (vLLM and "
+                                  "the stand-in report it in every JSON answer)"), n
+        refund = sum(cost - settled_charge(cost, c, a) for c, a in first)
+        if refund <= 0:
+            return "not-proven", "the answers reported as much usage as their charge: nothing to return", n
+        reached = [a for _c, a in sent if _reached(a)]
+        took = max(answered_at(a) for a in reached) - min(a.sent_at for _c, a in sent)
+        most = budget_capacity(limit, took)
+        if len(reached) * cost > most:
+            return "proved", (f"{len(reached)} requests of cost {cost} reached within {took:.1f}s where the "
+                              f"budget unsettled lets through at most {most:.0f} tokens: the {refund} tokens "
+                              "the answers' usage left unused went back to it"), n
+        end = max(answered_at(a) for _c, a in first)
+        after = [(c, a) for c, a in later if a.sent_at >= end]
+        spent = sum(settled_charge(cost, c, a) for c, a in first)
+        if after and _refused(after[0][1]) and spent + cost <= limit:
+            return "failed", (f"not settled: {len(first)} requests charged {len(first) * cost} tokens weigh "
+                              f"{spent} once the usage their answers reported is counted, yet the next request "
+                              f"of cost {cost} was refused for token-budget (a budget of {limit} settled from "
+                              "usage has room for it)"), n
+        return "not-proven", (f"{len(reached)} requests of cost {cost} reached: no more than the budget lets "
+                              "through unsettled"), n
 
     @staticmethod
     def _assess_other(mine: Sequence[Attempt], theirs: Sequence[Attempt], fit: int) -> Assessment:
         n = len(theirs)
-        passed = sum(a.verdict == "proved" and a.outcome == "reached" for a in theirs)
-        ours = sum(a.verdict == "proved" and a.outcome == "reached" for a in mine)
+        passed = sum(_reached(a) for a in theirs)
+        ours = sum(_reached(a) for a in mine)
         if passed == n and ours:
             return "proved", (f"all {n} reached while the first principal's budget was spent: a "
                               "budget of its own"), n
-        if any(R.proves("token-budget", a.status, a.reason) for a in theirs) and passed + ours <= fit:
+        if any(_refused(a) for a in theirs) and passed + ours <= fit:
             return "failed", (f"refused for token-budget after {passed} of its own and {ours} of the first "
                               f"principal's requests ({fit} fit one budget): one budget is shared"), n
         other = next((a for a in theirs if a.verdict != "proved" or a.outcome != "reached"), None)
         return "not-proven", (other.why if other else "the first principal's requests did not reach"), n
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        for (status, why, _n), attempts in self.assessed(ctx, results).values():
+        for key, ((status, why, _n), attempts) in self.assessed(ctx, results).items():
             if status == "failed":
-                yield make("VP005", attempts, why, title="token budget not enforced", extra=self.id)
+                unsettled = key.endswith(f" {SETTLED}")
+                yield make("VP005", attempts, why, extra=f"{self.id} {SETTLED}" if unsettled else self.id,
+                           title="token budget not settled" if unsettled else "token budget not enforced")
 
     def cover(self, ctx: CheckContext, subjects: Sequence[Subject], results: Results,
               interrupted: bool = False) -> Iterable[Coverage]:
