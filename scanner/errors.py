@@ -17,6 +17,11 @@ and carries the process exit code the CLI turns it into::
     ├── PlanError                      exit 2: inventory + policy cannot make a plan
     ├── GenerateError                  exit 2: a plan cannot be rendered
     ├── TargetUnreachableError         exit 3: a live target did not answer
+    ├── LimiterError                   the shared limiter (scanner.limiter), exit 3
+    │   ├── StoreUnavailableError      the shared store (Redis) did not answer: the service says
+    │   │                              "shared-store-unavailable", never "allow"
+    │   └── LimiterCallError           exit 2: a limiter call that cannot be read (an unknown zone,
+    │                                  a bad key, cost or slot): answered 400 / INVALID_ARGUMENT
     └── InternalError                  exit 3: a bug or an environment failure
 
 Findings are data, not exceptions: a probe that finds an open route returns
@@ -96,6 +101,18 @@ class GenerateError(PerimeterError):
 
 class TargetUnreachableError(PerimeterError):
     exit_code = EXIT_UNREACHABLE
+
+
+class LimiterError(PerimeterError):
+    exit_code = EXIT_UNREACHABLE
+
+
+class StoreUnavailableError(LimiterError):
+    """Redis refused, reset or timed out: nothing was decided (the caller must not admit)."""
+
+
+class LimiterCallError(LimiterError):
+    exit_code = EXIT_USAGE
 
 
 class InternalError(PerimeterError):

@@ -43,6 +43,7 @@ def _register() -> None:
         evidence,
         inventory,
         keys,
+        limiter,
         netscan,
         plan,
         probe,
@@ -63,6 +64,7 @@ def _register() -> None:
     cli.add_command(standin.command)
     cli.add_command(keys.keys_group)
     cli.add_command(schema.command)
+    cli.add_command(limiter.command)
 
 
 _register()

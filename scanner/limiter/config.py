@@ -1,0 +1,190 @@
+"""The limiter's zones file: which zones exist, of which kind, with which values.
+
+``generate`` will write it beside the proxy configs (one file for the fleet); the service reads it
+at start. YAML or JSON (JSON is YAML)::
+
+    version: 1
+    domain: vllm-perimeter            # the Envoy rate limit domain the service answers for
+    zones:
+      "inference:key:10/20":          # a rate zone: Plan's Decision.rate_zone
+        kind: rate
+        rps: 10                       # refill, requests per second (> 0)
+        burst: 20                     # NGINX limit_req burst: burst + 1 admitted at once
+      "inference:key:conc:4":
+        kind: concurrency
+        limit: 4                      # live slots per key
+        slot_ttl_s: 330               # a slot not released lives this long (the route's timeout + margin)
+      "inference:tokens:200000":
+        kind: tokens
+        per_minute: 200000            # bucket size, refilled continuously at per_minute / 60 a second
+
+Zone names are the plan's zone names: 1 to 200 printable ASCII characters without spaces or
+braces (braces would break the Redis hash tag, scanner.limiter.keys). Every value is checked
+here; a bad file is one line naming the zone and the field (ConfigError, exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from scanner.errors import ConfigError
+
+ZoneKind = Literal["rate", "concurrency", "tokens"]
+ZONE_KINDS: tuple[str, ...] = ("rate", "concurrency", "tokens")
+CONFIG_VERSION = 1
+DEFAULT_DOMAIN = "vllm-perimeter"
+# a zone name or a key: printable ASCII, no space, no braces (the Redis hash tag)
+NAME = re.compile(r"^[!-z|~]{1,200}$")
+MAX_VALUE = (1 << 31) - 1     # Envoy counts hits in 32 bits; njs in doubles
+MAX_SLOT_TTL_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class RateZone:
+    """A token bucket of ``burst + 1`` requests refilled at ``rps`` a second (NGINX ``limit_req``
+    with ``burst`` and ``nodelay``: burst + 1 at once from idle, then the rate)."""
+
+    name: str
+    rps: float
+    burst: int
+    kind: Literal["rate"] = "rate"
+
+    @property
+    def capacity(self) -> float:
+        return float(self.burst + 1)
+
+    @property
+    def per_second(self) -> float:
+        return self.rps
+
+
+@dataclass(frozen=True)
+class ConcurrencyZone:
+    """At most ``limit`` live slots per key; a slot not released expires after ``slot_ttl_s``."""
+
+    name: str
+    limit: int
+    slot_ttl_s: float
+    kind: Literal["concurrency"] = "concurrency"
+
+
+@dataclass(frozen=True)
+class TokenZone:
+    """A bucket of ``per_minute`` tokens refilled continuously at ``per_minute / 60`` a second
+    (Envoy's local_ratelimit bucket with max_tokens = tokens_per_fill = N, fill_interval 60 s)."""
+
+    name: str
+    per_minute: int
+    kind: Literal["tokens"] = "tokens"
+
+    @property
+    def capacity(self) -> float:
+        return float(self.per_minute)
+
+    @property
+    def per_second(self) -> float:
+        return self.per_minute / 60.0
+
+
+Zone = RateZone | ConcurrencyZone | TokenZone
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    zones: Mapping[str, Zone]
+    domain: str = DEFAULT_DOMAIN
+    version: int = CONFIG_VERSION
+
+    def to_json(self) -> dict[str, object]:
+        """The file's content (what ``generate`` will write): sorted, deterministic."""
+        return {"version": self.version, "domain": self.domain,
+                "zones": {n: _zone_json(z) for n, z in sorted(self.zones.items())}}
+
+
+def _zone_json(z: Zone) -> dict[str, object]:
+    if isinstance(z, RateZone):
+        return {"kind": z.kind, "rps": z.rps, "burst": z.burst}
+    if isinstance(z, ConcurrencyZone):
+        return {"kind": z.kind, "limit": z.limit, "slot_ttl_s": z.slot_ttl_s}
+    return {"kind": z.kind, "per_minute": z.per_minute}
+
+
+def load(path: Path) -> LimiterConfig:
+    """The zones file at ``path``; ConfigError (one line) when it is missing or wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"limiter zones file {path}: cannot read it ({exc.__class__.__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"limiter zones file {path}:{where} not YAML or JSON") from None
+    return parse(data, str(path))
+
+
+def dumps(config: LimiterConfig) -> str:
+    return json.dumps(config.to_json(), indent=2, sort_keys=True) + "\n"
+
+
+def parse(data: object, where: str = "zones file") -> LimiterConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping with version, domain and zones")
+    unknown = sorted(set(map(str, data)) - {"version", "domain", "zones"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (version, domain, zones)")
+    if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
+        raise ConfigError(f"{where}: version {data.get('version')!r} is not {CONFIG_VERSION}")
+    domain = data.get("domain", DEFAULT_DOMAIN)
+    if not isinstance(domain, str) or not NAME.match(domain):
+        raise ConfigError(f"{where}: domain {domain!r} is not 1-200 printable characters")
+    zones = data.get("zones")
+    if not isinstance(zones, dict) or not zones:
+        raise ConfigError(f"{where}: zones must be a non-empty mapping of zone name -> limits")
+    return LimiterConfig(zones={str(n): _zone(str(n), z, where) for n, z in zones.items()}, domain=domain)
+
+
+def _zone(name: str, raw: object, where: str) -> Zone:
+    at = f"{where}: zone {name!r}"
+    if not NAME.match(name):
+        raise ConfigError(f"{at}: a name is 1-200 printable ASCII characters, no space or braces")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{at}: expected a mapping with kind and its values")
+    kind = raw.get("kind")
+    fields = {"rate": {"kind", "rps", "burst"}, "concurrency": {"kind", "limit", "slot_ttl_s"},
+              "tokens": {"kind", "per_minute"}}
+    if kind not in fields:
+        raise ConfigError(f"{at}: kind {kind!r} is not one of {', '.join(ZONE_KINDS)}")
+    extra = sorted(set(map(str, raw)) - fields[kind])
+    if extra:
+        raise ConfigError(f"{at}: unknown field {extra[0]!r} for kind {kind}")
+    if kind == "rate":
+        return RateZone(name, rps=_number(raw, "rps", at, 1e-6, 1e6), burst=_int(raw, "burst", at, 0))
+    if kind == "concurrency":
+        return ConcurrencyZone(name, limit=_int(raw, "limit", at, 1),
+                               slot_ttl_s=_number(raw, "slot_ttl_s", at, 1.0, MAX_SLOT_TTL_S))
+    return TokenZone(name, per_minute=_int(raw, "per_minute", at, 1))
+
+
+def _int(raw: Mapping[str, object], key: str, at: str, low: int) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_VALUE:
+        raise ConfigError(f"{at}: {key} must be a whole number from {low} to {MAX_VALUE}, not {value!r}")
+    return value
+
+
+def _number(raw: Mapping[str, object], key: str, at: str, low: float, high: float) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise ConfigError(f"{at}: {key} must be a number from {low:g} to {high:g}, not {value!r}")
+    return float(value)

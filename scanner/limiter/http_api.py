@@ -1,0 +1,110 @@
+"""The HTTP/1.1 JSON door, for NGINX's njs (``ngx.fetch`` from the access phase).
+
+::
+
+    POST /v1/acquire {"key": K, "zones": [Z, ...], "cost": C, "slot": S}
+         200 {"allow": true,  "slot": S, "retry_after": 0, "reason": ""}
+         200 {"allow": false, "slot": S, "retry_after": 3, "reason": "rate", "zone": Z}
+    POST /v1/release {"key": K, "zones": [Z, ...], "slot": S}      200 {"released": true}
+    POST /v1/settle  {"key": K, "zone": Z, "refund": R}            200 {"left": N}
+    GET  /v1/health                                                200 {"store": "ok"}
+
+``zones`` are taken in order (scanner.limiter.decide.acquire): a rate zone takes 1, a token zone
+``cost`` (default 1), a concurrency zone holds the slot (``slot``: the caller's id, e.g. njs's
+``$request_id``, or a new one in the answer, to release with). ``"zone": Z`` is short for
+``"zones": [Z]``. Redis unavailable: **503** ``{"allow": false, "reason":
+"shared-store-unavailable"}`` (the proxy's ``on_unavailable`` decides: deny is 503 with that
+reason). A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses). Bodies
+over 16 KiB: 413. Anything else: 404 / 405.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from scanner.errors import LimiterCallError, StoreUnavailableError
+from scanner.limiter import decide, store
+from scanner.limiter.config import LimiterConfig, TokenZone
+
+MAX_BODY = 16 * 1024
+ROUTES: Mapping[str, str] = {"/v1/acquire": "POST", "/v1/release": "POST", "/v1/settle": "POST",
+                             "/v1/health": "GET"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Mapping[str, object]
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+
+async def handle(redis: Redis, config: LimiterConfig, method: str, path: str, body: bytes) -> Answer:
+    """The answer to one request; never raises for what a caller sends."""
+    want = ROUTES.get(path)
+    if want is None:
+        return Answer(404, {"error": "not found"})
+    if method != want:
+        return Answer(405, {"error": f"use {want}"})
+    try:
+        if path == "/v1/health":
+            await store.ping(redis)
+            return Answer(200, {"store": "ok"})
+        call = _json(body)
+        if path == "/v1/acquire":
+            return await _acquire(redis, config, call)
+        if path == "/v1/release":
+            return Answer(200, {"released": await decide.release(
+                redis, config, _zones(call), _str(call, "key"), _str(call, "slot"))})
+        refund = call.get("refund", 0)
+        return Answer(200, {"left": await decide.settle(redis, config, _str(call, "zone"), _str(call, "key"),
+                                                        refund)})
+    except StoreUnavailableError:
+        return Answer(503, {"allow": False, "reason": decide.UNAVAILABLE})
+    except LimiterCallError as exc:
+        return Answer(400, {"error": exc.message})
+
+
+async def _acquire(redis: Redis, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
+    key, cost = _str(call, "key"), call.get("cost", 1)
+    slot = call.get("slot", "")
+    if not isinstance(slot, str):
+        raise LimiterCallError("slot must be a string")
+    calls = [decide.Call(z, key, cost if isinstance(decide.zone_of(config, z), TokenZone) else 1)  # type: ignore[arg-type]
+             for z in _zones(call)]
+    verdict = await decide.acquire(redis, config, calls, slot)
+    refusal = verdict.refusal
+    if refusal is None:
+        return Answer(200, {"allow": True, "slot": verdict.slot, "retry_after": 0, "reason": ""})
+    return Answer(200, {"allow": False, "slot": verdict.slot, "retry_after": refusal.retry_after_s,
+                        "reason": refusal.reason, "zone": refusal.zone.name})
+
+
+def _json(body: bytes) -> Mapping[str, object]:
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        raise LimiterCallError("the body is not JSON") from None
+    if not isinstance(value, dict):
+        raise LimiterCallError("the body must be a JSON object")
+    return value
+
+
+def _str(call: Mapping[str, object], name: str) -> str:
+    value = call.get(name)
+    if not isinstance(value, str) or not value:
+        raise LimiterCallError(f"{name} must be a non-empty string")
+    return value
+
+
+def _zones(call: Mapping[str, object]) -> list[str]:
+    zones = call.get("zones", [call["zone"]] if "zone" in call else None)
+    if not isinstance(zones, list) or not zones or len(zones) > 16 \
+            or not all(isinstance(z, str) for z in zones):
+        raise LimiterCallError("zones must be a list of 1 to 16 zone names")
+    return zones

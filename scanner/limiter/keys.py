@@ -1,0 +1,29 @@
+"""Redis key names: one key per zone and key (principal or client address), namespaced ``vp:``.
+
+``vp:{<zone>|<key>}:b`` is a token bucket (rate and token zones), ``vp:{<zone>|<key>}:s`` the
+slots of a concurrency zone. The braces are a Redis Cluster hash tag: everything one zone and key
+owns lives in one slot, so a script touching it never crosses slots. Zone names and keys hold no
+braces (scanner.limiter.config.NAME), so the tag is exactly ``<zone>|<key>``.
+"""
+
+from __future__ import annotations
+
+from scanner.errors import LimiterCallError
+from scanner.limiter.config import NAME
+
+PREFIX = "vp"
+
+
+def checked(kind: str, value: str) -> str:
+    """``value`` when it is a valid zone name or key; LimiterCallError otherwise."""
+    if not NAME.match(value):
+        raise LimiterCallError(f"bad {kind}: 1-200 printable ASCII characters, no space or braces")
+    return value
+
+
+def bucket(zone: str, key: str) -> str:
+    return f"{PREFIX}:{{{zone}|{key}}}:b"
+
+
+def slots(zone: str, key: str) -> str:
+    return f"{PREFIX}:{{{zone}|{key}}}:s"

@@ -1,0 +1,135 @@
+"""Envoy's rate limit service (``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit``)
+on the shared store: the descriptor scheme and the mapping to scanner.limiter.decide.
+
+**Descriptors** (one per zone a request touches; entries in this order)::
+
+    (zone, <zone name>)                      the zones file's name (the plan's zone)
+    (principal, <name>) | (remote_address, <ip>)   the key: a principal, or the client address
+    (op, acquire|release|settle)             optional, acquire when absent
+    (slot, <request id>)                     concurrency zones: the request's slot id
+
+What a descriptor adds is its own ``hits_addend`` (else the request's, else 1): 1 for a rate
+zone, the request's token cost for a token zone (acquire), the refund (settle). Envoy's side
+(to be generated): ``envoy.filters.http.ratelimit`` with ``domain`` = the zones file's domain,
+``failure_mode_deny: true``, ``status_on_error: 503``; per route ``rate_limits`` entries whose
+actions are ``generic_key {descriptor_key: zone, descriptor_value: NAME}``, then
+``metadata {descriptor_key: principal, metadata_key: perimeter.principal}`` or
+``remote_address {}``, then for concurrency ``request_headers {header_name: x-request-id,
+descriptor_key: slot}`` (Envoy makes the id at the edge); token zones with
+``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}``. Release and settle are the
+same entries with ``generic_key {descriptor_key: op, descriptor_value: release|settle}`` and
+``apply_on_stream_done: true`` (Envoy >= 1.33: sent when the stream ends; settle's hits_addend
+is the refund Lua writes into metadata from the answer's usage).
+
+**Answers**: ``overall_code`` OK or OVER_LIMIT; one status per descriptor (its code, the zone's
+limit, what is left, the seconds until the cost fits); over the limit the response headers
+``retry-after`` and ``x-perimeter-reason`` (``rate``, ``concurrency``, ``token-budget``), which
+the filter adds to its 429. Failures are gRPC statuses, which the filter (``failure_mode_deny``)
+turns into ``status_on_error``: ``UNAVAILABLE`` (14) with message ``shared-store-unavailable``
+when Redis does not answer, ``INVALID_ARGUMENT`` (3) for a call that cannot be read (an unknown
+domain or zone, a descriptor without zone or key, a concurrency zone without slot).
+
+**The same descriptors on envoyproxy/ratelimit** (what generate will write for users who run
+that service on their Redis; rate zones only, it has no slots and no refunds)::
+
+    domain: vllm-perimeter
+    descriptors:
+      - key: zone
+        value: "inference:key:10/20"
+        descriptors:
+          - key: principal               # or remote_address
+            rate_limit: {unit: second, requests_per_unit: 10}
+
+It counts fixed windows per unit (``requests_per_unit`` per second or minute, no burst), so a
+rate zone maps to ``rps`` per second (``round(rps * 60)`` per minute below 1 r/s) and its burst
+is not expressed; token zones map to ``per_minute`` per minute charged with ``hits_addend`` but
+without settlement; concurrency zones have no counterpart (this service keeps them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from scanner.errors import LimiterCallError
+from scanner.limiter import decide, proto
+from scanner.limiter.config import ConcurrencyZone, LimiterConfig, RateZone, Zone
+
+SERVICE_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+KEY_ENTRIES: tuple[str, ...] = ("principal", "remote_address")
+OPS: tuple[str, ...] = ("acquire", "release", "settle")
+
+
+def current_limit(zone: Zone) -> proto.CurrentLimit:
+    if isinstance(zone, RateZone):
+        if zone.rps >= 1 and zone.rps == int(zone.rps):
+            return proto.CurrentLimit(int(zone.rps), proto.UNIT_SECOND, zone.name)
+        return proto.CurrentLimit(max(1, round(zone.rps * 60)), proto.UNIT_MINUTE, zone.name)
+    if isinstance(zone, ConcurrencyZone):
+        return proto.CurrentLimit(zone.limit, 0, zone.name)
+    return proto.CurrentLimit(zone.per_minute, proto.UNIT_MINUTE, zone.name)
+
+
+def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
+    """(zone, key, op, slot) of a descriptor; LimiterCallError when it is not in the scheme."""
+    zone = d.get("zone")
+    key = next((v for k, v in d.entries if k in KEY_ENTRIES), None)
+    op = d.get("op") or "acquire"
+    if zone is None or key is None:
+        raise LimiterCallError("a descriptor needs a zone entry and a principal or remote_address entry")
+    if op not in OPS:
+        raise LimiterCallError(f"op must be one of {', '.join(OPS)}")
+    return zone, key, op, d.get("slot") or ""
+
+
+async def should_rate_limit(redis: Redis, config: LimiterConfig, request: proto.Request) -> proto.Response:
+    """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised)."""
+    if request.domain != config.domain:
+        raise LimiterCallError(f"unknown domain {request.domain[:80]!r}")
+    if not request.descriptors:
+        raise LimiterCallError("no descriptors")
+    parts = [_parts(d) for d in request.descriptors]
+    hits = [request.hits(d) for d in request.descriptors]
+    acquiring = [i for i, p in enumerate(parts) if p[2] == "acquire"]
+    statuses: dict[int, proto.DescriptorStatus] = {}
+    if acquiring:
+        verdict = await _acquire(redis, config, [parts[i] for i in acquiring], [hits[i] for i in acquiring])
+        statuses.update(zip(acquiring, map(_status, verdict.statuses), strict=True))
+        refusal = verdict.refusal
+    else:
+        refusal = None
+    for i, (zone, key, op, slot) in enumerate(parts):
+        if op == "release":
+            await decide.release(redis, config, [zone], key, _need_slot(slot))
+        elif op == "settle":
+            await decide.settle(redis, config, zone, key, hits[i])
+        if op != "acquire":
+            statuses[i] = proto.DescriptorStatus(proto.CODE_OK, current_limit(decide.zone_of(config, zone)))
+    ordered = tuple(statuses[i] for i in range(len(parts)))
+    if refusal is None:
+        return proto.Response(proto.CODE_OK, ordered)
+    headers = (("retry-after", str(refusal.retry_after_s)), ("x-perimeter-reason", refusal.reason))
+    return proto.Response(proto.CODE_OVER_LIMIT, ordered, headers)
+
+
+async def _acquire(redis: Redis, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
+                   hits: Sequence[int]) -> decide.Verdict:
+    slots = {slot for zone, _k, _o, slot in parts
+             if isinstance(decide.zone_of(config, zone), ConcurrencyZone)}
+    if "" in slots or len(slots) > 1:
+        raise LimiterCallError("a concurrency zone needs one slot entry (the request id) per request")
+    calls = [decide.Call(zone, key, n) for (zone, key, _o, _s), n in zip(parts, hits, strict=True)]
+    return await decide.acquire(redis, config, calls, next(iter(slots), ""))
+
+
+def _need_slot(slot: str) -> str:
+    if not slot:
+        raise LimiterCallError("release needs the slot entry it acquired with")
+    return slot
+
+
+def _status(s: decide.Status) -> proto.DescriptorStatus:
+    code = proto.CODE_OK if s.admitted else proto.CODE_OVER_LIMIT
+    return proto.DescriptorStatus(code, current_limit(s.zone), min(max(0, s.remaining), 0xFFFFFFFF),
+                                  s.retry_after_s)

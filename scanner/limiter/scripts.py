@@ -1,0 +1,101 @@
+"""The Redis scripts: each decision is one script, run atomically by Redis, timed by Redis.
+
+Every script reads the clock with ``TIME`` (Redis's, not the caller's: N proxies on N hosts
+with N clocks share one), touches one key (scanner.limiter.keys) and leaves it with a TTL.
+Scripts are run with ``EVALSHA``; on ``NOSCRIPT`` (a restarted or failed-over Redis, a flushed
+script cache) with ``EVAL``, which also caches them again.
+
+``BUCKET`` (rate and token zones): a token bucket of ``capacity`` refilled continuously at
+``per_second``; state ``{t: last update in µs, v: tokens}``. ``take n`` admits when ``v >= n``
+and subtracts ``n``; otherwise refuses and answers the µs until ``n`` tokens are there (-1 when
+``n > capacity``: never). ``give n`` adds ``n``, capped at ``capacity`` (a settlement's refund).
+An absent key is a full bucket, so the key expires once a bucket left alone would be full again
+(capacity / per_second, + 1 s): expiry loses nothing.
+Answer: ``{admitted 0|1, tokens left (floor), µs to wait}``.
+
+``SLOT`` (concurrency zones): a sorted set of slot ids scored by their expiry (ms, Redis time).
+Expired slots are removed first; the same slot id again (a retried call) is refreshed and
+admitted; a new one is admitted when fewer than ``limit`` are live. The key expires with its
+last slot. Answer: ``{admitted 0|1, live slots, ms until the oldest slot expires (refused)}``.
+Release is one ``ZREM`` (atomic without a script).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+BUCKET_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local rate = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local h = redis.call('HMGET', KEYS[1], 't', 'v')
+local v = cap
+if h[1] then
+  local dt = now - tonumber(h[1])
+  if dt < 0 then dt = 0 end
+  v = math.min(cap, tonumber(h[2]) + dt * rate / 1000000)
+end
+local ok, wait = 1, 0
+if ARGV[4] == 'give' then
+  v = math.min(cap, v + n)
+elseif v >= n then
+  v = v - n
+elseif n > cap then
+  ok, wait = 0, -1
+else
+  ok, wait = 0, math.ceil((n - v) * 1000000 / rate)
+end
+redis.call('HSET', KEYS[1], 't', now, 'v', v)
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap * 1000 / rate) + 1000)
+return {ok, math.floor(v), wait}
+"""
+
+SLOT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local live = redis.call('ZCARD', KEYS[1])
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  if live >= limit then
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {0, live, tonumber(first[2]) - now}
+  end
+  live = live + 1
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1)
+return {1, live, 0}
+"""
+
+
+@dataclass(frozen=True)
+class Script:
+    source: str
+
+    @cached_property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+BUCKET = Script(BUCKET_LUA)
+SLOT = Script(SLOT_LUA)
+
+
+async def run(redis: Redis, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:
+    """The script's answer (a list of integers); EVAL when Redis does not know the script."""
+    try:
+        answer = await redis.evalsha(script.sha, 1, key, *args)
+    except NoScriptError:
+        answer = await redis.eval(script.source, 1, key, *args)
+    return [int(x) for x in answer]

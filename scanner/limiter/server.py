@@ -1,0 +1,214 @@
+"""The limiter service: one loopback (or pod) port that speaks both doors.
+
+A connection that opens with the HTTP/2 preface (``PRI * HTTP/2.0``: Envoy's gRPC client, h2c
+with prior knowledge) is served as gRPC (scanner.limiter.rls) with the ``h2`` library; any other
+is HTTP/1.1 (scanner.limiter.http_api) with ``h11``. One asyncio loop, one Redis client (a pool
+of connections); many streams of one HTTP/2 connection are answered concurrently.
+
+gRPC framing: each message is 1 byte (compressed: 0 only, the service announces no encoding),
+a 4-byte big-endian length and the protobuf bytes. An answer is HEADERS (``:status 200``,
+``content-type: application/grpc``), one DATA message and trailers ``grpc-status: 0``; a
+failure is a trailers-only answer with ``grpc-status`` and ``grpc-message``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h11
+from redis.asyncio import Redis
+
+from scanner.errors import LimiterCallError, StoreUnavailableError
+from scanner.limiter import decide, http_api, proto, rls
+from scanner.limiter.config import LimiterConfig
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+GRPC_OK, GRPC_INVALID_ARGUMENT, GRPC_UNIMPLEMENTED, GRPC_UNAVAILABLE, GRPC_INTERNAL = 0, 3, 12, 14, 13
+MAX_MESSAGE = 64 * 1024
+READ = 65536
+Ready = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Service:
+    redis: Redis
+    config: LimiterConfig
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            first = await _opening(reader)
+            if first.startswith(PREFACE):
+                await _Grpc(self, writer).serve(reader, first)
+            else:
+                await _serve_http1(self, reader, writer, first)
+        except (ConnectionError, asyncio.IncompleteReadError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def _opening(reader: asyncio.StreamReader) -> bytes:
+    """The first bytes: as many as decide whether this is the HTTP/2 preface."""
+    data = b""
+    while len(data) < len(PREFACE) and PREFACE.startswith(data):
+        chunk = await reader.read(READ)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# --- gRPC over h2c ----------------------------------------------------------------------------
+
+class _Grpc:
+    def __init__(self, service: Service, writer: asyncio.StreamWriter) -> None:
+        self.service = service
+        self.writer = writer
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False,
+                                                                         header_encoding="utf-8"))
+        self.bodies: dict[int, bytearray] = {}
+        self.paths: dict[int, str] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, reader: asyncio.StreamReader, first: bytes) -> None:
+        self.conn.initiate_connection()
+        data = first
+        try:
+            while data:
+                self._events(self.conn.receive_data(data))
+                self.writer.write(self.conn.data_to_send())
+                await self.writer.drain()
+                data = await reader.read(READ)
+        finally:
+            for task in self.tasks:
+                task.cancel()
+
+    def _events(self, events: list[h2.events.Event]) -> None:
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                path = next((v for k, v in event.headers or () if k in (":path", b":path")), "")
+                self.paths[event.stream_id] = path.decode() if isinstance(path, bytes) else path
+                self.bodies[event.stream_id] = bytearray()
+            elif isinstance(event, h2.events.DataReceived):
+                body = self.bodies.get(event.stream_id)
+                if body is not None and len(body) + len(event.data) <= MAX_MESSAGE + 5:
+                    body += event.data
+                else:
+                    self.bodies.pop(event.stream_id, None)
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                task = asyncio.create_task(self._answer(event.stream_id))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            elif isinstance(event, h2.events.StreamReset):
+                self.bodies.pop(event.stream_id, None)
+                self.paths.pop(event.stream_id, None)
+
+    async def _answer(self, stream: int) -> None:
+        path, body = self.paths.pop(stream, ""), self.bodies.pop(stream, None)
+        status, message, payload = await self._call(path, body)
+        try:
+            if status == GRPC_OK:
+                self.conn.send_headers(stream, [(":status", "200"), ("content-type", "application/grpc")])
+                self.conn.send_data(stream, b"\x00" + len(payload).to_bytes(4, "big") + payload)
+                self.conn.send_headers(stream, [("grpc-status", "0")], end_stream=True)
+            else:
+                self.conn.send_headers(stream, [(":status", "200"), ("content-type", "application/grpc"),
+                                                ("grpc-status", str(status)), ("grpc-message", message)],
+                                       end_stream=True)
+            self.writer.write(self.conn.data_to_send())
+        except (h2.exceptions.ProtocolError, ConnectionError):   # the stream or connection is gone
+            pass
+
+    async def _call(self, path: str, body: bytearray | None) -> tuple[int, str, bytes]:
+        if path != rls.SERVICE_PATH:
+            return GRPC_UNIMPLEMENTED, "unknown method", b""
+        if body is None or len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            return GRPC_INVALID_ARGUMENT, "one uncompressed message of at most 64 KiB", b""
+        try:
+            request = proto.decode_request(bytes(body[5:]))
+            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request)
+            return GRPC_OK, "", proto.encode_response(answer)
+        except StoreUnavailableError:
+            return GRPC_UNAVAILABLE, decide.UNAVAILABLE, b""
+        except (LimiterCallError, proto.ProtoError) as exc:
+            return GRPC_INVALID_ARGUMENT, str(exc)[:200], b""
+
+
+# --- HTTP/1.1 -----------------------------------------------------------------------------------
+
+async def _serve_http1(service: Service, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       first: bytes) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_MESSAGE)
+    conn.receive_data(first)
+    while True:
+        request = await _request(conn, reader)
+        if request is None:
+            return
+        method, path, body = request
+        if not method:
+            answer = http_api.Answer(400, {"error": "not an HTTP/1.1 request"})
+        elif body is None:
+            answer = http_api.Answer(413, {"error": f"bodies are at most {http_api.MAX_BODY} bytes"})
+        else:
+            answer = await http_api.handle(service.redis, service.config, method, path, body)
+        data = answer.encoded()
+        last = not method or body is None
+        headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        if last:
+            headers.append(("connection", "close"))
+        try:
+            writer.write(conn.send(h11.Response(status_code=answer.status, headers=headers))
+                         + conn.send(h11.Data(data=data)) + conn.send(h11.EndOfMessage()))
+            await writer.drain()
+            if last or conn.our_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+        except h11.LocalProtocolError:
+            return
+
+
+async def _request(conn: h11.Connection,
+                   reader: asyncio.StreamReader) -> tuple[str, str, bytes | None] | None:
+    """(method, path, body) of the next request: method "" for one that is not HTTP/1.1, body None
+    when it is over MAX_BODY; None at the end of the connection."""
+    method = path = ""
+    body = bytearray()
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            answerable = conn.our_state in (h11.SEND_RESPONSE, h11.IDLE)
+            return ("", "", b"") if answerable else None
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(READ))
+        elif isinstance(event, h11.Request):
+            method, path = event.method.decode(), event.target.decode("latin-1").split("?", 1)[0]
+        elif isinstance(event, h11.Data):
+            if len(body) + len(event.data) > http_api.MAX_BODY:
+                return method, path, None
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return method, path, bytes(body)
+        else:   # ConnectionClosed, PAUSED
+            return None
+
+
+async def serve(service: Service, host: str, port: int,
+                ready: Ready | None = None) -> None:
+    """Serve until cancelled; ``ready(host, port)`` once listening (port 0: the one chosen)."""
+    server = await asyncio.start_server(service.connection, host, port, limit=READ)
+    bound = server.sockets[0].getsockname()
+    if ready is not None:
+        ready(str(bound[0]), int(bound[1]))
+    async with server:
+        await server.serve_forever()

@@ -1,0 +1,142 @@
+"""The shared store: Redis, reached with redis-py's asyncio client; one typed call per decision.
+
+Every Redis failure (refused, reset, timed out, an error answer such as ``LOADING`` or
+``READONLY``) becomes :class:`StoreUnavailableError` naming only the error's class: never the
+URL, never the password. Nothing is decided without an answer from Redis.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from scanner.errors import ConfigError, StoreUnavailableError, UsageError
+from scanner.limiter import keys, scripts
+from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
+
+# Redis answers on loopback in well under a millisecond: a call that takes this long is a store
+# that is not there (the proxy turns the answer into 503 shared-store-unavailable).
+TIMEOUT_S = 0.5
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """How to reach Redis: ``redis://host:port/db`` or ``rediss://`` (TLS), a password file
+    (the password is never on the command line), a CA file for TLS."""
+
+    url: str
+    # a failed call is answered at once (the proxy decides what "unavailable" means), not retried
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    timeout_s: float = TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A bucket's answer: admitted, whole tokens left, seconds until ``n`` would fit (None:
+    never, ``n`` is more than the bucket holds)."""
+
+    admitted: bool
+    left: int
+    wait_s: float | None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A slot's answer: admitted, live slots (with this one), seconds until the oldest expires."""
+
+    admitted: bool
+    live: int
+    wait_s: float
+
+
+def connect(spec: StoreSpec) -> Redis:
+    """A client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
+    parts = urlsplit(spec.url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise UsageError("--redis: expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]")
+    if parts.password:
+        raise UsageError("--redis: no password in the URL; give --redis-password-file")
+    if spec.ca_file is not None and parts.scheme != "rediss":
+        raise UsageError("--redis-ca-file needs a rediss:// URL")
+    try:
+        port = parts.port or 6379
+        db = int(parts.path.lstrip("/") or 0)
+    except ValueError:
+        raise UsageError("--redis: the port and database must be numbers") from None
+    password = _password(spec.password_file) if spec.password_file else None
+    tls: dict[str, object] = {}
+    if parts.scheme == "rediss":
+        tls = {"ssl": True, "ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True,
+               "ssl_ca_certs": str(spec.ca_file) if spec.ca_file else None}
+    return Redis(host=parts.hostname, port=port, db=db, username=parts.username or None,
+                 password=password, socket_timeout=spec.timeout_s,
+                 socket_connect_timeout=spec.timeout_s, retry=Retry(NoBackoff(), 0),
+                 health_check_interval=0, max_connections=64, **tls)  # type: ignore[arg-type]
+
+
+def _password(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--redis-password-file {path}: cannot read it "
+                          f"({exc.__class__.__name__})") from None
+    value = text.strip()
+    if not value or "\n" in value:
+        raise ConfigError(f"--redis-password-file {path}: expected one line holding the password")
+    return value
+
+
+async def ping(redis: Redis) -> None:
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+
+
+async def take(redis: Redis, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
+    """Take ``n`` from ``key``'s bucket of ``zone`` when they are there."""
+    ok, left, wait_us = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
+                                   (zone.per_second, zone.capacity, n, "take"))
+    return Taken(ok == 1, left, None if wait_us < 0 else wait_us / 1e6)
+
+
+async def give(redis: Redis, zone: TokenZone, key: str, n: int) -> Taken:
+    """Give ``n`` back to ``key``'s bucket of ``zone`` (capped at the bucket's size)."""
+    _ok, left, _wait = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
+                                  (zone.per_second, zone.capacity, n, "give"))
+    return Taken(True, left, 0.0)
+
+
+async def hold(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> Held:
+    """Hold ``slot`` in ``key``'s slots of ``zone`` when fewer than its limit are live."""
+    ok, live, wait_ms = await _run(redis, scripts.SLOT, keys.slots(zone.name, key),
+                                   (zone.limit, slot, round(zone.slot_ttl_s * 1000)))
+    return Held(ok == 1, live, wait_ms / 1000)
+
+
+async def release(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> bool:
+    """Free ``slot``; False when it was not held (released already, or expired)."""
+    try:
+        return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+
+
+async def _run(redis: Redis, script: scripts.Script, key: str,
+               args: tuple[str | int | float, ...]) -> list[int]:
+    try:
+        return await scripts.run(redis, script, key, args)
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailableError:
+    return StoreUnavailableError(f"shared store unavailable ({exc.__class__.__name__})")

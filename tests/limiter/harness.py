@@ -1,0 +1,74 @@
+"""A real redis-server on a random loopback port (no persistence), started and stopped by pid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from scanner.limiter import store
+from scanner.net import free_port
+from scanner.runtime.process import ManagedProcess
+
+T = TypeVar("T")
+
+
+def redis_binary() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing; .ci/run installs it")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    return path
+
+
+def redis_process(directory: Path, extra: tuple[str, ...] = ()) -> ManagedProcess:
+    port = free_port()
+    argv = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(directory), *extra]
+    return ManagedProcess("redis-server", argv, "127.0.0.1", port, log=directory / "redis.log")
+
+
+def url(proc: ManagedProcess) -> str:
+    return f"redis://127.0.0.1:{proc.port}/0"
+
+
+def run(fn: Callable[..., Awaitable[T]], proc: ManagedProcess, *args: object) -> T:
+    """``fn(redis, *args)`` in a fresh event loop with a fresh client (closed after)."""
+    async def main() -> T:
+        client = store.connect(store.StoreSpec(url(proc)))
+        try:
+            return await fn(client, *args)
+        finally:
+            await client.aclose()
+    return asyncio.run(main())
+
+
+ZONES = {
+    "version": 1,
+    "domain": "vllm-perimeter",
+    "zones": {
+        "rate:2/3": {"kind": "rate", "rps": 2, "burst": 3},
+        "conc:2": {"kind": "concurrency", "limit": 2, "slot_ttl_s": 30},
+        "tokens:600": {"kind": "tokens", "per_minute": 600},
+        "wide": {"kind": "rate", "rps": 1000000, "burst": 1000000},
+    },
+}
+
+
+def limiter_process(directory: Path, redis_url: str, zones: dict[str, object] | None = None) -> ManagedProcess:
+    """The service as users run it: ``vllm-perimeter limiter`` on a random loopback port."""
+    import json
+    import sys
+
+    zones_file = directory / "limiter.json"
+    zones_file.write_text(json.dumps(zones or ZONES))
+    port = free_port()
+    argv = [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url, "--zones", str(zones_file),
+            "--listen", f"127.0.0.1:{port}"]
+    return ManagedProcess("limiter", argv, "127.0.0.1", port, log=directory / "limiter.log")

@@ -1,0 +1,198 @@
+"""The Redis scripts' semantics against a real redis-server (scanner/limiter/store.py, scripts.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from scanner.errors import StoreUnavailableError, UsageError
+from scanner.limiter import keys, store
+from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
+from scanner.runtime.process import ManagedProcess
+from tests.limiter.harness import redis_process, run, url
+
+
+def test_rate_admits_burst_plus_one_then_the_rate(redis_server: ManagedProcess) -> None:
+    zone = RateZone("rate-burst", rps=10, burst=4)
+
+    async def go(r: Redis) -> tuple[list[bool], float | None, bool]:
+        answers = [await store.take(r, zone, "alice", 1) for _ in range(7)]
+        wait = answers[-1].wait_s
+        await asyncio.sleep(0.11)
+        later = await store.take(r, zone, "alice", 1)
+        return [a.admitted for a in answers], wait, later.admitted
+
+    admitted, wait, later = run(go, redis_server)
+    assert admitted == [True] * 5 + [False, False]          # burst + 1 at once, as NGINX limit_req
+    assert wait is not None and 0.05 < wait <= 0.1          # the next token in < 1/rps
+    assert later                                            # refilled at the rate
+
+
+def test_rate_holds_its_value_over_a_second(redis_server: ManagedProcess) -> None:
+    zone = RateZone("rate-value", rps=20, burst=2)
+
+    async def go(r: Redis) -> tuple[int, float]:
+        start, admitted = time.monotonic(), 0
+        for _ in range(3000):
+            if time.monotonic() - start >= 1.0:
+                break
+            admitted += (await store.take(r, zone, "bob", 1)).admitted
+        return admitted, time.monotonic() - start
+
+    admitted, elapsed = run(go, redis_server)
+    expected = zone.capacity + zone.rps * elapsed
+    assert expected - 1.5 <= admitted <= expected + 1, (admitted, elapsed)
+
+
+def test_keys_are_separate_and_expire(redis_server: ManagedProcess) -> None:
+    rate, tokens, conc = RateZone("r-ttl", 5, 0), TokenZone("t-ttl", 100), ConcurrencyZone("c-ttl", 1, 2.0)
+
+    async def go(r: Redis) -> tuple[bool, bool, list[int]]:
+        a = await store.take(r, rate, "k1", 1)
+        b = await store.take(r, rate, "k2", 1)          # another key: its own bucket
+        await store.take(r, tokens, "k1", 10)
+        await store.hold(r, conc, "k1", "s1")
+        ttls = [int(await r.pttl(k)) for k in (keys.bucket("r-ttl", "k1"), keys.bucket("t-ttl", "k1"),
+                                                keys.slots("c-ttl", "k1"))]
+        return a.admitted, b.admitted, ttls
+
+    a, b, ttls = run(go, redis_server)
+    assert a and b
+    # rate: refilled in 1/5 s + 1 s; tokens: 60 s + 1 s; slots: with the last slot (2 s)
+    assert 0 < ttls[0] <= 1200 and 60000 < ttls[1] <= 61000 and 1000 < ttls[2] <= 2001, ttls
+
+
+def test_token_budget_reserve_refund_and_retry_after(redis_server: ManagedProcess) -> None:
+    zone = TokenZone("tokens", per_minute=600)        # 10 tokens a second
+
+    async def go(r: Redis) -> list[object]:
+        first = await store.take(r, zone, "carol", 500)
+        over = await store.take(r, zone, "carol", 200)
+        refunded = await store.give(r, zone, "carol", 300)
+        again = await store.take(r, zone, "carol", 200)
+        capped = await store.give(r, zone, "carol", 10**6)
+        never = await store.take(r, zone, "carol", 601)
+        return [first, over, refunded, again, capped, never]
+
+    first, over, refunded, again, capped, never = run(go, redis_server)
+    assert first.admitted and first.left == 100
+    assert not over.admitted and over.wait_s is not None and 9.5 < over.wait_s <= 10.0   # (200 - 100) / 10
+    assert refunded.left == 400 and again.admitted and again.left == 200
+    assert capped.left == 600                          # a refund never grows the bucket past its size
+    assert not never.admitted and never.wait_s is None
+
+
+def test_concurrency_slots_release_and_expiry(redis_server: ManagedProcess) -> None:
+    zone = ConcurrencyZone("conc", limit=2, slot_ttl_s=1.0)
+
+    async def go(r: Redis) -> list[object]:
+        a = await store.hold(r, zone, "dave", "a")
+        b = await store.hold(r, zone, "dave", "b")
+        c = await store.hold(r, zone, "dave", "c")
+        a_again = await store.hold(r, zone, "dave", "a")     # a retried call: the same slot, admitted
+        freed = await store.release(r, zone, "dave", "a")
+        freed_twice = await store.release(r, zone, "dave", "a")
+        c2 = await store.hold(r, zone, "dave", "c")
+        d = await store.hold(r, zone, "dave", "d")
+        await asyncio.sleep(1.05)                             # b and c were never released: expired
+        d2 = await store.hold(r, zone, "dave", "d")
+        return [a, b, c, a_again, freed, freed_twice, c2, d, d2]
+
+    a, b, c, a_again, freed, freed_twice, c2, d, d2 = run(go, redis_server)
+    assert a.admitted and b.admitted and not c.admitted and 0.9 < c.wait_s <= 1.0
+    assert a_again.admitted and a_again.live == 2
+    assert freed is True and freed_twice is False
+    assert c2.admitted and not d.admitted
+    assert d2.admitted and d2.live == 1
+
+
+def test_two_proxies_share_one_limit(redis_server: ManagedProcess) -> None:
+    """Two clients ("proxies") interleaved on one key: the sum admitted is exactly the limit."""
+    rate = RateZone("shared-rate", rps=0.001, burst=9)           # 10 at once, then 1 in 1000 s
+    tokens = TokenZone("shared-tokens", per_minute=1000)         # 10 of cost 100 (+1.7 a 100 ms)
+    conc = ConcurrencyZone("shared-conc", limit=3, slot_ttl_s=60)
+
+    async def proxy(n: int) -> tuple[int, int, int]:
+        client = store.connect(store.StoreSpec(url(redis_server)))
+        try:
+            got = [0, 0, 0]
+            for i in range(20):
+                got[0] += (await store.take(client, rate, "eve", 1)).admitted
+                got[1] += (await store.take(client, tokens, "eve", 100)).admitted
+                got[2] += (await store.hold(client, conc, "eve", f"p{n}-{i}")).admitted
+            return got[0], got[1], got[2]
+        finally:
+            await client.aclose()
+
+    async def both() -> list[tuple[int, int, int]]:
+        return list(await asyncio.gather(proxy(1), proxy(2)))
+
+    one, two = asyncio.run(both())
+    assert (one[0] + two[0], one[1] + two[1], one[2] + two[2]) == (10, 10, 3)
+    assert min(one) > 0 and min(two) > 0, (one, two)          # both really took part
+
+
+def test_noscript_falls_back_to_eval(redis_server: ManagedProcess) -> None:
+    zone = RateZone("noscript", rps=1, burst=1)
+
+    async def go(r: Redis) -> tuple[bool, bool]:
+        first = await store.take(r, zone, "k", 1)
+        await r.script_flush()
+        second = await store.take(r, zone, "k", 1)       # EVALSHA -> NOSCRIPT -> EVAL
+        return first.admitted, second.admitted
+
+    assert run(go, redis_server) == (True, True)
+
+
+def test_store_down_is_unavailable_without_secrets(tmp_path: Path) -> None:
+    proc = redis_process(tmp_path).start()
+    zone = RateZone("down", rps=1, burst=1)
+
+    async def go() -> str:
+        client = store.connect(store.StoreSpec(url(proc)))
+        try:
+            assert (await store.take(client, zone, "k", 1)).admitted
+            proc.stop()
+            with pytest.raises(StoreUnavailableError) as err:
+                await store.take(client, zone, "k", 1)
+            return str(err.value)
+        finally:
+            await client.aclose()
+
+    try:
+        message = asyncio.run(go())
+    finally:
+        proc.stop()
+    assert message.startswith("shared store unavailable (") and "127.0.0.1" not in message
+
+
+@pytest.mark.parametrize("bad", ["http://h:1", "redis://:pw@h:1", "redis://h:x", "redis:///0"])
+def test_bad_redis_url_is_a_usage_error(bad: str) -> None:
+    with pytest.raises(UsageError) as err:
+        store.connect(store.StoreSpec(bad))
+    assert "pw" not in str(err.value)
+
+
+def test_password_file(tmp_path: Path) -> None:
+    proc = redis_process(tmp_path, ("--requirepass", "s3cret-pass")).start()
+    (tmp_path / "pw").write_text("s3cret-pass\n")
+    (tmp_path / "wrong").write_text("nope\n")
+
+    async def go(pw: str) -> None:
+        client = store.connect(store.StoreSpec(url(proc), password_file=tmp_path / pw))
+        try:
+            await store.ping(client)
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(go("pw"))
+        with pytest.raises(StoreUnavailableError) as err:
+            asyncio.run(go("wrong"))
+        assert "nope" not in str(err.value) and "s3cret" not in str(err.value)
+    finally:
+        proc.stop()
