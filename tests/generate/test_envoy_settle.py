@@ -181,3 +181,50 @@ def test_best_of_over_n_keeps_its_charge(live: Live) -> None:
     last = [r for r in raw if r["path"] == "/v1/completions"][-1]
     assert status == 200 and last["usage"], last
     assert int(last["tokens_refunded"]) == 0, last
+
+
+# --- the body a settled stream leaves with: the reference's (settle.asking_usage via body.forwarded) ---
+
+STREAM_BODIES = (
+    '"stream": true', '"stream": true, "stream_options": null', '"stream": true, "stream_options": {}',
+    '"stream": true, "stream_options": {"include_usage": false}',
+    '"stream": true, "stream_options": {"include_usage": true}',
+    '"stream": true, "stream_options": {"include_usage": "true"}',
+    '"stream": true, "stream_options": {"continuous_usage_stats": true}',
+    '"stream": true, "stream_options": { "continuous_usage_stats" : true , "include_usage" : false }',
+    '"stream": true, "stream_options": {"include_usage": true, "include_usage": false}',
+    '"stream": true, "stream_options": {"include_usage": false, "include_usage": true}',
+    '"stream": true, "stream_options": {"include_usage": true}, "stream_options": {}',
+    '"stream_options": {}, "stream": true', '"stream": false, "stream": true', '"stream": true, "stream": false',
+    '"stream": false', '"stream": "true"', '"stream": 1', '"stream": null', '"stream_options": {}',
+    '"stream": true, "stream_options": []', '"stream": true, "stream_options": "x"',
+    '"stream": true, "stream_options": {"incl\\u0075de_usage": true}',
+)
+
+
+def test_streams_leave_as_the_reference_forwards_them(tmp_path: Path) -> None:
+    from scanner.plan.body import judge
+    from scanner.runtime.proxy import EnvoyProxy
+    from tests.differential.harness import Case, compare, run, stand
+
+    inventory = load_ref(CATALOG)
+    s = stand(inventory, token_policy(10 ** 8), tmp_path)
+    cases = [Case(f"s{i}-{j}", path, ("{" + head + ", " + b + "}").encode())
+             for i, b in enumerate(STREAM_BODIES)
+             for j, (path, head) in enumerate(((CHAT, '"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                                                       '"max_tokens": 5'),
+                                               ("/v1/completions", '"model": "m", "prompt": "hi", "max_tokens": 5')))]
+    seen = run(s, inventory, EnvoyProxy(), cases)
+    differ = []
+    asked = 0
+    for case in cases:
+        d = s.setup.plan.decision("POST", case.path)
+        assert d is not None and d.token_zone and d.envelope_spec.ask_usage
+        ref = judge(d, case.raw, "", case.content_type)
+        options = (ref.body or {}).get("stream_options")
+        asked += isinstance(options, dict) and options.get("include_usage") is True \
+            and b'"include_usage": true}' not in case.raw
+        if cls := compare(ref, seen[case.id], case.raw):
+            differ.append((case.id, case.raw, cls, seen[case.id]))
+    assert not differ, differ
+    assert asked >= 20     # the rewrite was exercised, not only the bodies left alone
