@@ -15,7 +15,7 @@ Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
-    "envelope-sequences", "envelope-tokens",
+    "envelope-sequences", "envelope-tokens", "shared-store-unavailable",
 ]
 
 # kind -> the status the perimeter answers with
@@ -46,13 +46,15 @@ STATUS: dict[str, int] = {
     "rate": 429,
     "concurrency": 429,
     "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)
+    # the shared limiter (scanner/limiter) could not reach its store, under on_unavailable: deny
+    "shared-store-unavailable": 503,
 }
 KINDS: tuple[str, ...] = tuple(STATUS)
 # Not a refusal: the reason on the perimeter's own error that replaced an upstream 5xx (its body
 # never reaches the client); the request reached the upstream.
 UPSTREAM_ERROR = "upstream-error"
 # Denials that depend on timing and load, not on the request: never proof of another reason.
-THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget"})
+THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget", "shared-store-unavailable"})
 
 
 # The access checks, which both perimeters apply before any other check of a matched route

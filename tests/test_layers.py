@@ -1,7 +1,7 @@
 """The package's shape: no import cycle, and no module importing one of a later stage.
 
 Stages, in the order data flows (a module may import its own stage and earlier ones):
-the shared vocabularies, inventory, policy, plan, generate, runtime, standin, probe, netscan,
+the shared vocabularies, inventory, policy, plan, limiter, generate, runtime, standin, probe, netscan,
 documents, evidence, audit, mutate, verify, demo, report, cli.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "output", "resources",
         "state_changing")
-STAGES = (*BASE, "inventory", "policy", "plan", "generate", "runtime", "standin", "probe", "netscan",
+STAGES = (*BASE, "inventory", "policy", "plan", "limiter", "generate", "runtime", "standin", "probe", "netscan",
           "documents", "evidence", "audit", "mutate", "verify", "demo", "report", "cli")
 
 

@@ -12,6 +12,7 @@ from scanner.errors import UsageError
 from scanner.inventory.vllm_app import VllmExtraction
 from scanner.plan.inputs import load_inventory
 from scanner.standin import serve
+from scanner.standin.openai_answers import STREAM_DELAY_S
 
 
 @click.command("standin", context_settings={"ignore_unknown_options": True})
@@ -30,15 +31,19 @@ from scanner.standin import serve
 @click.option("--fetch-media", is_flag=True,
               help="Stand-in only: GET each http(s) media URL of a JSON body before answering, as "
                    "vLLM does (for a probe --ssrf-canary rehearsal; loopback canaries only).")
+@click.option("--stream-delay-ms", default=round(STREAM_DELAY_S * 1000), show_default=True,
+              type=click.IntRange(0, 10_000),
+              help="Stand-in only: milliseconds between the events of a streamed answer.")
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
 def command(inventory: str | None, real_python: str | None, tasks: tuple[str, ...],
             env_pairs: tuple[str, ...], host: str, port: int, api_key_env: str | None,
-            fetch_media: bool, serve_args: tuple[str, ...]) -> None:
+            fetch_media: bool, stream_delay_ms: int, serve_args: tuple[str, ...]) -> None:
     """Serve a vLLM-shaped upstream on loopback until Ctrl-C.
 
     With --inventory: a stand-in that answers every route of the table (200 with a
-    small JSON), 404/405 like FastAPI, vLLM's --api-key semantics, and counts each
-    request that would have changed state (GET /__standin__/stats).
+    small JSON; chat, completions, embeddings and Responses bodies get OpenAI-shaped
+    answers, streams too), 404/405 like FastAPI, vLLM's --api-key semantics, and counts
+    each request that would have changed state (GET /__standin__/stats).
     With --real: vLLM's own app from its venv, engine-less (engine handlers answer 500).
 
     \b
@@ -62,5 +67,6 @@ def command(inventory: str | None, real_python: str | None, tasks: tuple[str, ..
             raise UsageError(f"--api-key-env {api_key_env}: that variable is empty or unset")
         keys = (value,)
     assert inventory is not None
-    serve.serve_inventory(load_inventory(inventory), host, port, keys, announce, fetch_media)
+    serve.serve_inventory(load_inventory(inventory), host, port, keys, announce, fetch_media,
+                          stream_delay_ms / 1000)
     sys.stdout.flush()

@@ -32,15 +32,18 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from scanner import reasons
 from scanner.errors import LimiterCallError
 from scanner.limiter import keys, store
 from scanner.limiter.config import MAX_VALUE, ConcurrencyZone, LimiterConfig, RateZone, TokenZone, Zone
 
 NEVER_FITS_S = 60      # a token cost over the whole budget (the proxies answer the same)
 SLOT_RETRY_S = 1
-REASONS: Mapping[str, str] = {"rate": "rate", "concurrency": "concurrency", "tokens": "token-budget"}
-# the answer a proxy turns into 503 under on_unavailable: deny (scanner.reasons)
-UNAVAILABLE = "shared-store-unavailable"
+# zone kind -> the refusal's reason (scanner.reasons: the proxies' X-Perimeter-Reason, 429 each)
+REASONS: Mapping[str, str] = {"rate": reasons.token("rate"), "concurrency": reasons.token("concurrency"),
+                              "tokens": reasons.token("token-budget")}
+# the answer a proxy turns into 503 under on_unavailable: deny
+UNAVAILABLE = reasons.token("shared-store-unavailable")
 
 
 @dataclass(frozen=True)

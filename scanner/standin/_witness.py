@@ -131,9 +131,11 @@ class Witness:
         replay = [{"type": "http.request", "body": body, "more_body": more}]
 
         async def replayed() -> Any:
+            # the body once, then the server's own messages: the rest of a body over MAX_BODY, or
+            # (waiting, as a streamed answer's disconnect listener does) the client's disconnect
             if replay:
                 return replay.pop()
-            return await receive() if more else {"type": "http.disconnect"}
+            return await receive()
 
         await self.app(scope, replayed, send)
 

@@ -5,26 +5,33 @@ guarded prefixes after ``root_path``, OPTIONS skipped, ``{"error": "Unauthorized
 with 401), real 404/405 answers, and a counter of every request that would have
 reached the handler of a state-changing route. Proxy CI uses it where the real app
 cannot run; ``/__standin__/stats`` reports the counters and ``/__standin__/witness`` what
-reached it per probe request (neither path is a vLLM route).
+reached it per probe request (neither path is a vLLM route). A JSON body on vLLM's inference
+routes (chat, completions, embeddings, Responses) gets an OpenAI-shaped answer as vLLM 0.29 sends
+it, streams included (scanner.standin.openai_answers); every other request a small JSON naming
+the route.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import threading
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
+from scanner.plan.vllm_json import loads, reads_json
+from scanner.standin import openai_answers
 from scanner.standin._witness import Witness
 from scanner.state_changing import is_state_changing, validation_error
 
@@ -82,46 +89,78 @@ class ApiKeyGuard:
         return any(hmac.compare_digest(digest, h) for h in self.hashes)
 
 
-def _endpoint(route: InvRoute, counters: Counters):  # type: ignore[no-untyped-def]
+def _endpoint(route: InvRoute, counters: Counters, stream_delay: float):  # type: ignore[no-untyped-def]
     changes_state = is_state_changing(route.path)
+    shaped = route.kind == "http" and route.path in openai_answers.ROUTES
 
     async def handler(request: Request) -> Response:
-        why = validation_error(request.method, route.path, request.query_params, await request.body())
+        body = await request.body()
+        why = validation_error(request.method, route.path, request.query_params, body)
         if why is not None:  # vLLM's validation answer: the handler never runs
             return JSONResponse({"error": {"message": f"1 validation error: {why}",
                                            "type": "BadRequestError", "code": 400}}, status_code=400)
         counters.hit(request.method, route.path, changes_state)
+        answer = _openai_answer(route.path, request, body) if shaped else None
+        if answer is not None:
+            return _respond(answer, stream_delay)
         return JSONResponse({"standin": True, "route": route.path, "method": request.method})
 
     return handler
 
 
-def _routes(inventory: Inventory, counters: Counters) -> list[BaseRoute]:
+def _openai_answer(path: str, request: Request, body: bytes) -> openai_answers.Answer | None:
+    """The OpenAI-shaped answer of an inference route (scanner.standin.openai_answers) to a JSON
+    object vLLM would read; None for any other request (the plain answer)."""
+    if request.method != "POST" or not reads_json(request.headers.get("content-type")):
+        return None
+    try:
+        doc = loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return openai_answers.answer(path, doc, body)
+
+
+def _respond(answer: openai_answers.Answer, delay: float) -> Response:
+    if isinstance(answer, openai_answers.Json):
+        return JSONResponse(answer.body)
+    steps = answer.steps
+
+    async def frames() -> AsyncIterator[str]:
+        for i, step in enumerate(steps):
+            if i and delay > 0:
+                await asyncio.sleep(delay)
+            yield "".join(step)
+
+    return StreamingResponse(frames(), media_type="text/event-stream")
+
+
+def _routes(inventory: Inventory, counters: Counters, stream_delay: float) -> list[BaseRoute]:
     out: list[BaseRoute] = []
     for r in inventory.routes:
         if r.kind == "http":
-            out.append(Route(r.path, _endpoint(r, counters), methods=list(r.methods)))
+            out.append(Route(r.path, _endpoint(r, counters, stream_delay), methods=list(r.methods)))
         elif r.kind == "mount":
-            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters),
+            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters, stream_delay),
                                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])])
             out.append(Mount(r.path, app=sub))
         # WebSocket routes answer the HTTP upgrade only in the real app; the stand-in
         # serves them as GET so that reachability through a proxy is visible.
         elif r.kind == "websocket":
-            out.append(Route(r.path, _endpoint(r, counters), methods=["GET"]))
+            out.append(Route(r.path, _endpoint(r, counters, stream_delay), methods=["GET"]))
     return out
 
 
-def build_app(inventory: Inventory, api_keys: tuple[str, ...] = (),
-              fetch_media: bool = False) -> tuple[ASGIApp, Counters]:
+def build_app(inventory: Inventory, api_keys: tuple[str, ...] = (), fetch_media: bool = False,
+              stream_delay: float = openai_answers.STREAM_DELAY_S) -> tuple[ASGIApp, Counters]:
     """The stand-in app behind its upstream witness (scanner.standin._witness), which records
     every request that reaches it, vLLM's key check included, as the real app would be wrapped
-    (``fetch_media``: and fetches a body's media URLs first, as vLLM does)."""
-    app, counters = _app(inventory, api_keys)
+    (``fetch_media``: and fetches a body's media URLs first, as vLLM does). ``stream_delay``:
+    the seconds between a stream's steps (scanner.standin.openai_answers)."""
+    app, counters = _app(inventory, api_keys, stream_delay)
     return cast(ASGIApp, Witness(app, fetch_media=fetch_media)), counters
 
 
-def _app(inventory: Inventory, api_keys: tuple[str, ...]) -> tuple[ASGIApp, Counters]:
+def _app(inventory: Inventory, api_keys: tuple[str, ...], stream_delay: float) -> tuple[ASGIApp, Counters]:
     counters = Counters()
 
     async def stats(_: Request) -> Response:
@@ -132,7 +171,8 @@ def _app(inventory: Inventory, api_keys: tuple[str, ...]) -> tuple[ASGIApp, Coun
         detail = getattr(exc, "detail", "Internal Server Error")
         return JSONResponse({"detail": detail}, status_code=status)
 
-    app = Starlette(routes=[Route(STATS_PATH, stats, methods=["GET"]), *_routes(inventory, counters)],
+    app = Starlette(routes=[Route(STATS_PATH, stats, methods=["GET"]),
+                            *_routes(inventory, counters, stream_delay)],
                     exception_handlers={404: fastapi_style, 405: fastapi_style})
     if not api_keys:
         return app, counters

@@ -11,16 +11,18 @@ from scanner.inventory.model import Inventory
 from scanner.inventory.vllm_app import VllmExtraction
 from scanner.net import wait_for_port
 from scanner.standin.app import build_app
+from scanner.standin.openai_answers import STREAM_DELAY_S
 from scanner.standin.real import RealVllmServer
 
 
 def serve_inventory(inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...],
-                    announce: Callable[[str], None], fetch_media: bool = False) -> None:
+                    announce: Callable[[str], None], fetch_media: bool = False,
+                    stream_delay: float = STREAM_DELAY_S) -> None:
     try:
         import uvicorn
     except ImportError:
         raise UsageError("the stand-in needs uvicorn: pip install 'vllm-perimeter[standin]'") from None
-    app, _ = build_app(inventory, api_keys, fetch_media)
+    app, _ = build_app(inventory, api_keys, fetch_media, stream_delay)
     announce(f"stand-in for {inventory.source.target or inventory.source.kind}: "
              f"{len(inventory.routes)} routes on http://{host}:{port} "
              f"(api key: {'on' if api_keys else 'off'}; stats at /__standin__/stats)")
@@ -40,15 +42,16 @@ def serve_real(spec: VllmExtraction, host: str, port: int, announce: Callable[[s
 
 
 class StandinThread:
-    """The stand-in served by uvicorn in a background thread (for the demo and tests)."""
+    """The stand-in served by uvicorn in a background thread (for the demo and tests);
+    ``stream_delay``: the seconds between a stream's steps."""
 
     def __init__(self, inventory: Inventory, host: str, port: int, api_keys: tuple[str, ...] = (),
-                 fetch_media: bool = False) -> None:
+                 fetch_media: bool = False, stream_delay: float = STREAM_DELAY_S) -> None:
         try:
             import uvicorn
         except ImportError:
             raise UsageError("the stand-in needs uvicorn: pip install 'vllm-perimeter[standin]'") from None
-        app, self.counters = build_app(inventory, api_keys, fetch_media)
+        app, self.counters = build_app(inventory, api_keys, fetch_media, stream_delay)
         self.host, self.port = host, port
         config = uvicorn.Config(app, host=host, port=port, lifespan="off", log_level="error",
                                 access_log=False)

@@ -1,0 +1,41 @@
+"""Redis stopped mid-run (by pid): every answer says shared-store-unavailable, nothing is admitted;
+Redis back on its port: the service answers again without a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scanner.limiter import proto
+from tests.limiter.clients import GrpcClient, HttpClient, descriptor
+from tests.limiter.harness import limiter_process, redis_process, url
+
+
+def test_redis_stopped_mid_run(tmp_path: Path) -> None:
+    redis = redis_process(tmp_path).start()
+    service = limiter_process(tmp_path, url(redis))
+    try:
+        service.start()
+        grpc, http = GrpcClient("127.0.0.1", service.port), HttpClient("127.0.0.1", service.port)
+        ok = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),)))
+        assert ok.response and ok.response.overall_code == proto.CODE_OK
+        assert http.post("/v1/acquire", {"key": "k", "zone": "wide"})[1]["allow"] is True
+
+        redis.stop()
+        down = [grpc.call(proto.Request("vllm-perimeter", (descriptor(z, "k", ("slot", "s")),)))
+                for z in ("wide", "conc:2", "tokens:600")]
+        assert [(d.grpc_status, d.message) for d in down] == [(14, "shared-store-unavailable")] * 3
+        for zone in ("wide", "conc:2", "tokens:600"):
+            assert http.post("/v1/acquire", {"key": "k", "zone": zone}) == (
+                503, {"allow": False, "reason": "shared-store-unavailable"})
+        assert http.post("/v1/settle", {"key": "k", "zone": "tokens:600", "refund": 1})[0] == 503
+        assert http.get("/v1/health") == (503, {"allow": False, "reason": "shared-store-unavailable"})
+
+        redis.start()                      # the same port: the service reconnects by itself
+        back = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),)))
+        assert back.response and back.response.overall_code == proto.CODE_OK
+        assert http.get("/v1/health") == (200, {"store": "ok"})
+        grpc.close()
+        http.close()
+    finally:
+        service.stop()
+        redis.stop()
