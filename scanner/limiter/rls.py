@@ -11,12 +11,17 @@ on the shared store: the descriptor scheme and the mapping to scanner.limiter.de
 What a descriptor adds is its own ``hits_addend`` (else the request's, else 1): 1 for a rate
 zone, the request's token cost for a token zone (acquire), the refund (settle). Envoy's side
 (to be generated): ``envoy.filters.http.ratelimit`` with ``domain`` = the zones file's domain,
-``failure_mode_deny: true``, ``status_on_error: 503``; per route ``rate_limits`` entries whose
-actions are ``generic_key {descriptor_key: zone, descriptor_value: NAME}``, then
+``failure_mode_deny: true``, ``status_on_error: 503``; per route, ``RateLimitPerRoute.rate_limits``
+(``typed_per_filter_config``: measured on Envoy 1.40, the route action's own ``rate_limits`` send
+no ``hits_addend``) entries whose actions are
+``generic_key {descriptor_key: zone, descriptor_value: NAME}``, then
 ``metadata {descriptor_key: principal, metadata_key: perimeter.principal}`` or
 ``remote_address {}``, then for concurrency ``request_headers {header_name: x-request-id,
-descriptor_key: slot}`` (Envoy makes the id at the edge); token zones with
-``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}``. Release and settle are the
+descriptor_key: slot}`` (Envoy makes the id at the edge: with ``use_remote_address`` it replaces a
+client's, which must stay so, since one id for several requests is one slot); token zones with
+``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}``; a local reply mapper on the
+response flag ``RLSE`` adds ``x-perimeter-reason: shared-store-unavailable`` (tests/limiter/
+test_envoy.py runs all of this on Envoy 1.40). Release and settle are the
 same entries with ``generic_key {descriptor_key: op, descriptor_value: release|settle}`` and
 ``apply_on_stream_done: true`` (Envoy >= 1.33: sent when the stream ends; settle's hits_addend
 is the refund Lua writes into metadata from the answer's usage).
