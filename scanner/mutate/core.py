@@ -156,6 +156,21 @@ def token_budgeted(plan: Plan) -> Decision:
     return pick(plan, "with a token budget", lambda d: bool(d.token_zone))
 
 
+def multiplied(plan: Plan) -> Decision:
+    """A route whose per-request envelope caps count a sequences-per-item multiplier (``n``,
+    ``best_of``) and that has an output budget: the CVE-2026-34756 shape (n x max_tokens)."""
+    return pick(plan, "with envelope caps and n / best_of",
+                lambda d: d.envelope_capped and bool(d.envelope_spec.per_item) and d.budget is not None)
+
+
+def envelope_capped(plan: Plan) -> Decision:
+    """The last route with per-request envelope caps that counts a list of prompts, conversations
+    or inputs (one body: many sequences, each with the output budget)."""
+    return pick(plan, "with envelope caps and a list multiplier",
+                lambda d: d.envelope_capped and d.limits.max_sequences is not None
+                and bool(d.envelope_spec.items) and d.budget is not None, last=True)
+
+
 def limited(plan: Plan) -> Decision:
     return pick(plan, "with a concurrency limit", lambda d: d.limits.concurrency is not None)
 
@@ -243,6 +258,35 @@ def raised(limit: str, factor: int) -> Callable[[Decision], tuple[Decision, str]
         value = getattr(lim, limit)
         assert isinstance(value, int)
         return limits(d, **{limit: value * factor}), f"{limit} {value} -> {value * factor}"
+    return change
+
+
+def multiplier_dropped(d: Decision) -> tuple[Decision, str]:
+    """The route's envelope spec without one multiplier (its first sequences-per-item field, else
+    its first item field, else its first pair): the proxy counts one sequence where vLLM runs
+    several. Only the rendered proxy has it; the plan (and the probe) still count it."""
+    spec = d.envelope_spec
+    if spec.per_item:
+        name, new = spec.per_item[0], replace(spec, per_item=spec.per_item[1:])
+    elif spec.items:
+        name, new = f"{spec.items[0][0]} list", replace(spec, items=spec.items[1:])
+    elif spec.pairs:
+        name, new = ":".join(spec.pairs[0]) + " pairs", replace(spec, pairs=spec.pairs[1:])
+    else:
+        raise NotApplicable(f"{where(d)}: no multiplier in its envelope")
+    return replace(d, envelope_spec=new), f"envelope ignores {name} ({spec.text} -> {new.text})"
+
+
+def envelope_caps_raised(factor: int) -> Callable[[Decision], tuple[Decision, str]]:
+    """The route's per-request envelope caps (max_sequences, max_request_tokens) x factor."""
+    def change(d: Decision) -> tuple[Decision, str]:
+        lim = d.limits
+        seq = lim.max_sequences * factor if lim.max_sequences is not None else None
+        tok = lim.max_request_tokens * factor if lim.max_request_tokens is not None else None
+        caps = (("max_sequences", lim.max_sequences, seq),
+                ("max_request_tokens", lim.max_request_tokens, tok))
+        said = [f"{name} {old} -> {new}" for name, old, new in caps if old is not None]
+        return limits(d, max_sequences=seq, max_request_tokens=tok), ", ".join(said)
     return change
 
 
@@ -394,6 +438,9 @@ def plan_operators() -> tuple[PlanOperator, ...]:
                      "one route's field rules removed (every field passes)", ("limits",),
                      on(lambda p: pick(p, "with field rules", lambda d: d.fields.decided, last=True),
                         fields_cleared)),
+        PlanOperator("multiplier-ignored", "remove", "a route with envelope caps and n / best_of",
+                     "one route's envelope ignores a multiplier (n): caps and budget count fewer sequences",
+                     ("limits", "token-budget"), on(multiplied, multiplier_dropped)),
         PlanOperator("rate-raised-x10", "raise", "a rate-limited route", "one route's rate x10", ("rate",),
                      on(rated_by_principal, raised("rate", 10))),
         PlanOperator("burst-raised-x100", "raise", "a rate-limited route",
@@ -411,6 +458,9 @@ def plan_operators() -> tuple[PlanOperator, ...]:
         PlanOperator("token-budget-raised-x1000", "raise", "a route with a token budget",
                      "one route's token budget x1000", ("token-budget",),
                      on(token_budgeted, raised("tokens_per_minute", 1000)), needs="limits.tokens_per_minute"),
+        PlanOperator("envelope-cap-raised", "raise", "a route with envelope caps and a list multiplier",
+                     "one route's max_sequences and max_request_tokens x10", ("limits",),
+                     on(envelope_capped, envelope_caps_raised(10))),
         PlanOperator("network-widened-24", "widen", "a route on the first network set",
                      "one route's network widened to its /24",
                      ("matrix",), on(on_network_set(0), widened(24))),

@@ -190,3 +190,67 @@ def test_a_raised_cap_fails_the_probe(tmp_path: Path, proxy: str) -> None:
     result = _weakened(tmp_path, proxy, 10 ** 6, LIMITS, RAISED[proxy])
     assert result.exit_code() == 1 and any("max_sequences" in repr(f)
                                            for f in result.findings), result.findings
+
+
+# --- the mutation operators (scanner/mutate/core.py): multiplier-ignored, envelope-cap-raised -------
+
+BUNDLED = "vllm-0.29.0-default"
+DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
+
+
+def _bundled_with_budget(tpm: int) -> str:
+    return DEFAULT.read_text().replace("      concurrency: 16\n",
+                                       f"      concurrency: 16\n      tokens_per_minute: {tpm}\n", 1)
+
+
+def test_the_operators_weaken_the_rendered_envelope_only(tmp_path: Path) -> None:
+    from scanner.mutate import core
+
+    plan = verify.setup(load_ref(BUNDLED), loads(DEFAULT.read_text()), tmp_path, 9).plan
+    ops = {p.name: p for p in core.plan_operators()}
+    weak, what = ops["multiplier-ignored"].weaken(plan)
+    chat = next(d for d in plan.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))
+    mutant = next(d for d in weak.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))
+    assert what.startswith("POST /v1/chat/completions: envelope ignores n"), what
+    body = json.dumps({"messages": [[{"role": "user", "content": "x"}]] * 5, "n": 4}).encode()
+    assert chat.envelope(body).sequences == 20 and mutant.envelope(body).sequences == 5
+    assert chat.envelope_reason(chat.envelope(body)) and not mutant.envelope_reason(mutant.envelope(body))
+    weak, what = ops["envelope-cap-raised"].weaken(plan)
+    assert what == "POST /v1/responses: max_sequences 16 -> 160, max_request_tokens 1114112 -> 11141120"
+    assert [(d.limits.max_sequences, d.limits.max_request_tokens) for d in weak.decisions
+            if (d.method, d.path) == ("POST", "/v1/responses")] == [(160, 11141120)]
+    # the plan the probe reads is untouched
+    assert chat.envelope_spec.per_item == ("n",) and chat.limits.max_sequences == 16
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_an_ignored_n_capped_under_max_sequences_is_caught_by_the_limits_check(tmp_path: Path, proxy: str) -> None:
+    # the bundled policy caps n at 4 under max_sequences 16: n alone never exceeds the cap, so the
+    # probe proves it times another multiplier (n 4 x a list of 5 conversations: 20 sequences)
+    p = proxy_named(proxy)
+    for sub in ("clean", "weak", "raised"):
+        (tmp_path / sub).mkdir()
+    clean = probe_through(tmp_path / "clean", p, loads(DEFAULT.read_text()), BUNDLED, LIMITS)
+    assert not clean.findings, clean.findings
+    partnered = [a for a in clean.attempts if a.path == "/v1/chat/completions" and a.note.startswith("n 4 x ")]
+    assert len(partnered) == 2 and {(a.status, a.reason.partition(":")[0]) for a in partnered} == \
+        {(400, "envelope-sequences"), (200, "")}, [(a.note, a.status, a.reason) for a in partnered]
+    weak = probe_through(tmp_path / "weak", p, loads(DEFAULT.read_text()), BUNDLED, LIMITS,
+                         mutant="multiplier-ignored")
+    assert weak.exit_code() == 1, weak.findings
+    over = [a for a in weak.attempts if a.path == "/v1/chat/completions" and a.note.startswith("n 4 x ")
+            and a.verdict == "failed"]
+    assert over and all(a.outcome == "reached" for a in over), [(a.note, a.status) for a in over]
+    raised = probe_through(tmp_path / "raised", p, loads(DEFAULT.read_text()), BUNDLED, LIMITS,
+                           mutant="envelope-cap-raised")
+    assert raised.exit_code() == 1 and any("max_sequences" in repr(f) and "/v1/responses" in repr(f)
+                                           for f in raised.findings), raised.findings
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_an_ignored_n_is_caught_by_the_token_budget(tmp_path: Path, proxy: str) -> None:
+    _static_nginx(proxy)
+    result = probe_through(tmp_path, proxy_named(proxy), loads(_bundled_with_budget(60000)), BUNDLED, TOKENS,
+                           mutant="multiplier-ignored", paced=True, keys_per_role=2)
+    assert result.exit_code() == 1 and any(f.rule == "VP005" and "token budget" in f.title
+                                           for f in result.findings), result.findings

@@ -324,6 +324,7 @@ class Limits(BaseCheck):
             k, alone = lim.max_sequences, 0
             for name, fields in multipliers(d):
                 if most_sequences(d, name) < k + 1:
+                    yield from self._partnered(d, out, name, fields, k)
                     continue
                 alone += 1
                 over, at = out.json(fields(k + 1)), out.json(fields(k))
@@ -345,6 +346,33 @@ class Limits(BaseCheck):
                 yield out.case("envelope-tokens", expected, reasons, body,
                                f"{tokens} tokens ({d.envelope(body).sequences} sequences) "
                                f"{'>' if expected == 'deny' else '='} max_request_tokens {t}")
+
+    @staticmethod
+    def _partnered(d: Decision, out: Out, name: str, fields: Callable[[int], dict[str, object]],
+                   k: int) -> Iterator[Case]:
+        """A multiplier whose caps keep it alone within ``max_sequences`` (``n`` capped at 4 under
+        16) still counts: at its most, with another multiplier of the route that multiplies it
+        (items x sequences per item), over the cap where the other one alone stays within it
+        (refused; a proxy ignoring ``name`` lets it through), and the same at most ``k`` in all
+        (let through). The first partner that does it; none: nothing (the ceiling says why)."""
+        a = min(most_sequences(d, name), k)
+        if a < 2:
+            return
+        mine = fields(a)
+        for other, more in multipliers(d):
+            b = k // a + 1
+            if other == name or most_sequences(d, other) < b:
+                continue
+            over, alone, at = {**more(b), **mine}, more(b), {**more(k // a), **mine}
+            seq, solo = d.envelope(out.json(over)).sequences, d.envelope(out.json(alone)).sequences
+            if seq <= k or solo > k or d.envelope(out.json(at)).sequences > k:
+                continue   # not multiplied (n and best_of: the larger counts), or over without it
+            yield out.case("envelope-sequences", "deny", ("envelope-sequences",), out.json(over),
+                           f"{name} {a} x {other} {b}: {seq} sequences > max_sequences {k} "
+                           f"({other} alone: {solo})")
+            yield out.case("envelope-sequences", "allow", (), out.json(at),
+                           f"{name} {a} x {other} {k // a}: {d.envelope(out.json(at)).sequences} sequences")
+            return
 
     def _counts(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         """Each count cap: one item over it refused, exactly at it let through (as a list: the
