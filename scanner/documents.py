@@ -339,6 +339,8 @@ class EnvelopeDoc(_Doc):
     items: list[list[str]] = Field(description="[field, prompts | each]: items summed")
     pairs: list[list[str]] = Field(description="[side 1, side 2] of pair scoring")
     per_item: list[str]
+    ask_usage: bool = Field(default=False, description="the model takes stream_options: a settled stream "
+                                                       "asks for its usage (scanner/plan/settle.py)")
 
 
 class BudgetDoc(_Doc):
