@@ -85,8 +85,10 @@ class _Grpc:
         try:
             while data:
                 self._events(self.conn.receive_data(data))
-                self.writer.write(self.conn.data_to_send())
-                await self.writer.drain()
+                out = self.conn.data_to_send()   # settings, pings, window updates: mostly nothing
+                if out:
+                    self.writer.write(out)
+                    await self.writer.drain()
                 data = await reader.read(READ)
         finally:
             for task in self.tasks:

@@ -66,6 +66,37 @@ class GrpcClient:
             self.sock.sendall(self.conn.data_to_send())
         raise TimeoutError("no answer")
 
+    def many(self, requests: list[proto.Request]) -> list[GrpcAnswer]:
+        """Every request on its own stream, all sent before any answer is read (as Envoy multiplexes)."""
+        streams = []
+        for request in requests:
+            stream = self.conn.get_next_available_stream_id()
+            message = proto.encode_request(request)
+            self.conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", rls.SERVICE_PATH),
+                                            (":authority", f"{self.host}:{self.port}"),
+                                            ("content-type", "application/grpc"), ("te", "trailers")])
+            self.conn.send_data(stream, b"\x00" + len(message).to_bytes(4, "big") + message, end_stream=True)
+            streams.append(stream)
+        self.sock.sendall(self.conn.data_to_send())
+        headers: dict[int, dict[str, str]] = {s: {} for s in streams}
+        data: dict[int, bytearray] = {s: bytearray() for s in streams}
+        done: set[int] = set()
+        for _ in range(10000):
+            if done == set(streams):
+                break
+            for event in self.conn.receive_data(self.sock.recv(65536)):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    headers[event.stream_id].update({str(k): str(v) for k, v in event.headers})
+                elif isinstance(event, h2.events.DataReceived):
+                    data[event.stream_id] += event.data
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    done.add(event.stream_id)
+            self.sock.sendall(self.conn.data_to_send())
+        return [GrpcAnswer(int(headers[s].get("grpc-status", "-1")), headers[s].get("grpc-message", ""),
+                           proto.decode_response(bytes(data[s][5:])) if headers[s].get("grpc-status") == "0"
+                           else None) for s in streams]
+
     def call(self, request: proto.Request) -> GrpcAnswer:
         message = proto.encode_request(request)
         return self.raw(rls.SERVICE_PATH, b"\x00" + len(message).to_bytes(4, "big") + message)

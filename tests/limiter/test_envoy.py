@@ -81,6 +81,17 @@ static_resources:
                         - generic_key: {descriptor_key: op, descriptor_value: release}
                         - request_headers: {header_name: x-request-id, descriptor_key: slot}
                         apply_on_stream_done: true
+              - match: {prefix: /plain}
+                route: {cluster: backend}
+              - match: {prefix: /wide}
+                route: {cluster: backend}
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions:
+                      - generic_key: {descriptor_key: zone, descriptor_value: wide}
+                      - request_headers: {header_name: x-principal, descriptor_key: principal}
               - match: {prefix: /leaky}
                 route: {cluster: backend}
                 typed_per_filter_config:

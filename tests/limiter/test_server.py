@@ -117,6 +117,14 @@ def test_grpc_bad_frames(grpc: GrpcClient) -> None:
     assert grpc.call(proto.Request(DOMAIN, (descriptor("wide", "k"),))).grpc_status == 0
 
 
+def test_grpc_streams_multiplexed_on_one_connection(grpc: GrpcClient) -> None:
+    """40 calls in flight on one connection (Envoy's way): each answered, the limit exact in sum."""
+    key = fresh()
+    answers = grpc.many([proto.Request(DOMAIN, (descriptor("rate:2/3", key),))] * 40)
+    codes = [a.response.overall_code for a in answers if a.response]
+    assert len(codes) == 40 and codes.count(proto.CODE_OK) == 4
+
+
 # --- HTTP/1.1 JSON ---------------------------------------------------------------------------
 
 def test_http_acquire_rate_and_retry_after(http: HttpClient) -> None:

@@ -196,3 +196,33 @@ def test_password_file(tmp_path: Path) -> None:
         assert "nope" not in str(err.value) and "s3cret" not in str(err.value)
     finally:
         proc.stop()
+
+
+def test_tls_with_a_ca_file(tmp_path: Path) -> None:
+    """rediss:// with --redis-ca-file: verified against that CA (and the host name); without it
+    the system CAs do not know the server: unavailable, never an unverified connection."""
+    from scanner.net import free_port
+    from tests.generate.certs import CertAuthority
+    from tests.limiter.harness import redis_binary
+
+    ca = CertAuthority(tmp_path)
+    server = ca.issue("redis", dns=("localhost",), ips=("127.0.0.1",))
+    port = free_port()
+    argv = [redis_binary(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path), "--tls-cert-file", str(server.cert),
+            "--tls-key-file", str(server.key), "--tls-ca-cert-file", str(ca.pair.cert), "--tls-auth-clients", "no"]
+    proc = ManagedProcess("redis-tls", argv, "127.0.0.1", port, log=tmp_path / "redis.log").start()
+
+    async def go(ca_file: Path | None) -> bool:
+        client = store.connect(store.StoreSpec(f"rediss://localhost:{port}/0", ca_file=ca_file))
+        try:
+            return (await store.take(client, RateZone("tls", 1, 1), "k", 1)).admitted
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(go(ca.pair.cert)) is True
+        with pytest.raises(StoreUnavailableError):
+            asyncio.run(go(None))
+    finally:
+        proc.stop()
