@@ -99,13 +99,14 @@ def sub(name: str, old: str, new: str, count: int = 0) -> Edit:
 
 
 def probe_edited(tmp_path: Path, proxy: Proxy, options: ProbeOptions, edit: Edit | None = None,
-                 catalog: str = "vllm-0.29.0-default", witness: bool = True) -> ProbeResult:
-    """The bundled policy's plan (unpaced()) generated for ``proxy``, edited by hand (``edit`` gets
-    the written config directory), started in front of the stand-in and probed with ``options``
-    (with the stand-in's witness unless ``witness`` is false)."""
+                 catalog: str = "vllm-0.29.0-default", witness: bool = True,
+                 policy: Policy | None = None) -> ProbeResult:
+    """The bundled policy's plan (or ``policy``'s; unpaced()) generated for ``proxy``, edited by hand
+    (``edit`` gets the written config directory), started in front of the stand-in and probed with
+    ``options`` (with the stand-in's witness unless ``witness`` is false)."""
     inventory = load_ref(catalog)
     port = free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    s = verify.setup(inventory, unpaced(policy or load_policy(None)), tmp_path, port)
     directory = tmp_path / "proxy"
     written = proxy.write(s.plan, directory)
     if edit is not None:

@@ -18,16 +18,18 @@ from scanner.errors import GenerateError, PolicyError
 from scanner.generate.common import njs_version
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
+from scanner.generate.nginx_model import HTTP
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Decision
 from scanner.policy.load import loads
 from scanner.policy.model import Policy
-from scanner.probe.checks.tokens import body_of_cost, plan_zone
-from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.probe.cases import Case
+from scanner.probe.checks.tokens import TokenBudget, body_of_cost, plan_zone
+from scanner.probe.interface import Attempt, Credential, ProbeOptions, ProbeResult, Vantage
 from scanner.report.plan import to_table
 from scanner.runtime import nginx
-from tests.probe.realproxy import probe_through, proxy_named
+from tests.probe.realproxy import probe_edited, probe_through, proxy_named, sub
 
 CATALOG = "vllm-0.29.0-default"
 DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
@@ -116,6 +118,42 @@ def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
     assert cost is None and "requests" in str(why)
 
 
+# --- the settlement's judge (scanner/probe/checks/tokens.py), on attempts made up ---------------------
+
+def _sent(note: str, at: float, status: int, answer: str = "") -> tuple[Case, Attempt]:
+    cred, where = Credential("role:user", "role", "user"), Vantage("public", "127.0.0.12")
+    case = Case("token-budget", "POST", "/v1/completions", "POST", "/v1/completions", cred, where, "allow",
+                note=note, body=b"{}")
+    refused = status == 429
+    return case, Attempt("token-budget", "POST", "/v1/completions", "POST /v1/completions HTTP/1.1",
+                         cred.label, "", where.name, "allow", status=status, verdict="proved",
+                         outcome="limited" if refused else "reached", reason="token-budget" if refused else "",
+                         sent_at=at, latency_ms=5, note=note + ("; Retry-After 9" if refused else ""),
+                         answer_body=answer)
+
+
+USAGE = json.dumps({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 10}})
+
+
+@pytest.mark.parametrize(("answer", "kept", "status"), [
+    (USAGE, [200, 200, 429, 429], "proved"),          # 6 of cost 600 on 2000: refunds made
+    (USAGE, [429, 429, 429, 429], "failed"),          # usage reported, no room given back
+    ("", [429, 429, 429, 429], "not-proven"),         # the upstream reports no usage
+    ('{"id": "x"}', [429, 429, 429, 429], "not-proven"),
+])
+def test_the_settlement_is_judged_on_the_usage_the_answers_reported(answer: str, kept: list[int],
+                                                                    status: str) -> None:
+    sent = [_sent(f"settled {i + 1}/3", i, 200, answer) for i in range(3)]
+    sent += [_sent(f"kept {i + 1}/4", 10 + i, code) for i, code in enumerate(kept)]
+    got, why, _n = TokenBudget._assess_settled(sent, 600, 2000)
+    assert got == status, why
+    if answer == "":
+        assert "reported no usage" in why
+    # the zone itself: tokens counted at their settled charge, then refused
+    zone, _why, _n = TokenBudget._assess(sent, 3, 600, 2000)
+    assert zone == "proved"
+
+
 # --- the generators ---------------------------------------------------------------------------------
 
 def test_debian_njs_is_refused_and_a_plan_without_budgets_is_not(tmp_path: Path) -> None:
@@ -181,12 +219,18 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     assert not result.findings, result.findings
     rate = [c for c in result.coverage if c.check == "rate"]
     assert rate and all(c.status == "proved" for c in rate), rate
+    # settled from usage: the stand-in reports far less than each request's charge
+    assert cov[f"{zone} settled"][0] == "proved", cov
     notes = [a for a in result.attempts if a.subject == zone]
     reached = [a for a in notes if a.outcome == "reached"]
     refused = [a for a in notes if a.reason == "token-budget"]
-    # one request per multiplier of the zone fits (scanner/probe/checks/tokens.py), then 3 refused
-    assert len(reached) >= 3 and len(refused) == 3 and all("Retry-After " in a.note for a in refused)
-    print(proxy, "200:", len(reached), "429:", len(refused), [a.note.rsplit("; ", 1)[-1] for a in refused])
+    settled = [a for a in notes if a.note.startswith("settled")]
+    # budget // cost read their answers' usage, all reached; then more than fit the budget unsettled
+    # reached before the kept ones (answered 400 by the witness) met the budget: 429 with Retry-After
+    assert settled and all(a.outcome == "reached" for a in settled)
+    assert any('"usage"' in a.answer_body for a in settled)
+    assert len(reached) > len(settled) and len(refused) >= 3 and all("Retry-After " in a.note for a in refused)
+    print(proxy, "200:", len(reached), "429:", len(refused), cov[f"{zone} settled"][1])
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "envoy"])
@@ -197,6 +241,35 @@ def test_the_mutant_without_its_budget_is_caught(tmp_path: Path, proxy: str) -> 
     result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed",
                            paced=True)
     assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_the_mutant_whose_answers_settle_nothing_is_caught(tmp_path: Path, proxy: str) -> None:
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="settlement-skipped", paced=True)
+    assert any(f.rule == "VP005" and "token budget not settled" in f.title for f in result.findings), \
+        _coverage(result)
+    assert result.exit_code() == 1
+
+
+def test_nginx_without_its_body_filter_fails_the_probe_and_with_it_passes(tmp_path: Path) -> None:
+    """The hand edit a reviewer might make (the njs body filter dropped: every request keeps its
+    admitted envelope): probe exits 1 with default flags; the config as generated exits 0."""
+    p = proxy_named("nginx")
+    if getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "plain").mkdir()
+    edited = probe_edited(tmp_path / "edited", p, OPTIONS, sub(HTTP, r"\n *js_body_filter perimeter\.settle[^\n]*", ""),
+                          policy=token_policy())
+    cov = _coverage(edited)
+    assert cov["token-budget inference:key:2000t/m settled"][0] == "failed", cov
+    assert edited.exit_code() == 1
+    plain = probe_edited(tmp_path / "plain", p, OPTIONS, policy=token_policy())
+    assert _coverage(plain)["token-budget inference:key:2000t/m settled"][0] == "proved", _coverage(plain)
+    assert plain.exit_code() == 0, plain.findings
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "envoy"])

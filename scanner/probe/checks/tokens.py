@@ -22,6 +22,9 @@ all reach the upstream (a budget of its own). The requests are ordinary cases of
 (phase 0, paced under its rate limit: they never meet the rate limiter), sent before the lane's
 other cases, whose requests spend the same budget.
 
+A zone without a generation route (none whose model takes ``stream_options``: e.g. ``/tokenize``
+alone) has no settlement to prove (its answers are not known to report usage): "not applicable".
+
 What is judged, per zone (``token-budget <zone>``): the tokens let through, each reached request
 counted at its settled charge (its cost less the refund its answer's usage gives, the whole cost
 when the answer reported none), are at most the budget plus what it refills while they are sent
@@ -208,7 +211,11 @@ class TokenBudget(BaseCheck):
                     if cost is None:
                         s = replace(s, why=str(why))
             yield s
-            yield replace(s, key=f"{z.key} {SETTLED}")
+            if s.why or any(d.envelope_spec.ask_usage for d in z.decisions):
+                yield replace(s, key=f"{z.key} {SETTLED}")
+            else:
+                yield cov.na(f"{z.key} {SETTLED}", "no generation route in the zone (none takes "
+                             "stream_options): its answers are not known to report usage", s.method, s.path)
             if s.why:
                 continue
             other, cell, why = self._other(ctx, z)
@@ -275,7 +282,8 @@ class TokenBudget(BaseCheck):
                 continue
             attempts = [a for _c, a in mine]
             out[z.key] = (self._assess(mine, fit, cost, limit), attempts)
-            out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit), attempts)
+            if any(d.envelope_spec.ask_usage for d in z.decisions):
+                out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit), attempts)
             if theirs:
                 out[other] = (self._assess_other(attempts, theirs, fit), theirs)
         return out
@@ -346,10 +354,10 @@ class TokenBudget(BaseCheck):
         after = [(c, a) for c, a in later if a.sent_at >= end]
         spent = sum(settled_charge(cost, c, a) for c, a in first)
         if after and _refused(after[0][1]) and spent + cost <= limit:
-            return "failed", (f"not settled: {len(first)} requests charged {len(first) * cost} tokens weigh "
-                              f"{spent} once the usage their answers reported is counted, yet the next request "
-                              f"of cost {cost} was refused for token-budget (a budget of {limit} settled from "
-                              "usage has room for it)"), n
+            return "failed", (f"not settled: {len(first)} requests charged {len(first) * cost} tokens "
+                              f"weigh {spent} once the usage their answers reported is counted, yet the next "
+                              f"request of cost {cost} was refused for token-budget (a budget of {limit} "
+                              "settled from usage has room for it)"), n
         return "not-proven", (f"{len(reached)} requests of cost {cost} reached: no more than the budget lets "
                               "through unsettled"), n
 
