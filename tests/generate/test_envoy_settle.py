@@ -228,3 +228,27 @@ def test_streams_leave_as_the_reference_forwards_them(tmp_path: Path) -> None:
             differ.append((case.id, case.raw, cls, seen[case.id]))
     assert not differ, differ
     assert asked >= 20     # the rewrite was exercised, not only the bodies left alone
+
+
+# --- the probe: a config without settlement fails it ------------------------------------------------
+
+WITHOUT_SETTLEMENT = ("hits_addend: {format: \"%DYNAMIC_METADATA(perimeter:hits)%\"}",
+                      "hits_addend: {format: \"%DYNAMIC_METADATA(perimeter:cost)%\"}")
+
+
+def _unsettled(text: str) -> str:
+    assert WITHOUT_SETTLEMENT[0] in text
+    return text.replace(*WITHOUT_SETTLEMENT)
+
+
+def test_settlement_removed_by_hand_fails_the_probe(tmp_path: Path) -> None:
+    # the probe's default flags but only the token-budget check (all of them on this paced policy
+    # take over the default max_time: cut short, exit 3 whatever the settlement)
+    from scanner.probe.interface import ProbeOptions
+    from tests.probe.test_load_values import rules, run
+
+    t0 = time.monotonic()
+    result = run(tmp_path, "envoy", ProbeOptions(checks=("token-budget",)), _unsettled, token_policy(LIMIT))
+    print(f"token-budget probe of the unsettled Envoy: {time.monotonic() - t0:.1f} s")
+    assert result.exit_code() == 1, [c for c in result.coverage if c.check == "token-budget"]
+    assert ("VP005", "token-budget", "token budget not settled") in rules(result), rules(result)
