@@ -15,7 +15,8 @@ Modules, one concept each:
 * ``proto``    the protobuf codec of Envoy's rate limit service messages (field numbers cited);
 * ``rls``      ShouldRateLimit: the descriptor scheme (and its envoyproxy/ratelimit mapping);
 * ``http_api`` the JSON door for njs (``/v1/acquire``, ``/v1/release``, ``/v1/settle``);
-* ``server``   one port, both doors (gRPC over h2c, sniffed by its preface; HTTP/1.1 with h11).
+* ``server``   one port, both doors (gRPC over h2c, sniffed by its preface; HTTP/1.1 with h11);
+* ``zones``    the zones file from a plan, a route's zones in order, the ``local`` per-replica share.
 
 Errors (in the project's tree, scanner/errors.py)::
 
@@ -27,15 +28,22 @@ Errors (in the project's tree, scanner/errors.py)::
     UsageError                     exit 2: a bad --redis URL or --listen address
 
 **Failure policy** (``shared: {redis: URL, on_unavailable: deny|local}``, for the generators):
-the service never answers "allow" without Redis's word. Under ``deny`` the proxy turns the
-unavailable answer (and a limiter that does not answer at all) into 503 with
-``X-Perimeter-Reason: shared-store-unavailable``: Envoy's ratelimit filter with
-``failure_mode_deny: true`` and ``status_on_error: 503`` plus a local reply mapper for the
-reason; njs on a 503 or a failed ``ngx.fetch``. Under ``local`` the proxy keeps today's local
-limits, rendered with each value divided by the replica count (rps / N, burst / N rounded up,
-concurrency and tokens_per_minute / N rounded up, at least 1), and applies them only when the
-shared store is unavailable: NGINX as a second njs-guarded ``limit_req``/dict path taken on that
-answer, Envoy as its ``local_ratelimit`` filters enabled by a metadata flag the ratelimit
-filter's failure leaves (``failure_mode_deny: false`` + a Lua/metadata switch). A fleet then
-admits at most the policy while Redis is down, never unlimited.
+the service never answers "allow" without Redis's word, and a proxy never admits unlimited.
+
+* ``deny``: the proxy turns the unavailable answer, and a limiter that does not answer at all,
+  into 503 with ``X-Perimeter-Reason: shared-store-unavailable``. Envoy: the ratelimit filter
+  with ``failure_mode_deny: true``, ``status_on_error: 503`` and a local reply mapper on the
+  ``RLSE`` response flag adding the reason (tests/limiter/test_envoy.py). njs: a 503 answer or
+  a failed ``ngx.fetch`` is a 503 with the reason.
+* ``local`` (design): while Redis is down each proxy enforces today's local limits with every
+  value divided by the replica count (``zones.local_share``: rounded down, at least 1), so the
+  fleet admits at most the policy. njs: on the service's 503 it continues through the local
+  path the generators render today (``limit_req`` zones and the shared dict, with the shares'
+  values) instead of the shared one; a limiter that does not answer counts as unavailable.
+  Envoy: the service, started with the policy's choice, answers OK with the response's
+  ``dynamic_metadata`` (rls.proto field 6) ``{shared: unavailable}``; ``local_ratelimit``
+  filters after the ratelimit filter, with the shares' buckets, have descriptors that include
+  a ``metadata`` action on that key, so they count only requests so marked (an action without
+  its metadata yields no descriptor). A limiter that does not answer stays
+  ``failure_mode_deny`` (503): Envoy cannot tell its own failure apart otherwise.
 """
