@@ -109,6 +109,19 @@ class LimiterConfig:
                 "zones": {n: _zone_json(z) for n, z in sorted(self.zones.items())}}
 
 
+def per_unit(zone: Zone) -> tuple[int, Literal["second", "minute"]] | None:
+    """A rate or token zone as a count per second or minute (Envoy's rate limit units): a whole
+    rps per second, any other rate rounded per minute (at least 1), tokens per minute; None for a
+    concurrency zone."""
+    if isinstance(zone, RateZone):
+        if zone.rps >= 1 and zone.rps == int(zone.rps):
+            return int(zone.rps), "second"
+        return max(1, round(zone.rps * 60)), "minute"
+    if isinstance(zone, TokenZone):
+        return zone.per_minute, "minute"
+    return None
+
+
 def _zone_json(z: Zone) -> dict[str, object]:
     if isinstance(z, RateZone):
         return {"kind": z.kind, "rps": z.rps, "burst": z.burst}

@@ -59,7 +59,7 @@ from redis.asyncio import Redis
 
 from scanner.errors import LimiterCallError
 from scanner.limiter import decide, proto
-from scanner.limiter.config import ConcurrencyZone, LimiterConfig, RateZone, Zone
+from scanner.limiter.config import ConcurrencyZone, LimiterConfig, Zone, per_unit
 
 SERVICE_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 KEY_ENTRIES: tuple[str, ...] = ("principal", "remote_address")
@@ -67,13 +67,11 @@ OPS: tuple[str, ...] = ("acquire", "release", "settle")
 
 
 def current_limit(zone: Zone) -> proto.CurrentLimit:
-    if isinstance(zone, RateZone):
-        if zone.rps >= 1 and zone.rps == int(zone.rps):
-            return proto.CurrentLimit(int(zone.rps), proto.UNIT_SECOND, zone.name)
-        return proto.CurrentLimit(max(1, round(zone.rps * 60)), proto.UNIT_MINUTE, zone.name)
-    if isinstance(zone, ConcurrencyZone):
-        return proto.CurrentLimit(zone.limit, 0, zone.name)
-    return proto.CurrentLimit(zone.per_minute, proto.UNIT_MINUTE, zone.name)
+    unit = per_unit(zone)
+    if unit is None:   # a concurrency zone: its slots, no time unit
+        return proto.CurrentLimit(zone.limit if isinstance(zone, ConcurrencyZone) else 0, 0, zone.name)
+    count, per = unit
+    return proto.CurrentLimit(count, proto.UNIT_SECOND if per == "second" else proto.UNIT_MINUTE, zone.name)
 
 
 def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
