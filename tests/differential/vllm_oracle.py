@@ -21,9 +21,12 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 )
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.pooling.embed.protocol import EmbeddingCompletionRequest
 
+# /v1/embeddings: the input form of vLLM's EmbeddingRequest union (what the openai client sends)
 MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-          "/v1/responses": ResponsesRequest, "/v1/chat/completions/batch": BatchChatCompletionRequest}
+          "/v1/responses": ResponsesRequest, "/v1/chat/completions/batch": BatchChatCompletionRequest,
+          "/v1/embeddings": EmbeddingCompletionRequest}
 
 
 def reads_json(content_type: str | None) -> bool:
