@@ -248,7 +248,7 @@ class Decision:
         if body:
             try:
                 obj = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):    # nested past Python's depth: not read as JSON
                 obj = None
         if not isinstance(obj, dict):
             return Envelope(sequences=1, output=0, input=len(body))
