@@ -2,7 +2,8 @@
 escape=json, variables njs sets) and Envoy 1.40 (json_format, dynamic metadata Lua sets) record
 for each request the principal, route, model, status, latency, request id, the admitted envelope
 (sequences, output budget per sequence and whether it was sent or written, tokens charged) and a
-usage field (empty: nothing settles usage yet); scanner.audit.access_log reads both. No key, nor
+usage field (INPUT+OUTPUT once an answer settles a token budget's charge, tests/generate/
+test_nginx_settle.py; empty otherwise); scanner.audit.access_log reads both. No key, nor
 any part of one beyond what the plan publishes, is ever in a line."""
 
 from __future__ import annotations
@@ -41,12 +42,18 @@ def test_the_reader_takes_both_shapes() -> None:
         '{"time":"t","principal":"alice","route":"/v1/models","method":"GET","path":"/v1/models",'
         '"status":200,"latency_s":0.012,"decision":"allow","reason":"","request_id":"abc",'
         '"model":"","sequences":"","output":"","output_from":"","tokens_charged":"","usage":""}',
+        # a settled answer (token budgets; tests/generate/test_nginx_settle.py): INPUT+OUTPUT
+        '{"time":"t","principal":"bob","route":"/v1/completions","method":"POST","path":"/v1/completions",'
+        '"status":200,"latency_s":0.2,"decision":"allow","reason":"","request_id":"def","model":"m",'
+        '"sequences":"4","output":"147","output_from":"sent","tokens_charged":"666","usage":"40+40"}',
         '{"time":"t","principal":null,"route":"allow:GET /v1/models","method":"GET","path":"/v1/models",'
         '"status":"200","latency_ms":"3","decision":null,"reason":null,"request_id":"u-1","model":"m",'
         '"sequences":2,"output":4096,"output_from":"written","tokens_charged":8200,"usage":null}',
         "not json", "",
     ])
-    assert bad == 1 and [e.proxy for e in got] == ["nginx", "envoy"]
+    assert bad == 1 and [e.proxy for e in got] == ["nginx", "nginx", "envoy"]
+    settled, got = got[1], (got[0], got[2])
+    assert (settled.tokens_charged, settled.usage, settled.sequences) == (666, "40+40", 4)
     assert got[0].latency_ms == 12.0 and got[0].sequences is None and got[0].principal == "alice"
     assert (got[1].sequences, got[1].output, got[1].output_from, got[1].tokens_charged) == (2, 4096, "written", 8200)
     assert got[1].principal == "" and got[1].usage == ""
