@@ -96,3 +96,15 @@ def test_every_line_carries_the_request_and_its_envelope(tmp_path: Path, name: s
         assert (e.output, e.output_from) == (env.output, "written" if case.id == "n2-written" else "sent")
         assert e.tokens_charged == (min(d.token_cost(case.raw), d.limits.tokens_per_minute + 1)
                                     if d.token_zone else None)
+
+
+def test_the_reader_takes_an_envoy_settled_answer() -> None:
+    # Envoy's line of a settled answer (tests/generate/test_envoy_settle.py): the reservation in
+    # tokens_charged, the usage as INPUT+OUTPUT, the refund beside it
+    got, bad = access_log.entries([
+        '{"time":"t","principal":"verify-user-1","route":"allow:POST /v1/chat/completions","method":"POST",'
+        '"path":"/v1/chat/completions","status":"200","latency_ms":"4","decision":null,"reason":null,'
+        '"request_id":"r","model":"m","sequences":1,"output":400,"output_from":"sent","tokens_charged":232,'
+        '"usage":"20+10","tokens_refunded":202}'])
+    assert bad == 0 and got[0].proxy == "envoy"
+    assert (got[0].tokens_charged, got[0].usage, got[0].sequences) == (232, "20+10", 1)
