@@ -8,6 +8,7 @@ other request keeps its ``{"standin": true, ...}`` answer:
   ``"none"``) a call of the first tool (or the named one) whose arguments are a minimal instance of
   its ``parameters``; with ``response_format`` ``json_schema`` a minimal instance of the schema
   (:func:`instance`: every required property, a value of its type), ``json_object`` ``{}``.
+* ``POST /v1/chat/completions/batch``: the same, one choice per conversation (never streamed).
 * ``POST /v1/completions``: a ``text_completion`` with prompts x ``n`` choices (a prompt list runs
   each prompt; choice index ``output.index + prompt_index * n`` as vLLM numbers them).
 * ``POST /v1/embeddings``: one short deterministic vector per input item (``encoding_format``
@@ -59,7 +60,8 @@ MAX_DIMENSIONS = 64
 MAX_MODEL_LEN = 8192        # the context length the Responses API's max_output_tokens default reads
 MAX_SCHEMA_DEPTH = 16
 BUDGET_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+ROUTES = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings",
+          "/v1/responses")
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
@@ -347,6 +349,17 @@ def chat(body: Mapping[str, Any], raw: bytes) -> Answer | None:
                  "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None})
 
 
+def chat_batch(body: Mapping[str, Any], raw: bytes) -> Answer | None:
+    """``/v1/chat/completions/batch``: one choice per conversation of ``messages`` (a list of
+    non-empty conversations), never streamed; vLLM refuses ``stream``, ``tools`` and ``n`` over 1."""
+    conversations = body.get("messages")
+    if (not isinstance(conversations, list) or not conversations
+            or not all(isinstance(c, list) and c for c in conversations)
+            or sequences(body) != 1 or _flag(body, "stream") is not False or body.get("tools")):
+        return None
+    return chat({**body, "messages": [], "n": len(conversations)}, raw)
+
+
 def _tool_id(raw: bytes, index: int) -> str:
     return f"chatcmpl-tool-{hashlib.sha256(raw).hexdigest()[:16]}{index}"
 
@@ -544,5 +557,5 @@ def _responses_events(start: dict[str, Any], end: dict[str, Any], msg_id: str, p
     return tuple(steps)
 
 
-_SHAPES = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/embeddings": embeddings,
-           "/v1/responses": responses}
+_SHAPES = {"/v1/chat/completions": chat, "/v1/chat/completions/batch": chat_batch,
+           "/v1/completions": completions, "/v1/embeddings": embeddings, "/v1/responses": responses}

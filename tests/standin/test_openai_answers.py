@@ -148,6 +148,17 @@ def test_tool_call_streamed() -> None:
     assert call.function.parsed_arguments == Person(name="x", age=1, tags=[], address=Address(street="x", zip=1))
 
 
+def test_chat_batch_one_choice_per_conversation() -> None:
+    body = {"messages": [MESSAGES, MESSAGES, [{"role": "user", "content": "x"}]], "max_tokens": 2}
+    a = oa.answer("/v1/chat/completions/batch", body, _body_bytes(body))
+    assert isinstance(a, oa.Json)
+    assert [c["message"]["content"] for c in a.body["choices"]] == ["".join(oa.words(2, i)) for i in range(3)]
+    assert a.body["usage"]["completion_tokens"] == 6
+    for refused in ({**body, "stream": True}, {**body, "n": 2}, {**body, "tools": [WEATHER]},
+                    {"messages": [[]]}, {"messages": MESSAGES}):
+        assert oa.answer("/v1/chat/completions/batch", refused, _body_bytes(refused)) is None, refused
+
+
 def test_completions_prompt_list_and_stream() -> None:
     r = _run(_client().completions.create(model="m", prompt=["a", "b"], n=2, max_tokens=2))
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
@@ -310,6 +321,7 @@ def _docs() -> list[dict[str, Any]]:
     tools = {"messages": MESSAGES, "tools": [WEATHER]}
     cases = [("chat", "/v1/chat/completions", {"messages": MESSAGES, "n": 2}),
              ("chat", "/v1/chat/completions", tools),
+             ("chat", "/v1/chat/completions/batch", {"messages": [MESSAGES, MESSAGES]}),
              ("chat", "/v1/chat/completions", {"messages": MESSAGES, "response_format": {
                  "type": "json_schema", "json_schema": {"name": "p", "schema": Person.model_json_schema()}}}),
              ("chat.chunk", "/v1/chat/completions", {"messages": MESSAGES, "n": 2, "stream": True, "stream_options": {
