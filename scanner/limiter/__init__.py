@@ -16,7 +16,8 @@ Modules, one concept each:
 * ``rls``      ShouldRateLimit: the descriptor scheme (and its envoyproxy/ratelimit mapping);
 * ``http_api`` the JSON door for njs (``/v1/acquire``, ``/v1/release``, ``/v1/settle``);
 * ``server``   one port, both doors (gRPC over h2c, sniffed by its preface; HTTP/1.1 with h11);
-* ``zones``    the zones file from a plan, a route's zones in order, the ``local`` per-replica share.
+* ``zones``    the zones file from a plan, a route's zones in order, the ``local`` per-replica share;
+* ``envoy_ratelimit`` the zones as an envoyproxy/ratelimit configuration (rate and token zones).
 
 Errors (in the project's tree, scanner/errors.py)::
 

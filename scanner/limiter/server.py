@@ -50,6 +50,10 @@ class Service:
                 await _serve_http1(self, reader, writer, first)
         except (ConnectionError, asyncio.IncompleteReadError, h2.exceptions.ProtocolError):
             pass
+        except asyncio.CancelledError:
+            # shutting down: end quietly (asyncio 3.11's stream callback asks a cancelled handler
+            # task for its exception, which raises and prints a traceback)
+            pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):

@@ -19,6 +19,7 @@ from pathlib import Path
 from scanner.limiter import proto
 from tests.limiter.clients import GrpcClient, HttpClient, descriptor
 from tests.limiter.test_envoy import Stack
+from tests.limiter.test_njs import NjsStack
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -109,6 +110,26 @@ def main() -> None:
                 print(throughput(port, pid, rpid, calls // 2, 4, door))
         finally:
             stack.stop()
+    with tempfile.TemporaryDirectory() as tmp:
+        njs = NjsStack(Path(tmp))
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", njs.port, timeout=10)
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def nginx(path: str) -> None:
+                conn.request("GET", path, headers={"X-Principal": "bench"})
+                reply = conn.getresponse()
+                reply.read()
+                assert reply.status == 200, reply.status
+            plain, shared = timed(calls, lambda: nginx("/plain")), timed(calls, lambda: nginx("/wide"))
+            print(line("NGINX 1.31, no limiter call", plain))
+            print(line("NGINX 1.31, njs ngx.fetch -> limiter -> Redis", shared))
+            print(f"{'added by the shared limit (NGINX njs)':44s} p50 "
+                  f"{(statistics.median(shared) - statistics.median(plain)) * 1000:6.3f} ms  (target <= 1 ms)")
+            conn.close()
+        finally:
+            njs.stop()
 
 
 if __name__ == "__main__":

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from scanner.cli.main import main
 from scanner.errors import ConfigError
 from scanner.limiter import config
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scanner.cli.main", "limiter", *args],
-                          capture_output=True, text=True, timeout=30)
+def run(*args: str) -> tuple[int, str]:
+    """(exit code, stderr + stdout) of ``vllm-perimeter limiter ARGS``, in this process."""
+    before = signal.getsignal(signal.SIGTERM)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as done:
+            main(["limiter", *args])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    code = done.value.code
+    return code if isinstance(code, int) else 0, err.getvalue() + out.getvalue()
 
 
 @pytest.fixture
@@ -32,10 +45,9 @@ def zones(tmp_path: Path) -> Path:
     (("--redis", "redis://127.0.0.1:1", "--redis-password-file", "/nonexistent/pw"), "cannot read it"),
 ])
 def test_bad_flags_one_line_exit_2(zones: Path, args: tuple[str, ...], words: str) -> None:
-    result = run("--zones", str(zones), *args)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0] and "hunter2" not in result.stderr + result.stdout
+    code, text = run("--zones", str(zones), *args)
+    lines = text.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and words in lines[0] and "hunter2" not in text, text
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -62,9 +74,8 @@ def test_bad_zones_files(tmp_path: Path, text: str, words: str) -> None:
 def test_bad_zones_file_on_the_command_line(tmp_path: Path) -> None:
     path = tmp_path / "zones.yaml"
     path.write_text("zones:\n  z: {kind: rate}\n")
-    result = run("--redis", "redis://127.0.0.1:1", "--zones", str(path))
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "rps must be" in result.stderr
+    code, text = run("--redis", "redis://127.0.0.1:1", "--zones", str(path))
+    assert code == 2 and len(text.strip().splitlines()) == 1 and "rps must be" in text
 
 
 def test_zones_file_round_trip() -> None:
@@ -76,3 +87,35 @@ def test_zones_file_round_trip() -> None:
     assert parsed.to_json() == {**data, "zones": dict(sorted(data["zones"].items()))}   # type: ignore[attr-defined]
     assert config.parse(parsed.to_json()) == parsed
     assert list(parsed.to_json()["zones"]) == ["a", "b", "c"]                         # type: ignore[call-overload]
+
+
+def test_starts_without_redis_and_stops_quietly(zones: Path, tmp_path: Path) -> None:
+    """Redis not there at start: a warning, then every answer says unavailable; SIGTERM with
+    connections open: exit 143 and no traceback."""
+    import signal
+    import socket
+
+    from scanner.net import free_port, wait_for_port
+    from tests.limiter.clients import HttpClient
+
+    (tmp_path / "pw").write_text("hunter2\n")
+    port, dead = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", f"redis://127.0.0.1:{dead}",
+                             "--redis-password-file", str(tmp_path / "pw"), "--zones", str(zones),
+                             "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert wait_for_port("127.0.0.1", port, 20)
+        client = HttpClient("127.0.0.1", port)
+        assert client.post("/v1/acquire", {"key": "k", "zone": "z"}) == (
+            503, {"allow": False, "reason": "shared-store-unavailable"})
+        idle = socket.create_connection(("127.0.0.1", port))      # a connection that sent nothing
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+        idle.close()
+        client.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    assert "warning: shared store unavailable" in err and "Traceback" not in err and "hunter2" not in err
