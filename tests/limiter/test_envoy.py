@@ -154,24 +154,36 @@ static_resources:
 
 
 class Stack:
+    """One redis-server, one limiter, two Envoy replicas in front of one backend."""
+
     def __init__(self, tmp: Path) -> None:
         self.redis = redis_process(tmp)
         self.limiter = limiter_process(tmp, "")
-        self.front = free_port()
+        self.fronts = (free_port(), free_port())
+        self.envoys: list[ManagedProcess] = []
+
+    @property
+    def front(self) -> int:
+        return self.fronts[0]
 
     def start(self, tmp: Path) -> Stack:
         self.redis.start()
         self.limiter = limiter_process(tmp, url(self.redis)).start()
-        text = (CONFIG.replace("FRONT", str(self.front)).replace("BACK", str(free_port()))
-                .replace("LIMITER", str(self.limiter.port)))
-        (tmp / "envoy.yaml").write_text(text)
-        argv = [envoy.binary(), "-c", str(tmp / "envoy.yaml"), "--concurrency", "1", "--disable-hot-restart",
-                "--log-level", "warning", "--base-id", str(self.front)]
-        self.envoy = ManagedProcess("envoy", argv, "127.0.0.1", self.front, log=tmp / "envoy.log").start()
+        back = free_port()
+        for i, front in enumerate(self.fronts):
+            text = (CONFIG.replace("FRONT", str(front)).replace("BACK", str(back))
+                    .replace("LIMITER", str(self.limiter.port)))
+            if i:   # the second replica: the same config without the backend's listener
+                text = text[:text.index("  - name: back\n")] + text[text.index("  clusters:"):]
+            (tmp / f"envoy{i}.yaml").write_text(text)
+            argv = [envoy.binary(), "-c", str(tmp / f"envoy{i}.yaml"), "--concurrency", "1",
+                    "--disable-hot-restart", "--log-level", "warning", "--base-id", str(front)]
+            self.envoys.append(ManagedProcess(f"envoy{i}", argv, "127.0.0.1", front,
+                                              log=tmp / f"envoy{i}.log").start())
         return self
 
-    def get(self, path: str, principal: str, **headers: str) -> tuple[int, dict[str, str]]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.front, timeout=10)
+    def get(self, path: str, principal: str, replica: int = 0, **headers: str) -> tuple[int, dict[str, str]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.fronts[replica], timeout=10)
         try:
             conn.request("GET", path, headers={"x-principal": principal, **headers})
             reply = conn.getresponse()
@@ -181,9 +193,8 @@ class Stack:
             conn.close()
 
     def stop(self) -> None:
-        for proc in (getattr(self, "envoy", None), self.limiter, self.redis):
-            if proc is not None:
-                proc.stop()
+        for proc in (*self.envoys, self.limiter, self.redis):
+            proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +212,15 @@ def test_envoy_rate_burst_then_429_with_reason(stack: Stack) -> None:
     assert [a[0] for a in answers] == [200] * 4 + [429]
     assert answers[-1][1].get("retry-after") == "1" and answers[-1][1].get("x-perimeter-reason") == "rate"
     assert stack.get("/rate", "bob")[0] == 200            # another principal: its own bucket
+
+
+def test_two_envoy_replicas_share_one_limit(stack: Stack) -> None:
+    """Alternating between the replicas: burst + 1 in sum, not per replica; each replica refuses."""
+    answers = [stack.get("/rate", "zoe", replica=i % 2)[0] for i in range(8)]
+    assert answers.count(200) == 4 and answers[:4] == [200] * 4
+    assert 429 in answers[4::2] and 429 in answers[5::2]
+    tokens = [stack.get("/tokens", "yan", replica=i % 2, **{"x-cost": "200"})[0] for i in range(4)]
+    assert tokens == [200, 200, 200, 429]                   # 600 a minute for the fleet
 
 
 def test_envoy_token_cost_from_hits_addend(stack: Stack) -> None:
