@@ -109,6 +109,11 @@ def test_grpc_bad_calls_are_invalid_argument(grpc: GrpcClient, request_: proto.R
     assert answer.grpc_status == status and words in answer.message
 
 
+def test_grpc_message_is_percent_encoded(grpc: GrpcClient) -> None:
+    answer = grpc.call(proto.Request(DOMAIN, (descriptor("zoné\n%", "k"),)))
+    assert answer.grpc_status == 3 and answer.message == "unknown zone 'zon%C3%A9\\n%25'"
+
+
 def test_grpc_bad_frames(grpc: GrpcClient) -> None:
     assert grpc.raw("/envoy.service.ratelimit.v3.RateLimitService/Nope", b"\x00\x00\x00\x00\x00").grpc_status == 12
     assert grpc.raw("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", b"\x01\x00\x00\x00\x00").grpc_status == 3
