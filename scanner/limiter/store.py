@@ -10,9 +10,10 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -36,6 +37,7 @@ class StoreSpec:
     password_file: Path | None = None
     ca_file: Path | None = None
     timeout_s: float = TIMEOUT_S
+    max_connections: int = 64
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,16 @@ def connect(spec: StoreSpec) -> Redis:
     except ValueError:
         raise UsageError("--redis: the port and database must be numbers") from None
     password = _password(spec.password_file) if spec.password_file else None
-    tls: dict[str, object] = {}
+    options: dict[str, Any] = {
+        "host": parts.hostname, "port": port, "db": db, "username": parts.username or None,
+        "password": password, "socket_timeout": spec.timeout_s, "socket_connect_timeout": spec.timeout_s,
+        "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
     if parts.scheme == "rediss":
-        tls = {"ssl": True, "ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True,
-               "ssl_ca_certs": str(spec.ca_file) if spec.ca_file else None}
-    return Redis(host=parts.hostname, port=port, db=db, username=parts.username or None,
-                 password=password, socket_timeout=spec.timeout_s,
-                 socket_connect_timeout=spec.timeout_s, retry=Retry(NoBackoff(), 0),
-                 health_check_interval=0, max_connections=64, **tls)  # type: ignore[arg-type]
+        options.update(connection_class=SSLConnection, ssl_cert_reqs=ssl.CERT_REQUIRED,
+                       ssl_check_hostname=True, ssl_ca_certs=str(spec.ca_file) if spec.ca_file else None)
+    # more calls in flight than connections wait for one (up to the timeout), not fail at once
+    pool = BlockingConnectionPool(max_connections=spec.max_connections, timeout=spec.timeout_s, **options)
+    return Redis.from_pool(pool)
 
 
 def _password(path: Path) -> str:

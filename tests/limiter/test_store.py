@@ -226,3 +226,18 @@ def test_tls_with_a_ca_file(tmp_path: Path) -> None:
             asyncio.run(go(None))
     finally:
         proc.stop()
+
+
+def test_more_calls_in_flight_than_connections(redis_server: ManagedProcess) -> None:
+    """200 calls at once on a client of 4 connections: every one answered, the limit exact."""
+    zone = RateZone("flood", rps=0.001, burst=49)
+
+    async def go() -> list[bool]:
+        client = store.connect(store.StoreSpec(url(redis_server), max_connections=4))
+        try:
+            answers = await asyncio.gather(*(store.take(client, zone, "k", 1) for _ in range(200)))
+            return [a.admitted for a in answers]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()).count(True) == 50
