@@ -10,8 +10,9 @@
     GET  /v1/health                                                200 {"store": "ok"}
 
 ``zones`` are taken in order (scanner.limiter.decide.acquire): a rate zone takes 1, a token zone
-``cost`` (default 1), a concurrency zone holds the slot (``slot``: the caller's id, e.g. njs's
-``$request_id``, or a new one in the answer, to release with). ``"zone": Z`` is short for
+``cost`` (required with one: never a default charge), a concurrency zone holds the slot
+(``slot``: the caller's id, e.g. njs's ``$request_id``, or a new one in the answer, to release
+with). ``"zone": Z`` is short for
 ``"zones": [Z]``. Redis unavailable: **503** ``{"allow": false, "reason":
 "shared-store-unavailable"}`` (the proxy's ``on_unavailable`` decides: deny is 503 with that
 reason). A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses). Bodies
@@ -71,11 +72,11 @@ async def handle(redis: Redis, config: LimiterConfig, method: str, path: str, bo
 
 
 async def _acquire(redis: Redis, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
-    key, cost = _str(call, "key"), call.get("cost", 1)
+    key, cost = _str(call, "key"), call.get("cost")
     slot = call.get("slot", "")
     if not isinstance(slot, str):
         raise LimiterCallError("slot must be a string")
-    calls = [decide.Call(z, key, cost if isinstance(decide.zone_of(config, z), TokenZone) else 1)  # type: ignore[arg-type]
+    calls = [decide.Call(z, key, _cost(cost) if isinstance(decide.zone_of(config, z), TokenZone) else 1)
              for z in _zones(call)]
     verdict = await decide.acquire(redis, config, calls, slot)
     refusal = verdict.refusal
@@ -83,6 +84,12 @@ async def _acquire(redis: Redis, config: LimiterConfig, call: Mapping[str, objec
         return Answer(200, {"allow": True, "slot": verdict.slot, "retry_after": 0, "reason": ""})
     return Answer(200, {"allow": False, "slot": verdict.slot, "retry_after": refusal.retry_after_s,
                         "reason": refusal.reason, "zone": refusal.zone.name})
+
+
+def _cost(cost: object) -> int:
+    if cost is None:
+        raise LimiterCallError("a token zone needs the request's cost")
+    return decide.check_cost(cost)
 
 
 def _json(body: bytes) -> Mapping[str, object]:

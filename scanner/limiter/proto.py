@@ -61,10 +61,16 @@ class Request:
     hits_addend: int = 0
 
     def hits(self, d: Descriptor) -> int:
-        """What ``d`` adds: its own hits_addend, else the request's, else 1."""
+        """What ``d`` adds, as Envoy's protocol says: its own hits_addend, else the request's,
+        else 1."""
+        given = self.given_hits(d)
+        return 1 if given is None else given
+
+    def given_hits(self, d: Descriptor) -> int | None:
+        """``d``'s own hits_addend, else the request's when set (not 0); None when neither is."""
         if d.hits_addend is not None:
             return d.hits_addend
-        return self.hits_addend or 1
+        return self.hits_addend or None
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ on the shared store: the descriptor scheme and the mapping to scanner.limiter.de
     (op, acquire|release|settle)             optional, acquire when absent
     (slot, <request id>)                     concurrency zones: the request's slot id
 
-What a descriptor adds is its own ``hits_addend`` (else the request's, else 1): 1 for a rate
-zone, the request's token cost for a token zone (acquire), the refund (settle). Envoy's side
+What a descriptor adds is its own ``hits_addend`` (else the request's): for a rate zone 1 when
+neither is given; for a token zone the request's cost, required (a descriptor without it is
+refused as a bad call, so a cost Lua failed to set never charges 1 instead); for settle the
+refund (none given: 0, nothing returned). Envoy's side
 (to be generated): ``envoy.filters.http.ratelimit`` with ``domain`` = the zones file's domain,
 ``failure_mode_deny: true``, ``status_on_error: 503``; per route, ``RateLimitPerRoute.rate_limits``
 (``typed_per_filter_config``: measured on Envoy 1.40, the route action's own ``rate_limits`` send
@@ -19,7 +21,9 @@ no ``hits_addend``) entries whose actions are
 ``remote_address {}``, then for concurrency ``request_headers {header_name: x-request-id,
 descriptor_key: slot}`` (Envoy makes the id at the edge: with ``use_remote_address`` it replaces a
 client's, which must stay so, since one id for several requests is one slot); token zones with
-``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}``; a local reply mapper on the
+``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}`` (measured on 1.40: an entry whose
+format yields no number is not sent at all and the request passes uncharged, so Lua must set the
+cost on every request of such a route or refuse it); a local reply mapper on the
 response flag ``RLSE`` adds ``x-perimeter-reason: shared-store-unavailable`` (tests/limiter/
 test_envoy.py runs all of this on Envoy 1.40). Release and settle are the
 same entries with ``generic_key {descriptor_key: op, descriptor_value: release|settle}`` and
@@ -59,7 +63,7 @@ from redis.asyncio import Redis
 
 from scanner.errors import LimiterCallError
 from scanner.limiter import decide, proto
-from scanner.limiter.config import ConcurrencyZone, LimiterConfig, Zone, per_unit
+from scanner.limiter.config import ConcurrencyZone, LimiterConfig, TokenZone, Zone, per_unit
 
 SERVICE_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 KEY_ENTRIES: tuple[str, ...] = ("principal", "remote_address")
@@ -93,7 +97,7 @@ async def should_rate_limit(redis: Redis, config: LimiterConfig, request: proto.
     if not request.descriptors:
         raise LimiterCallError("no descriptors")
     parts = [_parts(d) for d in request.descriptors]
-    hits = [request.hits(d) for d in request.descriptors]
+    hits = [_hits(config, request, d, p) for d, p in zip(request.descriptors, parts, strict=True)]
     acquiring = [i for i, p in enumerate(parts) if p[2] == "acquire"]
     statuses: dict[int, proto.DescriptorStatus] = {}
     if acquiring:
@@ -124,6 +128,17 @@ async def _acquire(redis: Redis, config: LimiterConfig, parts: Sequence[tuple[st
         raise LimiterCallError("a concurrency zone needs one slot entry (the request id) per request")
     calls = [decide.Call(zone, key, n) for (zone, key, _o, _s), n in zip(parts, hits, strict=True)]
     return await decide.acquire(redis, config, calls, next(iter(slots), ""))
+
+
+def _hits(config: LimiterConfig, request: proto.Request, d: proto.Descriptor,
+          part: tuple[str, str, str, str]) -> int:
+    zone, _key, op, _slot = part
+    given = request.given_hits(d)
+    if op == "settle":
+        return given or 0
+    if given is None and op == "acquire" and isinstance(decide.zone_of(config, zone), TokenZone):
+        raise LimiterCallError("a token zone needs the request's cost in hits_addend")
+    return request.hits(d)
 
 
 def _need_slot(slot: str) -> str:

@@ -229,6 +229,12 @@ def test_envoy_token_cost_from_hits_addend(stack: Stack) -> None:
     assert status == 429 and headers.get("x-perimeter-reason") == "token-budget"
     assert headers.get("retry-after") == "10"
     assert stack.get("/tokens", "carol", **{"x-cost": "50"})[0] == 200
+    # Measured on Envoy 1.40: an entry whose hits_addend format yields no number (header missing,
+    # "abc", "-3") is not sent at all and the request passes uncharged, as local_ratelimit skips
+    # it: the generated Lua must set the cost on every request of a token route or refuse (500).
+    # (A descriptor that does arrive without hits_addend is refused by the service: test_server.)
+    assert stack.get("/tokens", "carol")[0] == 200
+    assert stack.get("/tokens", "carol", **{"x-cost": "abc"})[0] == 200
 
 
 def test_envoy_releases_slots_when_the_stream_ends(stack: Stack) -> None:

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from scanner.limiter import proto
+from scanner.limiter import config, proto, rls
 from scanner.runtime.process import ManagedProcess
 from tests.limiter.clients import GrpcClient, HttpClient, descriptor
+from tests.limiter.harness import ZONES
 
 DOMAIN = "vllm-perimeter"
 
@@ -62,6 +63,12 @@ def test_grpc_tokens_charge_hits_addend_and_settle(grpc: GrpcClient) -> None:
     assert over.response and over.response.overall_code == proto.CODE_OVER_LIMIT
     assert dict(over.response.response_headers) == {"retry-after": "10", "x-perimeter-reason": "token-budget"}
     assert settled.response and settled.response.overall_code == proto.CODE_OK
+    # a settle without a refund given returns nothing (not Envoy's default hit of 1)
+    nothing = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),)))
+    assert nothing.response and nothing.response.overall_code == proto.CODE_OK
+    settle = proto.Request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),))
+    cfg = config.parse(ZONES)
+    assert rls._hits(cfg, settle, settle.descriptors[0], ("tokens:600", key, "settle", "")) == 0
     assert again.response and again.response.overall_code == proto.CODE_OK
 
 
@@ -102,6 +109,7 @@ def test_grpc_refusal_undoes_earlier_slots_and_tokens(grpc: GrpcClient) -> None:
     (proto.Request(DOMAIN, (descriptor("rate:2/3", "a{b}"),)), 3, "bad key"),
     (proto.Request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "delete")),)), 3, "op"),
     (proto.Request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "settle")),)), 3, "rate zone"),
+    (proto.Request(DOMAIN, (descriptor("tokens:600", "k"),)), 3, "needs the request's cost"),
 ])
 def test_grpc_bad_calls_are_invalid_argument(grpc: GrpcClient, request_: proto.Request, status: int,
                                              words: str) -> None:
@@ -167,6 +175,7 @@ def test_http_concurrency_and_tokens_in_one_call(http: HttpClient) -> None:
     ({"key": "k", "zone": "tokens:600", "cost": -1}, 400, "cost"),
     ({"key": "k", "zone": "tokens:600", "cost": "5"}, 400, "cost"),
     ({"key": "k", "zone": "rate:2/3", "slot": 5}, 400, "slot"),
+    ({"key": "k", "zones": ["rate:2/3", "tokens:600"]}, 400, "needs the request's cost"),
     (b"{" + b" " * 20000 + b"}", 413, "bytes"),
 ])
 def test_http_bad_calls(http: HttpClient, limiter: ManagedProcess, body: object, status: int, words: str) -> None:

@@ -21,11 +21,11 @@ def test_redis_stopped_mid_run(tmp_path: Path) -> None:
         assert http.post("/v1/acquire", {"key": "k", "zone": "wide"})[1]["allow"] is True
 
         redis.stop()
-        down = [grpc.call(proto.Request("vllm-perimeter", (descriptor(z, "k", ("slot", "s")),)))
+        down = [grpc.call(proto.Request("vllm-perimeter", (descriptor(z, "k", ("slot", "s"), hits=1),)))
                 for z in ("wide", "conc:2", "tokens:600")]
         assert [(d.grpc_status, d.message) for d in down] == [(14, "shared-store-unavailable")] * 3
         for zone in ("wide", "conc:2", "tokens:600"):
-            assert http.post("/v1/acquire", {"key": "k", "zone": zone}) == (
+            assert http.post("/v1/acquire", {"key": "k", "zone": zone, "cost": 1}) == (
                 503, {"allow": False, "reason": "shared-store-unavailable"})
         assert http.post("/v1/settle", {"key": "k", "zone": "tokens:600", "refund": 1})[0] == 503
         assert http.get("/v1/health") == (503, {"allow": False, "reason": "shared-store-unavailable"})
