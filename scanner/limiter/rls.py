@@ -23,7 +23,9 @@ descriptor_key: slot}`` (Envoy makes the id at the edge: with ``use_remote_addre
 client's, which must stay so, since one id for several requests is one slot); token zones with
 ``hits_addend: {format: "%DYNAMIC_METADATA(perimeter:cost)%"}`` (measured on 1.40: an entry whose
 format yields no number is not sent at all and the request passes uncharged, so Lua must set the
-cost on every request of such a route or refuse it); a local reply mapper on the
+cost on every request of such a route or refuse it; likewise an action whose header or metadata
+is absent drops its whole entry: the principal, the cost and x-request-id must always be there);
+a local reply mapper on the
 response flag ``RLSE`` adds ``x-perimeter-reason: shared-store-unavailable`` (tests/limiter/
 test_envoy.py runs all of this on Envoy 1.40). Release and settle are the
 same entries with ``generic_key {descriptor_key: op, descriptor_value: release|settle}`` and
