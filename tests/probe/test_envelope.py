@@ -135,9 +135,9 @@ def test_the_budget_charges_every_multiplier(tmp_path: Path, proxy: str) -> None
     sent = [a for a in result.attempts if a.subject == zone]
     shapes = {a.note.split("; ")[1].split(":")[0] for a in sent if "; " in a.note and "sequences" in a.note}
     assert {"n", "prompt list", "messages list"} <= shapes, shapes
-    reached = [a for a in sent if a.outcome == "reached"]
+    settled = [a for a in sent if "settled by its answer's usage" in a.note]
     cost = int(sent[0].note.split()[1])
-    assert len(reached) == 3000 // cost and cost < 1000, (cost, len(reached))   # one per multiplier fits
+    assert len(settled) == 3000 // cost and cost < 1000, (cost, len(settled))   # one per multiplier fits
 
 
 # --- hand weakenings: the probe must fail them ------------------------------------------------------

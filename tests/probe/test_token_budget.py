@@ -25,7 +25,7 @@ from scanner.plan.model import Decision
 from scanner.policy.load import loads
 from scanner.policy.model import Policy
 from scanner.probe.cases import Case
-from scanner.probe.checks.tokens import TokenBudget, body_of_cost, plan_zone
+from scanner.probe.checks.tokens import SETTLED_NOTE, TokenBudget, body_of_cost, plan_zone
 from scanner.probe.interface import Attempt, Credential, ProbeOptions, ProbeResult, Vantage
 from scanner.report.plan import to_table
 from scanner.runtime import nginx
@@ -101,9 +101,10 @@ def test_the_cost_rule(tmp_path: Path) -> None:
     # the admitted envelope: a prompt list and n multiply the output budget (scanner/plan/envelope.py)
     listed = b'{"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}'
     assert comp.token_cost(listed) == 3 * 2 * 10 + len(listed)
-    msgs = ds[("POST", "/v1/messages")]   # no output budget in the plan: bytes only
-    assert msgs.budget is None and msgs.token_cost(b'{"max_tokens": 99999, "x": 1}') == 29
-    assert msgs.token_cost(b"{}") == 2
+    msgs = ds[("POST", "/v1/messages")]   # Anthropic's API: max_tokens (required by vLLM) is its budget
+    assert msgs.budget is not None and msgs.budget.fields == ("max_tokens",)
+    assert msgs.token_cost(b'{"max_tokens": 99, "x": 1}') == 99 + 26
+    assert msgs.token_cost(b"{}") == 4096 + 2       # absent: the cap the proxy writes in
 
 
 def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
@@ -143,8 +144,8 @@ USAGE = json.dumps({"choices": [], "usage": {"prompt_tokens": 40, "completion_to
 ])
 def test_the_settlement_is_judged_on_the_usage_the_answers_reported(answer: str, kept: list[int],
                                                                     status: str) -> None:
-    sent = [_sent(f"settled {i + 1}/3", i, 200, answer) for i in range(3)]
-    sent += [_sent(f"kept {i + 1}/4", 10 + i, code) for i, code in enumerate(kept)]
+    sent = [_sent(f"cost 600 {i + 1}/3 (3 fit, {SETTLED_NOTE})", i, 200, answer) for i in range(3)]
+    sent += [_sent(f"cost 600 {i + 1}/4 (3 fit, kept)", 10 + i, code) for i, code in enumerate(kept)]
     got, why, _n = TokenBudget._assess_settled(sent, 600, 2000)
     assert got == status, why
     if answer == "":
@@ -224,7 +225,7 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     notes = [a for a in result.attempts if a.subject == zone]
     reached = [a for a in notes if a.outcome == "reached"]
     refused = [a for a in notes if a.reason == "token-budget"]
-    settled = [a for a in notes if a.note.startswith("settled")]
+    settled = [a for a in notes if "settled by its answer's usage" in a.note]
     # budget // cost read their answers' usage, all reached; then more than fit the budget unsettled
     # reached before the kept ones (answered 400 by the witness) met the budget: 429 with Retry-After
     assert settled and all(a.outcome == "reached" for a in settled)

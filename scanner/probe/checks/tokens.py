@@ -73,7 +73,9 @@ from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 FIT = 3              # requests of one cost that fit a budget
 EXTRA = 3            # sent beyond what fits
 MAX_REQUESTS = 40    # a zone needing more (a budget far over what one body can cost) is not proven
-SETTLED, KEPT = "settled", "kept"      # the two kinds of the first principal's requests (note prefix)
+SETTLED = "settled"  # the settled subject's suffix
+SETTLED_NOTE = "settled by its answer's usage"     # in the note of a settled request
+KEPT_NOTE = "kept"                                 # ... of a request that keeps its charge
 KEPT_ANSWER = 400    # the witness's own answer to a kept request: an error, no usage
 Sent = tuple[Case, Attempt]
 
@@ -231,7 +233,7 @@ class TokenBudget(BaseCheck):
                 continue
             limit = d.limits.tokens_per_minute
             n = fit + EXTRA
-            where = f"cost {cost}, {fit} fit {limit} tokens per minute"
+            where = f"{fit} fit {limit} tokens per minute"
             # the same cost through each multiplier of the zone's routes in turn (same principal)
             sent = shapes(ctx, z.decisions, cost, cell, lambda x: self._max_bytes(ctx, x)) or [(d, "", body)]
             # settled: bodies whose sequences vLLM's usage counts, on the generation routes (their
@@ -242,12 +244,12 @@ class TokenBudget(BaseCheck):
                 route, shape, b = counted[i % len(counted)]
                 seqs = f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""
                 c = self._case(ctx, route, cell, z.key, b,
-                               f"{SETTLED} {i + 1}/{fit}: {where}, its answer's usage read{seqs}")
+                               f"cost {cost} {i + 1}/{fit} ({where}, {SETTLED_NOTE}){seqs}")
                 yield replace(c, read_answer=True)
             for i in range(n):
                 route, shape, b = sent[i % len(sent)]
-                c = self._case(ctx, route, cell, z.key, b, f"{KEPT} {i + 1}/{n}: {where}"
-                               + ("; the upstream answers 400 itself (no usage)" if ctx.witness else "")
+                c = self._case(ctx, route, cell, z.key, b, f"cost {cost} {i + 1}/{n} ({where}, {KEPT_NOTE}"
+                               + (": the upstream answers 400 itself" if ctx.witness else "") + ")"
                                + (f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""))
                 yield replace(c, answer=KEPT_ANSWER) if ctx.witness else replace(c, read_answer=True)
             other, cell2, _why = self._other(ctx, z)
@@ -327,8 +329,8 @@ class TokenBudget(BaseCheck):
     def _assess_settled(sent: Sequence[Sent], cost: int, limit: int) -> Assessment:
         """Did the usage the settled requests' answers reported go back to the budget?"""
         n = len(sent)
-        first = [(c, a) for c, a in sent if c.note.startswith(SETTLED)]
-        later = sorted(((c, a) for c, a in sent if not c.note.startswith(SETTLED)),
+        first = [(c, a) for c, a in sent if SETTLED_NOTE in c.note]
+        later = sorted(((c, a) for c, a in sent if SETTLED_NOTE not in c.note),
                        key=lambda x: x[1].sent_at)
         if not first or any(a.verdict == "failed" for _c, a in sent):
             return "not-proven", "the zone's requests failed or were not sent", n
