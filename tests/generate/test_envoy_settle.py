@@ -252,3 +252,26 @@ def test_settlement_removed_by_hand_fails_the_probe(tmp_path: Path) -> None:
     print(f"token-budget probe of the unsettled Envoy: {time.monotonic() - t0:.1f} s")
     assert result.exit_code() == 1, [c for c in result.coverage if c.check == "token-budget"]
     assert ("VP005", "token-budget", "token budget not settled") in rules(result), rules(result)
+
+
+def test_a_credit_never_fills_the_bucket_past_its_budget(tmp_path: Path) -> None:
+    # a budget of 60000 refills 1000 tokens a second: while a stream of about a second runs, the
+    # bucket is full again, so its refund has no deficit to fill (a real refund would be capped by
+    # max_tokens): the next request is charged its whole cost. A JSON answer right after a charge
+    # leaves a deficit: the next one is charged less.
+    s = verify.setup(load_ref(CATALOG), token_policy(60000), tmp_path, free_port())
+    cred = next(c for c in s.credentials if c.role == "user")
+    live = Live(s, tmp_path / "proxy", {**cred.headers(), "Content-Type": "application/json"},
+                next(v.address for v in s.vantages if v.name == "public"))
+    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=0.2):
+        with envoy.process(s.plan, live.directory, flush_ms=50):
+            assert live.send(_body(stream=True))[0] == 200      # 10 tokens: about 2.4 s
+            assert live.send(_body())[0] == 200
+            assert live.send(_body())[0] == 200
+            raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+            time.sleep(0.3)
+            raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+    stream, first, second = raw[-3:]
+    assert int(stream["tokens_refunded"]) > 400 and int(first["tokens_refunded"]) > 400, raw
+    assert int(first["bucket_charged"]) == int(first["tokens_charged"]), first      # no deficit: no credit
+    assert int(second["bucket_charged"]) < int(second["tokens_charged"]) - 300, second   # credited
