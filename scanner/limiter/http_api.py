@@ -11,8 +11,8 @@
 
 ``zones`` are taken in order (scanner.limiter.decide.acquire): a rate zone takes 1, a token zone
 ``cost`` (required with one: never a default charge), a concurrency zone holds the slot
-(``slot``: the caller's id, e.g. njs's ``$request_id``, or a new one in the answer, to release
-with). ``"zone": Z`` is short for
+(``slot``: the caller's id, e.g. ``$request_id`` bound to a variable, which njs otherwise reads
+anew each time; or a new one in the answer), to release with. ``"zone": Z`` is short for
 ``"zones": [Z]``. Redis unavailable: **503** ``{"allow": false, "reason":
 "shared-store-unavailable"}`` (the proxy's ``on_unavailable`` decides: deny is 503 with that
 reason). A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses). Bodies
