@@ -218,7 +218,8 @@ class EnvoyOptions:
         _unknown("envoy", extra, cls.KNOWN)
         workers = extra.get("workers", "1")
         if not workers.isdigit() or not 1 <= int(workers) <= 1024:
-            raise GenerateError(f"envoy generator: workers {workers!r} must be Envoy's --concurrency (1..1024)")
+            raise GenerateError(f"envoy generator: workers {workers!r} must be Envoy's --concurrency "
+                                "(1..1024)")
         return cls(config_dir=_absolute("envoy", "config_dir", extra.get("config_dir", "")),
                    ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE), admin=_admin(extra.get("admin", "")),
                    workers=int(workers))

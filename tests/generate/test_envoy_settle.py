@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,9 +20,9 @@ import yaml
 from scanner import mutate, verify
 from scanner.audit.access_log import Entry, entries
 from scanner.errors import GenerateError
+from scanner.generate.envoy import EnvoyGenerator
 from scanner.generate.envoy_model import LuaEnvelope
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.envoy import EnvoyGenerator
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import Plan
@@ -109,8 +110,15 @@ class Live:
         return r.status, b"".join(parts), times, time.monotonic() - t0
 
     def log(self) -> list[Entry]:
+        return list(entries(self.lines())[0])
+
+    def raw(self) -> list[dict[str, Any]]:
+        """The access log's lines as JSON (after a flush: the proxy runs with flush_ms=50)."""
+        return [json.loads(line) for line in self.lines()]
+
+    def lines(self) -> list[str]:
         time.sleep(0.3)
-        return list(entries((self.directory / "access.log").read_text().splitlines())[0])
+        return (self.directory / "access.log").read_text().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +127,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     s = _plan(tmp)
     directory = tmp / "proxy"
     cred = next(c for c in s.credentials if c.role == "user")
-    source = next(v.address for v in s.vantages if v.name == "public")
-    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=DELAY):
-        with envoy.process(s.plan, directory, flush_ms=50):
-            yield Live(s, directory, {**cred.headers(), "Content-Type": "application/json"}, source)
+    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=DELAY), \
+            envoy.process(s.plan, directory, flush_ms=50):
+        yield Live(s, directory, {**cred.headers(), "Content-Type": "application/json"}, _public(s))
+
+
+def _public(s: verify.Setup) -> str:
+    return next(v.address or "" for v in s.vantages if v.name == "public")
 
 
 def _body(**extra: object) -> dict[str, object]:
@@ -142,8 +153,7 @@ def test_answers_are_settled_more_requests_than_their_reservations_fit(live: Liv
         inp, out = (int(x) for x in e.usage.split("+"))
         assert e.tokens_charged and e.tokens_charged > 400 and inp + out < 100, e
     assert sum(e.tokens_charged or 0 for e in mine) > 2 * LIMIT     # let through: settled
-    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
-    refunds = [r for r in raw if r["path"] == CHAT][-n:]
+    refunds = [r for r in live.raw() if r["path"] == CHAT][-n:]
     assert all(int(r["tokens_refunded"]) == int(r["tokens_charged"]) - sum(map(int, r["usage"].split("+")))
                for r in refunds), refunds
 
@@ -175,10 +185,7 @@ def test_a_stream_asking_keeps_its_usage_event(live: Live) -> None:
 def test_best_of_over_n_keeps_its_charge(live: Live) -> None:
     status, _answer, _t, _total = live.send(
         {"model": "m", "prompt": "hi", "max_tokens": 50, "n": 1, "best_of": 2}, "/v1/completions")
-    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
-    time.sleep(0.3)
-    raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
-    last = [r for r in raw if r["path"] == "/v1/completions"][-1]
+    last = [r for r in live.raw() if r["path"] == "/v1/completions"][-1]
     assert status == 200 and last["usage"], last
     assert int(last["tokens_refunded"]) == 0, last
 
@@ -261,17 +268,22 @@ def test_a_credit_never_fills_the_bucket_past_its_budget(tmp_path: Path) -> None
     # leaves a deficit: the next one is charged less.
     s = verify.setup(load_ref(CATALOG), token_policy(60000), tmp_path, free_port())
     cred = next(c for c in s.credentials if c.role == "user")
-    live = Live(s, tmp_path / "proxy", {**cred.headers(), "Content-Type": "application/json"},
-                next(v.address for v in s.vantages if v.name == "public"))
-    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=0.2):
-        with envoy.process(s.plan, live.directory, flush_ms=50):
-            assert live.send(_body(stream=True))[0] == 200      # 10 tokens: about 2.4 s
-            assert live.send(_body())[0] == 200
-            assert live.send(_body())[0] == 200
-            raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
-            time.sleep(0.3)
-            raw = [json.loads(line) for line in (live.directory / "access.log").read_text().splitlines()]
+    live = Live(s, tmp_path / "proxy", {**cred.headers(), "Content-Type": "application/json"}, _public(s))
+    with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=0.2), \
+            envoy.process(s.plan, live.directory, flush_ms=50):
+        assert live.send(_body(stream=True))[0] == 200      # 10 tokens: about 2.4 s
+        assert live.send(_body())[0] == 200
+        assert live.send(_body())[0] == 200
+        raw = live.raw()
     stream, first, second = raw[-3:]
     assert int(stream["tokens_refunded"]) > 400 and int(first["tokens_refunded"]) > 400, raw
     assert int(first["bucket_charged"]) == int(first["tokens_charged"]), first      # no deficit: no credit
     assert int(second["bucket_charged"]) < int(second["tokens_charged"]) - 300, second   # credited
+
+
+def test_an_answer_without_usage_keeps_its_charge(live: Live) -> None:
+    # n 0: vLLM refuses it; the stand-in answers its plain JSON (no usage): nothing to settle
+    status, answer, _t, _total = live.send(_body(n=0))
+    assert status == 200 and b'"usage"' not in answer, answer[:200]
+    last = [r for r in live.raw() if r["path"] == CHAT][-1]
+    assert last["tokens_charged"] and last["usage"] is None and last["tokens_refunded"] is None, last
