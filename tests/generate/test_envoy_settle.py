@@ -287,3 +287,14 @@ def test_an_answer_without_usage_keeps_its_charge(live: Live) -> None:
     assert status == 200 and b'"usage"' not in answer, answer[:200]
     last = [r for r in live.raw() if r["path"] == CHAT][-1]
     assert last["tokens_charged"] and last["usage"] is None and last["tokens_refunded"] is None, last
+
+
+def test_the_settlement_skipped_mutant_is_caught(tmp_path: Path) -> None:
+    from tests.probe.realproxy import probe_through, proxy_named
+    from tests.probe.test_token_budget import OPTIONS
+
+    result = probe_through(tmp_path, proxy_named("envoy"), token_policy(LIMIT), CATALOG, OPTIONS,
+                           mutant="settlement-skipped", paced=True)
+    assert result.exit_code() == 1
+    assert any(f.rule == "VP005" and f.check == "token-budget" and "not settled" in f.title
+               for f in result.findings), result.findings
