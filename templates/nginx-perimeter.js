@@ -21,7 +21,12 @@
 //            The admitted envelope (sequences, output budget per sequence, input estimate) is
 //            computed here on routes with per-request caps or a token budget; over a cap: 400.
 //            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged its
-//            envelope's tokens here at admission, once every other check passed (chargeTokens).
+//            envelope's tokens here at admission, once every other check passed (chargeTokens);
+//            a stream there not asking for its usage is made to ask (askUsage).
+//   settleHeaders, settle
+//            js_header_filter / js_body_filter on token-budget locations only: the answer's usage
+//            settles the charge (scanner/plan/settle.py), the usage-only event the proxy asked
+//            for is dropped, every other byte passes on as it comes.
 import crypto from 'crypto';
 
 function keyHash(r) {
