@@ -162,6 +162,10 @@ def test_only_token_budget_locations_run_a_body_filter(stand: Stand) -> None:
     zoned = {c.split()[0] for c in text.split("map $perimeter_check $perimeter_tokens {")[1].split("}")[0]
              .splitlines()[2:] if c.strip()}
     assert zoned
+    # a settled stream asks for its usage on the zone's routes whose model takes stream_options only
+    asking = {line.split()[0] for line in text.split("map $perimeter_check $perimeter_envelope {")[1]
+              .split("}")[0].splitlines() if line.endswith(' usage=ask";')}
+    assert asking and asking <= zoned
     # the bundled policy (no budget) has no body filter anywhere: no cost elsewhere
     golden = Path(__file__).parent / "golden" / "nginx" / "default" / "perimeter-http.conf"
     assert "js_body_filter" not in golden.read_text() and "js_header_filter" not in golden.read_text()
