@@ -151,12 +151,16 @@ def parse_selector(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
 def proxy_options(proxy: str, options: GenerateOptions) -> GenerateOptions:
     """``options`` for the in-cluster config: ``config_dir`` the config volume's mount point (unless
     given), NGINX with the image's njs module (unless ``njs_module`` is given; ``njs_module=`` for
-    none) and two workers (unless ``worker_processes`` is given: ``auto`` counts the node's CPUs)."""
+    none) and two workers (unless ``worker_processes`` is given: ``auto`` counts the node's CPUs);
+    Envoy with two workers (unless ``workers`` is given): its --concurrency, which the Lua's
+    token-budget credits are shared out among."""
     extra = dict(options.extra)
     extra["config_dir"] = extra.get("config_dir") or CONFIG_DIR
     if proxy == "nginx":
         extra.setdefault("njs_module", PROXIES["nginx"].njs_module)
         extra.setdefault("worker_processes", "2")
+    if proxy == "envoy":
+        extra.setdefault("workers", "2")
     return replace(options, extra=extra)
 
 
@@ -424,7 +428,8 @@ def _deployment(ctx: _Context, digest: str) -> str:
         command = ["nginx", "-e", "stderr", "-p", opts.runtime_dir.rstrip("/") + "/", "-c", main,
                    "-g", "daemon off;"]
     else:
-        command = ["envoy", "-c", main, "--concurrency", "2", "--disable-hot-restart",
+        command = ["envoy", "-c", main, "--concurrency", opts.extra.get("workers", "2"),
+                   "--disable-hot-restart",
                    "--log-level", "warning"]
     in_dir = [m for m in ctx.mounted if posixpath.dirname(m.path) == ctx.config_dir]
     elsewhere = [m for m in ctx.mounted if m not in in_dir]

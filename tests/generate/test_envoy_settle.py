@@ -298,3 +298,13 @@ def test_the_settlement_skipped_mutant_is_caught(tmp_path: Path) -> None:
     assert result.exit_code() == 1
     assert any(f.rule == "VP005" and f.check == "token-budget" and "not settled" in f.title
                for f in result.findings), result.findings
+
+
+def test_the_kubernetes_bundle_renders_the_workers_it_runs(tmp_path: Path) -> None:
+    from scanner.generate import kubernetes
+
+    options = kubernetes.proxy_options("envoy", GenerateOptions(output_dir=str(tmp_path),
+                                                                access_log=str(tmp_path / "a.log")))
+    assert options.extra["workers"] == "2"      # the Deployment's --concurrency reads the same option
+    config = EnvoyGenerator().render(_plan(tmp_path).plan, options)
+    assert "local WORKERS = 2\n" in next(f.content for f in config.files if f.name == "envoy.yaml")
