@@ -64,7 +64,8 @@ def test_the_lua_asks_where_the_plan_says_and_the_bucket_is_charged_hits(tmp_pat
     assert not any(LuaEnvelope.of(d).ask for d in plan.allowed if not d.token_zone)
     lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
     assert lua.count("ask = true") >= 1 and "local WORKERS = 1\n" in lua
-    assert "local WORKERS = 4\n" in _rendered(plan, tmp_path, {"workers": "4"})
+    four = _rendered(plan, tmp_path, {"workers": "4"})
+    assert "local WORKERS = 4\n" in four and "\n# --concurrency 4 " in four   # and the run line says so
 
 
 @pytest.mark.parametrize("bad", ["0", "x", "-1", "2000"])
