@@ -168,6 +168,7 @@ def test_a_stream_not_asking_is_asked_and_the_usage_event_dropped(live: Live) ->
     assert all(json.loads(e)["choices"] for e in events[:-1])
     # streamed as it came: the first bytes long before the end (nothing held)
     assert times[0] < total - 3 * DELAY, (times, total)
+    print(f"stream chunks arrived at {[round(t, 2) for t in times]} s (steps every {DELAY} s)")
     e = [x for x in live.log() if x.path == CHAT][-1]
     assert e.usage and int(e.usage.split("+")[1]) == 6, e
 
