@@ -140,6 +140,7 @@ USAGE = json.dumps({"choices": [], "usage": {"prompt_tokens": 40, "completion_to
     (USAGE, [200, 200, 429, 429], "proved"),          # 6 of cost 600 on 2000: refunds made
     (USAGE, [429, 429, 429, 429], "failed"),          # usage reported, no room given back
     ("", [429, 429, 429, 429], "not-proven"),         # the upstream reports no usage
+    (f"data: {USAGE}\n\ndata: [DONE]\n\n", [200, 200, 429, 429], "failed"),   # the asked-for event shown
     ('{"id": "x"}', [429, 429, 429, 429], "not-proven"),
 ])
 def test_the_settlement_is_judged_on_the_usage_the_answers_reported(answer: str, kept: list[int],
@@ -152,7 +153,7 @@ def test_the_settlement_is_judged_on_the_usage_the_answers_reported(answer: str,
         assert "reported no usage" in why
     # the zone itself: tokens counted at their settled charge, then refused
     zone, _why, _n = TokenBudget._assess(sent, 3, 600, 2000)
-    assert zone == "proved"
+    assert zone == ("failed" if answer.startswith("data:") else "proved")   # 5 x 600 reached, none settled
 
 
 # --- the generators ---------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ MAX_REQUESTS = 40    # a zone needing more (a budget far over what one body can 
 SETTLED = "settled"  # the settled subject's suffix
 SETTLED_NOTE = "settled by its answer's usage"     # in the note of a settled request
 KEPT_NOTE = "kept"                                 # ... of a request that keeps its charge
+STREAMED = "a stream not asking for its usage"     # the multiplier part of the settled stream's note
 KEPT_ANSWER = 400    # the witness's own answer to a kept request: an error, no usage
 Sent = tuple[Case, Attempt]
 
@@ -152,9 +153,24 @@ def answer_usage(a: Attempt) -> settle.Usage | None:
     return settle.usage_of(_doc(a.answer_body))
 
 
-def settled_charge(cost: int, c: Case, a: Attempt) -> int:
+def hidden_shown(answer: str) -> bool:
+    """Does a streamed answer hold the usage-only event (settle.hidden)?"""
+    for line in answer.splitlines():
+        if line.startswith("data:") and "usage" in line:
+            doc = _doc(line[5:].strip())
+            if settle.hidden(doc):
+                return True
+    return False
+
+
+def settled_charge(cost: int, c: Case, a: Attempt, hidden: int) -> int:
     """What a request of ``cost`` weighs once its answer settled it: the cost less the refund the
-    usage its answer reported gives (scanner/plan/settle.py); the whole cost without usage."""
+    usage its answer reported gives (scanner/plan/settle.py); the whole cost without usage. A
+    settled stream's usage never reaches the client (the proxy asked for it and drops it): it
+    weighs ``hidden`` (0 where the tokens let through are bounded from below, the whole cost where
+    the room left is)."""
+    if STREAMED in c.note:
+        return hidden
     doc = _doc(c.body)
     return cost - settle.refund(cost, answer_usage(a), doc if isinstance(doc, dict) else None)
 
@@ -240,8 +256,9 @@ class TokenBudget(BaseCheck):
             # model takes stream_options) when the zone has any: their answers report usage
             counted = [x for x in sent if reported(x[2])] or [(d, "", body)]
             counted = [x for x in counted if x[0].envelope_spec.ask_usage] or counted
+            streamed = self._stream(ctx, counted, cost)
             for i in range(fit):
-                route, shape, b = counted[i % len(counted)]
+                route, shape, b = streamed if streamed and i == fit - 1 else counted[i % len(counted)]
                 seqs = f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""
                 c = self._case(ctx, route, cell, z.key, b,
                                f"cost {cost} {i + 1}/{fit} ({where}, {SETTLED_NOTE}){seqs}")
@@ -258,6 +275,22 @@ class TokenBudget(BaseCheck):
                     yield self._case(ctx, d, cell2, other, body,
                                      f"another {'principal' if d.auth == 'key' else 'address'} ("
                                      f"{cell2[0].label} from {cell2[1].name}), cost {cost} {i + 1}/{fit}")
+
+    def _stream(self, ctx: CheckContext, counted: Sequence[tuple[Decision, str, bytes]],
+                cost: int) -> tuple[Decision, str, bytes] | None:
+        """The last settled request as a stream (``"stream": true``, no ``stream_options``) on a
+        generation route whose rules let ``stream`` through as sent: the proxy asks for its usage,
+        and the client must not see the usage-only event it did not ask for."""
+        # a body holding its prompts (an item list: messages, prompt) first: one vLLM can run as sent
+        for d, name, _b in sorted(counted, key=lambda x: not x[1].endswith(" list")):
+            rules = d.fields
+            free = all(rules.mode(f) == "allow" and f not in rules.pins for f in ("stream", "stream_options"))
+            shape = next((m for m in multipliers(d) if m[0] == name), None)
+            if d.envelope_spec.ask_usage and free:
+                body = tokens_body(d, cost, {"stream": True}, self._max_bytes(ctx, d), shape)
+                if body is not None:
+                    return d, f"{name}, {STREAMED}" if name else STREAMED, body
+        return None
 
     def _case(self, ctx: CheckContext, d: Decision, cell: tuple[Credential, Vantage], subject: str,
               body: bytes, note: str) -> Case:
@@ -302,7 +335,7 @@ class TokenBudget(BaseCheck):
         start = min(a.sent_at for a in attempts)
         took = (max(answered_at(a) for _c, a in reached) - start) if reached else 0.0
         most = budget_capacity(limit, took)
-        spent = sum(settled_charge(cost, c, a) for c, a in reached)
+        spent = sum(settled_charge(cost, c, a, 0) for c, a in reached)
         if spent > most:
             return "failed", (f"{len(reached)} of {n} requests of cost {cost} reached the upstream within "
                               f"{took:.1f}s ({spent} tokens once settled by the usage their answers "
@@ -338,11 +371,15 @@ class TokenBudget(BaseCheck):
             a = next(a for _c, a in first if not _reached(a))
             return "not-proven", (f"a request whose usage was to be read did not reach the upstream "
                                   f"({a.status or a.error or 'no answer'}): the budget was spent before"), n
+        shown = [a for _c, a in first if hidden_shown(a.answer_body)]
+        if shown:
+            return "failed", ("the usage-only event of a stream reached a client that did not ask for it "
+                              "(the proxy asks a settled stream for its usage and must drop that event)"), n
         usages = [answer_usage(a) for _c, a in first]
         if all(u is None for u in usages):
             return "not-proven", ("the upstream's answers reported no usage: nothing to settle (vLLM and "
                                   "the stand-in report it in every JSON answer)"), n
-        refund = sum(cost - settled_charge(cost, c, a) for c, a in first)
+        refund = sum(cost - settled_charge(cost, c, a, cost) for c, a in first)
         if refund <= 0:
             return "not-proven", "the answers reported as much usage as their charge: nothing to return", n
         reached = [a for _c, a in sent if _reached(a)]
@@ -354,7 +391,7 @@ class TokenBudget(BaseCheck):
                               "the answers' usage left unused went back to it"), n
         end = max(answered_at(a) for _c, a in first)
         after = [(c, a) for c, a in later if a.sent_at >= end]
-        spent = sum(settled_charge(cost, c, a) for c, a in first)
+        spent = sum(settled_charge(cost, c, a, cost) for c, a in first)
         if after and _refused(after[0][1]) and spent + cost <= limit:
             return "failed", (f"not settled: {len(first)} requests charged {len(first) * cost} tokens "
                               f"weigh {spent} once the usage their answers reported is counted, yet the next "
