@@ -10,6 +10,10 @@ one at a time (``Case.first``: each answer is complete, so settled, before the n
    ``min(budget, 10)`` completion tokens per choice): far less than the charge. The proxy must
    return the charge less that usage (scanner/plan/settle.py :func:`refund`) before the answer
    ends. Bodies that run sequences vLLM does not report (``best_of`` above ``n``) are not used.
+   The last one is a stream that does not ask for its usage (``"stream": true``): the proxy asks
+   for it, and the usage-only event must not reach the client (VP005 if it does); its usage is
+   then invisible to the prober, which counts it 0 where it bounds the tokens let through from
+   below and its whole cost where it bounds the room left.
 2. ``kept``: ``fit + 3`` requests that keep their charge: with the stand-in's witness, it answers
    them 400 itself (``vp_answer``, an error answer reports no usage); against a real deployment
    (no witness) they are ordinary requests whose answers' usage is read too. They take turns over
@@ -32,8 +36,9 @@ when the answer reported none), are at most the budget plus what it refills whil
 then the budget refuses (429 ``token-budget`` with ``Retry-After``). The settlement
 (``token-budget <zone> settled``): more requests of the cost reached than the budget lets through
 unsettled within that time: proved; the first request sent after the settled answers refused
-although the usage they reported left room for it on a budget spent by these requests only: VP005
-"token budget not settled" (the refunds were not made, or not before the answers ended).
+although the usage they reported left room for it on a budget spent by these requests only, or the
+usage-only event of the settled stream shown to the client: VP005 "token budget not settled" (the
+refunds were not made, or not before the answers ended).
 
 How it can fail wrongly or stay unproven: a budget already spent by the same principal within the
 minute (an earlier probe) leaves less room than the check counts on: the zone is then "not proven"
