@@ -88,7 +88,8 @@ class EnvoyProxy:
                      "--log-level", "error"])
 
     def start(self, plan: Plan, directory: Path) -> ManagedProcess:
-        return envoy.start(plan, directory)
+        # as many workers as the config was written for (the generator's "workers" option)
+        return envoy.start(plan, directory, int(self.extra.get("workers", "1")))
 
 
 PROXIES: tuple[str, ...] = ("nginx", "nginx-debian", "envoy")

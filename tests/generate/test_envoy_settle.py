@@ -310,3 +310,19 @@ def test_the_kubernetes_bundle_renders_the_workers_it_runs(tmp_path: Path) -> No
     assert options.extra["workers"] == "2"      # the Deployment's --concurrency reads the same option
     config = EnvoyGenerator().render(_plan(tmp_path).plan, options)
     assert "local WORKERS = 2\n" in next(f.content for f in config.files if f.name == "envoy.yaml")
+
+
+def test_two_workers_settle_and_prove_the_budget(tmp_path: Path) -> None:
+    # Envoy --concurrency 2 with the config written for it: each worker holds its share of the
+    # credits; the probe's requests (one kept-alive connection per lane) settle as with one
+    from scanner.runtime.proxy import EnvoyProxy
+    from tests.probe.realproxy import probe_through
+    from tests.probe.test_token_budget import OPTIONS
+
+    result = probe_through(tmp_path, EnvoyProxy(extra={"workers": "2"}), token_policy(LIMIT), CATALOG, OPTIONS,
+                           paced=True, keys_per_role=2)
+    assert "--concurrency 2 " in " ".join(open(p).read() for p in tmp_path.rglob("envoy.yaml"))
+    zone = f"token-budget inference:key:{LIMIT}t/m"
+    cov = {c.subject: c.status for c in result.coverage if c.check == "token-budget"}
+    assert cov[zone] == cov[f"{zone} settled"] == cov[f"{zone} other principal"] == "proved", cov
+    assert result.exit_code() == 0, result.findings
