@@ -321,7 +321,7 @@ def test_two_workers_settle_and_prove_the_budget(tmp_path: Path) -> None:
 
     result = probe_through(tmp_path, EnvoyProxy(extra={"workers": "2"}), token_policy(LIMIT), CATALOG, OPTIONS,
                            paced=True, keys_per_role=2)
-    assert "--concurrency 2 " in " ".join(open(p).read() for p in tmp_path.rglob("envoy.yaml"))
+    assert "--concurrency 2 " in " ".join(p.read_text() for p in tmp_path.rglob("envoy.yaml"))
     zone = f"token-budget inference:key:{LIMIT}t/m"
     cov = {c.subject: c.status for c in result.coverage if c.check == "token-budget"}
     assert cov[zone] == cov[f"{zone} settled"] == cov[f"{zone} other principal"] == "proved", cov
