@@ -61,12 +61,14 @@ GOVERNED_FIELDS: Mapping[str, tuple[str, ...]] = {
 # none is). With none of them vLLM generates up to the rest of the context window (vLLM issue
 # #11976): a cap on these fields holds only if the perimeter also decides their absence.
 # /invocations validates a body as a chat request, then as a completion request; the latter
-# reads max_tokens only, so only max_tokens counts there.
+# reads max_tokens only, so only max_tokens counts there. /v1/messages (Anthropic's API) generates
+# up to its max_tokens (required by vLLM's AnthropicMessagesRequest).
 OUTPUT_BUDGET: Mapping[str, tuple[tuple[str, ...], str]] = {
     "/invocations": (("max_tokens",), "max_tokens"),
     "/v1/chat/completions": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
     "/v1/chat/completions/batch": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
     "/v1/completions": (("max_tokens",), "max_tokens"),
+    "/v1/messages": (("max_tokens",), "max_tokens"),
     "/v1/responses": (("max_output_tokens",), "max_output_tokens"),
 }
 # Inbound headers a client could use to confuse the upstream or an app behind it.

@@ -159,8 +159,8 @@ def tokens_body(d: Decision, tokens: int, base: Mapping[str, object], max_bytes:
             body = padded_json(size, extra, pad_field(d))
             if body[:1] == b"{" and d.token_cost(body) == tokens:
                 return body
-        if budget and per < top:
-            break   # fewer sequences cannot reach more tokens within the caps
+        if budget and 0 < per < top:
+            break   # fewer sequences cannot reach more tokens within the caps (none: a smaller head may)
     return None
 
 
