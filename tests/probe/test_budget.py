@@ -62,6 +62,8 @@ def test_the_plan_gives_each_generating_route_its_budget(tmp_path: Path) -> None
     assert budgets[("POST", "/v1/chat/completions")] == CHAT
     assert budgets[("POST", "/v1/completions")] == Budget(("max_tokens",), "max_tokens", 4096, "inject")
     assert budgets[("POST", "/v1/responses")].field == "max_output_tokens"
+    # Anthropic's API generates up to its (required) max_tokens
+    assert budgets[("POST", "/v1/messages")] == Budget(("max_tokens",), "max_tokens", 4096, "inject")
     # the service audience's own cap
     assert budgets[("POST", "/v1/chat/completions/batch")].cap == 8192
     # routes that do not generate, or that the policy denies, have none
@@ -103,10 +105,10 @@ def _budget_coverage(res: ProbeResult) -> list[Any]:
 def test_the_cap_is_written_in_and_it_is_proved(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, _proxy(name), load_policy(None))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
-    budgets = _budget_coverage(res)
-    assert len(budgets) == 4 and all(c.status == "proved" for c in budgets), budgets
+    budgets = _budget_coverage(res)   # chat, batch, completions, messages (Anthropic's), responses
+    assert len(budgets) == 5 and all(c.status == "proved" for c in budgets), budgets
     seen = [a for a in res.attempts if a.subject.startswith("budget ")]
-    assert len(seen) == 12
+    assert len(seen) == 15
     for a in seen:
         assert a.upstream is not None and a.upstream.body is not None
         got = json.loads(a.upstream.body)
@@ -118,7 +120,7 @@ def test_a_body_without_its_budget_is_refused_when_the_policy_says_so(tmp_path: 
     res = _probe(tmp_path, _proxy(name), _with("reject"))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
     budgets = _budget_coverage(res)
-    assert len(budgets) == 4 and all(c.status == "proved" for c in budgets), budgets
+    assert len(budgets) == 5 and all(c.status == "proved" for c in budgets), budgets
     refused = [a for a in res.attempts if a.subject.startswith("budget ")]
     assert refused and all(a.status == 400 and a.reason.startswith("json-cap:") and a.reason.endswith(":absent")
                            for a in refused), refused[:2]
