@@ -92,10 +92,25 @@ def refund(charged: int, usage: Usage | None, body: Mapping[str, object] | None)
     return max(0, charged - usage.tokens)
 
 
+# the strings pydantic's lax mode reads as true (case-insensitive; measured on vLLM 0.29's pydantic)
+TRUE_TEXT = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
+def vllm_true(value: object) -> bool:
+    """Does vLLM read this value of a ``bool`` field as true (pydantic's lax mode): ``true``, a
+    number equal to 1, or one of :data:`TRUE_TEXT` in any case (no whitespace around it)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value == 1
+    return isinstance(value, str) and value.lower() in TRUE_TEXT
+
+
 def asks_usage(body: Mapping[str, object]) -> bool:
-    """Does the client itself ask for the usage event of its stream?"""
+    """Does the client itself ask for the usage event of its stream (``include_usage`` as vLLM
+    reads it: ``"yes"`` asks too)?"""
     options = body.get("stream_options")
-    return isinstance(options, Mapping) and options.get("include_usage") is True
+    return isinstance(options, Mapping) and vllm_true(options.get("include_usage"))
 
 
 def asking_usage(body: Mapping[str, object]) -> dict[str, object] | None:

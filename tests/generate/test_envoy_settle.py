@@ -208,6 +208,17 @@ STREAM_BODIES = (
     '"stream": false', '"stream": "true"', '"stream": 1', '"stream": null', '"stream_options": {}',
     '"stream": true, "stream_options": []', '"stream": true, "stream_options": "x"',
     '"stream": true, "stream_options": {"incl\\u0075de_usage": true}',
+    # include_usage as vLLM's pydantic reads a bool: these ask (nothing written), these do not
+    '"stream": true, "stream_options": {"include_usage": "Yes"}',
+    '"stream": true, "stream_options": {"include_usage": "\\u0074rue"}',
+    '"stream": true, "stream_options": {"include_usage": 1}',
+    '"stream": true, "stream_options": {"include_usage": 1.0}',
+    '"stream": true, "stream_options": {"include_usage": 10e-1}',
+    '"stream": true, "stream_options": {"include_usage": "ON"}',
+    '"stream": true, "stream_options": {"include_usage": "no"}',
+    '"stream": true, "stream_options": {"include_usage": 2}',
+    '"stream": true, "stream_options": {"include_usage": " true"}',
+    '"stream": true, "stream_options": {"include_usage": "1.0"}',
 )
 
 

@@ -47,6 +47,12 @@ def test_refund_returns_the_unused_reservation(charged: int, usage: Usage | None
     ({"stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": True, "x": 1}},
      {"stream": True, "stream_options": {"x": 1, "include_usage": True}}),
     ({"stream": True, "stream_options": {"include_usage": True}}, None),      # asked already
+    ({"stream": True, "stream_options": {"include_usage": "Yes"}}, None),     # vLLM reads it as true
+    ({"stream": True, "stream_options": {"include_usage": 1.0}}, None),
+    ({"stream": True, "stream_options": {"include_usage": "no"}},
+     {"stream": True, "stream_options": {"include_usage": True}}),
+    ({"stream": True, "stream_options": {"include_usage": " true"}},           # vLLM refuses it: asked for
+     {"stream": True, "stream_options": {"include_usage": True}}),
     ({"stream": "true"}, None), ({"stream": False}, None), ({}, None),
     ({"stream": True, "stream_options": "x"}, None),                          # vLLM refuses it itself
 ])
@@ -59,3 +65,12 @@ def test_only_the_usage_only_event_is_hidden() -> None:
     assert settle.hidden({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
     assert not settle.hidden({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
     assert not settle.hidden({"choices": []})
+
+
+@pytest.mark.parametrize("value, true", [
+    (True, True), (1, True), (1.0, True), ("1", True), ("on", True), ("T", True), ("TRUE", True),
+    ("Yes", True), ("y", True), (False, False), (0, False), (2, False), (0.5, False), ("1.0", False),
+    (" true", False), ("true ", False), ("2", False), (None, False), ([], False), ({}, False),
+])
+def test_a_bool_is_read_as_pydantic_reads_it(value: object, true: bool) -> None:
+    assert settle.vllm_true(value) is true
