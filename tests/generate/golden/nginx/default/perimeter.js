@@ -572,6 +572,18 @@ function unreported(obj) {
 // settle.asking_usage: a stream ("stream": true, the JSON value) not asking for its usage leaves
 // with stream_options.include_usage true (the client's other options kept, continuous_usage_stats
 // dropped); a stream_options that is not an object is left alone (vLLM refuses it). true: written.
+// settle.vllm_true: a bool field as vLLM's pydantic reads it (true, 1, "yes" in any case, ...).
+var TRUE_TEXT = ',1,on,t,true,y,yes,';
+function vllmTrue(v) {
+    if (typeof v === 'boolean') {
+        return v;
+    }
+    if (typeof v === 'number') {
+        return v === 1;
+    }
+    return typeof v === 'string' && v.indexOf(',') < 0 && TRUE_TEXT.indexOf(',' + v.toLowerCase() + ',') >= 0;
+}
+
 function askUsage(obj) {
     var options = has(obj, 'stream_options') ? obj.stream_options : null;
     var kept = {};
@@ -580,7 +592,7 @@ function askUsage(obj) {
         return false;
     }
     if (options !== null && (typeof options !== 'object' || Array.isArray(options) ||
-                             options.include_usage === true)) {
+                             vllmTrue(options.include_usage))) {
         return false;
     }
     keys = options === null ? [] : Object.keys(options);
