@@ -98,13 +98,17 @@ KINDS: Mapping[str, str] = {
     "completions-list": "/v1/completions", "completions-ids": "/v1/completions",
     "batch": "/v1/chat/completions/batch", "embeddings": "/v1/embeddings",
     "responses": "/v1/responses", "messages": "/v1/messages", "messages-tiny": "/v1/messages",
+    "generate": "/inference/v1/generate",
 }
+# Not in the default mix (--kind generate): vLLM's token-in/token-out API reads n and max_tokens
+# inside sampling_params, which neither the JSON caps (top-level fields) nor the envelope count yet.
+EXTRA_KINDS: tuple[str, ...] = ("generate",)
 
 
-def mix(rng: random.Random, kinds: tuple[str, ...] = tuple(KINDS)) -> tuple[str, str, dict[str, object]]:
+def mix(rng: random.Random, kinds: tuple[str, ...] = ()) -> tuple[str, str, dict[str, object]]:
     """(kind, path, body) of one request within the bundled policy's caps: inference (n, best_of
     <= 4, max_tokens <= 4096, 16 sequences) and service (8, 8192, 256) audiences."""
-    kind = rng.choice(kinds)
+    kind = rng.choice(kinds or tuple(k for k in KINDS if k not in EXTRA_KINDS))
     msg = {"role": "user", "content": _pad(rng, 8000) or "hi"}
     if kind == "chat-n4":
         return kind, "/v1/chat/completions", {"model": "m", "messages": [msg], "n": 4, "max_tokens": 4096}
@@ -134,6 +138,9 @@ def mix(rng: random.Random, kinds: tuple[str, ...] = tuple(KINDS)) -> tuple[str,
     if kind == "responses":
         return kind, "/v1/responses", {"model": "m", "input": _pad(rng, 8000) or "r",
                                        **_budget(rng, "max_output_tokens", 4096)}
+    if kind == "generate":   # service audience; sampling_params as vLLM's GenerateRequest reads it
+        return kind, "/inference/v1/generate", {"token_ids": [1, 2, 3],
+                                                "sampling_params": {"n": 8, "max_tokens": 8192}}
     if kind == "messages-tiny":   # the most output per byte: what a budget counting bytes only misses
         return kind, "/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                       "max_tokens": 4096}
@@ -158,6 +165,10 @@ def vllm_potential(path: str, body: Mapping[str, Any]) -> tuple[int, int] | None
     token-id lists is one prompt each (a flat token-id list one); a batch one request per
     conversation; embeddings generate nothing. None: a body without an output budget (vLLM would
     run max_model_len - prompt, not known here)."""
+    if path == "/inference/v1/generate":    # GenerateRequest: sampling_params.n, .max_tokens (16)
+        raw_params = body.get("sampling_params")
+        params: Mapping[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+        return vllm_int(params.get("n", 1)) or 1, vllm_int(params.get("max_tokens", 16)) or 0
     if path not in BUDGETS:
         return len(body["input"]) if isinstance(body.get("input"), list) else 1, 0
     per = max([1, *(vllm_int(body[f]) or 1 for f in ("n", "best_of") if body.get(f) is not None)])
@@ -325,7 +336,8 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
         if mutant:
             mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
         allowed = {d.path for d in s.plan.allowed if d.method == "POST"}
-        kinds = tuple(k for k in (kinds or tuple(KINDS)) if KINDS[k] in allowed)
+        kinds = tuple(k for k in (kinds or tuple(k for k in KINDS if k not in EXTRA_KINDS))
+                      if KINDS[k] in allowed)
         stack.enter_context(full_generation(not natural))
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
         verify.start_checked(proxy, s.plan, directory, stack)
@@ -419,7 +431,8 @@ def main() -> int:
     ap.add_argument("--tpm", type=int, default=60_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pause", type=float, default=0.01, help="seconds between one client's requests")
-    ap.add_argument("--kind", action="append", choices=tuple(KINDS), help="only these bodies (default: all)")
+    ap.add_argument("--kind", action="append", choices=tuple(KINDS),
+                    help="only these bodies (default: all but generate)")
     ap.add_argument("--mutant", default="", help="a mutation operator applied first (multiplier-ignored)")
     ap.add_argument("--natural", action="store_true",
                     help="the stand-in's 10 tokens per choice (usage settles the rest), not the whole budget")
