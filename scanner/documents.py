@@ -325,6 +325,9 @@ class PlanRateDoc(_Doc):
 class PlanLimitsDoc(_Doc):
     body_bytes: int | None
     json_caps: dict[str, int]
+    cap_paths: dict[str, int] | None = Field(default=None, description="every position a json cap applies "
+                                             "at (a dotted path: nested in the request model), where the "
+                                             "model has one nested (Decision.cap_paths)")
     rate: PlanRateDoc | None
     concurrency: int | None
     timeout_s: float | None

@@ -115,7 +115,7 @@ class LuaGroup:
     check_body: bool = False                     # JSON caps / field rules
     fields: FieldRules | None = None             # the route's field rules; None: not checked
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
-    caps: tuple[tuple[str, int], ...] = ()
+    caps: tuple[tuple[str, int], ...] = ()       # Decision.cap_paths: names and dotted paths
     websocket: bool = False                      # also pass the WebSocket handshake headers
     budget: Budget | None = None                 # the output budget decided on every body
     salt: str = ""                               # "principal" / "audience:NAME": Lua writes that
@@ -125,6 +125,14 @@ class LuaGroup:
     envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
     tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """The first names of the dotted paths check_json reads (nested caps, a nested budget):
+        their top-level values are kept; empty: none (most routes), no path is walked."""
+        budget = (self.budget.field, *self.budget.fields) if self.budget else ()
+        paths = (*(p for p, _ in self.caps), *budget)
+        return tuple(sorted({p.split(".")[0] for p in paths if "." in p}))
 
 
 @dataclass(frozen=True)
@@ -148,9 +156,10 @@ class LuaEnvelope:
 
     @property
     def named(self) -> tuple[str, ...]:
-        """Every top-level field the envelope reads."""
-        return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p), *self.per,
-                             *self.out, "model", *(("best_of", "n") if self.settled else ())}))
+        """Every top-level field the envelope reads (a dotted path's first name)."""
+        return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p),
+                             *(f.split(".")[0] for f in (*self.per, *self.out)),
+                             "model", *(("best_of", "n") if self.settled else ())}))
 
     @staticmethod
     def of(d: Decision) -> LuaEnvelope:
@@ -356,9 +365,12 @@ class _Registry:
         """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
         websocket = d.kind == "websocket"
-        caps = tuple(sorted(d.limits.json_caps.items())) if check_body else ()
+        caps = d.cap_paths if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
         budget = d.enforced_budget if check_body else None
+        if budget is not None and budget.field.count(".") > 1:
+            raise GenerateError(f"envoy generator: {d.method} {d.path}: an output budget nested deeper "
+                                f"than one object ({budget.field}) is not supported")
         fields = d.fields if check_body and d.fields.decided else None
         salt = "" if not (check_body and d.salt) else (
             "principal" if d.salt == "principal" else f"audience:{d.audience}")

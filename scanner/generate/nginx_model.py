@@ -118,7 +118,8 @@ class Zone:
 @dataclass(frozen=True)
 class BodyCheck:
     id: str
-    caps: str           # "max_tokens=4096 n=4": what the njs slow path enforces
+    caps: str           # "max_tokens=4096 n=4 sampling_params.n=4": what the njs slow path enforces
+                        # (Decision.cap_paths: a name at the top level, a dotted path nested)
     regex: str          # the native fast path (see nginx_regex.unsafe_body)
     budget: str = ""    # "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": the
                         # output budget njs decides on every body (absence has no fast path)
@@ -330,20 +331,21 @@ class _Registry:
         z = self.tokens[d.token_zone]
         return f"{z.name} {z.tokens} {z.key}"
 
-    def check(self, caps: Mapping[str, int], rules: FieldRules, budget: Budget | None,
+    def check(self, caps: tuple[tuple[str, int], ...], rules: FieldRules, budget: Budget | None,
               salt: str = "", media: MediaRules | None = None, tokens: str = "",
               envelope: str = "") -> BodyCheck:
         spec = budget_text(budget) if budget else ""
         fields = _fields_spec(rules)
         media_spec = _media_spec(media) if media is not None and media.active else ""
-        key = (tuple(sorted(caps.items())), fields, spec, salt, media_spec, tokens, envelope)
+        key = (tuple(sorted(caps)), fields, spec, salt, media_spec, tokens, envelope)
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
                                   *(MEDIA_KEYS if media_spec else ())}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
-                regex=unsafe_body(dict(caps), named), budget=spec, fields=fields,
+                # the regex sees a name wherever it is (a nested copy too): the top-level names
+                regex=unsafe_body({k: v for k, v in caps if "." not in k}, named), budget=spec, fields=fields,
                 parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(envelope) or bool(rules.pins)
                            or (rules.decided and rules.unknown != "pass")),
                 salt=salt, media=media_spec, tokens=tokens, envelope=envelope,
@@ -421,7 +423,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     lim: Limits = d.limits
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
-            tuple(sorted(lim.json_caps.items())), rate, lim.concurrency, lim.timeout_s, lim.when_absent,
+            d.cap_paths, rate, lim.concurrency, lim.timeout_s, lim.when_absent,
             _fields_spec(d.fields), d.salt, d.media, d.token_zone, lim.max_sequences, lim.max_request_tokens,
             d.envelope_spec)
 
@@ -443,7 +445,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
-    check = reg.check(lim.json_caps, rules, budget, salt, media, tokens, envelope) if inspect else None
+    check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope) if inspect else None
     if d.auth not in ("key", "none"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(

@@ -158,9 +158,13 @@ def token_budgeted(plan: Plan) -> Decision:
 
 def multiplied(plan: Plan) -> Decision:
     """A route whose per-request envelope caps count a sequences-per-item multiplier (``n``,
-    ``best_of``) and that has an output budget: the CVE-2026-34756 shape (n x max_tokens)."""
+    ``best_of``) and that has an output budget: the CVE-2026-34756 shape (n x max_tokens); one
+    whose items it multiplies (a list of prompts or conversations), so that a multiplier capped
+    under max_sequences still shows when ignored (/inference/v1/generate's sampling_params.n alone
+    never exceeds its caps)."""
     return pick(plan, "with envelope caps and n / best_of",
-                lambda d: d.envelope_capped and bool(d.envelope_spec.per_item) and d.budget is not None)
+                lambda d: d.envelope_capped and bool(d.envelope_spec.per_item) and d.budget is not None
+                and bool(d.envelope_spec.items))
 
 
 def envelope_capped(plan: Plan) -> Decision:

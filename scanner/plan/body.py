@@ -9,14 +9,17 @@ vLLM's own request models) to this judge over a corpus of bodies. The checks, in
 reasons are given (one body may break several):
 
 1. the body is a JSON object (``bad-json``);
-2. each capped field (``limits.json_caps``, by name) is null or an integer pydantic reads as at most
-   its cap (``json-cap:NAME``): a value vLLM would refuse is refused here too;
+2. each capped field (``limits.json_caps``, by name, at the top level and at each nested position of
+   the request model with that name, :attr:`Decision.cap_paths`, sorted by path) is null or an
+   integer pydantic reads as at most its cap (``json-cap:NAME``, ``json-cap:sampling_params.n``):
+   a value vLLM would refuse is refused here too;
 3. each top-level field in document order (a duplicated key once, with its last value): refused
    by name (``forbidden-field:NAME``), unnamed under ``unknown: reject`` (``unknown-field:NAME``),
    or holding more items than its count (``json-cap:NAME:count-over-N``);
 4. media anywhere in the body (:func:`scanner.policy.media.reason`);
 5. the output budget absent (every field it is read from absent or null) under ``when_absent:
-   reject`` (``json-cap:FIELD:absent``);
+   reject`` (``json-cap:FIELD:absent``); under ``inject`` it is written in, at a nested position
+   only into an object already there (a body without one, vLLM refuses as sent);
 6. a salted route without a salt for the sender (``bad-request:no-salt``);
 7. the admitted envelope over the route's per-request caps (:meth:`Decision.envelope_reason`).
 
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 from scanner import reasons
 from scanner.plan import settle
 from scanner.plan.model import BODY_METHODS, Decision
-from scanner.plan.vllm_json import vllm_int, within
+from scanner.plan.vllm_json import at, vllm_int, within
 from scanner.policy import media
 from scanner.policy.model import count_of
 
@@ -86,10 +89,12 @@ def document(raw: bytes) -> object:
     return json.loads(raw.decode("utf-8"), parse_constant=constant)
 
 
-def caps_reason(caps: Mapping[str, int], doc: Mapping[str, object]) -> str:
-    for name, cap in sorted(caps.items()):
-        if name in doc and not within(doc[name], cap):
-            return reasons.token("json-cap", name)
+def caps_reason(caps: Mapping[str, int] | tuple[tuple[str, int], ...], doc: Mapping[str, object]) -> str:
+    """The first capped position (a name or a dotted path, sorted) whose value vLLM would read as
+    over its cap (or not read as an integer): ``json-cap:PATH``; "" none."""
+    for path, cap in sorted(dict(caps).items()):
+        if not within(at(doc, path), cap):
+            return reasons.token("json-cap", path)
     return ""
 
 
@@ -143,7 +148,7 @@ def judge(d: Decision, raw: bytes, salt: str = "",
         return Judgement("bad-json")
     if not isinstance(doc, dict):
         return Judgement("bad-json:not-an-object")
-    why = caps_reason(d.limits.json_caps, doc) or fields_reason(d, doc) or media.reason(doc, d.media)
+    why = caps_reason(d.cap_paths, doc) or fields_reason(d, doc) or media.reason(doc, d.media)
     if why:
         return Judgement(why)
     budget = d.enforced_budget
@@ -165,8 +170,7 @@ def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
     more than the plan allows reached vLLM."""
     if not isinstance(doc, dict):
         return ()
-    out = [f"cap {n}: {doc[n]!r}" for n, cap in sorted(d.limits.json_caps.items())
-           if n in doc and (vllm_int(doc[n]) or 0) > cap]
+    out = [f"cap {n}: {at(doc, n)!r}" for n, cap in d.cap_paths if (vllm_int(at(doc, n)) or 0) > cap]
     rules = d.fields
     for key, value in doc.items():
         mode = rules.mode(key)
@@ -183,7 +187,8 @@ def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
     budget = d.enforced_budget
     # without a budget vLLM's own default applies; fine where the plan lets it (within the cap,
     # or a body too long to fit one into the context length), not where the cap is always written
-    if budget is not None and budget.absent(doc) and (budget.when_absent == "reject"
-                                                      or not (budget.quiet or budget.window)):
+    # (a nested budget with no object to write it into: vLLM refuses the body, its model says)
+    if budget is not None and budget.absent(doc) and (budget.when_absent == "reject" or not (
+            budget.quiet or budget.window or not budget.writable(doc))):
         out.append(f"budget: {'/'.join(budget.fields)} absent")
     return tuple(out)

@@ -13,7 +13,7 @@ from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
 from scanner.plan import output_default
-from scanner.plan.envelope import EnvelopeSpec
+from scanner.plan.envelope import EnvelopeSpec, named_at
 from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan
 from scanner.policy.media import MediaRules
@@ -251,17 +251,27 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
     cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
     changes, by = _state_changing(route, rule)
     media, media_at = _media(route, method, audience)
+    limits = audience.limits.merged(rule.limits)
     return Decision(
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
         audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
         roles=tuple(sorted(audience.roles)), networks=cidrs,
-        limits=audience.limits.merged(rule.limits),
+        limits=limits, nested_caps=_nested_caps(route, method, limits.json_caps),
         fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
         media=media, media_at=media_at,
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
         rule_line=rule.line, envelope_spec=_envelope(route, method),
     )
+
+
+def _nested_caps(route: Route, method: str, caps: Mapping[str, int]) -> tuple[str, ...]:
+    """The nested positions of the route's request model (through object members) where a json
+    cap's name is: each capped as at the top level (``sampling_params.n``)."""
+    body = route.request
+    if route.kind != "http" or method not in BODY_METHODS or body is None or not body.known or not caps:
+        return ()
+    return named_at(caps, body.positions())
 
 
 def _envelope(route: Route, method: str) -> EnvelopeSpec:
@@ -273,4 +283,6 @@ def _envelope(route: Route, method: str) -> EnvelopeSpec:
     if body is not None and "form" in body.media_type:
         return EnvelopeSpec()
     known = body is not None and body.known
-    return envelope_spec_for({f.name: f.types for f in body.fields} if body is not None and known else None)
+    if body is None or not known:
+        return envelope_spec_for(None)
+    return envelope_spec_for({f.name: f.types for f in body.fields}, body.positions())

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from scanner.plan.vllm_json import at
+
 # How a field's items are counted (vLLM's semantics):
 #   prompts: a string, a number or an object is one prompt; a list is one prompt per item that is
 #            a string or a list (a token-id list, a conversation), and one in all for the rest
@@ -58,7 +60,9 @@ class EnvelopeSpec:
 
     items: tuple[tuple[str, ItemRule], ...] = ()     # summed: the prompts (conversations, inputs)
     pairs: tuple[tuple[str, str], ...] = ()          # pair sides: their pairs add to the items
-    per_item: tuple[str, ...] = ()                   # sequences per item: the largest, >= 1
+    # sequences per item, the largest, >= 1: every position of a SEQUENCE_FIELDS name through object
+    # members (``n``, ``sampling_params.n``: a dotted path)
+    per_item: tuple[str, ...] = ()
     # the model takes ``stream_options``: a settled stream asks for its usage (scanner/plan/settle.py)
     ask_usage: bool = False
 
@@ -76,11 +80,25 @@ class EnvelopeSpec:
                 f"pairs={part(f'{a}:{b}' for a, b in self.pairs)} per={part(self.per_item)}")
 
 
-def spec_for(fields: Mapping[str, tuple[str, ...]] | None) -> EnvelopeSpec:
+def member_paths(positions: Iterable[str]) -> tuple[str, ...]:
+    """The nested positions of a request model (the inventory's ``nested[].path``) reached through
+    object members only (``sampling_params.n``; not ``prompt[]``, ``logit_bias.*``), sorted."""
+    return tuple(sorted(p for p in positions if "." in p and not any(c in p for c in "[]*")))
+
+
+def named_at(name_set: Iterable[str], positions: Iterable[str]) -> tuple[str, ...]:
+    """The nested member positions (:func:`member_paths`) whose last name is in ``name_set``."""
+    names = set(name_set)
+    return tuple(p for p in member_paths(positions) if p.rsplit(".", 1)[1] in names)
+
+
+def spec_for(fields: Mapping[str, tuple[str, ...]] | None, nested: Iterable[str] = ()) -> EnvelopeSpec:
     """The spec of a route whose request model has the top-level ``fields`` (name -> JSON types;
-    None: its body is not known, so every multiplier is read). An item field counts where the
-    model takes a list there (``prompt`` on /v1/responses is a template object: one request). A
-    stream asks for its usage only where the model is known to take ``stream_options``."""
+    None: its body is not known, so every multiplier is read) and the ``nested`` positions (the
+    inventory's dotted paths). An item field counts where the model takes a list there (``prompt``
+    on /v1/responses is a template object: one request); a sequence count at every position of
+    its name through object members (``sampling_params.n`` of /inference/v1/generate). A stream
+    asks for its usage only where the model is known to take ``stream_options``."""
     ask_usage = fields is not None and "stream_options" in fields
     if fields is None:
         every = (*ITEM_FIELDS, *(f for p in PAIR_FIELDS for f in p), *SEQUENCE_FIELDS)
@@ -89,7 +107,9 @@ def spec_for(fields: Mapping[str, tuple[str, ...]] | None) -> EnvelopeSpec:
     return EnvelopeSpec(items=tuple((f, rule) for f, rule in ITEM_FIELDS.items()
                                     if "array" in fields.get(f, ())),
                         pairs=tuple(p for p in PAIR_FIELDS if p[0] in have and p[1] in have),
-                        per_item=tuple(f for f in SEQUENCE_FIELDS if f in have), ask_usage=ask_usage)
+                        per_item=(*(f for f in SEQUENCE_FIELDS if f in have),
+                                  *named_at(SEQUENCE_FIELDS, nested)),
+                        ask_usage=ask_usage)
 
 
 @dataclass(frozen=True)
@@ -133,5 +153,5 @@ def sequences(spec: EnvelopeSpec, body: Mapping[str, object], whole: Callable[[o
     largest of ``per_item``'s values read by ``whole``, at least 1)."""
     items = sum(count(body.get(f), rule) for f, rule in spec.items)
     items += sum(pairs(count(body.get(a), "each"), count(body.get(b), "each")) for a, b in spec.pairs)
-    per = max([1, *(whole(body[f]) for f in spec.per_item if body.get(f) is not None)])
+    per = max([1, *(whole(at(body, f)) for f in spec.per_item if at(body, f) is not None)])
     return max(1, items) * per

@@ -19,7 +19,7 @@ from scanner.inventory.model import RouteKind
 from scanner.plan.envelope import Envelope, EnvelopeSpec
 from scanner.plan.envelope import sequences as envelope_sequences
 from scanner.plan.output_default import OutputDefault
-from scanner.plan.vllm_json import vllm_int
+from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
@@ -62,8 +62,13 @@ GOVERNED_FIELDS: Mapping[str, tuple[str, ...]] = {
 # #11976): a cap on these fields holds only if the perimeter also decides their absence.
 # /invocations validates a body as a chat request, then as a completion request; the latter
 # reads max_tokens only, so only max_tokens counts there. /v1/messages (Anthropic's API) generates
-# up to its max_tokens (required by vLLM's AnthropicMessagesRequest).
+# up to its max_tokens (required by vLLM's AnthropicMessagesRequest). /inference/v1/generate
+# (token in, token out) reads the ``max_tokens`` of its ``sampling_params`` object (a dotted path):
+# vLLM 0.29 and 0.33 give a body that does not set it the rest of the context window (serving.py,
+# ``is_sampling_param_provided``: not SamplingParams' default of 16), and a null there the same
+# (the engine's input processor), as on the routes above.
 OUTPUT_BUDGET: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "/inference/v1/generate": (("sampling_params.max_tokens",), "sampling_params.max_tokens"),
     "/invocations": (("max_tokens",), "max_tokens"),
     "/v1/chat/completions": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
     "/v1/chat/completions/batch": (("max_completion_tokens", "max_tokens"), "max_completion_tokens"),
@@ -92,8 +97,15 @@ class Budget:
     default: OutputDefault = dataclass_field(default_factory=OutputDefault)
 
     def absent(self, body: Mapping[str, object]) -> bool:
-        """Does vLLM fall back to its own default for this body (no field, or only nulls)?"""
-        return all(body.get(f) is None for f in self.fields)
+        """Does vLLM fall back to its own default for this body (no field, or only nulls; a field
+        is a dotted path through object members)?"""
+        return all(at(body, f) is None for f in self.fields)
+
+    def writable(self, body: Mapping[str, object]) -> bool:
+        """Can :attr:`field` be written into this body: top level, or a dotted path whose parent
+        member is an object (``sampling_params``; vLLM refuses a body where it is not)."""
+        parent, _, _ = self.field.rpartition(".")
+        return not parent or isinstance(at(body, parent), dict)
 
     @property
     def window(self) -> int:
@@ -156,12 +168,28 @@ class Budget:
         fit = self.written(size)
         if fit is None:        # vLLM's default applies: the body as sent (a null reads as absent)
             return dict(body)
-        return {**{k: v for k, v in body.items() if k not in self.fields}, self.field: fit}
+        if not self.writable(body):   # no object to write it into: vLLM refuses the body as sent
+            return dict(body)
+        return _write(body, self.field.split("."), self.fields, fit)
 
     def to_dict(self) -> dict[str, Any]:
         return {"fields": list(self.fields), "field": self.field, "cap": self.cap,
                 "when_absent": self.when_absent,
                 **({"default": self.default.to_dict()} if self.default.known else {})}
+
+
+def _write(obj: Mapping[str, object], names: list[str], fields: tuple[str, ...],
+           fit: int) -> dict[str, object]:
+    """``obj`` with the budget ``fit`` written at the dotted path ``names`` (its parent an object),
+    less the budget ``fields`` at that level (nulls: every one absent or null)."""
+    head, rest = names[0], names[1:]
+    if not rest:
+        drop = {f for f in fields if "." not in f}
+        return {**{k: v for k, v in obj.items() if k not in drop}, head: fit}
+    inner = tuple(f.partition(".")[2] for f in fields if f.startswith(head + "."))
+    sub = obj[head]
+    assert isinstance(sub, dict)
+    return {**obj, head: _write(sub, rest, inner, fit)}
 
 
 def _whole(value: object) -> int:
@@ -202,6 +230,9 @@ class Decision:
     envelope_spec: EnvelopeSpec = field(default_factory=EnvelopeSpec)
     # what vLLM generates for a body without an output budget (the inventory's serve arguments)
     output_default: OutputDefault = field(default_factory=OutputDefault)
+    # the nested positions of the route's request model (inventory, through object members only)
+    # named like a json cap: ``sampling_params.n`` (each capped as its name is at the top level)
+    nested_caps: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -214,6 +245,15 @@ class Decision:
     @property
     def allowed(self) -> bool:
         return self.action == "allow"
+
+    @property
+    def cap_paths(self) -> tuple[tuple[str, int], ...]:
+        """Every position a json cap applies at, sorted by path (the order the checks run in):
+        its name at the top level, and each nested position of the request model with that name
+        (a dotted path, :attr:`nested_caps`), with the name's cap."""
+        caps = self.limits.json_caps
+        nested = ((p, caps[p.rsplit(".", 1)[1]]) for p in self.nested_caps if p.rsplit(".", 1)[1] in caps)
+        return tuple(sorted({**caps, **dict(nested)}.items()))
 
     @property
     def rate_zone(self) -> str:
@@ -243,7 +283,8 @@ class Decision:
         sequences it runs (its items x n / best_of, from :attr:`envelope_spec`; 1 for a body that
         is not a JSON object), the output budget per sequence (the first of :attr:`budget`'s fields
         present and not null, as a whole number >= 0; none present: :meth:`Budget.output`, what
-        the proxy writes in or vLLM's own default; 0 on a route without a budget), its input
+        the proxy writes in or vLLM's own default, the latter where a nested budget's parent is
+        not an object; 0 on a route without a budget), its input
         estimate (the body's bytes) and its ``model``. njs (``envelope``) and Lua (``envelope``)
         compute the same from the same spec."""
         obj: object = None
@@ -257,8 +298,11 @@ class Decision:
         out = 0
         budget = self.budget
         if budget is not None:
-            value = next((obj[f] for f in budget.fields if obj.get(f) is not None), None)
-            out = budget.output(len(body)) if value is None else _whole(value)
+            value = next((at(obj, f) for f in budget.fields if at(obj, f) is not None), None)
+            if value is not None:
+                out = _whole(value)
+            else:   # what is written in, else (nothing, or nowhere to write it) vLLM's default
+                out = budget.output(len(body)) if budget.writable(obj) else budget.rest
         model = obj.get("model")
         return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, _whole), output=out,
                         input=len(body), model=model if isinstance(model, str) else "")
@@ -300,7 +344,7 @@ class Decision:
         spec = OUTPUT_BUDGET.get(self.path)
         if spec is None or self.kind != "http" or self.method not in BODY_METHODS or not self.allowed:
             return None
-        caps = [cap for f, cap in self.limits.json_caps.items() if f in spec[0]]
+        caps = [cap for f, cap in self.cap_paths if f in spec[0]]
         if not caps:
             return None
         return Budget(spec[0], spec[1], min(caps), self.limits.when_absent or "inject", self.output_default)
@@ -319,6 +363,7 @@ class Decision:
             "auth": self.auth, "roles": list(self.roles), "networks": list(self.networks),
             "limits": {
                 "body_bytes": lim.body_bytes, "json_caps": dict(sorted(lim.json_caps.items())),
+                **({"cap_paths": dict(self.cap_paths)} if self.nested_caps else {}),
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
                 **({"tokens_per_minute": lim.tokens_per_minute} if lim.tokens_per_minute else {}),

@@ -75,3 +75,15 @@ def within(value: object, cap: int) -> bool:
         return True
     n = vllm_int(value)
     return n is not None and n <= cap
+
+
+def at(doc: object, path: str) -> object:
+    """The value at a dotted ``path`` (``sampling_params.n``: member ``n`` of the object in member
+    ``sampling_params``) of a document as vLLM reads it, through object members only; None when a
+    member on the way is absent or not an object (or the value is null: vLLM's default either way)."""
+    value = doc
+    for name in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(name)
+    return value

@@ -17,6 +17,7 @@ from tests.differential.harness import Case
 
 CHAT, COMP, RESP = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 BATCH, TOKENIZE = "/v1/chat/completions/batch", "/tokenize"
+GEN = "/inference/v1/generate"   # token in, token out: n and max_tokens inside sampling_params
 # route -> (role, base members)
 ROUTES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     CHAT: ("user", (('"model"', '"m"'), ('"messages"', '[{"role":"user","content":"hi"}]'))),
@@ -24,9 +25,12 @@ ROUTES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     RESP: ("user", (('"model"', '"m"'), ('"input"', '"hi"'))),
     BATCH: ("service", (('"model"', '"m"'), ('"messages"', '[[{"role":"user","content":"hi"}]]'))),
     TOKENIZE: ("service", (('"model"', '"m"'), ('"prompt"', '"hi"'))),
+    GEN: ("service", (('"model"', '"m"'), ('"token_ids"', '[1,2]'))),
 }
 CAPPED = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of", "logprobs",
           "top_logprobs", "prompt_logprobs")
+# what vLLM's model is asked for: the capped names, and the nested positions capped on GEN
+READ = (*CAPPED, "sampling_params.n", "sampling_params.max_tokens")
 DENIED = ("priority", "request_id", "kv_transfer_params", "cache_salt", "chat_template", "vllm_xargs",
           "chat_template_kwargs", "prompt_embeds")
 UNKNOWN = ("foo", "Max_tokens", "max_tokens ", "max tokens", "a,b", "a:b", "", "\u043a\u043b\u044e\u0447",
@@ -186,6 +190,10 @@ def draw_many(strategy: st.SearchStrategy[T], n: int) -> list[T]:
     return out
 
 
+def _gen(members: str) -> bytes:
+    return ('{"model":"m","token_ids":[1,2]' + (", " + members if members else "") + "}").encode("utf-8")
+
+
 def _chat(members: str) -> bytes:
     return ('{"model":"m","messages":[{"role":"user","content":"hi"}],' + members + "}").encode("utf-8")
 
@@ -258,6 +266,29 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     (TOKENIZE, b'{"model":"m","prompt":"hi","max_tokens":8192,"max_tokens":8193}', "application/json",
      "fast path duplicate"),
     (TOKENIZE, b'{"model":"m","prompt":"hi","cache_salt":"x"}', "application/json", "fast path denied"),
+    # /inference/v1/generate: the caps and the output budget at their nested positions
+    *((GEN, _gen(f'"sampling_params": {{{m}}}'), "application/json", f"generate {{{m}}}")
+      for m in ('"n": 8000, "max_tokens": 8192', '"n": 9', '"n": 8', '"max_tokens": 8193', '"max_tokens": 8192',
+                '', '"max_tokens": null', '"n": null', '"n": null, "max_tokens": null', '"n": "9"',
+                '"n": " 8 "', '"max_tokens": "8_193"', '"max_tokens": "8192.000"', '"n": 8.0', '"n": 9.0',
+                '"n": true', '"n": "0x10"', '"n": 1, "n": 9', '"n": 9, "n": 1', '"max_tokens": 5, "max_tokens": null',
+                '"max_tokens": 8193, "max_tokens": 7', '"n\u0020": 9', '"\u006e": 9', '"max\u005ftokens": 8193',
+                '"n": [9]', '"n": {"n": 9}', '"structured_outputs": {"n": 9}', '"temperature": 0.5',
+                '"n": 8, "max_tokens": 16, "stop": ["x"]')),
+    (GEN, _gen(""), "application/json", "generate without sampling_params"),
+    (GEN, _gen('"sampling_params": null'), "application/json", "generate sampling_params null"),
+    (GEN, _gen('"sampling_params": "x"'), "application/json", "generate sampling_params a string"),
+    (GEN, _gen('"sampling_params": [{"n": 9}]'), "application/json", "generate sampling_params a list"),
+    (GEN, _gen('"sampling_params": {"n": 9}, "sampling_params": {"n": 1}'), "application/json",
+     "generate duplicate parent, last within"),
+    (GEN, _gen('"sampling_params": {"n": 1}, "sampling_params": {"n": 9}'), "application/json",
+     "generate duplicate parent, last over"),
+    (GEN, _gen('"sampling_params": {"max_tokens": 8}, "sampling_params": {}'), "application/json",
+     "generate duplicate parent, last without budget"),
+    (GEN, _gen('"n": 9, "max_tokens": 8193, "sampling_params": {"n": 2}'), "application/json",
+     "generate top-level copies over"),
+    (GEN, _gen('"sampling_params": {"n": 8, "max_tokens": 8192}'), "application/json", "generate at both caps"),
+    (GEN, _gen('"sampling\u005fparams": {"n": 9}'), "application/json", "generate escaped parent, over"),
 )
 
 

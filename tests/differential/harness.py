@@ -175,7 +175,7 @@ def admitted_more(d: Decision, content_type: str | None, forwarded: bytes | None
     out = list(violations(d, doc, salt))
     if vllm and vllm.get("valid"):
         values = vllm["values"]
-        for name, cap in sorted(d.limits.json_caps.items()):
+        for name, cap in d.cap_paths:
             v = values.get(name)
             if isinstance(v, int) and not isinstance(v, bool) and v > cap:
                 out.append(f"vLLM reads {name}={v} > {cap}")

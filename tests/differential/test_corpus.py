@@ -108,7 +108,8 @@ def test_the_reference_forwards_nothing_beyond_the_plan(bench: Stand, cases: lis
     ref = _reference(bench, cases)
     sent = {c.id: (c, c.raw if ref[c.id].body is None else json.dumps(ref[c.id].body).encode())
             for c in cases if not ref[c.id].refused}
-    oracle = vllm_reads(vllm_python, [(cid, c.path, c.content_type, raw, CAPPED) for cid, (c, raw) in sent.items()])
+    oracle = vllm_reads(vllm_python, [(cid, c.path, c.content_type, raw, corpus.READ)
+                                      for cid, (c, raw) in sent.items()])
     bad = {}
     for cid, (case, raw) in sent.items():
         d = plan.decision("POST", case.path)
@@ -129,7 +130,7 @@ def test_the_proxy_agrees_with_the_reference(bench: Stand, inventory: Inventory,
     t0 = time.monotonic()
     seen = run(bench, inventory, proxy, cases)
     took = time.monotonic() - t0
-    forwarded = [(c.id, c.path, c.content_type, seen[c.id].forwarded or b"", CAPPED)
+    forwarded = [(c.id, c.path, c.content_type, seen[c.id].forwarded or b"", corpus.READ)
                  for c in cases if seen[c.id].forwarded]
     oracle = vllm_reads(vllm_python, forwarded)
     classes: collections.Counter[str] = collections.Counter()

@@ -38,10 +38,27 @@ STATE_CHANGING = ("state-changing: not sent (--allow-state-changes against a sta
                   "the stand-in)")
 
 
+def nested(fields: Mapping[str, object]) -> dict[str, object]:
+    """``fields`` with each dotted key (a nested position, ``sampling_params.n``) written as members
+    of objects (``{"sampling_params": {"n": ...}}``), merged into an object already there; no
+    request field's name holds a dot."""
+    out: dict[str, object] = {}
+    for key, value in fields.items():
+        names = key.split(".")
+        where = out
+        for name in names[:-1]:
+            inner = where.get(name)
+            where[name] = dict(inner) if isinstance(inner, dict) else {}
+            where = where[name]  # type: ignore[assignment]
+        where[names[-1]] = value
+    return out
+
+
 def padded_json(size: int, fields: Mapping[str, object] | None = None, pad: str = "pad") -> bytes:
-    """A JSON object of exactly ``size`` bytes holding ``fields`` and a padding string in the
-    field ``pad``; a run of spaces when ``size`` is too small for JSON (body-size checks only)."""
-    head = json.dumps({**(fields or {}), pad: ""}, separators=(",", ":")).encode()
+    """A JSON object of exactly ``size`` bytes holding ``fields`` (dotted keys nested, :func:`nested`)
+    and a padding string in the field ``pad``; a run of spaces when ``size`` is too small for JSON
+    (body-size checks only)."""
+    head = json.dumps(nested({**(fields or {}), pad: ""}), separators=(",", ":")).encode()
     if size < len(head):
         return b" " * size
     return head[:-2] + b"a" * (size - len(head)) + head[-2:]
@@ -64,7 +81,8 @@ def multipliers(d: Decision) -> list[tuple[str, Callable[[int], dict[str, object
     spec, rules = d.envelope_spec, d.fields
     out: list[tuple[str, Callable[[int], dict[str, object]]]] = []
 
-    def ok(*names: str) -> bool:   # let through as sent (a media key would be judged as media)
+    def ok(*names: str) -> bool:   # let through as sent (a media key would be judged as media);
+        names = tuple(n.split(".")[0] for n in names)   # a nested position: its top-level field
         return all(rules.mode(n) == "allow" and n not in rules.pins
                    and not (d.media.active and n in MEDIA_KEYS) for n in names)
     for name in spec.per_item:
@@ -105,7 +123,7 @@ def ceiling_sequences(d: Decision) -> int:
     """The most sequences a body within the route's other caps asks for, as the plan counts them
     (Decision.envelope of every multiplier at once, each bounded by max_sequences + 1)."""
     k = (d.limits.max_sequences or 1 << 10) + 1
-    return d.envelope(json.dumps(combined(d, k)).encode()).sequences
+    return d.envelope(json.dumps(nested(combined(d, k))).encode()).sequences
 
 
 def ceiling_tokens(d: Decision, max_body_bytes: int) -> int:
@@ -131,7 +149,7 @@ def base_of(ctx: CheckContext, d: Decision) -> dict[str, object]:
 def most_sequences(d: Decision, name: str) -> int:
     """The most sequences multiplier ``name`` may ask for on ``d`` (its JSON cap, its count cap)."""
     field_name = name.split(" ")[0].split(":")[-1]
-    caps = [c for c in (d.limits.json_caps.get(field_name), d.fields.counts.get(field_name)) if c is not None]
+    caps = [c for c in (dict(d.cap_paths).get(field_name), d.fields.counts.get(field_name)) if c is not None]
     return min(caps) if caps else 1 << 20
 
 
@@ -143,13 +161,13 @@ def tokens_body(d: Decision, tokens: int, base: Mapping[str, object], max_bytes:
     padding; None when no such body exists."""
     budget = d.budget
     first = budget.fields[0] if budget else ""
-    top = min(budget.cap, d.limits.json_caps.get(first, budget.cap)) if budget else 0
+    top = min(budget.cap, dict(d.cap_paths).get(first, budget.cap)) if budget else 0
     shapes = [shape] if shape else multipliers(d)[:1]
     name, fields = shapes[0] if shapes else ("", lambda k: {})
     most = min(d.limits.max_sequences or 1 << 20, most_sequences(d, name) if name else 1, 64)
     for k in range(most, 0, -1):
         extra = {**base, **(fields(k) if k > 1 or not name else {})}
-        head = len(json.dumps({**extra, first: top, pad_field(d): ""}, separators=(",", ":")))
+        head = len(json.dumps(nested({**extra, first: top, pad_field(d): ""}), separators=(",", ":")))
         per = max(0, min(top, (tokens - head) // k)) if budget else 0
         if budget:
             extra[first] = per
@@ -232,7 +250,7 @@ class Limits(BaseCheck):
                               why=f"body_bytes {lim.body_bytes} is over the probe's --max-body-bytes")
             else:
                 yield Subject(f"body-size {where}", d.method, d.path, why=why)
-            for name in sorted(lim.json_caps):
+            for name, _ in d.cap_paths:   # each cap at every position it applies to
                 yield Subject(f"json-cap {name} {where}", d.method, d.path, why=why)
             for name in sorted(d.fields.counts):
                 yield Subject(f"json-count {name} {where}", d.method, d.path, why=why)
@@ -404,7 +422,7 @@ class Limits(BaseCheck):
 
     def _body(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         limit = d.limits.body_bytes
-        caps = dict(sorted(d.limits.json_caps.items()))
+        caps = dict(d.cap_paths)
         if limit is not None and limit + 1 <= ctx.options.max_body_bytes:
             over = padded_json(limit + 1, out.base, pad_field(d))
             for chunked in (False, True):
@@ -428,7 +446,7 @@ class Limits(BaseCheck):
             yield out.case("at-limits", "allow", (), at, note)
 
     def _caps(self, d: Decision, out: Out, encoded: set[str]) -> Iterator[Case]:
-        for name, cap in sorted(d.limits.json_caps.items()):
+        for name, cap in d.cap_paths:   # a nested position (dotted): the plain integer over it
             bodies = cap_bodies(name, cap) if name in encoded else [(f"{name}={cap + 1} (int)",
                                                                      out.json({name: cap + 1}))]
             for j, (note, body) in enumerate(bodies):
@@ -473,24 +491,33 @@ class Limits(BaseCheck):
             return
         rest = {k: v for k, v in out.base.items() if k not in budget.fields}
         first = budget.fields[0]
+        parent, _, name = first.rpartition(".")   # a nested budget: written into its parent object
+        bare = rest
+        if parent:
+            rest = nested({**rest, parent: {}})
         head = json.dumps(rest)[1:-1]
+        dup = f'"{name}": 1, "{name}": null'
+        dup = f'"{parent}": {{{dup}}}' if parent else dup
+        if parent:
+            head = json.dumps({k: v for k, v in rest.items() if k != parent})[1:-1]
         bodies = [
             ("absent", json.dumps(rest).encode()),
-            ("null", json.dumps({**rest, **{f: None for f in budget.fields}}).encode()),
-            (f"duplicate {first} key, null last",
-             ("{" + (head + ", " if head else "") + f'"{first}": 1, "{first}": null}}').encode()),
+            ("null", json.dumps(nested({**rest, **{f: None for f in budget.fields}})).encode()),
+            (f"duplicate {first} key, null last", ("{" + (head + ", " if head else "") + dup + "}").encode()),
         ]
         if budget.window and budget.cap > 1:   # a long body: the budget fitted into the context length
             size = budget.window - budget.cap // 2
             if size <= (d.limits.body_bytes or size):
                 bodies.append((f"{size} bytes of a {budget.window}-token context",
                                padded_json(size, rest, pad_field(d))))
+        if parent:   # no object to write it into: forwarded as sent (vLLM refuses it)
+            bodies.append((f"absent, no {parent} object", json.dumps(bare).encode()))
         for note, body in bodies:
             if budget.when_absent == "reject":
                 yield out.case("budget", "deny", (R.token("json-cap", budget.field),), body,
                                f"output budget {note}: refused")
             else:
-                fit = budget.written(len(body))
+                fit = budget.written(len(body)) if budget.writable(json.loads(body)) else None
                 yield out.case("budget", "allow", (), body, f"output budget {note}: " + (
                     f"{budget.field}={fit} written in" if fit is not None else "vLLM's own default applies"))
 
@@ -650,7 +677,8 @@ class Out:
         self.check, self.d, self.spread, self.query, self.base = check, d, spread, query, base
 
     def json(self, fields: Mapping[str, object]) -> bytes:
-        return json.dumps({**self.base, **fields}).encode()
+        """The carrier's fields and ``fields`` (dotted keys nested, :func:`nested`)."""
+        return json.dumps(nested({**self.base, **fields})).encode()
 
     def case(self, aspect: str, expected: str, reasons: tuple[str, ...], body: bytes, note: str,
              chunked: bool = False) -> Case:

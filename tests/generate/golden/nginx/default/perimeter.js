@@ -70,16 +70,46 @@ function has(obj, name) {
     return Object.prototype.hasOwnProperty.call(obj, name);
 }
 
-// "max_tokens=4096 n=4" -> checks; returns a deny reason or ''.
+// The value at a name or a dotted path (scanner/plan/vllm_json.py at: 'sampling_params.n', through
+// object members only); undefined when a member on the way is absent or not an object.
+function valueAt(obj, path) {
+    var names, i;
+    if (path.indexOf('.') < 0) {
+        return has(obj, path) ? obj[path] : undefined;
+    }
+    names = path.split('.');
+    for (i = 0; i < names.length; i++) {
+        if (obj === null || typeof obj !== 'object' || Array.isArray(obj) || !has(obj, names[i])) {
+            return undefined;
+        }
+        obj = obj[names[i]];
+    }
+    return obj;
+}
+
+// The object a dotted path's last member is in (obj itself for a name); null: not an object.
+function parentAt(obj, path) {
+    var dot = path.lastIndexOf('.');
+    var p = dot < 0 ? obj : valueAt(obj, path.substring(0, dot));
+    return (p !== null && typeof p === 'object' && !Array.isArray(p)) ? p : null;
+}
+
+function lastName(path) {
+    return path.substring(path.lastIndexOf('.') + 1);
+}
+
+// "max_tokens=4096 n=4 sampling_params.n=4" (names and dotted paths, sorted) -> checks; returns a
+// deny reason or ''.
 function checkCaps(obj, caps) {
     var items = caps ? caps.split(' ') : [];
-    var i, eq, name, cap, n;
+    var i, eq, name, cap, n, value;
     for (i = 0; i < items.length; i++) {
         eq = items[i].indexOf('=');
         name = items[i].substring(0, eq);
         cap = Number(items[i].substring(eq + 1));
-        if (has(obj, name) && obj[name] !== null) {
-            n = vllmInt(obj[name]);
+        value = valueAt(obj, name);
+        if (value !== undefined && value !== null) {
+            n = vllmInt(value);
             if (n !== n) {
                 return 'json-cap:' + name + ':not-a-number';
             }
@@ -199,15 +229,16 @@ function budgetFit(cap, window, nbytes) {
 
 function checkBudget(obj, spec, rewrite, nbytes) {
     var parts = spec ? spec.split(' ') : [];
-    var fields, i, fit;
+    var fields, i, fit, value, parent;
     if (parts.length !== 4 && parts.length !== 6) {
         return '';
     }
     fields = parts[0].split(',');
     for (i = 0; i < fields.length; i++) {
-        if (has(obj, fields[i]) && obj[fields[i]] !== null) {
+        value = valueAt(obj, fields[i]);
+        if (value !== undefined && value !== null) {
             rewrite.from = 'sent';
-            rewrite.out = whole(obj[fields[i]]);
+            rewrite.out = whole(value);
             return '';
         }
     }
@@ -220,10 +251,16 @@ function checkBudget(obj, spec, rewrite, nbytes) {
     if (fit === 0) {
         return '';
     }
-    for (i = 0; i < fields.length; i++) {
-        delete obj[fields[i]];
+    parent = parentAt(obj, parts[1]);   // a dotted field: written only into an object there
+    if (parent === null) {
+        return '';                      // none: vLLM refuses the body as sent
     }
-    obj[parts[1]] = fit;
+    for (i = 0; i < fields.length; i++) {
+        if (parentAt(obj, fields[i]) === parent) {
+            delete parent[lastName(fields[i])];
+        }
+    }
+    parent[lastName(parts[1])] = fit;
     rewrite.done = true;
     rewrite.from = 'written';
     rewrite.out = fit;
@@ -446,7 +483,7 @@ function envelopeOf(obj, nbytes, e) {
     var items = 0;
     var per = 1;
     var out = 0;
-    var i, f;
+    var i, f, v;
     if (obj === null) {
         return {seq: 1, out: 0, input: nbytes, tokens: nbytes};
     }
@@ -459,15 +496,17 @@ function envelopeOf(obj, nbytes, e) {
                            has(obj, e.pairs[i][1]) ? itemCount(obj[e.pairs[i][1]], 'each') : 0);
     }
     for (i = 0; i < e.per.length; i++) {
-        if (has(obj, e.per[i]) && obj[e.per[i]] !== null) {
-            per = Math.max(per, whole(obj[e.per[i]]));
+        v = valueAt(obj, e.per[i]);
+        if (v !== undefined && v !== null) {
+            per = Math.max(per, whole(v));
         }
     }
     if (e.out.length > 0) {
         out = e.cap;
         for (i = 0; i < e.out.length; i++) {
-            if (has(obj, e.out[i]) && obj[e.out[i]] !== null) {
-                out = whole(obj[e.out[i]]);
+            v = valueAt(obj, e.out[i]);
+            if (v !== undefined && v !== null) {
+                out = whole(v);
                 break;
             }
         }
