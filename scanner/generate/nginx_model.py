@@ -22,7 +22,9 @@ How a request is decided (checks in this order, each answered by the proxy with
 4. body: read into memory (``client_body_buffer_size`` = ``client_max_body_size``,
    over -> 413, chunked too); JSON caps and forbidden fields checked (400), see
    ``templates/nginx-perimeter.js``. Bodies the native fast path cannot clear go to
-   njs by ``rewrite ... last`` to the internal ``location = /@perimeter/body``.
+   njs by ``rewrite ... last`` to the internal ``location = /@perimeter/body``; on a route
+   where every body is parsed (``BodyCheck.parse_all``) the route's own location runs the
+   exact check at once (``js_content perimeter.direct``: one njs VM, no named location).
 5. proxy to vLLM with the *normalised* path: ``proxy_pass http://vllm_upstream/exact/path;``
    (a URI in ``proxy_pass``) at an exact route's own location; everywhere else (templates,
    named and internal locations) ``rewrite ^ <path> break;`` then ``proxy_pass
@@ -82,6 +84,9 @@ PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
 BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
+# A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
+# media items ($perimeter_media_key 0).
+MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "upstream_key": UPSTREAM_KEY}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
@@ -131,8 +136,8 @@ class BodyCheck:
                         # (the subject's salt, from the 0600 principals file) into every body
     media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
                         # applies (checkMedia); a body with a media key never takes the fast path
-    media_regex: str = ""   # a media key in any spelling: on a parse_all route, a body it does not
-                            # match skips njs's walk for media items ($perimeter_media_seen 0)
+    media_regex: str = ""   # a media key in any spelling (MEDIA_KEY_REGEX): on a parse_all route,
+                            # a body it does not match skips njs's walk ($perimeter_media_key 0)
     tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
                         # tokens per minute, counted per principal or address
     envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
@@ -211,6 +216,7 @@ class Model:
     principal_header: str = PRINCIPAL_HEADER
     deny_body_bytes: int = DENY_BODY_BYTES
     unsafe_encoding: str = UNSAFE_ENCODING
+    media_key_regex: str = MEDIA_KEY_REGEX
     upstream: str = UPSTREAM
     body_location: str = BODY_LOCATION
     forward: str = FORWARD
@@ -349,7 +355,7 @@ class _Registry:
                 parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(envelope) or bool(rules.pins)
                            or (rules.decided and rules.unknown != "pass")),
                 salt=salt, media=media_spec, tokens=tokens, envelope=envelope,
-                media_regex=unsafe_body({}, MEDIA_KEYS) if media_spec else "")
+                media_regex=MEDIA_KEY_REGEX if media_spec else "")
         return self.checks[key]
 
 

@@ -1,7 +1,7 @@
 // vllm-perimeter njs module (generated with the NGINX config; do not edit).
 //
 // Runs on njs 0.7.9 (Debian) and 0.9.9 (static build): no `for...of`, no optional
-// chaining. Two entry points:
+// chaining. Entry points:
 //
 //   keyHash  js_set: sha256 hex of the bearer token NGINX already extracted into
 //            $perimeter_bearer. The key itself is never stored or logged; the hash
@@ -10,6 +10,10 @@
 //            (into memory) before calling it; it redirects to the route's named
 //            location, where a native PCRE map over $request_body clears ordinary
 //            bodies without any JavaScript parsing.
+//   direct   js_content on locations where every body is parsed (an absent output budget, or a
+//            field the rules do not name, has no native fast path): the exact check at once, one
+//            VM and one internal redirect less; the named location's tests done here (a body
+//            NGINX kept in a file: 400; $perimeter_media_key decides the media walk).
 //   body     js_content for the bodies that fast path could not clear: parsed here
 //            and checked exactly as vLLM's pydantic models would read them; then a
 //            redirect to <named>_checked (or _rewrite), or to @perimeter_400 with a reason.
@@ -379,8 +383,8 @@ function urlReason(url, m) {
 }
 
 // "urls=deny items=8 data=- embeds=deny domains=a.example,*.b.example:8443"; returns a reason or ''.
-// seen: $perimeter_media_seen, "0" only where NGINX's regex found no media key in the body (in
-// any spelling): there is no item to walk for
+// seen: "0" only where NGINX's regex found no media key in the body (in any spelling): there is
+// no item to walk for
 function checkMedia(obj, spec, seen) {
     var m = {domains: []};
     var parts, i, eq, items, why, limit;
@@ -818,7 +822,8 @@ function settle(r, data, flags) {
     r.sendBuffer(out, flags);
 }
 
-function exact(r, v) {
+// seen: the media decision ('': walk); null: NGINX's, $perimeter_media_key (perimeter.direct).
+function exact(r, v, seen) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
@@ -848,8 +853,8 @@ function exact(r, v) {
     if (!reason) {
         reason = checkFields(obj, v.perimeter_fields, strip, pins);
     }
-    if (!reason) {
-        reason = checkMedia(obj, v.perimeter_media, v.perimeter_media_seen);
+    if (!reason && v.perimeter_media) {
+        reason = checkMedia(obj, v.perimeter_media, seen === null ? (v.perimeter_media_key === '0' ? '0' : '') : seen);
     }
     if (!reason) {
         reason = checkBudget(obj, v.perimeter_budget, rewrite, nbytes);
@@ -908,10 +913,25 @@ function read(r) {
 // js_content when the fast path could not clear the body: the exact check.
 function body(r) {
     try {
-        exact(r, r.variables);
+        exact(r, r.variables, '');
     } catch (e) {
         deny(r, 'body-check-failed');
     }
 }
 
-export default {keyHash, read, body, settleHeaders, settle};
+// js_content of a route whose every body is parsed: what its named location tested, then the
+// exact check, in one VM.
+function direct(r) {
+    var v = r.variables;
+    if (v.request_body_file) {
+        deny(r, 'body-not-in-memory');
+        return;
+    }
+    try {
+        exact(r, v, null);
+    } catch (e) {
+        deny(r, 'body-check-failed');
+    }
+}
+
+export default {keyHash, read, body, direct, settleHeaders, settle};
