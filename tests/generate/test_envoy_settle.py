@@ -27,6 +27,7 @@ from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import Plan
 from scanner.runtime import envoy
+from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
 from tests.probe.test_token_budget import token_policy
 
@@ -222,21 +223,20 @@ STREAM_BODIES = (
 )
 
 
-def test_streams_leave_as_the_reference_forwards_them(tmp_path: Path) -> None:
+def streams_leave_as_the_reference_forwards_them(tmp_path: Path, proxy: Proxy) -> None:
+    """Each of :data:`STREAM_BODIES` on chat and completions under a token budget through
+    ``proxy`` reaches the upstream as the reference judge forwards it (scanner/plan/body.py)."""
     from scanner.plan.body import judge
-    from scanner.runtime.proxy import EnvoyProxy
     from tests.differential.harness import Case, compare, run, stand
 
     inventory = load_ref(CATALOG)
     s = stand(inventory, token_policy(10 ** 8), tmp_path)
+    heads = ((CHAT, '"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5'),
+             ("/v1/completions", '"model": "m", "prompt": "hi", "max_tokens": 5'))
     cases = [Case(f"s{i}-{j}", path, ("{" + head + ", " + b + "}").encode())
-             for i, b in enumerate(STREAM_BODIES)
-             for j, (path, head) in enumerate(((CHAT, '"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                                                       '"max_tokens": 5'),
-                                               ("/v1/completions", '"model": "m", "prompt": "hi", "max_tokens": 5')))]
-    seen = run(s, inventory, EnvoyProxy(), cases)
-    differ = []
-    asked = 0
+             for i, b in enumerate(STREAM_BODIES) for j, (path, head) in enumerate(heads)]
+    seen = run(s, inventory, proxy, cases)
+    differ, asked = [], 0
     for case in cases:
         d = s.setup.plan.decision("POST", case.path)
         assert d is not None and d.token_zone and d.envelope_spec.ask_usage
@@ -248,6 +248,11 @@ def test_streams_leave_as_the_reference_forwards_them(tmp_path: Path) -> None:
             differ.append((case.id, case.raw, cls, seen[case.id]))
     assert not differ, differ
     assert asked >= 20     # the rewrite was exercised, not only the bodies left alone
+
+
+def test_streams_leave_as_the_reference_forwards_them(tmp_path: Path) -> None:
+    from scanner.runtime.proxy import EnvoyProxy
+    streams_leave_as_the_reference_forwards_them(tmp_path, EnvoyProxy())
 
 
 # --- the probe: a config without settlement fails it ------------------------------------------------
