@@ -93,6 +93,7 @@ def test_a_sample_of_every_family_is_caught(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)   # every operator against the real proxy: about 10 minutes a proxy
 @pytest.mark.parametrize("name", PROXIES)
 def test_mutation_score_is_100_percent(name: str) -> None:
     proxy = _proxy(name)
