@@ -105,13 +105,18 @@ def _budget_coverage(res: ProbeResult) -> list[Any]:
 def test_the_cap_is_written_in_and_it_is_proved(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, _proxy(name), load_policy(None))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
-    budgets = _budget_coverage(res)   # chat, batch, completions, messages (Anthropic's), responses
-    assert len(budgets) == 5 and all(c.status == "proved" for c in budgets), budgets
+    # chat, batch, completions, messages (Anthropic's), responses, generate (sampling_params.max_tokens)
+    budgets = _budget_coverage(res)
+    assert len(budgets) == 6 and all(c.status == "proved" for c in budgets), budgets
     seen = [a for a in res.attempts if a.subject.startswith("budget ")]
-    assert len(seen) == 15
+    assert len(seen) == 19     # 3 bodies a route; generate's also one without its sampling_params object
     for a in seen:
         assert a.upstream is not None and a.upstream.body is not None
         got = json.loads(a.upstream.body)
+        if a.path == "/inference/v1/generate":
+            if not isinstance(got.get("sampling_params"), dict):
+                continue       # forwarded as sent: vLLM refuses a body without the object
+            got = got["sampling_params"]
         assert got.get("max_completion_tokens", got.get("max_tokens", got.get("max_output_tokens"))) in (4096, 8192)
 
 
@@ -120,7 +125,7 @@ def test_a_body_without_its_budget_is_refused_when_the_policy_says_so(tmp_path: 
     res = _probe(tmp_path, _proxy(name), _with("reject"))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
     budgets = _budget_coverage(res)
-    assert len(budgets) == 5 and all(c.status == "proved" for c in budgets), budgets
+    assert len(budgets) == 6 and all(c.status == "proved" for c in budgets), budgets
     refused = [a for a in res.attempts if a.subject.startswith("budget ")]
     assert refused and all(a.status == 400 and a.reason.startswith("json-cap:") and a.reason.endswith(":absent")
                            for a in refused), refused[:2]
@@ -140,7 +145,8 @@ def test_a_route_that_forwards_bodies_without_their_budget_is_caught(tmp_path: P
     res = _probe(tmp_path, _proxy(name), load_policy(None), mutant="budget-not-enforced")
     caught = [f for f in res.findings if f.rule == "VP015"]
     assert caught, [(f.rule, f.title) for f in res.findings]
-    assert "max_completion_tokens: absent reached the upstream, the plan says 4096" in caught[0].detail
+    # the mutant picks the first route with a budget (POST /inference/v1/generate: sampling_params.max_tokens)
+    assert 'sampling_params: {} reached the upstream, the plan says {"max_tokens": 8192}' in caught[0].detail
 
 
 # --- streaming still streams -------------------------------------------------------------------
