@@ -60,7 +60,9 @@ def _proxy(name: str) -> Proxy:
     return found
 
 
-@pytest.mark.parametrize("name", ["static-1.31", "debian-1.22", "envoy"])
+# NGINX 1.22 in front of the real app is slow-marked for CI time (about 80 s); it runs the same
+# generated config as 1.31 in front of the stand-in in CI (tests/generate/test_nginx_live.py)
+@pytest.mark.parametrize("name", ["static-1.31", pytest.param("debian-1.22", marks=pytest.mark.slow), "envoy"])
 def test_proxy_in_front_of_real_vllm_is_proved(setup: verify.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
                                                tmp_path: Path) -> None:
     proxy = _proxy(name)

@@ -80,7 +80,10 @@ SAMPLE = ("key-check-removed", "json-cap-raised-x100", "network-widened-8", "met
           "parameter-any", "denied-route-proxied", "denied-route-forwarded", "client-key-forwarded")
 
 
-@pytest.mark.parametrize("name", PROXIES)
+# NGINX 1.22's sample is slow-marked for CI time (about 100 s): its full score is in
+# test_mutation_score_is_100_percent, and 1.22 runs the red-team weakenings in CI
+@pytest.mark.parametrize("name", [n if n != "nginx-debian" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in PROXIES])
 def test_a_sample_of_every_family_is_caught(name: str) -> None:
     proxy = _proxy(name)
     only = tuple(op.id for op in mutate.operators(proxy.kind) if op.name in SAMPLE)
