@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -72,3 +73,15 @@ def limiter_process(directory: Path, redis_url: str, zones: dict[str, object] | 
     argv = [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url, "--zones", str(zones_file),
             "--listen", f"127.0.0.1:{port}"]
     return ManagedProcess("limiter", argv, "127.0.0.1", port, log=directory / "limiter.log")
+
+
+def get(port: int, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """One GET through a proxy on loopback: (status, headers in lower case)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers=headers)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status, {k.lower(): v for k, v in reply.getheaders()}
+    finally:
+        conn.close()

@@ -9,7 +9,6 @@ route action's ``rate_limits`` is sent without it (every descriptor then counts 
 
 from __future__ import annotations
 
-import http.client
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from scanner.net import free_port
 from scanner.runtime import envoy
 from scanner.runtime.process import ManagedProcess
-from tests.limiter.harness import limiter_process, redis_process, url
+from tests.limiter.harness import get, limiter_process, redis_process, url
 
 pytestmark = pytest.mark.envoy
 
@@ -183,14 +182,7 @@ class Stack:
         return self
 
     def get(self, path: str, principal: str, replica: int = 0, **headers: str) -> tuple[int, dict[str, str]]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.fronts[replica], timeout=10)
-        try:
-            conn.request("GET", path, headers={"x-principal": principal, **headers})
-            reply = conn.getresponse()
-            reply.read()
-            return reply.status, {k.lower(): v for k, v in reply.getheaders()}
-        finally:
-            conn.close()
+        return get(self.fronts[replica], path, {"x-principal": principal, **headers})
 
     def stop(self) -> None:
         for proc in (*self.envoys, self.limiter, self.redis):

@@ -10,7 +10,6 @@ releases a concurrency slot."""
 
 from __future__ import annotations
 
-import http.client
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from scanner.net import free_port
 from scanner.runtime import nginx as runtime_nginx
 from scanner.runtime.process import ManagedProcess
-from tests.limiter.harness import limiter_process, redis_process, url
+from tests.limiter.harness import get, limiter_process, redis_process, url
 
 pytestmark = pytest.mark.nginx
 
@@ -120,14 +119,7 @@ class NjsStack:
         self.nginx = ManagedProcess("nginx", argv, "127.0.0.1", self.port, log=tmp / "nginx.out").start()
 
     def get(self, path: str, principal: str) -> tuple[int, dict[str, str]]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request("GET", path, headers={"X-Principal": principal})
-            reply = conn.getresponse()
-            reply.read()
-            return reply.status, {k.lower(): v for k, v in reply.getheaders()}
-        finally:
-            conn.close()
+        return get(self.port, path, {"X-Principal": principal})
 
     def stop(self) -> None:
         for proc in (self.nginx, self.limiter, self.redis):
