@@ -30,6 +30,13 @@ LONG_FIRST = ("tests/test_verify.py", "tests/cli/test_probe_defaults.py", "tests
               "tests/test_e2e.py", "tests/probe/test_redteam.py", "tests/test_demo.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's loadscope/loadfile scheduler sorts modules by their number of tests unless told not
+    # to, which would send the one-test modules of minutes above to the end of the run.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
 
