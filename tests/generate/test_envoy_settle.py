@@ -185,6 +185,29 @@ def test_a_stream_asking_keeps_its_usage_event(live: Live) -> None:
     assert e.usage == f"{usage['usage']['prompt_tokens']}+4"
 
 
+def test_a_stream_cut_short_keeps_its_charge(live: Live) -> None:
+    # the client leaves after the first event: no usage event reaches the Lua, nothing is credited
+    import socket
+
+    raw = json.dumps(_body(max_tokens=300, stream=True)).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in live.headers.items())
+    for _ in range(2):
+        sock = socket.create_connection((live.setup.plan.listen.address, live.setup.plan.listen.port),
+                                        timeout=20, source_address=(live.source, 0))
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(raw)}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + raw)
+        got = b""
+        deadline = time.monotonic() + 10
+        while b"data: " not in got and time.monotonic() < deadline:
+            got += sock.recv(65536)
+        sock.close()
+        assert got.startswith(b"HTTP/1.1 200") and b"data: " in got and b"[DONE]" not in got, got[:300]
+    time.sleep(4 * DELAY + 0.5)     # the upstream stream is reset and the request logged
+    cut = [r for r in live.raw() if r["path"] == CHAT][-2:]
+    assert all(int(r["tokens_charged"]) > 300 for r in cut), cut
+    assert all(r["usage"] is None and not r["tokens_refunded"] for r in cut), cut
+
+
 def test_best_of_over_n_keeps_its_charge(live: Live) -> None:
     status, _answer, _t, _total = live.send(
         {"model": "m", "prompt": "hi", "max_tokens": 50, "n": 1, "best_of": 2}, "/v1/completions")
