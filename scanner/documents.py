@@ -200,6 +200,24 @@ class GrpcDoc(_Doc):
     methods: list[GrpcMethodDoc]
 
 
+class SharedTlsDoc(_Doc):
+    ca: str = Field(description="absolute path of the CA bundle that signs Redis's certificate")
+
+
+class SharedDoc(_Doc):
+    """The fleet's shared limits: every rate, concurrency and token budget taken from one limiter
+    (``vllm-perimeter limiter``) on one Redis."""
+
+    redis: str = Field(description="redis://HOST[:PORT][/DB] or rediss:// (TLS); no password")
+    limiter: str = Field(default="127.0.0.1:8081", description="HOST:PORT the proxies reach the limiter at")
+    password_file: str | None = Field(default=None, description="absolute path of the Redis password")
+    tls: SharedTlsDoc | None = None
+    on_unavailable: Literal["deny", "local"] = Field(
+        default="deny", description="store unreachable: 503 shared-store-unavailable, or each proxy's "
+        "share of every limit (the policy's values divided by replicas)")
+    replicas: int = Field(default=2, ge=1, le=1000, description="proxies in the fleet")
+
+
 class PolicyDoc(_Doc):
     """A policy (``policies/vllm-default.yaml``)."""
 
@@ -217,6 +235,8 @@ class PolicyDoc(_Doc):
     ports: PortsDoc | None = None
     grpc: GrpcDoc | None = Field(default=None,
                                  description="vLLM's gRPC server behind Envoy's HTTP/2 listener")
+    shared: SharedDoc | None = Field(default=None,
+                                     description="a fleet of proxies sharing every limit through Redis")
 
 
 class PrincipalsDoc(_Doc):
@@ -416,6 +436,8 @@ class PlanDoc(_Doc):
     unused_rules: list[str]
     unnamed_fields: list[str] = []
     grpc: dict[str, Any] | None = Field(default=None, description="the gRPC listener's decisions")
+    shared: dict[str, Any] | None = Field(default=None,
+                                          description="the fleet's shared limits (zones, local shares)")
     digest: str
 
 

@@ -106,7 +106,7 @@ class LimiterConfig:
     def to_json(self) -> dict[str, object]:
         """The file's content (what ``generate`` will write): sorted, deterministic."""
         return {"version": self.version, "domain": self.domain,
-                "zones": {n: _zone_json(z) for n, z in sorted(self.zones.items())}}
+                "zones": {n: zone_json(z) for n, z in sorted(self.zones.items())}}
 
 
 def per_unit(zone: Zone) -> tuple[int, Literal["second", "minute"]] | None:
@@ -122,7 +122,7 @@ def per_unit(zone: Zone) -> tuple[int, Literal["second", "minute"]] | None:
     return None
 
 
-def _zone_json(z: Zone) -> dict[str, object]:
+def zone_json(z: Zone) -> dict[str, object]:
     if isinstance(z, RateZone):
         return {"kind": z.kind, "rps": z.rps, "burst": z.burst}
     if isinstance(z, ConcurrencyZone):

@@ -46,8 +46,8 @@ def route_zones(d: Decision) -> tuple[str, ...]:
 
 
 def from_plan(plan: Plan, domain: str = DEFAULT_DOMAIN) -> LimiterConfig:
-    """Every zone of the plan's allowed routes; deterministic (sorted by name)."""
-    allowed = [d for d in plan.decisions if d.allowed]
+    """Every zone of the plan's allowed routes (HTTP and gRPC); deterministic (sorted by name)."""
+    allowed = [d for d in (*plan.decisions, *(plan.grpc.decisions if plan.grpc else ())) if d.allowed]
     zones: dict[str, Zone] = {}
     for d in allowed:
         rate = d.limits.rate

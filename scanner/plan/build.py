@@ -12,10 +12,12 @@ from scanner.errors import PerimeterError, PlanError
 from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
+from scanner.limiter import zones as limiter_zones
+from scanner.limiter.config import ConcurrencyZone, RateZone, Zone
 from scanner.plan import output_default
 from scanner.plan.envelope import EnvelopeSpec, named_at
 from scanner.plan.envelope import spec_for as envelope_spec_for
-from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan
+from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
 from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule
@@ -53,7 +55,7 @@ def build(inventory: Inventory, policy: Policy,
             decisions.append(replace(decided, output_default=default) if decided.allowed else decided)
     unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
     _misnamed(inventory, policy)
-    return Plan(
+    plan = Plan(
         decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
         principals=policy.principals,
         listen=policy.listen,
@@ -70,6 +72,42 @@ def build(inventory: Inventory, policy: Policy,
         unnamed_fields=_unnamed_fields(inventory, decisions, policy.source),
         grpc=_grpc(policy, networks, grpc_surface) if policy.grpc else None,
     )
+    return replace(plan, shared=_shared(plan, policy)) if policy.shared else plan
+
+
+def _shared(plan: Plan, policy: Policy) -> SharedPlan:
+    """Every rate, concurrency and token-budget zone of the plan, shared through the limiter,
+    and each zone's per-proxy share for ``on_unavailable: local``. A zone whose value is below
+    the replica count cannot be divided (each proxy still enforces at least 1: the fleet would
+    admit more than the policy) under ``local``: a plan error naming it."""
+    s = policy.shared
+    assert s is not None
+    config = limiter_zones.from_plan(plan)
+    local = {name: limiter_zones.local_share(z, s.replicas) for name, z in config.zones.items()}
+    if s.on_unavailable == "local":
+        for name, zone in config.zones.items():
+            whole = _whole_value(zone)
+            if whole < s.replicas:
+                raise PlanError(f"{policy.source}:{s.line}: shared.on_unavailable: local with {s.replicas} "
+                                f"replicas cannot divide zone {name} ({whole} {_unit(zone)}): each proxy "
+                                f"would still admit 1, the fleet {s.replicas}; raise it to at least "
+                                f"{s.replicas} or use on_unavailable: deny")
+    return SharedPlan(redis=s.redis, limiter=s.limiter, on_unavailable=s.on_unavailable,
+                      replicas=s.replicas, zones=config, local=local,
+                      password_file=s.password_file, tls_ca=s.tls_ca)
+
+
+def _whole_value(zone: Zone) -> int:
+    """What local_share divides and keeps at least 1: requests at once (rate: burst + 1), slots,
+    tokens per minute."""
+    if isinstance(zone, RateZone):
+        return zone.burst + 1
+    return zone.limit if isinstance(zone, ConcurrencyZone) else zone.per_minute
+
+
+def _unit(zone: Zone) -> str:
+    return {"rate": "requests at once (burst + 1)", "concurrency": "requests in flight",
+            "tokens": "tokens a minute"}[zone.kind]
 
 
 def _grpc(policy: Policy, networks: Mapping[str, tuple[str, ...]], surface: GrpcSurface | None) -> GrpcPlan:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
+from scanner.limiter.config import ConcurrencyZone, LimiterConfig, RateZone, TokenZone, Zone, zone_json
 from scanner.plan.envelope import Envelope, EnvelopeSpec
 from scanner.plan.envelope import sequences as envelope_sequences
 from scanner.plan.output_default import OutputDefault
@@ -27,7 +28,9 @@ from scanner.policy.model import (
     FieldRules,
     Limits,
     Listen,
+    OnUnavailable,
     Principal,
+    Rate,
     Upstream,
     WhenAbsent,
 )
@@ -417,6 +420,61 @@ class GrpcPlan:
 
 
 @dataclass(frozen=True)
+class SharedPlan:
+    """The fleet's shared limits (policy ``shared:``), decided once: every rate, concurrency and
+    token-budget zone of the plan lives in the limiter (``zones``: the zones file ``generate``
+    writes and ``vllm-perimeter limiter --zones`` reads), and each zone's per-proxy share
+    (``local``: every value divided by ``replicas``, scanner.limiter.zones.local_share), which
+    a proxy enforces on its own under ``on_unavailable: local`` while the store cannot be
+    reached. The generators render from this and nothing else."""
+
+    redis: str
+    limiter: tuple[str, int]
+    on_unavailable: OnUnavailable
+    replicas: int
+    zones: LimiterConfig
+    local: Mapping[str, Zone]
+    password_file: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def limiter_url(self) -> str:
+        host, port = self.limiter
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def route_zones(self, d: Decision) -> tuple[str, ...]:
+        """The shared zones a request of ``d`` is taken through, in the limiter's order (rate,
+        concurrency, tokens)."""
+        from scanner.limiter.zones import route_zones  # that module reads this one
+
+        return tuple(z for z in route_zones(d) if z in self.zones.zones)
+
+    def local_limits(self, d: Decision) -> Limits:
+        """``d``'s limits as one proxy enforces them alone (on_unavailable: local): its rate,
+        concurrency and token budget replaced by their per-proxy shares."""
+        lim = d.limits
+        for name in self.route_zones(d):
+            share = self.local[name]
+            if isinstance(share, RateZone):
+                lim = replace(lim, rate=Rate(rps=share.rps, burst=share.burst))
+            elif isinstance(share, ConcurrencyZone):
+                lim = replace(lim, concurrency=share.limit)
+            elif isinstance(share, TokenZone):
+                lim = replace(lim, tokens_per_minute=share.per_minute)
+        return lim
+
+    def to_dict(self) -> dict[str, Any]:
+        host, port = self.limiter
+        return {"redis": self.redis, "limiter": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                "on_unavailable": self.on_unavailable, "replicas": self.replicas,
+                "domain": self.zones.domain,
+                **({"password_file": self.password_file} if self.password_file else {}),
+                **({"tls_ca": self.tls_ca} if self.tls_ca else {}),
+                "zones": {name: {**zone_json(z), "local": zone_json(self.local[name])}
+                          for name, z in sorted(self.zones.zones.items())}}
+
+
+@dataclass(frozen=True)
 class Plan:
     decisions: tuple[Decision, ...]
     principals: tuple[Principal, ...]
@@ -435,6 +493,7 @@ class Plan:
     # inventory) its field rules do not name; form bodies are not inspected and not listed
     unnamed_fields: tuple[str, ...] = ()
     grpc: GrpcPlan | None = None           # the gRPC listener's decisions (policy grpc:)
+    shared: SharedPlan | None = None       # the fleet's shared limits (policy shared:)
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -526,6 +585,7 @@ class Plan:
             "unused_rules": list(self.unused_rules),
             "unnamed_fields": list(self.unnamed_fields),
             **({"grpc": self.grpc.to_dict()} if self.grpc else {}),
+            **({"shared": self.shared.to_dict()} if self.shared else {}),
         }
 
     @property

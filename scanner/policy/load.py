@@ -22,9 +22,12 @@ from scanner.policy.model import (
     CACHE_SALT_CHOICES,
     CAPPABLE_FIELDS,
     CHAT_TEMPLATE_CHOICES,
+    LIMITER_PORT,
     MAX_COUNT,
     MAX_JSON_CAP,
+    MAX_REPLICAS,
     METHODS,
+    ON_UNAVAILABLE_CHOICES,
     PIN_STRING,
     SALTED,
     SCHEMA_VERSION,
@@ -46,6 +49,7 @@ from scanner.policy.model import (
     Principal,
     Rate,
     RouteRule,
+    Shared,
     TlsServer,
     TlsUpstream,
     Upstream,
@@ -154,7 +158,7 @@ def _hint(value: str, choices: Sequence[str]) -> str:
 # --- the document --------------------------------------------------------------------------
 
 _TOP = ("schema_version", "name", "networks", "audiences", "principals", "principals_file",
-        "routes", "body", "listen", "upstream", "trusted_proxies", "ports", "grpc")
+        "routes", "body", "listen", "upstream", "trusted_proxies", "ports", "grpc", "shared")
 
 
 def load(path: str | Path) -> Policy:
@@ -196,6 +200,7 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
         trusted_proxies=_cidrs(top["trusted_proxies"]) if "trusted_proxies" in top else (),
         ports=_ports(top["ports"], networks) if "ports" in top else None,
         grpc=_grpc(top["grpc"], audiences, base_dir or Path(".")) if "grpc" in top else None,
+        shared=_shared(top["shared"]) if "shared" in top else None,
         source=source,
         digest="sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
@@ -587,3 +592,62 @@ def _absolute_file(node: Node) -> str:
         raise node.fail(f"{path!r}: give an absolute path without quotes, spaces, '$', ';' or braces "
                         "(the proxy opens it at run time)")
     return path
+
+
+def _shared(node: Node) -> Shared:
+    """``shared: {redis: URL, limiter: HOST:PORT, password_file: FILE, tls: {ca: FILE},
+    on_unavailable: deny|local, replicas: N}``."""
+    m = node.mapping(("redis", "limiter", "password_file", "tls", "on_unavailable", "replicas"),
+                     required=("redis",))
+    url = _redis_url(m["redis"])
+    tls_ca = None
+    if "tls" in m:
+        t = m["tls"].mapping(("ca",), required=("ca",))
+        tls_ca = _absolute_file(t["ca"])
+        if not url.startswith("rediss://"):
+            raise m["tls"].fail("tls needs a rediss:// URL (redis:// is plaintext)")
+    limiter = ("127.0.0.1", LIMITER_PORT)
+    if "limiter" in m:
+        limiter = _host_port(m["limiter"])
+    replicas = m["replicas"].whole(minimum=1) if "replicas" in m else 2
+    if replicas > MAX_REPLICAS:
+        raise m["replicas"].fail(f"at most {MAX_REPLICAS} replicas, got {replicas}")
+    return Shared(
+        redis=url, limiter=limiter,
+        password_file=_absolute_file(m["password_file"]) if "password_file" in m else None,
+        tls_ca=tls_ca,
+        on_unavailable=cast(Any, m["on_unavailable"].choice(ON_UNAVAILABLE_CHOICES))
+        if "on_unavailable" in m else "deny",
+        replicas=replicas, line=node.line)
+
+
+_REDIS_URL = re.compile(r"^(rediss?)://([^/@:\s]+|\[[0-9A-Fa-f:.]+\])(:(\d{1,5}))?(/(\d{1,2}))?$")
+
+
+def _redis_url(node: Node) -> str:
+    """``redis://HOST[:PORT][/DB]`` or ``rediss://`` (TLS); never a user or password in it."""
+    url = node.text()
+    if "@" in url:
+        raise node.fail("no user or password in the Redis URL: give password_file (read by the limiter)")
+    match = _REDIS_URL.match(url)
+    if match is None:
+        raise node.fail(f"{url!r} is not redis://HOST[:PORT][/DB] or rediss://HOST[:PORT][/DB]")
+    host = match.group(2).strip("[]")
+    if not valid_host(host):
+        raise node.fail(f"{host!r} is not an IP address or DNS name")
+    if match.group(4) and not 0 < int(match.group(4)) < 65536:
+        raise node.fail(f"port {match.group(4)} is not in 1..65535")
+    return url
+
+
+def _host_port(node: Node) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[addr]:port``)."""
+    text = node.text()
+    host, sep, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or (":" in host) != bracketed:
+        raise node.fail(f"{text!r} is not host:port (IPv6 as [addr]:port)")
+    if not valid_host(host):
+        raise node.fail(f"{host!r} is not an IP address or a host name")
+    return host, int(port)

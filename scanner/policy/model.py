@@ -288,6 +288,30 @@ class GrpcPolicy:
     line: int = 0
 
 
+# What a proxy of a fleet does while the shared store (Redis) or the limiter cannot be reached:
+# refuse (503 shared-store-unavailable) or enforce its own share of every limit (the policy's
+# values divided by the replica count). Never unlimited.
+OnUnavailable = Literal["deny", "local"]
+ON_UNAVAILABLE_CHOICES: tuple[str, ...] = ("deny", "local")
+LIMITER_PORT = 8081
+MAX_REPLICAS = 1000
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The ``shared:`` section: a fleet of ``replicas`` proxies takes every rate, concurrency and
+    token-budget limit from one limiter (``vllm-perimeter limiter``) on one Redis, so together
+    they admit what the policy says (issue 21)."""
+
+    redis: str                          # redis://HOST:PORT[/DB] or rediss:// (TLS); no password
+    limiter: tuple[str, int] = ("127.0.0.1", LIMITER_PORT)   # where the proxies reach the limiter
+    password_file: str | None = None    # the Redis password (AUTH), read by the limiter
+    tls_ca: str | None = None           # rediss://: the CA bundle that signs Redis's certificate
+    on_unavailable: OnUnavailable = "deny"
+    replicas: int = 2                   # proxies in the fleet: the local fallback's divisor
+    line: int = 0
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -301,6 +325,7 @@ class Policy:
     trusted_proxies: tuple[str, ...] = ()
     ports: PortPolicy | None = None  # None: no `ports:` section (see scanner.netscan.policy)
     grpc: GrpcPolicy | None = None   # None: no gRPC listener
+    shared: Shared | None = None     # None: every limit lives in each proxy (no fleet)
     source: str = "<policy>"
     digest: str = ""
     schema_version: int = SCHEMA_VERSION
