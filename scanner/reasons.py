@@ -16,6 +16,8 @@ Kind = Literal[
     "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
     "envelope-sequences", "envelope-tokens", "shared-store-unavailable",
+    "jwt-missing", "jwt-invalid", "jwt-expired", "jwt-not-yet-valid", "jwt-issuer", "jwt-audience",
+    "jwt-claim", "jwt-role",
 ]
 
 # kind -> the status the perimeter answers with
@@ -43,6 +45,19 @@ STATUS: dict[str, int] = {
     # body asks for more than one request may (not its size: 413; not a throttle: 429)
     "envelope-sequences": 400,
     "envelope-tokens": 400,
+    # a bearer token on an audience with ``auth: jwt`` (scanner/policy/jwt.py): none sent; one that
+    # does not verify (its form, size, alg, kid or signature: ``jwt-invalid:DETAIL``); expired or not
+    # yet valid (exp / nbf beyond the clock skew); another issuer; another audience: 401. A verified
+    # token without a required claim value (or a principal claim the perimeter can name), or whose
+    # role claim maps to no role: 403
+    "jwt-missing": 401,
+    "jwt-invalid": 401,
+    "jwt-expired": 401,
+    "jwt-not-yet-valid": 401,
+    "jwt-issuer": 401,
+    "jwt-audience": 401,
+    "jwt-claim": 403,
+    "jwt-role": 403,
     "rate": 429,
     "concurrency": 429,
     "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)
@@ -60,10 +75,13 @@ THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget", "sh
 # The access checks, which both perimeters apply before any other check of a matched route
 # (NGINX: the location's rewrite-phase checks; Envoy: route match, RBAC, then the Lua key check).
 ACCESS: frozenset[str] = frozenset({"not-allowlisted", "method-not-allowed", "network", "missing-key",
-                                    "unknown-key", "role"})
+                                    "unknown-key", "role", "jwt-missing", "jwt-invalid", "jwt-expired",
+                                    "jwt-not-yet-valid", "jwt-issuer", "jwt-audience", "jwt-claim",
+                                    "jwt-role"})
 # Refusals only a later check gives: the key named a principal (its role), or the body was read and
 # judged (its declared size is not one: NGINX refuses that before the location's own checks).
-LATER: frozenset[str] = frozenset({"role", "json-cap", "forbidden-field", "unknown-field", "bad-json",
+LATER: frozenset[str] = frozenset({"role", "jwt-claim", "jwt-role",
+                                   "json-cap", "forbidden-field", "unknown-field", "bad-json",
                                    "media-url", "media-data", "media-items", "media-embeds",
                                    "envelope-sequences", "envelope-tokens"})
 

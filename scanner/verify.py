@@ -36,6 +36,7 @@ from scanner.policy.salt import new_secret
 from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
+from scanner.probe.tokens_jwt import Issuer
 from scanner.runtime.proxy import Proxy
 from scanner.secrets import fingerprint
 from scanner.standin.grpc_standin import GrpcStandin
@@ -56,6 +57,7 @@ class Setup:
     networks: dict[str, tuple[str, ...]]
     upstream_key: str = field(default="", repr=False)   # vLLM's (throwaway) key, if the policy has one
     salt_secret: str = field(default="", repr=False)    # the (throwaway) cache_salt secret, if salted
+    issuer: Issuer | None = field(default=None, repr=False)   # the test issuer of auth "jwt" audiences
 
 
 @dataclass(frozen=True)
@@ -172,10 +174,15 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         body = replace(body, cache_salt_secret_file=str(salt_file.resolve()))
     grpc = policy.grpc and replace(policy.grpc, listen=Listen("127.0.0.1", free_port()),
                                    upstream_host="127.0.0.1", upstream_port=grpc_upstream_port or free_port())
+    issuer, audiences = None, dict(policy.audiences)
+    for name, a in sorted(audiences.items()):
+        if a.jwt is not None:   # a throwaway issuer: its JWKS replaces the policy's, the probe signs
+            issuer = issuer or Issuer.new()
+            audiences[name] = replace(a, jwt=issuer.for_audience(a.jwt, directory / f"jwks-{name}.json"))
     local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
-                    upstream=upstream, body=body, grpc=grpc or None)
+                    upstream=upstream, body=body, grpc=grpc or None, audiences=audiences)
     return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
-                 upstream_key, salt_secret)
+                 upstream_key, salt_secret, issuer)
 
 
 @contextmanager

@@ -40,6 +40,8 @@ from scanner.generate.common import (
     upstream_tls,
 )
 from scanner.generate.interface import GenerateOptions
+from scanner.plan.jwt import refusal as jwt_refusal
+from scanner.plan.jwt import verified
 from scanner.plan.model import (
     BODY_METHODS,
     DECISION_HEADER,
@@ -101,6 +103,38 @@ class RouteView:
     websocket: bool = False
     retry: str = ""           # Envoy retry_on; "" = no retry
     grpc: bool = False        # a gRPC method: matched only with content-type application/grpc
+    jwt: str = ""             # jwt_authn requirement (the audience's provider) on an auth "jwt" route
+
+
+@dataclass(frozen=True)
+class JwtProvider:
+    """One jwt_authn provider per audience with ``auth: jwt``: it verifies the signature (kid and
+    alg against the JWKS), exp / nbf with the skew and the audiences, and writes the token's
+    header and payload (or why it failed) to dynamic metadata; Lua decides with them."""
+
+    name: str                          # provider, requirement and metadata key prefix
+    jwks_file: str
+    remote_jwks: str                   # "" none
+    remote_cluster: str
+    remote_host: str
+    remote_port: int
+    audiences: tuple[str, ...]
+    clock_skew_s: int
+
+
+@dataclass(frozen=True)
+class LuaJwt:
+    """What Lua checks of a verified token (Decision.jwt)."""
+
+    provider: str
+    issuers: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    required: tuple[tuple[str, tuple[str, ...]], ...]
+    principal_claim: str
+    role_claim: str
+    roles: tuple[tuple[str, str], ...]
+    role: str
+    max_bytes: int
 
 
 @dataclass(frozen=True)
@@ -125,6 +159,7 @@ class LuaGroup:
     envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
     tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
+    jwt: LuaJwt | None = None                    # auth "jwt": the token's checks after jwt_authn
 
     @property
     def heads(self) -> tuple[str, ...]:
@@ -204,6 +239,7 @@ class RateFilter:
     principals: tuple[str, ...]    # a descriptor (own bucket) per principal
     per_address: bool              # auth "none": a bucket per client address
     audience: str = ""
+    per_token: bool = False        # auth "jwt": a bucket per token principal (a wildcard descriptor)
 
 
 @dataclass(frozen=True)
@@ -275,6 +311,8 @@ class Model:
     token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
     envelopes: bool = False     # some Lua group computes the admitted envelope (caps, token budgets)
     workers: int = 1            # Envoy's --concurrency: each worker holds a share of the credits
+    jwt_providers: tuple[JwtProvider, ...] = ()   # auth "jwt" audiences: jwt_authn before Lua
+    ca_bundle: str = ""                           # trusted CAs of a remote JWKS
     grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -343,6 +381,34 @@ class _Registry:
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, TokenFilter] = field(default_factory=dict)   # by Decision.token_zone
+    jwt: dict[str, JwtProvider] = field(default_factory=dict)      # by audience
+
+    def jwt_provider(self, d: Decision) -> str:
+        """The jwt_authn provider of an auth "jwt" route's audience ("" other routes)."""
+        if d.jwt is None:
+            return ""
+        if d.audience not in self.jwt:
+            t = d.jwt
+            host, port = "", 443
+            if t.remote_jwks:
+                netloc = t.remote_jwks.split("/")[2]
+                host, _, p = netloc.partition(":")
+                port = int(p) if p else 443
+            name = f"perimeter.jwt.{d.audience}"
+            self.jwt[d.audience] = JwtProvider(
+                name=name, jwks_file=t.jwks_file, remote_jwks=t.remote_jwks,
+                remote_cluster=f"{name}.jwks" if t.remote_jwks else "", remote_host=host, remote_port=port,
+                audiences=t.audiences, clock_skew_s=t.clock_skew_s)
+        return self.jwt[d.audience].name
+
+    def lua_jwt(self, d: Decision) -> LuaJwt | None:
+        t = d.jwt
+        if t is None:
+            return None
+        return LuaJwt(provider=self.jwt_provider(d), issuers=t.issuers, algorithms=verified(d, "envoy"),
+                      required=tuple((k, v) for k, v in t.required_claims.items()),
+                      principal_claim=t.principal_claim, role_claim=t.role_claim,
+                      roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes)
 
     def concurrency_group(self, d: Decision) -> str:
         """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
@@ -382,13 +448,13 @@ class _Registry:
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
                  websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
-                 self.token_filter(d))
+                 self.token_filter(d), self.lua_jwt(d), d.roles if d.jwt else ())
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
             self.lua[ident] = LuaGroup(
-                id=f"g{len(self.lua) + 1}", key=key_needed,
-                roles=d.roles if key_needed else (), limited=bool(upstream_prefix), upstreams=ups,
+                id=f"g{len(self.lua) + 1}", key=key_needed, jwt=self.lua_jwt(d),
+                roles=d.roles if key_needed or d.jwt else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
                 grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(d))
@@ -403,8 +469,8 @@ class _Registry:
             n = sum(1 for f in self.rate.values() if f.audience == d.audience)
             name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
             principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
-            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth != "key",
-                                        audience=d.audience)
+            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth == "none",
+                                        audience=d.audience, per_token=d.auth == "jwt")
         return self.rate[key].name
 
     def token_filter(self, d: Decision) -> str:
@@ -415,7 +481,7 @@ class _Registry:
             n = sum(1 for f in self.tokens.values() if f.audience == d.audience)
             name = f"perimeter.tokens.{d.audience}" + (f".{n + 1}" if n else "")
             # the filter's LRU of buckets: every principal's own (an evicted one would come back full)
-            self.tokens[d.token_zone] = TokenFilter(name, tpm, per_address=d.auth != "key",
+            self.tokens[d.token_zone] = TokenFilter(name, tpm, per_address=d.auth == "none",
                                                     max_descriptors=max(64, len(self.principals) + 1)
                                                     if d.auth == "key" else 10000, audience=d.audience)
         return self.tokens[d.token_zone].name
@@ -471,7 +537,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
                                     else "connect-failure,reset-before-request"),
-        path=_exact(d.path), regex=_regex(d.path), grpc=grpc,
+        path=_exact(d.path), regex=_regex(d.path), grpc=grpc, jwt=reg.jwt_provider(d),
     )
 
 
@@ -594,6 +660,9 @@ def _balance(plan: Plan) -> Balance | None:
 
 def build_model(plan: Plan, options: GenerateOptions) -> Model:
     opts = EnvoyOptions.parse(options.extra)
+    why = jwt_refusal(plan, "envoy")
+    if why:
+        raise GenerateError(f"envoy generator: {why}")
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
@@ -627,5 +696,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_key_file=plan.upstream.api_key_file or "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
         envelopes=any(g.envelope is not None for g in reg.lua.values()),
-        workers=opts.workers,
+        workers=opts.workers, jwt_providers=tuple(reg.jwt.values()), ca_bundle=opts.ca_bundle,
     )

@@ -274,6 +274,11 @@ def _salt(route: Route, method: str, audience: Audience,
     per-principal on a route without keys (its anonymous clients are one tenant), the audience's."""
     if not body.salted or route.kind != "http" or method not in BODY_METHODS:
         return ""
+    if body.cache_salt == "per-principal" and audience.auth == "jwt":
+        raise PlanError(f"audience {audience.name!r} (line {audience.line}): cache_salt: per-principal "
+                        "with auth: jwt is not supported (a token's principal is known only at request "
+                        "time, and the salts are computed when the config is generated); use "
+                        "per-audience")
     return "principal" if body.cache_salt == "per-principal" and audience.auth == "key" else "audience"
 
 
@@ -294,7 +299,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
         audience=audience.name, audience_kind=audience.kind, auth=audience.auth,
-        roles=tuple(sorted(audience.roles)), networks=cidrs,
+        roles=tuple(sorted(audience.roles)), networks=cidrs, jwt=audience.jwt,
         limits=limits, nested_caps=_nested_caps(route, method, limits.json_caps),
         fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
         media=media, media_at=media_at,

@@ -21,6 +21,7 @@ from scanner.plan.envelope import Envelope, EnvelopeSpec
 from scanner.plan.envelope import sequences as envelope_sequences
 from scanner.plan.output_default import OutputDefault
 from scanner.plan.vllm_json import at, vllm_int
+from scanner.policy.jwt import JwtAuth
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
@@ -212,8 +213,9 @@ class Decision:
     reason: str
     audience: str = ""
     audience_kind: AudienceKind = "none"
-    auth: Literal["key", "none"] = "key"
-    roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key: any principal
+    auth: Literal["key", "none", "jwt"] = "key"
+    roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key/jwt: any principal
+    jwt: JwtAuth | None = None      # auth "jwt": the token rules (issuers, audiences, keys, claims)
     networks: tuple[str, ...] = ()  # CIDRs the request may come from
     limits: Limits = field(default_factory=Limits)
     fields: FieldRules = field(default_factory=FieldRules)   # top-level body fields decided here
@@ -364,6 +366,7 @@ class Decision:
             "method": self.method, "path": self.path, "kind": self.kind, "action": self.action,
             "reason": self.reason, "audience": self.audience, "audience_kind": self.audience_kind,
             "auth": self.auth, "roles": list(self.roles), "networks": list(self.networks),
+            **({"jwt": self.jwt.to_dict()} if self.jwt else {}),
             "limits": {
                 "body_bytes": lim.body_bytes, "json_caps": dict(sorted(lim.json_caps.items())),
                 **({"cap_paths": dict(self.cap_paths)} if self.nested_caps else {}),

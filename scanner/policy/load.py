@@ -13,8 +13,17 @@ from typing import Any, cast
 import yaml
 
 from scanner import patterns
-from scanner.errors import PolicyError
+from scanner.errors import ConfigError, PolicyError
 from scanner.output import read_text
+from scanner.policy.jwt import (
+    ALGORITHMS,
+    CLAIM_NAME,
+    CLAIM_VALUE,
+    DEFAULT_ALGORITHMS,
+    MAX_TOKEN_BYTES,
+    JwtAuth,
+    read_jwks,
+)
 from scanner.policy.media import EMBED_MODES, END_USER_DEFAULT, URL_MODES, MediaRules, entry_problem
 from scanner.policy.model import (
     AUDIENCE_KINDS,
@@ -185,7 +194,7 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
     if version != SCHEMA_VERSION:
         raise top["schema_version"].fail(f"this tool reads schema_version {SCHEMA_VERSION}, not {version}")
     networks = _networks(top["networks"]) if "networks" in top else {}
-    audiences = _audiences(top["audiences"], networks)
+    audiences = _audiences(top["audiences"], networks, base_dir or Path("."))
     principals = _principals(top, base_dir or Path("."), audiences)
     rules = _rules(top["routes"], audiences)
     return Policy(
@@ -259,10 +268,10 @@ def _count(node: Node) -> int:
     return value
 
 
-def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Audience]:
+def _audiences(node: Node, networks: dict[str, tuple[str, ...]], base_dir: Path) -> dict[str, Audience]:
     out: dict[str, Audience] = {}
     for name, value in node.entries():
-        m = value.mapping(("kind", "networks", "roles", "auth", "limits", "fields", "media"),
+        m = value.mapping(("kind", "networks", "roles", "auth", "limits", "fields", "media", "jwt"),
                           required=("kind",))
         kind = cast(AudienceKind, m["kind"].choice(AUDIENCE_KINDS))
         nets = m["networks"].texts() if "networks" in m else ()
@@ -270,13 +279,26 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Au
             if net not in networks:
                 raise Node(m["networks"].node.value[i], f"{value.where}.networks[{i}]", node.source).fail(
                     f"unknown network {net!r}" + _hint(net, list(networks)))
-        auth = m["auth"].choice(("key", "none")) if "auth" in m else ("none" if kind == "none" else "key")
+        auth = (m["auth"].choice(("key", "none", "jwt")) if "auth" in m
+                else ("none" if kind == "none" else "key"))
         if kind not in ("none",) and not nets:
             raise value.fail("an audience that allows traffic must name its networks")
+        if auth == "jwt" and "jwt" not in m:
+            raise m["auth"].fail("auth: jwt needs a jwt: section (issuers, audiences, jwks_file, ...)")
+        if "jwt" in m and auth != "jwt":
+            raise m["jwt"].fail("a jwt: section is read only with auth: jwt")
+        token = _jwt(m["jwt"], base_dir) if "jwt" in m else None
+        roles = m["roles"].texts() if "roles" in m else ()
+        if token is not None:
+            given = {*token.roles.values(), *((token.role,) if token.role else ())}
+            for role in roles:
+                if role not in given:
+                    raise m["roles"].fail(f"role {role!r}: no token of this audience can have it (its jwt "
+                                          "roles give: " + ", ".join(sorted(given)) + ")")
         out[name] = Audience(
             name=name, kind=kind, networks=nets,
-            roles=m["roles"].texts() if "roles" in m else (),
-            auth=cast(Any, auth),
+            roles=roles,
+            auth=cast(Any, auth), jwt=token,
             limits=_limits(m["limits"]) if "limits" in m else Limits(),
             fields=_fields(m["fields"]) if "fields" in m else FieldRules(),
             media=_media(m["media"]) if "media" in m else (
@@ -284,6 +306,89 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]]) -> dict[str, Au
             line=value.line,
         )
     return out
+
+
+_JWT_KEYS = ("issuers", "audiences", "jwks_file", "remote_jwks", "algorithms", "clock_skew_s",
+             "required_claims", "principal_claim", "role_claim", "roles", "role", "max_token_bytes")
+_ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _jwt(node: Node, base_dir: Path) -> JwtAuth:
+    """``jwt: {issuers, audiences, jwks_file, remote_jwks, algorithms, clock_skew_s, required_claims,
+    principal_claim, role_claim + roles | role, max_token_bytes}``. The token itself never reaches
+    vLLM (both proxies remove Authorization)."""
+    m = node.mapping(_JWT_KEYS, required=("issuers", "audiences", "jwks_file"))
+    issuers, audiences = m["issuers"].texts(), m["audiences"].texts()
+    for what, got in (("issuers", issuers), ("audiences", audiences)):
+        if not got:
+            raise m[what].fail("name at least one")
+        for v in got:
+            if not CLAIM_VALUE.match(v):
+                raise m[what].fail(f"{v!r}: letters, digits and _.@:+/=|- only (at most 256)")
+    algorithms = DEFAULT_ALGORITHMS
+    if "algorithms" in m:
+        algorithms = m["algorithms"].texts()
+        for alg in algorithms:
+            if alg.lower() == "none" or alg.upper().startswith("HS"):
+                raise m["algorithms"].fail(f"{alg!r} is never allowed: a token signed with no key, or with a "
+                                           "shared secret (an HMAC), proves nothing a client cannot forge")
+            if alg not in ALGORITHMS:
+                raise m["algorithms"].fail(f"{alg!r} is not one of {', '.join(ALGORITHMS)}"
+                                           + _hint(alg, ALGORITHMS))
+        if not algorithms:
+            raise m["algorithms"].fail("name at least one algorithm")
+        algorithms = tuple(sorted(set(algorithms), key=ALGORITHMS.index))
+    ref = m["jwks_file"]
+    path = (base_dir / ref.text()).absolute()
+    if any(c in str(path) for c in "\"\\$;{}\n\r\t '"):
+        raise ref.fail(f"{str(path)!r}: a path without quotes, spaces, '$', ';' or braces")
+    try:
+        keys = read_jwks(path, algorithms)
+    except ConfigError as exc:
+        raise ref.fail(exc.message) from None
+    remote = m["remote_jwks"].text() if "remote_jwks" in m else ""
+    if remote and not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/%-]*)?", remote):
+        raise m["remote_jwks"].fail(f"{remote!r} is not an https URL")
+    required: dict[str, tuple[str, ...]] = {}
+    for claim, value in m["required_claims"].entries() if "required_claims" in m else ():
+        if not CLAIM_NAME.match(claim):
+            raise value.fail(f"{claim!r} is not a claim name")
+        values = value.texts() if isinstance(value.node, yaml.SequenceNode) else (value.text(),)
+        for v in values:
+            if not CLAIM_VALUE.match(v):
+                raise value.fail(f"{v!r}: letters, digits and _.@:+/=|- only (at most 256)")
+        required[claim] = tuple(values)
+    principal_claim = m["principal_claim"].text() if "principal_claim" in m else "sub"
+    role_claim = m["role_claim"].text() if "role_claim" in m else ""
+    for what, claim in (("principal_claim", principal_claim), ("role_claim", role_claim)):
+        if claim and not CLAIM_NAME.match(claim):
+            raise m[what].fail(f"{claim!r} is not a claim name")
+    roles: dict[str, str] = {}
+    for value_name, role in m["roles"].entries() if "roles" in m else ():
+        if not CLAIM_VALUE.match(value_name):
+            raise role.fail(f"{value_name!r}: letters, digits and _.@:+/=|- only (at most 256)")
+        roles[value_name] = role.text()
+        if not _ROLE.match(roles[value_name]):
+            raise role.fail(f"role {roles[value_name]!r}: use letters, digits, '.', '_' or '-'")
+    fixed = m["role"].text() if "role" in m else ""
+    if fixed and not _ROLE.match(fixed):
+        raise m["role"].fail(f"role {fixed!r}: use letters, digits, '.', '_' or '-'")
+    if bool(role_claim) != bool(roles):
+        raise node.fail("role_claim and roles go together: the claim, and its values -> roles")
+    if role_claim and fixed:
+        raise m["role"].fail("give either a fixed role or role_claim + roles, not both")
+    if not role_claim and not fixed:
+        raise node.fail("a token's role: role_claim + roles (claim value -> role), or a fixed role")
+    size = m["max_token_bytes"].whole(minimum=256) if "max_token_bytes" in m else MAX_TOKEN_BYTES
+    if size > 16384:
+        raise m["max_token_bytes"].fail(f"{size}: at most 16384")
+    return JwtAuth(
+        issuers=tuple(sorted(set(issuers))), audiences=tuple(sorted(set(audiences))), jwks_file=str(path),
+        keys=keys, algorithms=algorithms, remote_jwks=remote,
+        clock_skew_s=m["clock_skew_s"].whole() if "clock_skew_s" in m else 60,
+        required_claims=dict(sorted(required.items())), principal_claim=principal_claim,
+        role_claim=role_claim, roles=dict(sorted(roles.items())), role=fixed, max_token_bytes=size,
+        line=node.line)
 
 
 _FIELD_LISTS = {"allow": "allow", "deny": "reject", "strip": "strip"}
@@ -388,7 +493,7 @@ def _principals(
         out.append(Principal(name=name, role=m["role"].text(), key_sha256=digest))
     roles = {p.role for p in out}
     for aud in audiences.values():
-        for role in aud.roles:
+        for role in aud.roles if aud.auth != "jwt" else ():
             if out and role not in roles:
                 raise PolicyError(f"{top['audiences'].source}:{aud.line}: audiences.{aud.name}: "
                                   f"role {role!r} has no principal" + _hint(role, sorted(roles)))

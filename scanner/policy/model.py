@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from scanner.policy.jwt import JwtAuth
 from scanner.policy.media import MediaRules
 
 AudienceKind = Literal["end-user", "service", "operator", "monitoring", "none"]
@@ -139,8 +140,10 @@ class Audience:
     name: str
     kind: AudienceKind
     networks: tuple[str, ...] = ()   # names of entries in Policy.networks
-    roles: tuple[str, ...] = ()      # empty with auth "key": any known principal
-    auth: Literal["key", "none"] = "key"
+    roles: tuple[str, ...] = ()      # empty with auth "key" / "jwt": any principal
+    # "key": an API key of the principals file; "jwt": a bearer token verified by ``jwt``
+    auth: Literal["key", "none", "jwt"] = "key"
+    jwt: JwtAuth | None = None
     limits: Limits = field(default_factory=Limits)
     fields: FieldRules = field(default_factory=FieldRules)
     media: MediaRules = field(default_factory=MediaRules)
@@ -332,6 +335,11 @@ class Policy:
 
     def roles(self) -> tuple[str, ...]:
         return tuple(sorted({p.role for p in self.principals}))
+
+    def token_roles(self) -> tuple[str, ...]:
+        """Every role a verified token can give (the ``jwt:`` sections' role maps and fixed roles)."""
+        return tuple(sorted({r for a in self.audiences.values() if a.jwt
+                             for r in (*a.jwt.roles.values(), *((a.jwt.role,) if a.jwt.role else ()))}))
 
 
 def valid_cidr(text: str) -> bool:

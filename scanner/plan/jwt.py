@@ -1,0 +1,53 @@
+"""What each proxy can verify of a plan's bearer tokens (``auth: jwt``), decided once.
+
+Measured on this machine (``/tmp/team/identity-facts.md``): njs WebCrypto verifies RS256
+(RSASSA-PKCS1-v1_5), PS256 (RSA-PSS, salt 32) and ES256 (ECDSA P-256) on njs 0.9.9 and 0.7.9,
+0.7 importing SPKI keys only (so the generator writes SPKI) and only in promise chains (``await``
+on crypto.subtle crashes 0.7's worker: the njs code uses ``.then`` on both); neither has Ed25519.
+Envoy's ``jwt_authn`` verifies all four. The proxies count rates, concurrency and token budgets
+per principal; where a token's principal (known only at request time) cannot be counted, the
+plan is refused for that proxy (exit 2), never rendered without the limit.
+"""
+
+from __future__ import annotations
+
+from scanner.plan.model import Decision, Plan
+
+NJS_ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256")
+ENVOY_ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256", "EdDSA")
+
+
+def verified(d: Decision, proxy: str) -> tuple[str, ...]:
+    """The algorithms ``proxy`` ("nginx" / "envoy") accepts on ``d``: the policy's allowlist
+    within what the proxy can verify and a key of the JWKS verifies."""
+    if d.jwt is None:
+        return ()
+    can = NJS_ALGORITHMS if proxy == "nginx" else ENVOY_ALGORITHMS
+    keyed = {a for k in d.jwt.keys for a in k.algorithms}
+    return tuple(a for a in d.jwt.algorithms if a in can and a in keyed)
+
+
+def refusal(plan: Plan, proxy: str) -> str:
+    """Why ``proxy`` cannot enforce the plan's token rules ("" it can): one line."""
+    for d in plan.allowed:
+        if d.jwt is None:
+            continue
+        where = f"{d.method} {d.path} (audience {d.audience!r}, auth: jwt)"
+        keyed = {a for k in d.jwt.keys for a in k.algorithms}
+        lost = [a for a in d.jwt.algorithms if a in keyed and a not in verified(d, proxy)]
+        if lost:
+            return (f"{where}: the policy allows {', '.join(lost)} and its JWKS has such keys, but njs "
+                    "WebCrypto (0.7, 0.9) verifies only RS256, PS256 and ES256 (no Ed25519): allow "
+                    "those only, or use Envoy")
+        if proxy == "envoy" and d.limits.concurrency is not None:
+            return (f"{where}: limits.concurrency per principal: Envoy holds a cluster per principal the "
+                    "plan knows (API keys), none per token subject")
+        if proxy == "nginx" and d.token_zone:
+            return (f"{where}: limits.tokens_per_minute per token subject is not supported on NGINX yet "
+                    "(njs charges budgets per API-key principal)")
+    if plan.grpc is not None:
+        for d in plan.grpc.allowed:
+            if d.auth == "jwt":
+                return (f"gRPC {d.path} (audience {d.audience!r}): auth: jwt is not supported on the gRPC "
+                        "listener")
+    return ""

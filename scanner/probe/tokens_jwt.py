@@ -1,0 +1,182 @@
+"""Bearer tokens for the identity check: a test issuer (RSA and EC P-256 keys, its JWKS) or an
+issuer's own private key, and the token cases sent on every route of an ``auth: jwt`` audience.
+
+Signing uses PyJWT; only the forgeries no library will make (``alg: none``, HS256 keyed with
+the RSA public key) are put together here, as an attacker would.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jwt as pyjwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+
+from scanner.errors import UsageError
+from scanner.policy.jwt import JwtAuth, read_jwks
+
+RSA_KID = "perimeter-test-rsa"
+EC_KID = "perimeter-test-ec"
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A private key the probe signs with, its kid and algorithm; ``public_pem`` is what an
+    attacker reads from the JWKS (the HS256 forgery's secret)."""
+
+    kid: str
+    alg: str
+    key: object = field(repr=False)
+    public_pem: bytes = field(repr=False, default=b"")
+
+    def sign(self, claims: Mapping[str, object], kid: str | None = None, alg: str | None = None) -> str:
+        return pyjwt.encode(dict(claims), self.key, algorithm=alg or self.alg,  # type: ignore[arg-type]
+                            headers={"kid": self.kid if kid is None else kid})
+
+
+@dataclass(frozen=True)
+class Issuer:
+    """A throwaway issuer: an RSA and an EC key, and the JWKS with both public keys."""
+
+    rsa: Signer
+    ec: Signer
+    jwks: Mapping[str, object]
+
+    @classmethod
+    def new(cls) -> Issuer:
+        r = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        e = ec.generate_private_key(ec.SECP256R1())
+        keys = []
+        for kid, jwk in ((RSA_KID, RSAAlgorithm.to_jwk(r.public_key())),
+                         (EC_KID, ECAlgorithm.to_jwk(e.public_key()))):
+            keys.append({**json.loads(jwk), "kid": kid, "use": "sig"})
+        pem = r.public_key().public_bytes(serialization.Encoding.PEM,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo)
+        return cls(rsa=Signer(RSA_KID, "RS256", r, pem), ec=Signer(EC_KID, "ES256", e), jwks={"keys": keys})
+
+    def write_jwks(self, path: Path) -> Path:
+        path.write_text(json.dumps(self.jwks, sort_keys=True), encoding="utf-8")
+        return path
+
+    def for_audience(self, t: JwtAuth, path: Path) -> JwtAuth:
+        """``t`` verified against this issuer's JWKS (written to ``path``) instead of its own."""
+        from dataclasses import replace
+
+        self.write_jwks(path)
+        return replace(t, jwks_file=str(path.resolve()), keys=read_jwks(path, t.algorithms), remote_jwks="")
+
+
+def signer_from_file(path: str, t: JwtAuth) -> Signer:
+    """The issuer's private key (PEM) given with ``--jwt-signing-key``: its kid is the JWKS key
+    whose public key it matches. Never echoed."""
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        raise UsageError(f"--jwt-signing-key {path}: not a readable unencrypted PEM private key") from None
+    public = key.public_key()
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    spki = base64.b64encode(der).decode()
+    match = next((k for k in t.keys if k.spki == spki), None)
+    if match is None:
+        raise UsageError(f"--jwt-signing-key {path}: its public key is not in the policy's JWKS")
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return Signer(match.kid, match.algorithms[0], key, pem if isinstance(key, rsa.RSAPrivateKey) else b"")
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def forge_none(claims: Mapping[str, object], kid: str) -> str:
+    """An unsigned token (``alg: none``)."""
+    head = _b64(json.dumps({"alg": "none", "typ": "JWT", "kid": kid}).encode())
+    return f"{head}.{_b64(json.dumps(dict(claims)).encode())}."
+
+
+def forge_hs256(claims: Mapping[str, object], kid: str, secret: bytes) -> str:
+    """HS256 keyed with ``secret`` (the RSA public key a verifier might take as an HMAC secret)."""
+    signing = (_b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": kid}).encode()) + "."
+               + _b64(json.dumps(dict(claims)).encode()))
+    mac = hmac.new(secret, signing.encode(), hashlib.sha256).digest()
+    return f"{signing}.{_b64(mac)}"
+
+
+def tamper(token: str, claims: Mapping[str, object]) -> str:
+    """``token`` with its payload replaced by ``claims`` and its signature kept."""
+    head, _, sig = token.split(".")
+    return f"{head}.{_b64(json.dumps(dict(claims)).encode())}.{sig}"
+
+
+def valid_claims(t: JwtAuth, role: str, subject: str, now: int | None = None) -> dict[str, object]:
+    """Claims a token of ``t`` needs to be admitted with ``role``: issuer, audience, a window
+    around ``now``, each required claim's first value, and the role claim's value for ``role``."""
+    now = int(time.time()) if now is None else now
+    claims: dict[str, object] = {"iss": t.issuers[0], "aud": t.audiences[0], t.principal_claim: subject,
+                                 "iat": now, "nbf": now - 5, "exp": now + 600}
+    for name, values in t.required_claims.items():
+        claims[name] = values[0]
+    if t.role_claim:
+        value = next((v for v, r in sorted(t.roles.items()) if r == role), None)
+        if value is not None:
+            claims[t.role_claim] = [value]
+    return claims
+
+
+def unmapped(t: JwtAuth) -> str:
+    """A role claim value no role maps ("" when the audience's role is fixed)."""
+    return "perimeter-unmapped-group" if t.role_claim else ""
+
+
+@dataclass(frozen=True)
+class TokenCase:
+    name: str
+    token: str = field(repr=False)
+    expect: str        # the reason kind (reasons.py) it must be refused with; "" admitted
+
+
+def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[TokenCase, ...]:
+    """Every token case for ``t``: refusals (those that need a signature only with ``signer``) and,
+    with a signer, the valid token admitted with ``role``."""
+    now = int(time.time())
+    good = valid_claims(t, role, subject, now)
+    kid = signer.kid if signer else (t.keys[0].kid if t.keys else "k")
+    pem = signer.public_pem if signer else b""
+    out = [TokenCase("no token", "", "jwt-missing"),
+           TokenCase("alg none", forge_none(good, kid), "jwt-invalid"),
+           TokenCase("oversized", "x" * (t.max_token_bytes + 1), "jwt-invalid"),
+           TokenCase("not a JWT", "not.a.jwt", "jwt-invalid")]
+    if pem:
+        out.append(TokenCase("HS256 keyed with the RSA public key", forge_hs256(good, kid, pem),
+                             "jwt-invalid"))
+    if signer is None:
+        return tuple(out)
+    sign = signer.sign
+    pad = "x" * max(0, t.max_token_bytes - len(sign(good)) + 16)
+    out += [
+        TokenCase("valid", sign(good), ""),
+        TokenCase("expired", sign({**good, "iat": now - 7200, "nbf": now - 7200,
+                                   "exp": now - t.clock_skew_s - 600}), "jwt-expired"),
+        TokenCase("not yet valid", sign({**good, "nbf": now + t.clock_skew_s + 600,
+                                         "exp": now + t.clock_skew_s + 1200}), "jwt-not-yet-valid"),
+        TokenCase("other issuer", sign({**good, "iss": "https://other-issuer.invalid"}), "jwt-issuer"),
+        TokenCase("other audience", sign({**good, "aud": "another-audience"}), "jwt-audience"),
+        TokenCase("kid not in the JWKS", sign(good, kid="perimeter-unknown-kid"), "jwt-invalid"),
+        TokenCase("tampered payload",
+                  tamper(sign(good), {**good, t.principal_claim: "someone-else"}), "jwt-invalid"),
+        TokenCase("oversized, signed", sign({**good, "pad": pad}), "jwt-invalid"),
+    ]
+    for name in t.required_claims:
+        out.append(TokenCase(f"missing required claim {name}",
+                             sign({k: v for k, v in good.items() if k != name}), "jwt-claim"))
+    if t.role_claim:
+        out.append(TokenCase("role not mapped", sign({**good, t.role_claim: [unmapped(t)]}), "jwt-role"))
+    return tuple(out)
