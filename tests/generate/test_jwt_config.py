@@ -1,0 +1,45 @@
+"""Generated configs of a plan with ``auth: jwt``: deterministic, accepted by the proxy's own
+validator (a remote JWKS too), refused (exit 2) where the proxy cannot enforce the token rules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scanner.errors import GenerateError
+from scanner.inventory.catalog import load_ref
+from scanner.plan.build import build
+from scanner.policy.load import loads
+from scanner.probe.tokens_jwt import Issuer
+from scanner.runtime.proxy import EnvoyProxy
+from tests.generate.test_jwt_live import POLICY
+
+pytestmark = pytest.mark.envoy
+
+
+def _plan(tmp_path: Path, remote: str = "", concurrency: bool = False):  # type: ignore[no-untyped-def]
+    Issuer.new().write_jwks(tmp_path / "jwks.json")
+    policy = loads(POLICY, source=str(tmp_path / "p.yaml"), base_dir=tmp_path)
+    people = policy.audiences["people"]
+    assert people.jwt is not None
+    jwt = replace(people.jwt, remote_jwks=remote)
+    limits = replace(people.limits, concurrency=4) if concurrency else people.limits
+    policy = replace(policy, audiences={**policy.audiences, "people": replace(people, jwt=jwt, limits=limits)})
+    return build(load_ref("vllm-0.29.0-default"), policy)
+
+
+def test_envoy_config_deterministic_and_valid(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, remote="https://idp.example.com:8443/keys")
+    envoy = EnvoyProxy()
+    a = (envoy.write(plan, tmp_path / "a") / "envoy.yaml").read_text()
+    b = (envoy.write(plan, tmp_path / "b") / "envoy.yaml").read_text()
+    assert a.replace(str(tmp_path / "a"), "") == b.replace(str(tmp_path / "b"), "")
+    assert "remote_jwks" in a and "perimeter.jwt.people.jwks" in a and "local_jwks" not in a
+    assert envoy.validate(plan, tmp_path / "a") == ""
+
+
+def test_envoy_refuses_concurrency_per_token(tmp_path: Path) -> None:
+    with pytest.raises(GenerateError, match="limits.concurrency per principal"):
+        EnvoyProxy().write(_plan(tmp_path, concurrency=True), tmp_path / "out")
