@@ -92,11 +92,32 @@ class MediaDoc(_Doc):
     embeds: Literal["deny", "allow"] = Field(default="deny", description="image/audio/video embeddings")
 
 
+class JwtDoc(_Doc):
+    """Bearer tokens of an ``auth: jwt`` audience (docs/identity.md)."""
+
+    issuers: list[str] = Field(min_length=1)
+    audiences: list[str] = Field(min_length=1)
+    jwks_file: str = Field(min_length=1, description="JWKS JSON (public keys with kid), relative to the "
+                           "policy's directory; read at generate time (rotate: replace, generate, reload)")
+    remote_jwks: str | None = Field(default=None, pattern=r"^https://",
+                                    description="Envoy only: fetch the JWKS from this URL")
+    algorithms: list[Literal["RS256", "PS256", "ES256", "EdDSA"]] = Field(
+        default=["RS256", "PS256", "ES256"], min_length=1, description="never none, never HS*")
+    clock_skew_s: int = Field(default=60, ge=0)
+    required_claims: dict[str, str | list[str]] = {}
+    principal_claim: str = "sub"
+    role_claim: str | None = None
+    roles: dict[str, str] = Field(default={}, description="role_claim value -> role")
+    role: str | None = Field(default=None, description="a fixed role (without role_claim)")
+    max_token_bytes: int = Field(default=8192, ge=256, le=16384)
+
+
 class AudienceDoc(_Doc):
     kind: Literal["end-user", "service", "operator", "monitoring", "none"]
     networks: list[str] = []
     roles: list[str] = []
-    auth: Literal["key", "none"] | None = None
+    auth: Literal["key", "none", "jwt"] | None = None
+    jwt: JwtDoc | None = None
     limits: LimitsDoc | None = None
     fields: FieldsDoc | None = None
     media: MediaDoc | None = Field(default=None, description="default for end-user audiences: data: URLs "
@@ -403,9 +424,11 @@ class DecisionDoc(_Doc):
     reason: str
     audience: str
     audience_kind: Literal["end-user", "service", "operator", "monitoring", "none"]
-    auth: Literal["key", "none"]
+    auth: Literal["key", "none", "jwt"]
     roles: list[str]
     networks: list[str]
+    jwt: dict[str, Any] | None = Field(default=None, description="auth jwt: the token rules and the "
+                                       "JWKS keys' kid, type and algorithms")
     limits: PlanLimitsDoc
     envelope: EnvelopeDoc | None = Field(default=None, description="the fields multiplying its work, "
                                          "where it caps or charges them")

@@ -41,5 +41,5 @@ def test_envoy_config_deterministic_and_valid(tmp_path: Path) -> None:
 
 
 def test_envoy_refuses_concurrency_per_token(tmp_path: Path) -> None:
-    with pytest.raises(GenerateError, match="limits.concurrency per principal"):
+    with pytest.raises(GenerateError, match=r"limits\.concurrency per principal"):
         EnvoyProxy().write(_plan(tmp_path, concurrency=True), tmp_path / "out")

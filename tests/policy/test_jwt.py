@@ -167,3 +167,14 @@ def test_cli_exits_2_in_one_line(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "scanner.cli.main", "plan", "--inventory", "vllm-0.29.0-default",
                         "--policy", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "never allowed" in r.stderr
+
+
+def test_plan_and_policy_match_their_schemas(tmp_path: Path) -> None:
+    import yaml
+
+    from scanner import documents
+
+    plan = _plan(tmp_path, ROLES + "      required_claims: {tenant: [acme], scope: llm}\n")
+    documents.validate("plan", json.loads(plan.to_json()), "plan")   # type: ignore[attr-defined]
+    text = BASE.format(extra=ROLES.rstrip("\n"), extra_limits="{}")
+    documents.validate("policy", yaml.safe_load(text), "p.yaml")
