@@ -87,6 +87,7 @@ import yaml
 
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
+from scanner.generate.shared import files as shared_files
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
@@ -155,7 +156,8 @@ class EnvoyGenerator:
         main, principals = render_model(model)
         return GeneratedConfig(
             generator=self.name,
-            files=(GeneratedFile(MAIN, main), GeneratedFile(PRINCIPALS, principals, mode=0o600)),
+            files=(GeneratedFile(MAIN, main), GeneratedFile(PRINCIPALS, principals, mode=0o600),
+                   *shared_files(plan)),
             main=MAIN, runtime_files=runtime_files(model),
         )
 

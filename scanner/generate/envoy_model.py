@@ -53,6 +53,7 @@ from scanner.plan.model import (
     Budget,
     Decision,
     Plan,
+    SharedPlan,
 )
 from scanner.policy.media import MediaRules
 from scanner.policy.model import FieldRules, Principal, Rate
@@ -104,6 +105,7 @@ class RouteView:
     retry: str = ""           # Envoy retry_on; "" = no retry
     grpc: bool = False        # a gRPC method: matched only with content-type application/grpc
     jwt: str = ""             # jwt_authn requirement (the audience's provider) on an auth "jwt" route
+    shared: tuple[SharedAction, ...] = ()   # the limiter's descriptors (RateLimitPerRoute); () none
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,45 @@ class LuaJwt:
 
 
 @dataclass(frozen=True)
+class SharedAction:
+    """One ``rate_limits`` entry of a route's ``RateLimitPerRoute`` (scanner.limiter.rls's
+    descriptor scheme): ``(zone, NAME)``, the key (``principal`` from the metadata Lua wrote, or
+    ``remote_address``), then ``(op, release|settle)`` and ``(slot, ID)`` as needed; ``hits``:
+    the ``perimeter`` metadata key its hits_addend is read from ("" none)."""
+
+    zone: str
+    per_address: bool
+    slot: bool = False
+    hits: str = ""
+    op: str = ""
+
+    @property
+    def on_done(self) -> bool:
+        """Sent when the stream ends (release a slot, settle a token reservation)."""
+        return bool(self.op)
+
+
+@dataclass(frozen=True)
+class SharedLimiter:
+    """The limiter every replica calls (policy ``shared:``): Envoy's ratelimit filter over gRPC
+    (h2c) to ``host:port``. ``failure_mode_deny`` always: a limiter that does not answer is a 503
+    ``shared-store-unavailable``; with ``on_unavailable: local`` the limiter itself answers OK
+    with ``{shared: unavailable}`` in the filter's dynamic metadata while Redis is down, and the
+    local filters (each zone's per-proxy share) count only requests so marked."""
+
+    host: str
+    port: int
+    ip: bool
+    domain: str
+    on_unavailable: str
+    timeout: str = "1s"
+
+    @property
+    def local(self) -> bool:
+        return self.on_unavailable == "local"
+
+
+@dataclass(frozen=True)
 class LuaGroup:
     """What the Lua filter checks on a set of routes."""
 
@@ -160,6 +201,7 @@ class LuaGroup:
     tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
     jwt: LuaJwt | None = None                    # auth "jwt": the token's checks after jwt_authn
+    slot: bool = False                           # a shared concurrency zone: Lua sets perimeter.slot
 
     @property
     def heads(self) -> tuple[str, ...]:
@@ -217,6 +259,7 @@ class TokenFilter:
     per_address: bool
     max_descriptors: int
     audience: str = ""
+    fallback: bool = False     # on_unavailable: local: counts only requests the limiter could not decide
 
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
@@ -240,6 +283,7 @@ class RateFilter:
     per_address: bool              # auth "none": a bucket per client address
     audience: str = ""
     per_token: bool = False        # auth "jwt": a bucket per token principal (a wildcard descriptor)
+    fallback: bool = False         # on_unavailable: local: counts only requests the limiter could not decide
 
 
 @dataclass(frozen=True)
@@ -313,6 +357,7 @@ class Model:
     workers: int = 1            # Envoy's --concurrency: each worker holds a share of the credits
     jwt_providers: tuple[JwtProvider, ...] = ()   # auth "jwt" audiences: jwt_authn before Lua
     ca_bundle: str = ""                           # trusted CAs of a remote JWKS
+    shared: SharedLimiter | None = None   # the fleet's limiter (policy shared:); None: local limits only
     grpc_headers: tuple[str, ...] = GRPC_HEADERS  # passed on gRPC routes as the client sent them
     decision_header: str = DECISION_HEADER
     reason_header: str = REASON_HEADER
@@ -323,6 +368,11 @@ class Model:
     @property
     def scheme(self) -> str:
         return "https" if self.listen_tls else "http"
+
+    @property
+    def settles(self) -> bool:
+        """Does Lua charge token costs and settle answers (a token budget, local or shared)?"""
+        return bool(self.token_filters) or any(g.tokens for g in self.lua_groups)
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -409,6 +459,17 @@ class _Registry:
                       required=tuple((k, v) for k, v in t.required_claims.items()),
                       principal_claim=t.principal_claim, role_claim=t.role_claim,
                       roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes)
+    shared: SharedPlan | None = None
+
+    def local(self, d: Decision) -> Decision | None:
+        """``d`` as this proxy limits it on its own: itself without a fleet; with one, its
+        per-proxy share under on_unavailable: local (the plan's), None under deny (every limit
+        is the limiter's)."""
+        if self.shared is None:
+            return d
+        if self.shared.on_unavailable != "local":
+            return None
+        return replace(d, limits=self.shared.local_limits(d))
 
     def concurrency_group(self, d: Decision) -> str:
         """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
@@ -427,7 +488,7 @@ class _Registry:
                 self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit, grpc=grpc)
         return self.concurrency[key]
 
-    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool) -> str:
+    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool, own: Decision | None) -> str:
         """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
         websocket = d.kind == "websocket"
@@ -443,12 +504,13 @@ class _Registry:
         media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
         tokens = d.limits.tokens_per_minute if d.token_zone else None
+        slot = self.shared is not None and any(a.slot for a in shared_actions(self.shared, d))
         envelope = LuaEnvelope.of(d) if (tokens or (check_body and d.envelope_capped)) else None
         ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
                  websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
-                 self.token_filter(d), self.lua_jwt(d), d.roles if d.jwt else ())
+                 self.token_filter(own) if own else "", self.lua_jwt(d), d.roles if d.jwt else (), slot)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -457,7 +519,8 @@ class _Registry:
                 roles=d.roles if key_needed or d.jwt else (), limited=bool(upstream_prefix), upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
-                grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(d))
+                grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(own) if own else "",
+                slot=slot)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -470,7 +533,8 @@ class _Registry:
             name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
             principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
             self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth == "none",
-                                        audience=d.audience, per_token=d.auth == "jwt")
+                                        audience=d.audience, per_token=d.auth == "jwt",
+                                        fallback=self.shared is not None)
         return self.rate[key].name
 
     def token_filter(self, d: Decision) -> str:
@@ -483,7 +547,8 @@ class _Registry:
             # the filter's LRU of buckets: every principal's own (an evicted one would come back full)
             self.tokens[d.token_zone] = TokenFilter(name, tpm, per_address=d.auth == "none",
                                                     max_descriptors=max(64, len(self.principals) + 1)
-                                                    if d.auth == "key" else 10000, audience=d.audience)
+                                                    if d.auth == "key" else 10000, audience=d.audience,
+                                                    fallback=self.shared is not None)
         return self.tokens[d.token_zone].name
 
 
@@ -508,7 +573,8 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     for role in d.roles:
         _check_name("role", role)
     nets = tuple(cidr(c) for c in d.networks)
-    concurrency = reg.concurrency_group(d) if d.limits.concurrency else ""
+    own = reg.local(d)   # the limits this proxy keeps itself (None: the limiter's alone)
+    concurrency = reg.concurrency_group(own) if own is not None and own.limits.concurrency else ""
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
@@ -530,15 +596,48 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
         timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
-        lua_group=reg.lua_group(d, concurrency if key else "", check_body),
+        lua_group=reg.lua_group(d, concurrency if key else "", check_body, own),
         buffer_bytes=held,
         stream_buffer=held if check_body and held > STREAM_BUFFER else 0,
-        rate_filter=reg.rate_filter(d), token_filter=reg.token_filter(d), websocket=websocket,
+        rate_filter=reg.rate_filter(own) if own else "", token_filter=reg.token_filter(own) if own else "",
+        websocket=websocket, shared=shared_actions(reg.shared, d),
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
                                     else "connect-failure,reset-before-request"),
         path=_exact(d.path), regex=_regex(d.path), grpc=grpc, jwt=reg.jwt_provider(d),
     )
+
+
+def shared_actions(shared: SharedPlan | None, d: Decision) -> tuple[SharedAction, ...]:
+    """The limiter's descriptors of ``d`` (the plan's zones, in the limiter's order): acquire
+    each zone (a rate 1, a slot named by perimeter.slot, a token zone the cost Lua wrote), then
+    at the stream's end release the slot and settle the reservation (the refund Lua wrote from
+    the answer's usage; none written: not sent, the charge stands)."""
+    if shared is None:
+        return ()
+    per_address = d.auth == "none"   # else the principal Lua wrote (a key's or a token's)
+    acquire: list[SharedAction] = []
+    done: list[SharedAction] = []
+    for name in shared.route_zones(d):
+        kind = shared.zones.zones[name].kind
+        if kind == "rate":
+            acquire.append(SharedAction(name, per_address))
+        elif kind == "concurrency":
+            acquire.append(SharedAction(name, per_address, slot=True))
+            done.append(SharedAction(name, per_address, slot=True, op="release"))
+        else:
+            acquire.append(SharedAction(name, per_address, hits="cost"))
+            done.append(SharedAction(name, per_address, hits="refund", op="settle"))
+    return (*acquire, *done)
+
+
+def _shared_limiter(plan: Plan) -> SharedLimiter | None:
+    s = plan.shared
+    if s is None:
+        return None
+    host, port = s.limiter
+    return SharedLimiter(host=host, port=port, ip=_is_ip(host), domain=s.zones.domain,
+                         on_unavailable=s.on_unavailable)
 
 
 def _fallback_route(path: str, decisions: tuple[Decision, ...]) -> RouteView:
@@ -666,7 +765,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
-    reg = _Registry(plan.principals)
+    reg = _Registry(plan.principals, shared=plan.shared)
     routes = _routes(reg, plan)
     grpc = _grpc(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
@@ -697,4 +796,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
         envelopes=any(g.envelope is not None for g in reg.lua.values()),
         workers=opts.workers, jwt_providers=tuple(reg.jwt.values()), ca_bundle=opts.ca_bundle,
+        shared=_shared_limiter(plan),
     )

@@ -38,6 +38,7 @@ import yaml
 from scanner.errors import ConfigError
 
 ZoneKind = Literal["rate", "concurrency", "tokens"]
+OnUnavailable = Literal["deny", "local"]
 ZONE_KINDS: tuple[str, ...] = ("rate", "concurrency", "tokens")
 CONFIG_VERSION = 1
 DEFAULT_DOMAIN = "vllm-perimeter"
@@ -102,10 +103,15 @@ class LimiterConfig:
     zones: Mapping[str, Zone]
     domain: str = DEFAULT_DOMAIN
     version: int = CONFIG_VERSION
+    # the fleet's failure policy (policy shared.on_unavailable): "local" makes a gRPC answer
+    # without Redis OK with {shared: unavailable} in Envoy's metadata (its local share decides);
+    # "deny" (and the HTTP door always) answers unavailable
+    on_unavailable: OnUnavailable = "deny"
 
     def to_json(self) -> dict[str, object]:
-        """The file's content (what ``generate`` will write): sorted, deterministic."""
+        """The file's content (what ``generate`` writes): sorted, deterministic."""
         return {"version": self.version, "domain": self.domain,
+                **({"on_unavailable": self.on_unavailable} if self.on_unavailable != "deny" else {}),
                 "zones": {n: zone_json(z) for n, z in sorted(self.zones.items())}}
 
 
@@ -152,9 +158,12 @@ def dumps(config: LimiterConfig) -> str:
 def parse(data: object, where: str = "zones file") -> LimiterConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping with version, domain and zones")
-    unknown = sorted(set(map(str, data)) - {"version", "domain", "zones"})
+    unknown = sorted(set(map(str, data)) - {"version", "domain", "zones", "on_unavailable"})
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (version, domain, zones)")
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (version, domain, on_unavailable, zones)")
+    on_unavailable = data.get("on_unavailable", "deny")
+    if on_unavailable not in ("deny", "local"):
+        raise ConfigError(f"{where}: on_unavailable {on_unavailable!r} is not deny or local")
     if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
         raise ConfigError(f"{where}: version {data.get('version')!r} is not {CONFIG_VERSION}")
     domain = data.get("domain", DEFAULT_DOMAIN)
@@ -163,7 +172,8 @@ def parse(data: object, where: str = "zones file") -> LimiterConfig:
     zones = data.get("zones")
     if not isinstance(zones, dict) or not zones:
         raise ConfigError(f"{where}: zones must be a non-empty mapping of zone name -> limits")
-    return LimiterConfig(zones={str(n): _zone(str(n), z, where) for n, z in zones.items()}, domain=domain)
+    return LimiterConfig(zones={str(n): _zone(str(n), z, where) for n, z in zones.items()}, domain=domain,
+                         on_unavailable=on_unavailable)
 
 
 def _zone(name: str, raw: object, where: str) -> Zone:

@@ -94,6 +94,9 @@ class Response:
     statuses: tuple[DescriptorStatus, ...] = ()
     response_headers: tuple[tuple[str, str], ...] = ()
     request_headers: tuple[tuple[str, str], ...] = ()
+    # field 6, a Struct of strings: Envoy's filter writes it to its dynamic metadata
+    # (namespace envoy.filters.http.ratelimit) for the filters after it
+    dynamic_metadata: tuple[tuple[str, str], ...] = ()
 
 
 # --- wire primitives ------------------------------------------------------------------------
@@ -248,6 +251,8 @@ def encode_response(r: Response) -> bytes:
     for field, headers in ((3, r.response_headers), (4, r.request_headers)):
         for k, v in headers:
             out += _len(field, _str(1, k) + _str(2, v))
+    if r.dynamic_metadata:   # Struct {map<string, Value> fields = 1}; Value.string_value = 3
+        out += _len(6, b"".join(_len(1, _str(1, k) + _len(2, _str(3, v))) for k, v in r.dynamic_metadata))
     return bytes(out)
 
 

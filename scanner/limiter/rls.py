@@ -143,6 +143,17 @@ def _hits(config: LimiterConfig, request: proto.Request, d: proto.Descriptor,
     return request.hits(d)
 
 
+UNAVAILABLE_METADATA: tuple[tuple[str, str], ...] = (("shared", "unavailable"),)
+
+
+def unavailable(request: proto.Request) -> proto.Response:
+    """The answer while the store is down under ``on_unavailable: local``: OK for every
+    descriptor, with ``{shared: unavailable}`` in the filter's dynamic metadata, so the proxy's
+    local filters (each zone's per-proxy share, counting only requests so marked) decide."""
+    return proto.Response(proto.CODE_OK, tuple(proto.DescriptorStatus(proto.CODE_OK) for _ in request.descriptors),
+                          dynamic_metadata=UNAVAILABLE_METADATA)
+
+
 def _need_slot(slot: str) -> str:
     if not slot:
         raise LimiterCallError("release needs the slot entry it acquired with")

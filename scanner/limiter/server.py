@@ -153,6 +153,8 @@ class _Grpc:
             answer = await rls.should_rate_limit(self.service.redis, self.service.config, request)
             return GRPC_OK, "", proto.encode_response(answer)
         except StoreUnavailableError:
+            if self.service.config.on_unavailable == "local":   # the proxy's own share decides
+                return GRPC_OK, "", proto.encode_response(rls.unavailable(request))
             return GRPC_UNAVAILABLE, decide.UNAVAILABLE, b""
         except (LimiterCallError, proto.ProtoError) as exc:
             return GRPC_INVALID_ARGUMENT, str(exc)[:200], b""

@@ -20,7 +20,7 @@ from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
-from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule
+from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule, Shared
 from scanner.state_changing import is_state_changing
 
 # The upgrade request of a WebSocket route is a GET; a mount answers any method,
@@ -72,23 +72,21 @@ def build(inventory: Inventory, policy: Policy,
         unnamed_fields=_unnamed_fields(inventory, decisions, policy.source),
         grpc=_grpc(policy, networks, grpc_surface) if policy.grpc else None,
     )
-    return replace(plan, shared=_shared(plan, policy)) if policy.shared else plan
+    return replace(plan, shared=shared_plan(plan, policy.shared, policy.source)) if policy.shared else plan
 
 
-def _shared(plan: Plan, policy: Policy) -> SharedPlan:
+def shared_plan(plan: Plan, s: Shared, source: str) -> SharedPlan:
     """Every rate, concurrency and token-budget zone of the plan, shared through the limiter,
     and each zone's per-proxy share for ``on_unavailable: local``. A zone whose value is below
     the replica count cannot be divided (each proxy still enforces at least 1: the fleet would
     admit more than the policy) under ``local``: a plan error naming it."""
-    s = policy.shared
-    assert s is not None
-    config = limiter_zones.from_plan(plan)
+    config = replace(limiter_zones.from_plan(plan), on_unavailable=s.on_unavailable)
     local = {name: limiter_zones.local_share(z, s.replicas) for name, z in config.zones.items()}
     if s.on_unavailable == "local":
         for name, zone in config.zones.items():
             whole = _whole_value(zone)
             if whole < s.replicas:
-                raise PlanError(f"{policy.source}:{s.line}: shared.on_unavailable: local with {s.replicas} "
+                raise PlanError(f"{source}:{s.line}: shared.on_unavailable: local with {s.replicas} "
                                 f"replicas cannot divide zone {name} ({whole} {_unit(zone)}): each proxy "
                                 f"would still admit 1, the fleet {s.replicas}; raise it to at least "
                                 f"{s.replicas} or use on_unavailable: deny")
