@@ -87,8 +87,8 @@ import yaml
 
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
-from scanner.generate.shared import files as shared_files
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
+from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 from scanner.resources import data_dir

@@ -258,6 +258,7 @@ def encode_response(r: Response) -> bytes:
 
 def decode_response(data: bytes) -> Response:
     code, statuses, headers = 0, [], {3: [], 4: []}   # type: ignore[var-annotated]
+    metadata: list[tuple[str, str]] = []
     for field, _wire, value in fields(data):
         if field == 1:
             code = _number(value)
@@ -266,7 +267,13 @@ def decode_response(data: bytes) -> Response:
         elif field in headers:
             pair = {f: _text(v) for f, _w, v in fields(_bytes(value)) if f in (1, 2)}
             headers[field].append((pair.get(1, ""), pair.get(2, "")))
-    return Response(code, tuple(statuses), tuple(headers[3]), tuple(headers[4]))
+        elif field == 6:   # a Struct: its string values (other kinds are not written here)
+            for _f, _w, entry in fields(_bytes(value)):
+                item = {f: v for f, _w2, v in fields(_bytes(entry)) if f in (1, 2)}
+                kinds = fields(_bytes(item[2])) if 2 in item else []
+                text = next((_text(v) for f, _w2, v in kinds if f == 3), "")
+                metadata.append((_text(item[1]) if 1 in item else "", text))
+    return Response(code, tuple(statuses), tuple(headers[3]), tuple(headers[4]), tuple(metadata))
 
 
 def _status(data: bytes) -> DescriptorStatus:

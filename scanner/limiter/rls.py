@@ -150,8 +150,8 @@ def unavailable(request: proto.Request) -> proto.Response:
     """The answer while the store is down under ``on_unavailable: local``: OK for every
     descriptor, with ``{shared: unavailable}`` in the filter's dynamic metadata, so the proxy's
     local filters (each zone's per-proxy share, counting only requests so marked) decide."""
-    return proto.Response(proto.CODE_OK, tuple(proto.DescriptorStatus(proto.CODE_OK) for _ in request.descriptors),
-                          dynamic_metadata=UNAVAILABLE_METADATA)
+    statuses = tuple(proto.DescriptorStatus(proto.CODE_OK) for _ in request.descriptors)
+    return proto.Response(proto.CODE_OK, statuses, dynamic_metadata=UNAVAILABLE_METADATA)
 
 
 def _need_slot(slot: str) -> str:

@@ -19,7 +19,6 @@ from types import TracebackType
 
 from scanner.errors import UsageError
 from scanner.generate.shared import ZONES_FILE
-from scanner.net import free_port
 from scanner.plan.model import Plan
 from scanner.policy.model import Shared
 from scanner.runtime.process import ManagedProcess
@@ -42,8 +41,8 @@ def redis_process(directory: Path, port: int) -> ManagedProcess:
 
 
 def limiter_process(directory: Path, redis_url: str, zones_file: Path, port: int) -> ManagedProcess:
-    argv = [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url, "--zones", str(zones_file),
-            "--listen", f"127.0.0.1:{port}"]
+    argv = [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url,
+            "--zones", str(zones_file), "--listen", f"127.0.0.1:{port}"]
     return ManagedProcess("limiter", argv, "127.0.0.1", port, log=directory / "limiter.log")
 
 
@@ -86,7 +85,8 @@ class Fleet:
 
     def write(self) -> list[Path]:
         """Each replica's config (its own port); the generated directories (editable: mutants)."""
-        return [self.proxy.write(replica(self.plan, port), d) for port, d in zip(self.ports, self.dirs, strict=True)]
+        pairs = zip(self.ports, self.dirs, strict=True)
+        return [self.proxy.write(replica(self.plan, port), d) for port, d in pairs]
 
     def start(self) -> Fleet:
         self.redis.start()
@@ -102,5 +102,6 @@ class Fleet:
     def __enter__(self) -> Fleet:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.stop()

@@ -56,3 +56,12 @@ def test_response_round_trip() -> None:
 def test_bad_bytes_are_proto_errors(bad: bytes) -> None:
     with pytest.raises(proto.ProtoError):
         proto.decode_request(bad)
+
+
+def test_response_dynamic_metadata_is_a_struct_of_strings() -> None:
+    """Field 6, google.protobuf.Struct {fields: {"shared": Value {string_value: "unavailable"}}}:
+    known bytes (as protoc encodes them)."""
+    data = proto.encode_response(proto.Response(proto.CODE_OK, dynamic_metadata=(("shared", "unavailable"),)))
+    entry = b"\x0a\x06shared" + b"\x12\x0d" + b"\x1a\x0bunavailable"
+    assert proto.decode_response(data).dynamic_metadata == (("shared", "unavailable"),)
+    assert data == b"\x08\x01" + b"\x32" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry

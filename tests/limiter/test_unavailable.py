@@ -39,3 +39,26 @@ def test_redis_stopped_mid_run(tmp_path: Path) -> None:
     finally:
         service.stop()
         redis.stop()
+
+
+def test_redis_stopped_under_local_envoy_is_told_to_decide_itself(tmp_path: Path) -> None:
+    """A zones file with on_unavailable: local: without Redis the gRPC answer is OK with
+    {shared: unavailable} in the filter's metadata (Envoy's local filters at the per-proxy share
+    then decide); the HTTP door still answers 503 (njs falls back itself)."""
+    from tests.limiter.harness import ZONES
+
+    redis = redis_process(tmp_path)
+    service = limiter_process(tmp_path, url(redis), {**ZONES, "on_unavailable": "local"})
+    try:
+        service.start()
+        grpc, http = GrpcClient("127.0.0.1", service.port), HttpClient("127.0.0.1", service.port)
+        down = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),
+                                                          descriptor("conc:2", "k", ("slot", "s")))))
+        assert down.grpc_status == 0 and down.response is not None
+        assert down.response.overall_code == proto.CODE_OK and len(down.response.statuses) == 2
+        assert down.response.dynamic_metadata == (("shared", "unavailable"),)
+        assert http.post("/v1/acquire", {"key": "k", "zone": "wide"})[0] == 503
+        grpc.close()
+        http.close()
+    finally:
+        service.stop()

@@ -66,3 +66,14 @@ def test_slot_ttl() -> None:
 ])
 def test_local_share(zone: config.Zone, n: int, share: config.Zone) -> None:
     assert zones.local_share(zone, n) == share
+
+
+def test_on_unavailable_in_the_zones_file() -> None:
+    from scanner.errors import ConfigError
+
+    base = {"version": 1, "zones": {"r": {"kind": "rate", "rps": 1, "burst": 0}}}
+    assert config.parse(base).on_unavailable == "deny" and "on_unavailable" not in config.parse(base).to_json()
+    local = config.parse({**base, "on_unavailable": "local"})
+    assert local.on_unavailable == "local" and config.parse(local.to_json()) == local
+    with pytest.raises(ConfigError, match="on_unavailable 'open' is not deny or local"):
+        config.parse({**base, "on_unavailable": "open"})

@@ -1,0 +1,96 @@
+"""A fleet in front of the stand-in for tests: two replicas of one proxy, the limiter, one
+redis-server (scanner.runtime.fleet), the plan of the bundled policy with small inference limits
+(rate 4 r/s burst 5, 2 requests at once, 2000 tokens a minute) shared through the limiter."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from scanner import verify
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.plan.model import Plan
+from scanner.policy.load import loads
+from scanner.policy.model import Policy
+from scanner.probe.interface import Credential
+from scanner.runtime import fleet
+from scanner.runtime.proxy import Proxy
+from scanner.standin.serve import StandinThread
+from tests.limiter.harness import redis_binary
+
+CATALOG = "vllm-0.29.0-default"
+DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "vllm-default.yaml"
+PUBLIC = "127.0.0.12"     # verify.loopback's address of the policy's public network
+RPS, BURST, CONCURRENCY, TOKENS = 4, 5, 2, 2000
+
+
+def fleet_policy(on_unavailable: str = "deny") -> Policy:
+    text = DEFAULT.read_text().replace(
+        "      rate: {rps: 10, burst: 20}\n      concurrency: 16\n",
+        f"      rate: {{rps: {RPS}, burst: {BURST}}}\n      concurrency: {CONCURRENCY}\n"
+        f"      tokens_per_minute: {TOKENS}\n", 1)
+    text += f"\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: {on_unavailable}\n"
+    return loads(text)
+
+
+class FleetStack:
+    """The stand-in, Redis, the limiter and two replicas of ``proxy``; ``call`` sends through one."""
+
+    def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
+                 mutate: str = "") -> None:
+        redis_binary()    # skipped (or failed on CI) without redis-server
+        self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
+        inventory = load_ref(CATALOG)
+        up = free_port()
+        self.setup = verify.setup(inventory, fleet_policy(on_unavailable), self.tmp, up)
+        self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
+        self.fleet = fleet.Fleet(self.plan, proxy, self.tmp, (free_port(), free_port()))
+        self.written = self.fleet.write()
+        self.standin = StandinThread(inventory, "127.0.0.1", up, stream_delay=stream_delay)
+        self.user: Credential = next(c for c in self.setup.credentials if c.role == "user")
+
+    def start(self) -> FleetStack:
+        self.standin.__enter__()
+        try:
+            self.fleet.start()
+        except BaseException:
+            self.standin.__exit__(None, None, None)
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.fleet.stop()
+        self.standin.__exit__(None, None, None)
+
+    def open(self, replica: int, method: str = "GET", path: str = "/v1/models",
+             body: dict[str, object] | None = None, who: Credential | None = None) -> http.client.HTTPResponse:
+        """One request through ``replica``, its answer's head read (the body left to read)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.fleet.ports[replica], timeout=15,
+                                          source_address=(PUBLIC, 0))
+        headers = (who or self.user).headers()
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+        return conn.getresponse()
+
+    def call(self, replica: int, method: str = "GET", path: str = "/v1/models",
+             body: dict[str, object] | None = None, who: Credential | None = None) -> tuple[int, str, str]:
+        """(status, X-Perimeter-Reason, Retry-After) of one request through ``replica``."""
+        reply = self.open(replica, method, path, body, who)
+        reply.read()
+        reply.close()
+        return reply.status, reply.getheader("x-perimeter-reason") or "", reply.getheader("retry-after") or ""
+
+
+def chat(max_tokens: int, stream: bool = False) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+            **({"stream": True} if stream else {})}
+
+
+def replace_shared(plan: Plan, **changes: object) -> Plan:
+    assert plan.shared is not None
+    return replace(plan, shared=replace(plan.shared, **changes))

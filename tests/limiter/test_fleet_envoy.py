@@ -1,0 +1,98 @@
+"""Two Envoy 1.40 replicas, the limiter and one Redis in front of the stand-in (issue 21): the
+plan's rate, concurrency and token budget hold for the fleet (requests alternate between the
+replicas), the refunds of settled answers reach the limiter, and with Redis stopped the failure
+policy holds (deny: 503 shared-store-unavailable; local: each replica's share, never unlimited)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.limiter.fleet import BURST, CONCURRENCY, TOKENS, FleetStack, chat
+from tests.probe.realproxy import proxy_named
+
+pytestmark = pytest.mark.envoy
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[FleetStack]:
+    s = FleetStack(proxy_named("envoy"))
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def test_the_rate_holds_for_the_fleet(stack: FleetStack) -> None:
+    answers = [stack.call(i % 2) for i in range(BURST + 4)]
+    statuses = [a[0] for a in answers]
+    # burst + 1 at once for the fleet (a refill step of 0.1 s may add one), not per replica
+    assert statuses[:BURST + 1] == [200] * (BURST + 1) and statuses.count(200) <= BURST + 2, statuses
+    refused = [a for a in answers if a[0] == 429]
+    assert refused and all(a[1] == "rate" and a[2] for a in refused)
+    assert {i % 2 for i, a in enumerate(answers) if a[0] == 429} == {0, 1}   # both replicas refuse
+
+
+def test_concurrency_and_tokens_hold_for_the_fleet_and_refunds_settle(stack: FleetStack) -> None:
+    time.sleep(1.0)                                   # the rate bucket refills
+    held = [stack.open(i % 2, "POST", "/v1/chat/completions", chat(600, stream=True))
+            for i in range(CONCURRENCY)]
+    assert [h.status for h in held] == [200] * CONCURRENCY
+    status, reason, _ = stack.call(0, "POST", "/v1/chat/completions", chat(10))
+    assert (status, reason) == (429, "concurrency")   # 2 in flight across both replicas
+    for h in held:
+        h.read()
+        h.close()
+    time.sleep(0.3)                                   # released at the streams' end
+    # each stream reserved ~660 of 2000 tokens and was settled to its usage: room again
+    time.sleep(0.5)
+    big = [stack.call(i % 2, "POST", "/v1/chat/completions", chat(900)) for i in range(4)]
+    # ~970 reserved each, settled to ~40 after each answer: the refunds reach the limiter, or the
+    # third would be refused (3 x 970 > 2000)
+    assert [b[0] for b in big] == [200] * 4, big
+    over = stack.call(1, "POST", "/v1/chat/completions", chat(TOKENS + 100))
+    assert over[:2] == (429, "token-budget") and over[2] == "60"
+
+
+def test_tokens_reserved_in_flight_hold_for_the_fleet(stack: FleetStack) -> None:
+    time.sleep(1.0)
+    first = stack.open(0, "POST", "/v1/chat/completions", chat(1200, stream=True))   # ~1260 held
+    assert first.status == 200
+    status, reason, after = stack.call(1, "POST", "/v1/chat/completions", chat(1200))
+    first.read()
+    first.close()
+    assert (status, reason) == (429, "token-budget") and int(after) >= 1
+
+
+def test_redis_stopped_the_fleet_denies_503(stack: FleetStack) -> None:
+    stack.fleet.redis.stop()
+    answers = [stack.call(i % 2) for i in range(4)]
+    assert answers == [(503, "shared-store-unavailable", "")] * 4
+    stack.fleet.limiter.stop()                        # the limiter itself gone: the same answer
+    assert stack.call(1)[:2] == (503, "shared-store-unavailable")
+
+
+@pytest.fixture(scope="module")
+def local_stack() -> Iterator[FleetStack]:
+    s = FleetStack(proxy_named("envoy"), on_unavailable="local")
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def test_redis_stopped_each_replica_keeps_its_share(local_stack: FleetStack) -> None:
+    """on_unavailable: local: the rate of 4 r/s burst 5 becomes 2 r/s burst 2 per replica (the
+    plan's share): the fleet admits some, never more than the policy, and refuses the rest with
+    429 rate, never 503."""
+    stack = local_stack
+    assert stack.call(0)[0] == 200                    # shared while Redis is up
+    stack.fleet.redis.stop()
+    time.sleep(1.5)                                   # the local buckets are full again
+    answers = [stack.call(i % 2) for i in range(10)]
+    admitted = [i % 2 for i, a in enumerate(answers) if a[0] == 200]
+    assert {0, 1} <= set(admitted), answers           # each replica admits its share
+    assert len(admitted) <= BURST + 1, answers        # the fleet never more than the policy
+    assert {a[:2] for a in answers if a[0] != 200} == {(429, "rate")}, answers
