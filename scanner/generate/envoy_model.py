@@ -137,6 +137,7 @@ class LuaJwt:
     roles: tuple[tuple[str, str], ...]
     role: str
     max_bytes: int
+    skew: int = 60
 
 
 @dataclass(frozen=True)
@@ -432,6 +433,7 @@ class _Registry:
     concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, TokenFilter] = field(default_factory=dict)   # by Decision.token_zone
     jwt: dict[str, JwtProvider] = field(default_factory=dict)      # by audience
+    shared: SharedPlan | None = None
 
     def jwt_provider(self, d: Decision) -> str:
         """The jwt_authn provider of an auth "jwt" route's audience ("" other routes)."""
@@ -458,8 +460,8 @@ class _Registry:
         return LuaJwt(provider=self.jwt_provider(d), issuers=t.issuers, algorithms=verified(d, "envoy"),
                       required=tuple((k, v) for k, v in t.required_claims.items()),
                       principal_claim=t.principal_claim, role_claim=t.role_claim,
-                      roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes)
-    shared: SharedPlan | None = None
+                      roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes,
+                      skew=t.clock_skew_s)
 
     def local(self, d: Decision) -> Decision | None:
         """``d`` as this proxy limits it on its own: itself without a fleet; with one, its

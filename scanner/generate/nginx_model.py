@@ -44,6 +44,7 @@ with the body check); a ``map`` from hash to name and role is kept in the 0600 f
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ from scanner.generate.common import (
 )
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
+from scanner.plan.jwt import refusal as jwt_refusal
+from scanner.plan.jwt import verified
 from scanner.plan.model import (
     BODY_METHODS,
     DECISION_HEADER,
@@ -164,6 +167,22 @@ class Block:
     websocket: bool
     up: str                     # the named proxying location (inspected blocks)
     rewrite: bool               # also emit ``<up>_rewrite`` (fields stripped, a budget injected)
+    # auth "jwt": the audience's token rules (JwtAudience.id); njs verifies the token here, then
+    # redirects to ``jwt_next``, the named location holding the rest of the block
+    jwt: str = ""
+    jwt_roles: str = ""         # the roles admitted, space-separated ("" any role a token gives)
+    jwt_next: str = ""
+
+
+@dataclass(frozen=True)
+class JwtAudience:
+    """An ``auth: jwt`` audience as njs reads it: its rules (a JSON object, one js_var) and its
+    keys (a map from the token's kid to "ALG,ALG SPKI-base64"; SPKI imports on njs 0.7 and 0.9)."""
+
+    id: str
+    audience: str
+    config: str
+    keys: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -221,6 +240,7 @@ class Model:
     body_location: str = BODY_LOCATION
     forward: str = FORWARD
     notes: tuple[str, ...] = field(default_factory=tuple)
+    jwt: tuple[JwtAudience, ...] = ()   # auth "jwt" audiences: njs verifies their tokens
 
 
 # --- validation helpers ------------------------------------------------------------------
@@ -291,6 +311,7 @@ class _Registry:
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
+    jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
     checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str], BodyCheck] = field(
         default_factory=dict)
 
@@ -299,6 +320,29 @@ class _Registry:
             return None
         key = tuple(sorted(str(ipaddress.ip_network(c, strict=False)) for c in cidrs))
         return self.geos.setdefault(key, f"$perimeter_net_{len(self.geos) + 1}")
+
+    def jwt_audience(self, d: Decision) -> str:
+        """The njs token rules of an auth "jwt" route's audience ("" other routes)."""
+        t = d.jwt
+        if t is None:
+            return ""
+        if d.audience not in self.jwt:
+            algs = verified(d, "nginx")
+            config = {"iss": list(t.issuers), "aud": list(t.audiences), "algs": list(algs),
+                      "skew": t.clock_skew_s, "req": [[k, list(v)] for k, v in t.required_claims.items()],
+                      "sub": t.principal_claim, "rc": t.role_claim, "roles": dict(t.roles), "role": t.role,
+                      "max": t.max_token_bytes}
+            text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+            if len(text) > 3000 or "'" in text or "$" in text or "\\" in text:
+                raise GenerateError(f"nginx generator: audience {d.audience!r}: its jwt rules do not fit one "
+                                    "NGINX parameter (at most 3000 characters, no quotes or '$')")
+            keys = tuple((k.kid, ",".join(a for a in k.algorithms if a in algs) + " " + k.spki)
+                         for k in t.keys if any(a in algs for a in k.algorithms))
+            if len(keys) == 1:   # a token without a kid is verified with the only key
+                keys = (("", keys[0][1]), *keys)
+            self.jwt[d.audience] = JwtAudience(str(len(self.jwt) + 1), _name("audience", d.audience),
+                                               text, keys)
+        return self.jwt[d.audience].id
 
     def roleset(self, roles: tuple[str, ...]) -> str | None:
         if not roles:
@@ -313,7 +357,7 @@ class _Registry:
         if d.rate_zone not in self.rate:
             self.rate[d.rate_zone] = Zone(
                 name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=_rate(rate.rps),
-                note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
+                note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
         return self.rate[d.rate_zone]
 
     def conn_zone(self, d: Decision) -> Zone | None:
@@ -322,7 +366,7 @@ class _Registry:
         if d.conn_zone not in self.conn:
             self.conn[d.conn_zone] = Zone(
                 name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth),
-                note=f"audience {d.audience}, per {'principal' if d.auth == 'key' else 'address'}")
+                note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
         return self.conn[d.conn_zone]
 
     def token_zone(self, d: Decision) -> str:
@@ -421,7 +465,7 @@ def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _zone_key(auth: str) -> str:
-    return "$perimeter_principal" if auth == "key" else "$binary_remote_addr"
+    return {"key": "$perimeter_principal", "jwt": "$perimeter_jwt_principal"}.get(auth, "$binary_remote_addr")
 
 
 def _profile(d: Decision) -> tuple[object, ...]:
@@ -452,7 +496,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
     check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope) if inspect else None
-    if d.auth not in ("key", "none"):
+    if d.auth not in ("key", "none", "jwt"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
         methods=methods, method_test=_method_test(methods),
@@ -468,6 +512,8 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
                                        or bool(rules.pins) or check.envelope.endswith(" usage=ask")
                                        or (budget is not None and budget.when_absent == "inject")),
+        jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
+        jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
     )
 
 
@@ -545,6 +591,9 @@ def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
 
 def build_model(plan: Plan, options: GenerateOptions) -> Model:
     opts = NginxOptions.parse(options.extra)
+    why = jwt_refusal(plan, "nginx")
+    if why:
+        raise GenerateError(f"nginx generator: {why}")
     if plan.grpc is not None:
         raise GenerateError("nginx generator: the policy's grpc: listener is generated for Envoy only "
                             "(`generate envoy`); NGINX's HTTP listener refuses gRPC and HTTP/2 cleartext")
@@ -584,4 +633,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         locations=locations,
         upstream_key_file=plan.upstream.api_key_file or "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
+        jwt=tuple(reg.jwt.values()),
     )

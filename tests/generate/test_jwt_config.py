@@ -3,6 +3,7 @@ validator (a remote JWKS too), refused (exit 2) where the proxy cannot enforce t
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,3 +44,30 @@ def test_envoy_config_deterministic_and_valid(tmp_path: Path) -> None:
 def test_envoy_refuses_concurrency_per_token(tmp_path: Path) -> None:
     with pytest.raises(GenerateError, match=r"limits\.concurrency per principal"):
         EnvoyProxy().write(_plan(tmp_path, concurrency=True), tmp_path / "out")
+
+
+def test_nginx_config_deterministic_and_refusals(tmp_path: Path) -> None:
+    from scanner.generate import nginx as nginx_gen
+    from scanner.generate.interface import GenerateOptions
+
+    plan = _plan(tmp_path)
+    gen = nginx_gen.NginxGenerator()
+    a = gen.render(plan, GenerateOptions(output_dir=str(tmp_path / "a")))
+    b = gen.render(plan, GenerateOptions(output_dir=str(tmp_path / "a")))
+    assert [f.content for f in a.files] == [f.content for f in b.files]
+    http = next(f.content for f in a.files if f.name.endswith("http.conf"))
+    assert "js_content perimeter.jwt;" in http and "limit_req_zone $perimeter_jwt_principal" in http
+    assert "location @perimeter_jwt_" in http
+    # Ed25519 keys under an allowlist with EdDSA: njs cannot verify them, exit 2 naming why
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from jwt.algorithms import OKPAlgorithm
+
+    okp = {**json.loads(OKPAlgorithm.to_jwk(ed25519.Ed25519PrivateKey.generate().public_key())), "kid": "ed"}
+    jwks = json.loads((tmp_path / "jwks.json").read_text())
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [*jwks["keys"], okp]}))
+    text = POLICY.replace("      role_claim: groups", "      algorithms: [RS256, EdDSA]\n      role_claim: groups")
+    policy = loads(text, source=str(tmp_path / "p.yaml"), base_dir=tmp_path)
+    plan = build(load_ref("vllm-0.29.0-default"), policy)
+    with pytest.raises(GenerateError, match="no Ed25519"):
+        gen.render(plan, GenerateOptions(output_dir=str(tmp_path / "c")))
+    assert EnvoyProxy().validate(plan, EnvoyProxy().write(plan, tmp_path / "e")) == ""

@@ -70,7 +70,7 @@ def _policy(tmp: Path) -> str:
     return POLICY
 
 
-@pytest.fixture(scope="module", params=["envoy"])
+@pytest.fixture(scope="module", params=["envoy", "nginx", "nginx-debian"])
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     proxy: Proxy = proxy_named(request.param)
     tmp = tmp_path_factory.mktemp(f"jwt-{request.param}")

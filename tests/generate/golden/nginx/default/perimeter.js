@@ -27,6 +27,12 @@
 //            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged its
 //            envelope's tokens here at admission, once every other check passed (chargeTokens);
 //            a stream there not asking for its usage is made to ask (askUsage).
+//   jwt      js_content on the locations of an auth "jwt" audience: verifies the bearer token
+//            (size, form, alg in the allowlist and the key's, kid, signature with WebCrypto, exp /
+//            nbf / iat with the skew, issuer, audience, required claims, role), sets
+//            $perimeter_jwt_principal / $perimeter_jwt_role and redirects to the route's
+//            continuation ($perimeter_jwt_next); else 401 / 403 with the reason. Promise chains
+//            only: `await` on crypto.subtle crashes njs 0.7's worker; SPKI keys only (0.7).
 //   settleHeaders, settle
 //            js_header_filter / js_body_filter on token-budget locations only: the answer's usage
 //            settles the charge (scanner/plan/settle.py), the usage-only event the proxy asked
@@ -934,4 +940,158 @@ function direct(r) {
     }
 }
 
-export default {keyHash, read, body, direct, settleHeaders, settle};
+// --- bearer tokens (auth "jwt") -------------------------------------------------------------
+var JWT_BEARER = /^[Bb][Ee][Aa][Rr][Ee][Rr] +([\x21-\x7e]+)$/;
+var JWT_PART = /^[A-Za-z0-9_-]+$/;
+var JWT_CLAIM_VALUE = /^[A-Za-z0-9_.@:+\/=|-]{1,256}$/;
+// alg -> [importKey algorithm, verify algorithm]
+var JWT_ALGS = {
+    RS256: [{name: 'RSASSA-PKCS1-v1_5', hash: 'SHA-256'}, {name: 'RSASSA-PKCS1-v1_5'}],
+    PS256: [{name: 'RSA-PSS', hash: 'SHA-256'}, {name: 'RSA-PSS', saltLength: 32}],
+    ES256: [{name: 'ECDSA', namedCurve: 'P-256'}, {name: 'ECDSA', hash: 'SHA-256'}]
+};
+
+function jwtDeny(r, status, reason) {
+    r.variables.perimeter_reason = reason;
+    r.internalRedirect('@perimeter_' + status);
+}
+
+function jwtJson(part) {
+    var v = JSON.parse(Buffer.from(part, 'base64url').toString());
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+        throw new Error('not an object');
+    }
+    return v;
+}
+
+// Does a claim (a string, or a list of strings) hold one of the values?
+function jwtHas(claim, values) {
+    var i;
+    if (typeof claim === 'string') {
+        return values.indexOf(claim) >= 0;
+    }
+    if (Array.isArray(claim)) {
+        for (i = 0; i < claim.length; i++) {
+            if (typeof claim[i] === 'string' && values.indexOf(claim[i]) >= 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+function jwtRole(cfg, claim) {
+    var i, list;
+    if (!cfg.rc) {
+        return cfg.role;
+    }
+    list = Array.isArray(claim) ? claim : [claim];
+    for (i = 0; i < list.length; i++) {
+        if (typeof list[i] === 'string' && Object.prototype.hasOwnProperty.call(cfg.roles, list[i])) {
+            return cfg.roles[list[i]];
+        }
+    }
+    return '';
+}
+
+// The verified token's claims: [status, reason] of a refusal, or null (admitted, variables set).
+function jwtClaims(v, cfg, p) {
+    var now = Math.floor(Date.now() / 1000);
+    var i, who, role, aud;
+    if (typeof p.exp !== 'number') {
+        return [401, 'jwt-invalid:exp'];
+    }
+    if (now > p.exp + cfg.skew) {
+        return [401, 'jwt-expired'];
+    }
+    if ((p.nbf !== undefined && (typeof p.nbf !== 'number' || p.nbf > now + cfg.skew))
+        || (p.iat !== undefined && (typeof p.iat !== 'number' || p.iat > now + cfg.skew))) {
+        return [401, 'jwt-not-yet-valid'];
+    }
+    if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {
+        return [401, 'jwt-issuer'];
+    }
+    aud = Array.isArray(p.aud) ? p.aud : [p.aud];
+    for (i = 0; i < aud.length && !(typeof aud[i] === 'string' && cfg.aud.indexOf(aud[i]) >= 0); i++) {
+    }
+    if (i === aud.length) {
+        return [401, 'jwt-audience'];
+    }
+    for (i = 0; i < cfg.req.length; i++) {
+        if (!jwtHas(p[cfg.req[i][0]], cfg.req[i][1])) {
+            return [403, 'jwt-claim:' + cfg.req[i][0]];
+        }
+    }
+    who = p[cfg.sub];
+    if (typeof who !== 'string' || !JWT_CLAIM_VALUE.test(who)) {
+        return [403, 'jwt-claim:' + cfg.sub];
+    }
+    role = jwtRole(cfg, cfg.rc ? p[cfg.rc] : null);
+    if (!role) {
+        return [403, 'jwt-role'];
+    }
+    v.perimeter_jwt_principal = who;
+    v.perimeter_jwt_role = role;
+    v.perimeter_who = who;
+    if (v.perimeter_jwt_roles && v.perimeter_jwt_roles.split(' ').indexOf(role) < 0) {
+        return [403, 'role'];
+    }
+    return null;
+}
+
+function jwt(r) {
+    var v = r.variables;
+    var cfg, m, token, parts, header, payload, alg, key, algs;
+    try {
+        cfg = JSON.parse(v['perimeter_jwt_cfg_' + v.perimeter_jwt]);
+        m = JWT_BEARER.exec(v.http_authorization || '');
+        if (!m) {
+            return jwtDeny(r, 401, 'jwt-missing');
+        }
+        token = m[1];
+        if (token.length > cfg.max) {
+            return jwtDeny(r, 401, 'jwt-invalid:size');
+        }
+        parts = token.split('.');
+        if (parts.length !== 3 || !JWT_PART.test(parts[0]) || !JWT_PART.test(parts[1])
+            || !JWT_PART.test(parts[2])) {
+            return jwtDeny(r, 401, 'jwt-invalid:format');
+        }
+        header = jwtJson(parts[0]);
+        payload = jwtJson(parts[1]);
+    } catch (e) {
+        return jwtDeny(r, 401, 'jwt-invalid:format');
+    }
+    alg = header.alg;
+    if (typeof alg !== 'string' || cfg.algs.indexOf(alg) < 0 || !JWT_ALGS[alg]) {
+        return jwtDeny(r, 401, 'jwt-invalid:alg');
+    }
+    v.perimeter_jwt_kid = typeof header.kid === 'string' ? header.kid : '';
+    key = v['perimeter_jwk_' + v.perimeter_jwt] || '';
+    if (!key) {
+        return jwtDeny(r, 401, 'jwt-invalid:kid');
+    }
+    algs = key.split(' ');
+    if (algs[0].split(',').indexOf(alg) < 0) {
+        return jwtDeny(r, 401, 'jwt-invalid:alg');
+    }
+    globalThis.crypto.subtle.importKey('spki', Buffer.from(algs[1], 'base64'), JWT_ALGS[alg][0], false,
+                                       ['verify'])
+        .then(function (k) {
+            return globalThis.crypto.subtle.verify(JWT_ALGS[alg][1], k, Buffer.from(parts[2], 'base64url'),
+                                                   Buffer.from(parts[0] + '.' + parts[1]));
+        })
+        .then(function (ok) {
+            var refused = ok ? jwtClaims(v, cfg, payload) : [401, 'jwt-invalid:signature'];
+            if (refused) {
+                jwtDeny(r, refused[0], refused[1]);
+                return;
+            }
+            r.internalRedirect(v.perimeter_jwt_next);
+        })
+        .catch(function (e) {
+            jwtDeny(r, 401, 'jwt-invalid:signature');
+        });
+}
+
+export default {keyHash, read, body, direct, jwt, settleHeaders, settle};
