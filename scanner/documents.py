@@ -187,6 +187,14 @@ class BodyDoc(_Doc):
         default=None, pattern=r"^/",
         description="with per-principal / per-audience: the file (absolute path, mode 0600) holding the "
         "HMAC secret; read when the config is generated, never written into it")
+    responses: Literal["shared", "owned"] = Field(
+        default="shared",
+        description="owned: every stored response id the perimeter hands out is sealed to its principal "
+        "(id~HMAC); GET / cancel / previous_response_id with another principal's id: 403 not-owner")
+    responses_secret_file: str | None = Field(
+        default=None, pattern=r"^/",
+        description="with responses: owned: the file (absolute path, mode 0600) holding the HMAC secret; "
+        "read by the proxy at run time, never written into a generated config")
 
 
 class PortRuleDoc(_Doc):
@@ -416,6 +424,12 @@ class DecisionMediaDoc(_Doc):
     at: list[str] = Field(description="where the route's request model can carry media (inventory paths)")
 
 
+class DecisionOwnerDoc(_Doc):
+    param: str = Field(description="the path parameter naming a stored response: its seal checked, removed")
+    fields: list[str] = Field(description="top-level body fields naming a stored response: the same")
+    seal: bool = Field(description="response ids in the route's answers are sealed to the principal")
+
+
 class DecisionDoc(_Doc):
     method: str
     path: str
@@ -435,6 +449,8 @@ class DecisionDoc(_Doc):
     budget: BudgetDoc | None
     fields: DecisionFieldsDoc
     media: DecisionMediaDoc | None = Field(default=None, description="the media rules enforced on this route")
+    owner: DecisionOwnerDoc | None = Field(default=None, description="ownership of stored responses "
+                                           "(body: responses: owned)")
     state_changing: bool
     state_changing_by: str
     upstream_guarded: bool

@@ -17,7 +17,7 @@ Kind = Literal[
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
     "envelope-sequences", "envelope-tokens", "shared-store-unavailable",
     "jwt-missing", "jwt-invalid", "jwt-expired", "jwt-not-yet-valid", "jwt-issuer", "jwt-audience",
-    "jwt-claim", "jwt-role",
+    "jwt-claim", "jwt-role", "not-owner",
 ]
 
 # kind -> the status the perimeter answers with
@@ -58,6 +58,9 @@ STATUS: dict[str, int] = {
     "jwt-audience": 401,
     "jwt-claim": 403,
     "jwt-role": 403,
+    # a stored response named by a principal it was not handed to (body: responses: owned,
+    # scanner/plan/owner.py): a raw id, another principal's seal, a forged one
+    "not-owner": 403,
     "rate": 429,
     "concurrency": 429,
     "token-budget": 429,         # the principal's tokens_per_minute spent (Retry-After says when)
@@ -83,7 +86,7 @@ ACCESS: frozenset[str] = frozenset({"not-allowlisted", "method-not-allowed", "ne
 LATER: frozenset[str] = frozenset({"role", "jwt-claim", "jwt-role",
                                    "json-cap", "forbidden-field", "unknown-field", "bad-json",
                                    "media-url", "media-data", "media-items", "media-embeds",
-                                   "envelope-sequences", "envelope-tokens"})
+                                   "envelope-sequences", "envelope-tokens", "not-owner"})
 
 
 def past(expected: tuple[str, ...], value: str) -> bool:

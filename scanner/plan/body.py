@@ -21,7 +21,10 @@ reasons are given (one body may break several):
    reject`` (``json-cap:FIELD:absent``); under ``inject`` it is written in, at a nested position
    only into an object already there (a body without one, vLLM refuses as sent);
 6. a salted route without a salt for the sender (``bad-request:no-salt``);
-7. the admitted envelope over the route's per-request caps (:meth:`Decision.envelope_reason`).
+7. the admitted envelope over the route's per-request caps (:meth:`Decision.envelope_reason`);
+8. under ``responses: owned``, each field naming a stored response (:attr:`Decision.owner_fields`,
+   present, not null, not stripped) sealed for the sender (``not-owner:FIELD``, 403,
+   :mod:`scanner.plan.owner`); it leaves with vLLM's own id.
 
 Bodies that are not inspected are forwarded as sent: empty ones, form bodies (:func:`is_form`:
 ``multipart/form-data`` and ``application/x-www-form-urlencoded``, which vLLM does not read as
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scanner import reasons
-from scanner.plan import settle
+from scanner.plan import owner, settle
 from scanner.plan.model import BODY_METHODS, Decision
 from scanner.plan.vllm_json import at, vllm_int, within
 from scanner.policy import media
@@ -69,7 +72,8 @@ class Judgement:
 def inspects(d: Decision) -> bool:
     """Does the perimeter read this route's bodies at all (both generators decide it so)?"""
     return (d.kind != "websocket" and d.method in BODY_METHODS
-            and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone))
+            and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone
+                     or d.owner_fields))
 
 
 def is_form(content_type: str | None) -> bool:
@@ -113,8 +117,25 @@ def fields_reason(d: Decision, doc: Mapping[str, object]) -> str:
     return ""
 
 
+def owner_reason(d: Decision, doc: Mapping[str, object],
+                 key: tuple[bytes, str] | None) -> tuple[str, dict[str, str]]:
+    """Each field naming a stored response (present, not null, not stripped) unsealed with
+    ``key`` (the secret, the sender's principal; None: no seal is anyone's): ("not-owner:FIELD",
+    {}) at the first that is not the sender's; else ("", the fields' vLLM ids)."""
+    out: dict[str, str] = {}
+    for name in d.owner_fields:
+        value = doc.get(name)
+        if value is None or d.fields.mode(name) == "strip":
+            continue
+        rid = owner.unseal(key[0], key[1], value) if key else None
+        if rid is None:
+            return reasons.token("not-owner", name), {}
+        out[name] = rid
+    return "", out
+
+
 def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
-              size: int = 0) -> dict[str, object] | None:
+              size: int = 0, unsealed: Mapping[str, str] | None = None) -> dict[str, object] | None:
     """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: less the
     fields its rules strip, its output budget decided, on a salted route ``cache_salt`` = ``salt``
     (the perimeter's salt for the sender), then the pins; ``size``: the bytes it was received as
@@ -130,14 +151,18 @@ def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
         out.update(d.fields.pins)
     if out is not None and d.token_zone and d.envelope_spec.ask_usage:
         out = settle.asking_usage(out) or out
+    if out is not None and unsealed:
+        out.update(unsealed)
     return out
 
 
 def judge(d: Decision, raw: bytes, salt: str = "",
-          content_type: str | None = "application/json") -> Judgement:
+          content_type: str | None = "application/json",
+          owner_key: tuple[bytes, str] | None = None) -> Judgement:
     """What the perimeter must do with ``raw`` sent to ``d`` (an allowed route) with this
     Content-Type; ``salt``: the perimeter's cache salt for the sender on a salted route ("" none
-    known: refused)."""
+    known: refused); ``owner_key``: (the responses secret, the sender's principal) on a route
+    with owned fields (None there: every id refused)."""
     form = is_form(content_type)
     cost = 0 if not d.token_zone else max(1, len(raw) // 4) if form else d.token_cost(raw)
     if not inspects(d) or not raw or form:
@@ -159,7 +184,10 @@ def judge(d: Decision, raw: bytes, salt: str = "",
     why = d.envelope_reason(d.envelope(raw)) if d.envelope_capped else ""
     if why:
         return Judgement(why)
-    return Judgement(body=forwarded(d, doc, salt, len(raw)), cost=cost)
+    why, unsealed = owner_reason(d, doc, owner_key)
+    if why:
+        return Judgement(why)
+    return Judgement(body=forwarded(d, doc, salt, len(raw), unsealed), cost=cost)
 
 
 def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:

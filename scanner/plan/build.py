@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 from scanner import patterns
 from scanner.errors import PerimeterError, PlanError
@@ -14,7 +14,7 @@ from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
 from scanner.limiter import zones as limiter_zones
 from scanner.limiter.config import ConcurrencyZone, RateZone, Zone
-from scanner.plan import output_default
+from scanner.plan import output_default, owner
 from scanner.plan.envelope import EnvelopeSpec, named_at
 from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
@@ -303,7 +303,34 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         media=media, media_at=media_at,
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
         rule_line=rule.line, envelope_spec=_envelope(route, method),
+        **_owner(route, method, audience, body),
     )
+
+
+def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> dict[str, Any]:
+    """Ownership of stored responses on this route (``body: responses: owned``), from the
+    inventory: its path parameter naming a response (:data:`owner.OWNED_PARAMS`), its request
+    model's top-level fields naming one (:func:`owner.is_owned_field`); either: its answers are
+    sealed. Needs a principal (auth key), and no client-chosen response id (``request_id``) from
+    end users (one could store its own answer under another's id)."""
+    if not body.owned or route.kind != "http":
+        return {}
+    params = [p for p in (patterns.PARAM.match(s) for s in patterns.segments(route.path)) if p]
+    param = next((p.group(1) for p in params if p.group(1) in owner.OWNED_PARAMS), "")
+    model = route.request if method in BODY_METHODS and route.request is not None else None
+    names = tuple(f.name for f in model.fields) if model is not None and model.known else ()
+    fields = tuple(sorted(n for n in names if owner.is_owned_field(n)))
+    if not param and not fields:
+        return {}
+    where = f"{method} {route.path}"
+    if audience.auth != "key":
+        raise PlanError(f"{where}: responses: owned binds stored responses to a principal; audience "
+                        f"{audience.name!r} has auth: none (give it keys, or deny the route)")
+    chosen = audience.kind == "end-user" and audience.fields.mode("request_id") == "allow"
+    if "request_id" in names and chosen:
+        raise PlanError(f"{where}: responses: owned, yet audience {audience.name!r} lets clients send "
+                        "request_id (vLLM's id of the response they create): deny it in its fields")
+    return {"owner_param": param, "owner_fields": fields, "owner_seal": True}
 
 
 def _nested_caps(route: Route, method: str, caps: Mapping[str, int]) -> tuple[str, ...]:

@@ -238,6 +238,20 @@ class Decision:
     # the nested positions of the route's request model (inventory, through object members only)
     # named like a json cap: ``sampling_params.n`` (each capped as its name is at the top level)
     nested_caps: tuple[str, ...] = ()
+    # body: responses: owned (scanner/plan/owner.py): the path parameter naming a stored response
+    # (checked and unsealed on the way in), the top-level body fields naming one (the same), and
+    # whether the route's answers are sealed (they may carry response ids); "", (), False: none
+    owner_param: str = ""
+    owner_fields: tuple[str, ...] = ()
+    owner_seal: bool = False
+
+    @property
+    def owned(self) -> bool:
+        """Does the perimeter act on stored responses' ids on this route (in or out)?"""
+        return bool(self.owner_param or self.owner_fields or self.owner_seal)
+
+    def owner_dict(self) -> dict[str, Any]:
+        return {"param": self.owner_param, "fields": list(self.owner_fields), "seal": self.owner_seal}
 
     @property
     def exact(self) -> bool:
@@ -386,6 +400,7 @@ class Decision:
                        **({"pins": dict(self.fields.pins)} if self.fields.pins else {}),
                        **({"salt": self.salt} if self.salt else {})},
             "media": {**self.media.to_dict(), "at": list(self.media_at)} if self.media.active else None,
+            **({"owner": self.owner_dict()} if self.owned else {}),
             "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
             "upstream_guarded": self.upstream_guarded,
             "rule_line": self.rule_line,
@@ -578,7 +593,10 @@ class Plan:
                          "api_key_file": self.upstream.api_key_file},
             "body": {"cache_salt": self.body.cache_salt, "chat_template": self.body.chat_template,
                      **({"cache_salt_secret_file": self.body.cache_salt_secret_file}
-                        if self.body.cache_salt_secret_file else {})},
+                        if self.body.cache_salt_secret_file else {}),
+                     **({"responses": self.body.responses,
+                         "responses_secret_file": self.body.responses_secret_file}
+                        if self.body.owned else {})},
             "trusted_proxies": list(self.trusted_proxies),
             "networks": {k: list(v) for k, v in sorted(self.networks.items())},
             "principals": [{"name": p.name, "role": p.role, "fingerprint": p.fingerprint}

@@ -38,6 +38,7 @@ from scanner.policy.model import (
     METHODS,
     ON_UNAVAILABLE_CHOICES,
     PIN_STRING,
+    RESPONSES_CHOICES,
     SALTED,
     SCHEMA_VERSION,
     UNKNOWN_FIELD_CHOICES,
@@ -566,7 +567,8 @@ def _ports(node: Node, networks: dict[str, tuple[str, ...]]) -> PortPolicy:
 
 
 def _body(node: Node) -> BodyPolicy:
-    m = node.mapping(("cache_salt", "chat_template", "cache_salt_secret_file"))
+    m = node.mapping(("cache_salt", "chat_template", "cache_salt_secret_file", "responses",
+                      "responses_secret_file"))
     salt = m["cache_salt"].choice(CACHE_SALT_CHOICES) if "cache_salt" in m else "reject"
     secret = _absolute_file(m["cache_salt_secret_file"]) if "cache_salt_secret_file" in m else None
     if salt in SALTED and secret is None:
@@ -574,11 +576,21 @@ def _body(node: Node) -> BodyPolicy:
                                    "holding the HMAC secret (`vllm-perimeter keys salt-secret --out FILE`)")
     if salt not in SALTED and secret is not None:
         raise m["cache_salt_secret_file"].fail("only cache_salt: per-principal or per-audience uses a secret")
+    responses = m["responses"].choice(RESPONSES_CHOICES) if "responses" in m else "shared"
+    owner_secret = _absolute_file(m["responses_secret_file"]) if "responses_secret_file" in m else None
+    if responses == "owned" and owner_secret is None:
+        raise m["responses"].fail("responses: owned needs responses_secret_file: the file (mode 0600) "
+                                  "holding the HMAC secret the proxy seals response ids with "
+                                  "(`vllm-perimeter keys salt-secret --out FILE` makes one)")
+    if responses != "owned" and owner_secret is not None:
+        raise m["responses_secret_file"].fail("only responses: owned uses a secret")
     return BodyPolicy(
         cache_salt=cast(Any, salt),
         chat_template=cast(Any, m["chat_template"].choice(CHAT_TEMPLATE_CHOICES))
         if "chat_template" in m else "reject",
         cache_salt_secret_file=secret,
+        responses=cast(Any, responses),
+        responses_secret_file=owner_secret,
     )
 
 

@@ -20,6 +20,10 @@ CACHE_SALT_CHOICES: tuple[str, ...] = ("pass", "reject", "strip", "per-principal
 # over any client's (vLLM shares prefix-cache hits only among requests with one salt).
 SALTED: tuple[str, ...] = ("per-principal", "per-audience")
 CHAT_TEMPLATE_CHOICES: tuple[str, ...] = ("pass", "reject", "strip")
+# Stored responses: "shared" (vLLM's own behaviour: any caller naming an id reaches it) or "owned"
+# (each id the perimeter hands out is bound to its principal: scanner/plan/owner.py)
+Responses = Literal["shared", "owned"]
+RESPONSES_CHOICES: tuple[str, ...] = ("shared", "owned")
 # What the perimeter does when a request omits the field its route reads its output budget from
 # (vLLM then generates up to the rest of the context window): write the cap in, refuse, or pass.
 WhenAbsent = Literal["inject", "reject", "pass"]
@@ -181,10 +185,17 @@ class BodyPolicy:
     cache_salt: CacheSalt = "reject"
     chat_template: ChatTemplate = "reject"
     cache_salt_secret_file: str | None = None   # with per-principal / per-audience: the HMAC secret
+    responses: Responses = "shared"
+    # with responses: owned: the HMAC secret sealing response ids, read by the proxy at run time
+    responses_secret_file: str | None = None
 
     @property
     def salted(self) -> bool:
         return self.cache_salt in SALTED
+
+    @property
+    def owned(self) -> bool:
+        return self.responses == "owned"
 
 
 @dataclass(frozen=True)
