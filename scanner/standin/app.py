@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
 from scanner.plan.vllm_json import loads, reads_json
-from scanner.standin import openai_answers
+from scanner.standin import openai_answers, stored
 from scanner.standin._witness import Witness
 from scanner.state_changing import is_state_changing, validation_error
 
@@ -89,9 +89,15 @@ class ApiKeyGuard:
         return any(hmac.compare_digest(digest, h) for h in self.hashes)
 
 
-def _endpoint(route: InvRoute, counters: Counters, stream_delay: float):  # type: ignore[no-untyped-def]
+RESPONSE = "/v1/responses/{response_id}"            # a stored response (scanner/standin/stored.py)
+CANCEL = "/v1/responses/{response_id}/cancel"
+
+
+def _endpoint(route: InvRoute, counters: Counters, stream_delay: float,  # type: ignore[no-untyped-def]
+              store: stored.Store):
     changes_state = is_state_changing(route.path)
     shaped = route.kind == "http" and route.path in openai_answers.ROUTES
+    kept = route.kind == "http" and route.path in (RESPONSE, CANCEL)
 
     async def handler(request: Request) -> Response:
         body = await request.body()
@@ -100,7 +106,15 @@ def _endpoint(route: InvRoute, counters: Counters, stream_delay: float):  # type
             return JSONResponse({"error": {"message": f"1 validation error: {why}",
                                            "type": "BadRequestError", "code": 400}}, status_code=400)
         counters.hit(request.method, route.path, changes_state)
-        answer = _openai_answer(route.path, request, body) if shaped else None
+        if kept:
+            rid = str(request.path_params.get("response_id", ""))
+            found = store.cancel(rid) if route.path == CANCEL else store.get(rid)
+            if isinstance(found, stored.Error):
+                return JSONResponse(found.body, status_code=found.status)
+            return JSONResponse(found)
+        answer = _openai_answer(route.path, request, body, store) if shaped else None
+        if isinstance(answer, stored.Error):
+            return JSONResponse(answer.body, status_code=answer.status)
         if answer is not None:
             return _respond(answer, stream_delay)
         return JSONResponse({"standin": True, "route": route.path, "method": request.method})
@@ -108,7 +122,8 @@ def _endpoint(route: InvRoute, counters: Counters, stream_delay: float):  # type
     return handler
 
 
-def _openai_answer(path: str, request: Request, body: bytes) -> openai_answers.Answer | None:
+def _openai_answer(path: str, request: Request, body: bytes,
+                   store: stored.Store) -> openai_answers.Answer | stored.Error | None:
     """The OpenAI-shaped answer of an inference route (scanner.standin.openai_answers) to a JSON
     object vLLM would read; None for any other request (the plain answer)."""
     if request.method != "POST" or not reads_json(request.headers.get("content-type")):
@@ -117,6 +132,8 @@ def _openai_answer(path: str, request: Request, body: bytes) -> openai_answers.A
         doc = loads(body)
     except (ValueError, RecursionError):
         return None
+    if path == "/v1/responses" and isinstance(doc, dict):
+        return store.create(doc, body)
     return openai_answers.answer(path, doc, body)
 
 
@@ -136,17 +153,18 @@ def _respond(answer: openai_answers.Answer, delay: float) -> Response:
 
 def _routes(inventory: Inventory, counters: Counters, stream_delay: float) -> list[BaseRoute]:
     out: list[BaseRoute] = []
+    store = stored.Store()
     for r in inventory.routes:
         if r.kind == "http":
-            out.append(Route(r.path, _endpoint(r, counters, stream_delay), methods=list(r.methods)))
+            out.append(Route(r.path, _endpoint(r, counters, stream_delay, store), methods=list(r.methods)))
         elif r.kind == "mount":
-            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters, stream_delay),
+            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters, stream_delay, store),
                                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])])
             out.append(Mount(r.path, app=sub))
         # WebSocket routes answer the HTTP upgrade only in the real app; the stand-in
         # serves them as GET so that reachability through a proxy is visible.
         elif r.kind == "websocket":
-            out.append(Route(r.path, _endpoint(r, counters, stream_delay), methods=["GET"]))
+            out.append(Route(r.path, _endpoint(r, counters, stream_delay, store), methods=["GET"]))
     return out
 
 

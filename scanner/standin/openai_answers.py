@@ -78,6 +78,7 @@ class Stream:
     """A ``text/event-stream`` answer: the frames of each step, sent ``delay`` apart."""
 
     steps: tuple[tuple[str, ...], ...]
+    final: dict[str, Any] | None = None     # a Responses stream's completed response (kept if stored)
 
 
 Answer = Json | Stream
@@ -484,7 +485,10 @@ def embeddings(body: Mapping[str, Any], raw: bytes) -> Answer | None:
 
 # --- the Responses API ---------------------------------------------------------------------------
 
-def responses(body: Mapping[str, Any], raw: bytes) -> Answer | None:
+def responses(body: Mapping[str, Any], raw: bytes, rid: str = "",
+              previous: str | None = None) -> Json | Stream | None:
+    """``rid``: the response's id (vLLM's ``resp_`` + 16 hex; "" one from the body's hash);
+    ``previous``: the ``previous_response_id`` echoed (its store checked it)."""
     stream = _flag(body, "stream")
     if stream is None or body.get("input") is None:
         return None
@@ -507,7 +511,7 @@ def responses(body: Mapping[str, Any], raw: bytes) -> Answer | None:
             "total_tokens": prompt + tokens}
 
     def response(status: str, output: list[Any], use: dict[str, Any] | None) -> dict[str, Any]:
-        return {"id": _ident("resp", raw), "created_at": int(time.time()),
+        return {"id": rid or _ident("resp", raw), "created_at": int(time.time()),
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": body.get("instructions"), "metadata": body.get("metadata"),
                 "model": _model(body), "object": "response", "output": output,
@@ -515,15 +519,15 @@ def responses(body: Mapping[str, Any], raw: bytes) -> Answer | None:
                 "tool_choice": body.get("tool_choice", "auto"), "tools": [],
                 "top_p": _float(body.get("top_p"), 1.0), "background": False,
                 "max_output_tokens": budget if budget is not None else MAX_MODEL_LEN - prompt,
-                "max_tool_calls": None, "previous_response_id": None, "prompt": None, "reasoning": None,
+                "max_tool_calls": None, "previous_response_id": previous, "prompt": None, "reasoning": None,
                 "service_tier": "auto", "status": status, "text": body.get("text"), "top_logprobs": None,
                 "truncation": "disabled", "usage": use, "user": None}
 
     done = "incomplete" if incomplete else "completed"
     if not stream:
         return Json(response(done, [message], used))
-    return Stream(_responses_events(response("in_progress", [], None), response(done, [message], used),
-                                    msg_id, pieces, part))
+    final = response(done, [message], used)
+    return Stream(_responses_events(response("in_progress", [], None), final, msg_id, pieces, part), final)
 
 
 def _float(value: object, default: float) -> float:
