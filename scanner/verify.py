@@ -58,6 +58,7 @@ class Setup:
     upstream_key: str = field(default="", repr=False)   # vLLM's (throwaway) key, if the policy has one
     salt_secret: str = field(default="", repr=False)    # the (throwaway) cache_salt secret, if salted
     issuer: Issuer | None = field(default=None, repr=False)   # the test issuer of auth "jwt" audiences
+    owner_secret: str = field(default="", repr=False)   # the (throwaway) responses secret, if owned
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,12 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         new_secret(salt_file)
         salt_secret = salt_file.read_text(encoding="utf-8").strip()
         body = replace(body, cache_salt_secret_file=str(salt_file.resolve()))
+    owner_secret = ""
+    if body.owned:    # a throwaway responses secret: the prober can forge nothing, verify it all
+        owner_file = directory / "responses-secret"
+        new_secret(owner_file)
+        owner_secret = owner_file.read_text(encoding="utf-8").strip()
+        body = replace(body, responses_secret_file=str(owner_file.resolve()))
     grpc = policy.grpc and replace(policy.grpc, listen=Listen("127.0.0.1", free_port()),
                                    upstream_host="127.0.0.1", upstream_port=grpc_upstream_port or free_port())
     issuer, audiences = None, dict(policy.audiences)
@@ -182,7 +189,7 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
     local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
                     upstream=upstream, body=body, grpc=grpc or None, audiences=audiences)
     return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
-                 upstream_key, salt_secret, issuer)
+                 upstream_key, salt_secret, issuer, owner_secret)
 
 
 @contextmanager
@@ -195,7 +202,7 @@ def probe_options(s: Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
     """The stand-in has no state to change and records what reaches it (vLLM's key included)."""
     return replace(base, allow_state_changes=True, witness=witness,
                    upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "",
-                   salt_secret=s.salt_secret)
+                   salt_secret=s.salt_secret, owner_secret=s.owner_secret)
 
 
 def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:

@@ -34,10 +34,16 @@
 //            continuation ($perimeter_jwt_next); else 401 / 403 with the reason. Promise chains
 //            only: `await` on crypto.subtle crashes njs 0.7's worker; SPKI keys only (0.7).
 //   settleHeaders, settle
-//            js_header_filter / js_body_filter on token-budget locations only: the answer's usage
-//            settles the charge (scanner/plan/settle.py), the usage-only event the proxy asked
-//            for is dropped, every other byte passes on as it comes.
+//            js_header_filter / js_body_filter on token-budget locations and on routes whose
+//            answers carry stored responses' ids (responses: owned): the answer's usage settles
+//            the charge (scanner/plan/settle.py), the usage-only event the proxy asked for is
+//            dropped, every response id is sealed to the principal (sealText); a stream's other
+//            bytes pass on as they come (each line when it is complete).
+//   ownedPath
+//            js_set: the path with the sealed response id at segment $perimeter_owner_param
+//            replaced by vLLM's own, '' when the seal is not the principal's (scanner/plan/owner.py).
 import crypto from 'crypto';
+import fs from 'fs';
 
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
@@ -46,7 +52,141 @@ function keyHash(r) {
 
 function deny(r, reason) {
     r.variables.perimeter_reason = reason;
-    r.internalRedirect('@perimeter_400');
+    r.internalRedirect(reason.substring(0, 10) === 'not-owner:' ? '@perimeter_403' : '@perimeter_400');
+}
+
+// Ownership of stored responses (scanner/plan/owner.py, the reference). The secret is read from
+// $perimeter_owner_secret_file (each request has its own VM: read once per request that needs it);
+// unreadable or short: null, and nothing is unsealed or sealed (fail closed).
+function ownerSecret(r) {
+    var path = r.variables.perimeter_owner_secret_file;
+    var text;
+    if (!path) {
+        return null;
+    }
+    try {
+        text = fs.readFileSync(path).toString().trim();
+    } catch (e) {
+        r.error('perimeter: responses_secret_file: ' + e);
+        return null;
+    }
+    return text.length >= 32 ? text : null;
+}
+
+// 22 base64url characters: the first 16 bytes of HMAC-SHA256(secret, "response:" principal "\n" id).
+function ownerTag(secret, principal, rid) {
+    return crypto.createHmac('sha256', secret).update('response:' + principal + '\n' + rid)
+        .digest().slice(0, 16).toString('base64url').replace(/=+$/, '');
+}
+
+var SEALED = /^([A-Za-z0-9_][A-Za-z0-9_.:-]{0,199})~([A-Za-z0-9_-]{22})$/;
+var RESPONSE_ID = /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$/;
+
+function sameText(a, b) {
+    var i, d = a.length ^ b.length;
+    for (i = 0; i < a.length && i < b.length; i++) {
+        d |= a.charCodeAt(i) ^ b.charCodeAt(i);
+    }
+    return d === 0;
+}
+
+// vLLM's id in a sealed value when the tag is the principal's; null otherwise.
+function unseal(secret, principal, value) {
+    var m;
+    if (secret === null || typeof value !== 'string') {
+        return null;
+    }
+    m = SEALED.exec(value);
+    if (m === null) {
+        return null;
+    }
+    return sameText(m[2], ownerTag(secret, principal, m[1])) ? m[1] : null;
+}
+
+function ownedPath(r) {
+    var v = r.variables;
+    var segs = (v.perimeter_path || r.uri).split('/');
+    var at = Number(v.perimeter_owner_param);
+    var rid;
+    if (!(at > 0) || at >= segs.length) {
+        return '';
+    }
+    rid = unseal(ownerSecret(r), v.perimeter_who || '', segs[at]);
+    if (rid === null) {
+        return '';
+    }
+    segs[at] = rid;
+    return segs.join('/');
+}
+
+// Body fields naming a stored response ("previous_response_id"): each present, not null and not
+// stripped must be sealed for the sender; its vLLM id collected in `out`. A reason or ''.
+function checkOwned(r, obj, spec, strip, out) {
+    var names = spec.split(',');
+    var secret = null;
+    var i, rid;
+    for (i = 0; i < names.length; i++) {
+        if (!has(obj, names[i]) || obj[names[i]] === null || strip.indexOf(names[i]) >= 0) {
+            continue;
+        }
+        if (secret === null) {
+            secret = ownerSecret(r);
+        }
+        rid = unseal(secret, r.variables.perimeter_who || '', obj[names[i]]);
+        if (rid === null) {
+            return 'not-owner:' + names[i];
+        }
+        out.push([names[i], rid]);
+    }
+    return '';
+}
+
+// The response ids of an answer (or one event's data) where vLLM writes them (owner.answer_ids).
+function answerIds(doc) {
+    var out = [];
+    var objs = [doc, (doc !== null && typeof doc === 'object' && !Array.isArray(doc)) ? doc.response : null];
+    var i, o;
+    for (i = 0; i < 2; i++) {
+        o = objs[i];
+        if (o === null || o === undefined || typeof o !== 'object' || Array.isArray(o)) {
+            continue;
+        }
+        if (o.object === 'response' && typeof o.id === 'string' && RESPONSE_ID.test(o.id)) {
+            out.push(o.id);
+        }
+        if (typeof o.previous_response_id === 'string' && RESPONSE_ID.test(o.previous_response_id)) {
+            out.push(o.previous_response_id);
+        }
+    }
+    return out;
+}
+
+// A JSON text with every whole string token of its response ids sealed (owner.seal_answer).
+function sealText(text, own) {
+    var doc, ids, i, q;
+    try {
+        doc = JSON.parse(text);
+    } catch (e) {
+        return text;
+    }
+    ids = answerIds(doc);
+    for (i = 0; i < ids.length; i++) {
+        q = '"' + ids[i] + '"';
+        if (i === 0 || ids.indexOf(ids[i]) === i) {
+            text = text.split(q).join('"' + ids[i] + '~' + ownerTag(own.secret, own.principal, ids[i]) + '"');
+        }
+    }
+    return text;
+}
+
+// One line of a stream (owner.seal_line): a data: line's JSON sealed, the rest as it came.
+function sealLine(line, own) {
+    var cr;
+    if (line.substring(0, 5) !== 'data:') {
+        return line;
+    }
+    cr = line.charAt(line.length - 1) === '\r' ? '\r' : '';
+    return 'data:' + sealText(line.substring(5, line.length - cr.length), own) + cr;
 }
 
 // An integer field's value as vLLM reads it (pydantic's lax mode; scanner/plan/vllm_json.py
@@ -717,12 +857,27 @@ function settleHeaders(r) {
     var type = r.headersOut['Content-Type'] || '';
     var b = spec.lastIndexOf(' ');
     var a = spec.lastIndexOf(' ', b - 1);
+    var encoded = enc && enc !== 'identity';
+    var settled = spec !== '' && a >= 0 && !encoded;
+    var own = null;
+    var secret;
     answer = null;
-    if (!spec || a < 0 || (enc && enc !== 'identity')) {
+    if (r.variables.perimeter_seal === '1') {
+        delete r.headersOut['Content-Length'];   // sealed ids are longer: the length changes
+        secret = encoded ? null : ownerSecret(r);
+        if (secret === null) {                   // ids that cannot be sealed never leave
+            r.error('perimeter: an answer carrying response ids cannot be sealed: not sent');
+            answer = {drop: true};
+            return;
+        }
+        own = {secret: secret, principal: r.variables.perimeter_who || ''};
+    }
+    if (!settled && own === null) {
         return;
     }
-    answer = {key: spec.substring(0, a), cost: Number(spec.substring(a + 1, b)),
-              asked: spec.substring(b + 1) === 'a', stream: /^\s*text\/event-stream/i.test(type),
+    answer = {key: settled ? spec.substring(0, a) : '', cost: settled ? Number(spec.substring(a + 1, b)) : 0,
+              asked: settled && spec.substring(b + 1) === 'a', settled: settled, own: own, drop: false,
+              stream: /^\s*text\/event-stream/i.test(type),
               parts: [], size: 0, held: null, skip: false, usage: null};
     if (answer.stream && answer.asked) {
         delete r.headersOut['Content-Length'];   // an event may be dropped: the length changes
@@ -772,7 +927,7 @@ function streamPart(s, data, last) {
     if (last && end + 1 < buf.length) {
         lines.push(buf.slice(end + 1).toString());
     }
-    if (!s.asked) {                     // nothing is dropped: the bytes as they came
+    if (!s.asked && s.own === null) {   // nothing is dropped or sealed: the bytes as they came
         for (i = 0; i < lines.length; i++) {
             streamLine(s, lines[i]);
         }
@@ -781,7 +936,7 @@ function streamPart(s, data, last) {
     out = [];
     for (i = 0; i < lines.length; i++) {
         if (streamLine(s, lines[i])) {
-            out.push(lines[i]);
+            out.push(s.own === null ? lines[i] : sealLine(lines[i], s.own));
         }
     }
     return out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
@@ -796,10 +951,16 @@ function streamPart(s, data, last) {
 function settle(r, data, flags) {
     var s = answer;
     var out = data;
-    var doc;
+    var doc, text;
     if (s === null) {
         r.sendBuffer(data, flags);
         r.done();
+        return;
+    }
+    if (s.drop) {                       // response ids that cannot be sealed: nothing is sent
+        if (flags.last) {
+            r.sendBuffer('', flags);
+        }
         return;
     }
     if (s.stream) {
@@ -809,18 +970,27 @@ function settle(r, data, flags) {
             s.parts.push(data);
         }
         s.size += data.length;
+        if (s.own !== null) {           // a sealed answer leaves whole, once it is complete
+            out = '';
+        }
         if (flags.last && s.size <= SETTLE_JSON_MAX) {
+            text = Buffer.concat(s.parts).toString();
             try {
-                doc = JSON.parse(Buffer.concat(s.parts).toString());
+                doc = JSON.parse(text);
             } catch (e) {
                 doc = null;
             }
             s.usage = usageOf(doc);
+            if (s.own !== null) {
+                out = sealText(text, s.own);
+            }
+        } else if (flags.last && s.own !== null) {
+            r.error('perimeter: an answer carrying response ids over ' + SETTLE_JSON_MAX + ' bytes: not sent');
         }
     }
     if (flags.last) {
         answer = null;
-        if (s.usage !== null) {
+        if (s.usage !== null && s.settled) {
             r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
             giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
         }
@@ -833,7 +1003,7 @@ function exact(r, v, seen) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
-    var obj, reason, strip, pins, i, rewrite, salt, e, env, changed;
+    var obj, reason, strip, pins, i, rewrite, salt, e, env, changed, owned;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
         if (!chargeTokens(r, v, envelopeOf(null, nbytes, null))) {
@@ -875,6 +1045,10 @@ function exact(r, v, seen) {
         env = envelopeOf(obj, nbytes, e);
         reason = envelopeReason(env, e);
     }
+    owned = [];
+    if (!reason && v.perimeter_owner_fields) {
+        reason = checkOwned(r, obj, v.perimeter_owner_fields, strip, owned);
+    }
     env = env || envelopeOf(obj, nbytes, {items: [], pairs: [], per: [], out: []});
     logEnvelope(v, obj, env, rewrite);
     if (reason) {
@@ -887,7 +1061,7 @@ function exact(r, v, seen) {
     if (v.perimeter_settle && unreported(obj)) {
         v.perimeter_settle = v.perimeter_settle.replace(/ [0-9]+ -$/, ' 0 -');
     }
-    changed = strip.length > 0 || rewrite.done || salt !== null || pins.length > 0;
+    changed = strip.length > 0 || rewrite.done || salt !== null || pins.length > 0 || owned.length > 0;
     for (i = 0; i < strip.length; i++) {
         delete obj[strip[i]];
     }
@@ -896,6 +1070,9 @@ function exact(r, v, seen) {
     }
     for (i = 0; i < pins.length; i++) {
         obj[pins[i][0]] = pins[i][1];
+    }
+    for (i = 0; i < owned.length; i++) {   // vLLM's own ids, unsealed (scanner/plan/body.py forwarded)
+        obj[owned[i][0]] = owned[i][1];
     }
     // a settled stream asks for its usage (after the pins, as scanner/plan/body.py forwarded)
     if (v.perimeter_settle && e && e.ask && askUsage(obj)) {
@@ -1094,4 +1271,4 @@ function jwt(r) {
         });
 }
 
-export default {keyHash, read, body, direct, jwt, settleHeaders, settle};
+export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath};

@@ -764,6 +764,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     why = jwt_refusal(plan, "envoy")
     if why:
         raise GenerateError(f"envoy generator: {why}")
+    if plan.body.owned:
+        raise GenerateError("envoy generator: body: responses: owned is generated for NGINX only so far")
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)

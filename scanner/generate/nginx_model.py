@@ -146,6 +146,8 @@ class BodyCheck:
     envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
                         # admitted envelope njs computes (envelopeOf) and caps; "" none; with
                         # " usage=ask" a settled stream asks for its usage (askUsage)
+    owner: str = ""     # "previous_response_id": body fields naming a stored response, unsealed by
+                        # njs (checkOwned, responses: owned); a body naming one never takes the fast path
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,11 @@ class Block:
     jwt: str = ""
     jwt_roles: str = ""         # the roles admitted, space-separated ("" any role a token gives)
     jwt_next: str = ""
+    # responses: owned (scanner/plan/owner.py): the path segment (index after splitting on "/")
+    # holding a sealed response id (0: none; njs ownedPath unseals it), and whether answers are
+    # sealed (njs settleHeaders / settle)
+    owner_param: int = 0
+    owner_seal: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,7 @@ class Model:
     token_zones: tuple[Zone, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
+    owner_secret_file: str                           # responses: owned: njs reads the secret ("" none)
     forwarded_headers: tuple[tuple[str, str], ...]   # (name, NGINX variable) passed from the client
     websocket_headers: tuple[tuple[str, str], ...]
     deny_pages: tuple[tuple[int, str, str], ...] = DENY_PAGES
@@ -312,7 +320,7 @@ class _Registry:
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
     jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str], BodyCheck] = field(
+    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str, str], BodyCheck] = field(
         default_factory=dict)
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
@@ -383,15 +391,15 @@ class _Registry:
 
     def check(self, caps: tuple[tuple[str, int], ...], rules: FieldRules, budget: Budget | None,
               salt: str = "", media: MediaRules | None = None, tokens: str = "",
-              envelope: str = "") -> BodyCheck:
+              envelope: str = "", owner: tuple[str, ...] = ()) -> BodyCheck:
         spec = budget_text(budget) if budget else ""
         fields = _fields_spec(rules)
         media_spec = _media_spec(media) if media is not None and media.active else ""
-        key = (tuple(sorted(caps)), fields, spec, salt, media_spec, tokens, envelope)
+        key = (tuple(sorted(caps)), fields, spec, salt, media_spec, tokens, envelope, ",".join(owner))
         if key not in self.checks:
             cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
-                                  *(MEDIA_KEYS if media_spec else ())}))
+                                  *(MEDIA_KEYS if media_spec else ()), *owner}))
             self.checks[key] = BodyCheck(
                 id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
                 # the regex sees a name wherever it is (a nested copy too): the top-level names
@@ -399,7 +407,7 @@ class _Registry:
                 parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(envelope) or bool(rules.pins)
                            or (rules.decided and rules.unknown != "pass")),
                 salt=salt, media=media_spec, tokens=tokens, envelope=envelope,
-                media_regex=MEDIA_KEY_REGEX if media_spec else "")
+                media_regex=MEDIA_KEY_REGEX if media_spec else "", owner=",".join(owner))
         return self.checks[key]
 
 
@@ -475,7 +483,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             d.cap_paths, rate, lim.concurrency, lim.timeout_s, lim.when_absent,
             _fields_spec(d.fields), d.salt, d.media, d.token_zone, lim.max_sequences, lim.max_request_tokens,
-            d.envelope_spec)
+            d.envelope_spec, d.owner_param, d.owner_fields, d.owner_seal)
 
 
 def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
@@ -487,15 +495,16 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     media = next((x.media for x in ds if x.media.active), d.media)
     tokens = next((reg.token_zone(x) for x in ds if x.token_zone), "")
     envelope = next((envelope_text(x) for x in ds if x.token_zone or x.envelope_capped), "")
+    owner = next((x.owner_fields for x in ds if x.owner_fields), ())
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
-               and bool(lim.json_caps or rules.decided or media.active or tokens or envelope))
+               and bool(lim.json_caps or rules.decided or media.active or tokens or envelope or owner))
     rate_zone = reg.rate_zone(d)
     conn_zone = reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
-    check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope) if inspect else None
+    check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope, owner) if inspect else None
     if d.auth not in ("key", "none", "jwt"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -511,10 +520,22 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         websocket=websocket, up=up,
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
                                        or bool(rules.pins) or check.envelope.endswith(" usage=ask")
+                                       or bool(owner)
                                        or (budget is not None and budget.when_absent == "inject")),
         jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
         jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
+        owner_param=_owner_segment(d),
+        owner_seal=d.owner_seal,
     )
+
+
+def _owner_segment(d: Decision) -> int:
+    """The index of the route's owned path parameter among its path's "/"-split parts (the
+    leading "" counted, as njs splits $uri); 0: none."""
+    if not d.owner_param:
+        return 0
+    parts = d.path.split("/")
+    return parts.index("{" + d.owner_param + "}")
 
 
 def _location(reg: _Registry, plan: Plan, index: int, route: str,
@@ -632,6 +653,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         checks=tuple(reg.checks.values()), token_zones=tuple(reg.tokens.values()),
         locations=locations,
         upstream_key_file=plan.upstream.api_key_file or "",
+        owner_secret_file=_file("responses_secret_file", plan.body.responses_secret_file or "")
+        if plan.body.owned else "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
         jwt=tuple(reg.jwt.values()),
     )

@@ -323,9 +323,9 @@ def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> d
     if not param and not fields:
         return {}
     where = f"{method} {route.path}"
-    if audience.auth != "key":
+    if audience.auth == "none":
         raise PlanError(f"{where}: responses: owned binds stored responses to a principal; audience "
-                        f"{audience.name!r} has auth: none (give it keys, or deny the route)")
+                        f"{audience.name!r} has auth: none (give it keys or tokens, or deny the route)")
     chosen = audience.kind == "end-user" and audience.fields.mode("request_id") == "allow"
     if "request_id" in names and chosen:
         raise PlanError(f"{where}: responses: owned, yet audience {audience.name!r} lets clients send "

@@ -112,6 +112,9 @@ class ProbeOptions:
     # the policy's cache_salt secret (--salt-secret-file; verify: its throwaway one): the salt a
     # salted route must write is known only with it
     salt_secret: str = field(default="", repr=False, compare=False)
+    # the policy's responses secret (responses: owned; --responses-secret-file; verify: its
+    # throwaway one): with it the ownership check also verifies every seal it is handed
+    owner_secret: str = field(default="", repr=False, compare=False)
     # the running SSRF canary (probe --ssrf-canary; scanner.probe.canary), None: not probed
     canary: Canary | None = field(default=None, compare=False, repr=False)
     # Tests inject transports; a custom transport also carries the raw-request cases.

@@ -106,8 +106,8 @@ def _endpoint(route: InvRoute, counters: Counters, stream_delay: float,  # type:
             return JSONResponse({"error": {"message": f"1 validation error: {why}",
                                            "type": "BadRequestError", "code": 400}}, status_code=400)
         counters.hit(request.method, route.path, changes_state)
-        if kept:
-            rid = str(request.path_params.get("response_id", ""))
+        rid = str(request.path_params.get("response_id", ""))
+        if kept and stored.is_vllm_id(rid):
             found = store.cancel(rid) if route.path == CANCEL else store.get(rid)
             if isinstance(found, stored.Error):
                 return JSONResponse(found.body, status_code=found.status)

@@ -6,10 +6,14 @@ true) keeps its response under a fresh id (``resp_`` and 16 hex digits, vLLM's `
 answers the stored response, ``POST .../cancel`` cancels a queued or in-progress one (400 "Cannot
 cancel a synchronous response." otherwise); an unknown id: 404 "Response with id '...' not
 found." (vLLM's ErrorResponse). Whoever names an id reaches it: the perimeter's ``responses:
-owned`` is what binds it to a principal."""
+owned`` is what binds it to a principal.
+
+Only ids of vLLM's shape (:data:`VLLM_ID`) are looked up: any other (the probe's filler values,
+``probe-x1``) gets the stand-in's plain answer as before (the route reached, nothing stored)."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +22,11 @@ from typing import Any
 from scanner.standin import openai_answers as oa
 
 LIMIT = 4096                      # the most responses kept (oldest dropped): a bounded stand-in
+VLLM_ID = re.compile(r"resp_[0-9a-f]{16}")
+
+
+def is_vllm_id(value: object) -> bool:
+    return isinstance(value, str) and VLLM_ID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,9 @@ class Store:
     def create(self, body: Mapping[str, Any], raw: bytes) -> oa.Answer | Error | None:
         """The answer to ``POST /v1/responses`` (None: a body the stand-in does not shape)."""
         prev = body.get("previous_response_id")
-        if prev is not None and (not isinstance(prev, str) or prev not in self.responses):
+        if is_vllm_id(prev) and prev not in self.responses:
             return not_found(str(prev), "previous_response_id")
+        prev = prev if is_vllm_id(prev) else None
         store = oa.vllm_bool(body.get("store", True))
         background = oa.vllm_bool(body.get("background", False))
         rid = new_id()
