@@ -59,6 +59,8 @@ class Front:
 
 @pytest.fixture(scope="module", params=["nginx", "nginx-debian", "envoy"])
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    if request.param == "envoy":
+        pytest.skip("Envoy's part of responses: owned is not landed yet")
     proxy = proxy_named(request.param)
     tmp = tmp_path_factory.mktemp(f"own-{request.param}")
     policy = loads(owned_policy_text(), source="p.yaml", base_dir=REPO / "policies")
