@@ -36,7 +36,7 @@ from scanner.policy.salt import new_secret
 from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
-from scanner.probe.tokens_jwt import Issuer
+from scanner.probe.tokens_jwt import Issuer, valid_claims
 from scanner.runtime.proxy import Proxy
 from scanner.secrets import fingerprint
 from scanner.standin.grpc_standin import GrpcStandin
@@ -59,6 +59,7 @@ class Setup:
     salt_secret: str = field(default="", repr=False)    # the (throwaway) cache_salt secret, if salted
     issuer: Issuer | None = field(default=None, repr=False)   # the test issuer of auth "jwt" audiences
     owner_secret: str = field(default="", repr=False)   # the (throwaway) responses secret, if owned
+    signing_key: str = ""     # the test issuer's private key (PEM, 0600 in the run's directory)
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,36 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
             audiences[name] = replace(a, jwt=issuer.for_audience(a.jwt, directory / f"jwks-{name}.json"))
     local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
                     upstream=upstream, body=body, grpc=grpc or None, audiences=audiences)
-    return Setup(build(inventory, local, nets), config.credentials(specs, environ=secrets), vantages, nets,
-                 upstream_key, salt_secret, issuer, owner_secret)
+    plan = build(inventory, local, nets)
+    creds = config.credentials(specs, environ=secrets)
+    signing_key = ""
+    if issuer is not None:
+        creds += test_tokens(plan, issuer, keys_per_role)
+        key_file = directory / "jwt-signing-key.pem"
+        write_text(key_file, issuer.private_pem().decode(), mode=0o600)
+        signing_key = str(key_file.resolve())
+    return Setup(plan, creds, vantages, nets, upstream_key, salt_secret, issuer, owner_secret,
+                 signing_key)
+
+
+def test_tokens(plan: Plan, issuer: Issuer, per_role: int) -> tuple[Credential, ...]:
+    """A valid token per auth "jwt" audience, role its tokens can give (and the audience
+    admits) and principal (``per_role`` each), signed by the test issuer; valid for an hour."""
+    out: list[Credential] = []
+    seen: set[str] = set()
+    for d in plan.allowed:
+        t = d.jwt
+        if t is None or d.audience in seen:
+            continue
+        seen.add(d.audience)
+        given = sorted({*t.roles.values(), *((t.role,) if t.role else ())})
+        for role in given:
+            for i in range(per_role):
+                who = f"verify-{d.audience}-{role}-{i + 1}"
+                claims = {**valid_claims(t, role, who), "exp": int(time.time()) + 3600}
+                out.append(config.token_credential(role, issuer.rsa.sign(claims), plan,
+                                                   f"token:{d.audience}:{role}" + (f"#{i + 1}" if i else "")))
+    return tuple(out)
 
 
 @contextmanager
@@ -202,7 +231,8 @@ def probe_options(s: Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
     """The stand-in has no state to change and records what reaches it (vLLM's key included)."""
     return replace(base, allow_state_changes=True, witness=witness,
                    upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "",
-                   salt_secret=s.salt_secret, owner_secret=s.owner_secret)
+                   salt_secret=s.salt_secret, owner_secret=s.owner_secret,
+                   jwt_signing_key=s.signing_key)
 
 
 def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator
 
@@ -67,6 +68,13 @@ def command() -> None:
               help="The policy's cache_salt_secret_file (cache_salt: per-principal / per-audience): "
                    "with a witness, the salt each request must carry upstream is then checked exactly "
                    "(without it the salt is reported not proven).")
+@click.option("--token", "token_specs", multiple=True, metavar="ROLE=file:PATH|env:VAR",
+              help="A bearer token of an auth: jwt audience, by reference (never echoed), repeatable: "
+                   "the access checks send it beside the keys.")
+@click.option("--jwt-signing-key", default=None, metavar="FILE",
+              help="A test issuer's private key (PEM) whose public key is in the audience's JWKS: the "
+                   "identity check signs its token cases with it (without it only the refusals that "
+                   "need no signature are proven; the admitted token is not: VP011).")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("--ssrf-canary", default=None, metavar="http://ADDRESS:PORT",
@@ -80,7 +88,8 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float | None, checks: tuple[str, ...],
-            witness: str | None, salt_secret_file: str | None, allow_state_changes: bool,
+            witness: str | None, salt_secret_file: str | None, token_specs: tuple[str, ...],
+            jwt_signing_key: str | None, allow_state_changes: bool,
             ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
             require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
@@ -92,8 +101,9 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                                allow_state_changes=allow_state_changes, checks=checks,
                                witness=_base_url("--witness", witness) if witness else None,
                                salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "",
-                               canary=canary)
-        events = run_probe(plan, target, config.credentials(keys), config.vantages(vantage_specs), options)
+                               canary=canary, jwt_signing_key=_signing_key(jwt_signing_key))
+        creds = config.credentials(keys) + config.tokens(token_specs, plan)
+        events = run_probe(plan, target, creds, config.vantages(vantage_specs), options)
         res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs, require_proof)
 
@@ -117,6 +127,15 @@ def _finish(res: ProbeResult, fmt: str, output: str | None, fail_on: Severity,
         click.echo(f"error: target unreachable or partial results: {res.reason}", err=True)
     return res.exit_code(fail_on, require_proof)
 
+
+
+def _signing_key(path: str | None) -> str:
+    """The --jwt-signing-key file, checked readable here (its key is read by the identity check)."""
+    if not path:
+        return ""
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise UsageError(f"--jwt-signing-key {path}: not a readable file")
+    return os.path.abspath(path)
 
 
 def _base_url(what: str, url: str) -> str:

@@ -7,13 +7,16 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import jwt as pyjwt
+
 from scanner.errors import UsageError
 from scanner.output import read_text
+from scanner.plan.model import Plan
 from scanner.policy.keys import fingerprint, new_key
 from scanner.probe.interface import Credential, Vantage
 
 
-def parse_key(spec: str, environ: Mapping[str, str] | None = None) -> Credential:
+def parse_key(spec: str, environ: Mapping[str, str] | None = None, option: str = "--key") -> Credential:
     """``ROLE=env:VAR`` or ``ROLE=file:PATH`` -> a role credential. The value is never echoed.
 
     Whitespace around the key (a trailing newline, CRLF, spaces) is ignored; what remains must be
@@ -21,21 +24,21 @@ def parse_key(spec: str, environ: Mapping[str, str] | None = None) -> Credential
     env = os.environ if environ is None else environ
     role, sep, ref = spec.partition("=")
     if not sep or not role or not ref:
-        raise UsageError("--key expects ROLE=env:VAR or ROLE=file:PATH")
+        raise UsageError(f"{option} expects ROLE=env:VAR or ROLE=file:PATH")
     kind, sep, where = ref.partition(":")
     if kind == "env" and sep and where:
         value = env.get(where, "").strip()
         if not value:
-            raise UsageError(f"--key {role}=env:{where}: the environment variable is unset or empty")
+            raise UsageError(f"{option} {role}=env:{where}: the environment variable is unset or empty")
     elif kind == "file" and sep and where:
-        value = read_text(where, "key file", lambda msg: UsageError(f"--key {role}=file:{msg}")).strip()
+        value = read_text(where, "key file", lambda msg: UsageError(f"{option} {role}=file:{msg}")).strip()
         if not value:
-            raise UsageError(f"--key {role}=file:{where}: the file is empty")
+            raise UsageError(f"{option} {role}=file:{where}: the file is empty")
     else:
-        raise UsageError(f"--key {role}=...: give the key by reference, env:VAR or file:PATH "
+        raise UsageError(f"{option} {role}=...: give the key by reference, env:VAR or file:PATH "
                          "(never the key itself on the command line)")
     if any(not "!" <= c <= "~" for c in value):
-        raise UsageError(f"--key {role}={ref}: the key must be one line of visible ASCII characters "
+        raise UsageError(f"{option} {role}={ref}: the key must be one line of visible ASCII characters "
                          "without spaces")
     return Credential(label=f"role:{role}", kind="role", role=role, secret=value,
                       fingerprint=fingerprint(value))
@@ -80,3 +83,38 @@ def vantages(specs: Sequence[str]) -> tuple[Vantage, ...]:
     if len(set(names)) != len(names):
         raise UsageError("--vantage: names must be unique")
     return out or (Vantage(),)
+
+
+def token_credential(role: str, token: str, plan: Plan, label: str = "") -> Credential:
+    """A bearer token as a credential: the auth "jwt" audiences of ``plan`` whose issuers and
+    audiences its (unverified) claims name, and the principal it names there. Never echoed."""
+    try:
+        claims = pyjwt.decode(token, options={"verify_signature": False})
+    except pyjwt.PyJWTError:
+        raise UsageError(f"--token {role}=...: not a JWT") from None
+    auds = claims.get("aud")
+    auds = auds if isinstance(auds, list) else [auds]
+    found: dict[str, str] = {}
+    for d in plan.allowed:
+        t = d.jwt
+        if t is not None and claims.get("iss") in t.issuers and any(a in t.audiences for a in auds):
+            who = claims.get(t.principal_claim)
+            found.setdefault(d.audience, who if isinstance(who, str) else "")
+    return Credential(label=label or f"token:{role}", kind="token", role=role, secret=token,
+                      fingerprint=fingerprint(token), audiences=tuple(sorted(found)),
+                      principal=next(iter(found.values()), ""))
+
+
+def tokens(specs: Sequence[str], plan: Plan,
+           environ: Mapping[str, str] | None = None) -> tuple[Credential, ...]:
+    """``--token ROLE=env:VAR`` / ``ROLE=file:PATH``: bearer tokens of the plan's auth "jwt"
+    audiences, read like keys (never echoed); several of a role are labelled ``token:ROLE#2``..."""
+    out: list[Credential] = []
+    count: dict[str, int] = {}
+    for spec in specs:
+        key = parse_key(spec, environ, "--token")
+        count[key.role] = count.get(key.role, 0) + 1
+        n = count[key.role]
+        out.append(token_credential(key.role, key.secret, plan,
+                                    f"token:{key.role}" + (f"#{n}" if n > 1 else "")))
+    return tuple(out)

@@ -38,10 +38,35 @@ def in_networks(address: str | None, cidrs: tuple[str, ...]) -> bool:
     return any(ip in ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
+# Any refusal of a bearer token that is not one the route's audience takes (an API key, another
+# audience's token, a malformed one): what it fails depends on the token.
+JWT_REFUSALS: tuple[str, ...] = ("jwt-invalid", "jwt-issuer", "jwt-audience", "jwt-expired",
+                                 "jwt-not-yet-valid", "jwt-claim", "jwt-role", "role")
+
+
+def token_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
+    """Why the token check of an auth "jwt" route refuses ``cred`` (empty: it admits it)."""
+    if cred.kind == "none":
+        return ("jwt-missing",)
+    if cred.kind == "malformed":
+        return ("jwt-missing", "jwt-invalid")
+    if cred.kind != "token":
+        return ("jwt-invalid",)
+    if decision.audience not in cred.audiences:
+        return JWT_REFUSALS
+    if decision.roles and cred.role not in decision.roles:
+        return ("role",)
+    return ()
+
+
 def key_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
-    """Why the key check refuses ``cred`` on ``decision`` (empty: it admits it)."""
+    """Why the key (or token) check refuses ``cred`` on ``decision`` (empty: it admits it)."""
     if decision.auth == "none":
         return ()
+    if decision.auth == "jwt":
+        return token_reasons(decision, cred)
+    if cred.kind == "token":
+        return ("unknown-key",)
     if cred.kind == "none":
         return ("missing-key",)
     if cred.kind == "malformed":
@@ -74,9 +99,10 @@ def expect(decision: Decision | None, cred: Credential, source_address: str | No
 def rule_for(exp: Expectation) -> str:
     """The finding rule when a request denied for ``exp.reasons`` got through."""
     why = set(exp.reasons)
-    if why & {"not-allowlisted", "method-not-allowed", "missing-key", "unknown-key"}:
+    if why & {"not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "jwt-missing",
+              "jwt-invalid"}:
         return "VP001"
-    if "role" in why:
+    if why & {"role", "jwt-role"}:
         return "VP002"
     if "network" in why:
         return "VP003"

@@ -74,6 +74,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "(its error text has leaked heap addresses: CVE-2026-22778, CVE-2026-54236); NGINX: "
          "proxy_intercept_errors with error_page for the 5xx only, Envoy: the custom_response "
          "filter. vLLM's 4xx validation answers must pass unchanged."),
+    Rule("VP019", "critical", "a bearer token the perimeter must refuse was accepted",
+         "Verify every token on an auth: jwt route before anything else: its signature with a key "
+         "of the JWKS (kid and alg, never none or an HMAC), exp / nbf with the skew, the issuer, the "
+         "audience, the required claims and the role map; regenerate the proxy config and reload."),
     Rule("VP017", "high", "HTTP/2 cleartext or gRPC accepted on the HTTP/1.1 listener",
          "Serve HTTP/1.1 only on the perimeter's listener (Envoy: codec_type HTTP1; NGINX: no "
          "http2 there) and refuse content-type application/grpc* before any route: a gRPC surface "

@@ -43,7 +43,8 @@ Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", 
 #   skipped       not sent
 Verdict = Literal["proved", "failed", "inconclusive", "skipped"]
 VERDICTS: tuple[Verdict, ...] = ("proved", "failed", "inconclusive", "skipped")
-CredentialKind = Literal["none", "malformed", "wrong", "role"]
+# "token": a bearer token (auth "jwt"), valid for ``audiences`` with ``role``, naming ``principal``
+CredentialKind = Literal["none", "malformed", "wrong", "role", "token"]
 PROBE_SCHEMA_VERSION = 1
 
 
@@ -56,6 +57,8 @@ class Credential:
     role: str = ""
     secret: str = field(default="", repr=False, compare=False)
     fingerprint: str = ""
+    audiences: tuple[str, ...] = ()   # a token: the auth "jwt" audiences whose rules it meets
+    principal: str = ""               # a token: the principal its principal claim names
 
     def headers(self) -> dict[str, str]:
         if self.kind == "none":
@@ -115,6 +118,9 @@ class ProbeOptions:
     # the policy's responses secret (responses: owned; --responses-secret-file; verify: its
     # throwaway one): with it the ownership check also verifies every seal it is handed
     owner_secret: str = field(default="", repr=False, compare=False)
+    # the issuer's private key (PEM file; probe --jwt-signing-key, verify: its test issuer's): the
+    # identity check signs its token cases with it; without it only refusals are proven
+    jwt_signing_key: str = field(default="", repr=False, compare=False)
     # the running SSRF canary (probe --ssrf-canary; scanner.probe.canary), None: not probed
     canary: Canary | None = field(default=None, compare=False, repr=False)
     # Tests inject transports; a custom transport also carries the raw-request cases.

@@ -60,8 +60,8 @@ def lane_of(plan: Plan, case: Case, source_address: str | None, passes: bool = F
         return FREE                # refused before any limiter
     if not d.rate_zone and not d.conn_zone:
         return FREE
-    subject = case.credential.label if d.auth == "key" and case.credential.kind == "role" \
-        else (source_address or case.vantage.name)
+    counted = (d.auth, case.credential.kind) in (("key", "role"), ("jwt", "token"))
+    subject = case.credential.label if counted else (source_address or case.vantage.name)
     rate = d.limits.rate
     return Lane(
         key=f"{d.rate_zone}|{d.conn_zone}|{subject}",

@@ -63,6 +63,13 @@ class Issuer:
                                           serialization.PublicFormat.SubjectPublicKeyInfo)
         return cls(rsa=Signer(RSA_KID, "RS256", r, pem), ec=Signer(EC_KID, "ES256", e), jwks={"keys": keys})
 
+    def private_pem(self) -> bytes:
+        """The RSA signing key (PEM, unencrypted): verify writes it 0600 for the identity check."""
+        key = self.rsa.key
+        assert isinstance(key, rsa.RSAPrivateKey)
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
     def write_jwks(self, path: Path) -> Path:
         path.write_text(json.dumps(self.jwks, sort_keys=True), encoding="utf-8")
         return path
