@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
 from scanner.policy.model import FieldRules, Limits, Rate
+from scanner.probe.checks.timeouts import provable
 
 # remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
 # add: a role, a method admitted; move: a denied field (or unknown fields) allowed on one route;
@@ -175,6 +176,15 @@ def envelope_capped(plan: Plan) -> Decision:
                 and bool(d.envelope_spec.items) and d.budget is not None, last=True)
 
 
+def outlastable(d: Decision) -> bool:
+    """Has ``d`` an upstream timeout the timeout check's witness can outlast?"""
+    return d.limits.timeout_s is not None and provable(d.limits.timeout_s) and not d.state_changing
+
+
+def timed(plan: Plan) -> Decision:
+    return pick(plan, "with an upstream timeout the witness can outlast", outlastable)
+
+
 def limited(plan: Plan) -> Decision:
     return pick(plan, "with a concurrency limit", lambda d: d.limits.concurrency is not None)
 
@@ -245,7 +255,8 @@ def limits(d: Decision, **changes: object) -> Decision:
 
 
 def raised(limit: str, factor: int) -> Callable[[Decision], tuple[Decision, str]]:
-    """``limit`` (rate, burst, concurrency, json_caps, counts, body_bytes, tokens_per_minute) x factor."""
+    """``limit`` (rate, burst, concurrency, json_caps, counts, body_bytes, tokens_per_minute,
+    timeout_s) x factor."""
     def change(d: Decision) -> tuple[Decision, str]:
         lim: Limits = d.limits
         if limit in ("rate", "burst"):
@@ -260,6 +271,9 @@ def raised(limit: str, factor: int) -> Callable[[Decision], tuple[Decision, str]
             counts = {k: v * factor for k, v in d.fields.counts.items()}
             return replace(d, fields=replace(d.fields, counts=counts)), f"count caps x{factor}"
         value = getattr(lim, limit)
+        if limit == "timeout_s":
+            assert isinstance(value, float | int)
+            return limits(d, timeout_s=value * factor), f"timeout_s {value:g} -> {value * factor:g}"
         assert isinstance(value, int)
         return limits(d, **{limit: value * factor}), f"{limit} {value} -> {value * factor}"
     return change
@@ -457,6 +471,9 @@ def plan_operators() -> tuple[PlanOperator, ...]:
         PlanOperator("count-caps-raised-x10", "raise", "a route with count caps",
                      "one route's count caps x10",
                      ("limits",), on(counted, raised("counts", 10))),
+        PlanOperator("timeout-raised-x10", "raise",
+                     "a route with an upstream timeout the witness can outlast", "one route's upstream timeout x10",
+                     ("timeout",), on(timed, raised("timeout_s", 10))),
         PlanOperator("body-limit-raised", "raise", "a route with a body limit", "one route's body limit x100",
                      ("limits",), on(bodied, raised("body_bytes", 100))),
         PlanOperator("token-budget-raised-x1000", "raise", "a route with a token budget",

@@ -209,6 +209,15 @@ def _e_lua_off(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
+@_e("upstream-errors-passed", "remove", "a route with an output budget",
+    "vLLM's 5xx bodies reach the client on one route (the custom_response filter off there)", ("upstream",))
+def _e_errors_passed(env: _Envoy, plan: Plan) -> str:
+    d = core.budgeted(plan)
+    env.allowed(d).setdefault("typed_per_filter_config", {})["perimeter.upstream_errors"] = {
+        "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
+    return f"{d.method} {d.path}: perimeter.upstream_errors disabled"
+
+
 @_e("method-match-removed", "remove", "a GET route", "one route matches every method",
     ('matrix',))
 def _e_method(env: _Envoy, plan: Plan) -> str:

@@ -449,6 +449,44 @@ def _n_key_fwd(directory: Path, plan: Plan) -> str:
     return "proxy_set_header Authorization"
 
 
+def _edit_checked(directory: Path, d: Decision, edit: Callable[[str], str]) -> None:
+    """``edit`` the named location that forwards ``d``'s bodies as sent (``<up>_checked``) and
+    nothing else: its other ways of forwarding (the route's own location, ``<up>_rewrite``) keep
+    what the plan says."""
+    text = _read(directory, HTTP)
+    a, b = _route_span(text, d.path)
+    m = re.search(r"\n    location (@perimeter_up_\w+_checked) \{\n.*?\n    \}", text[a:b], re.S)
+    if m is None:
+        raise NotApplicable(f"{where(d)}: no location forwarding checked bodies as sent")
+    start, end = a + m.start(), a + m.end()
+    _write(directory, HTTP, text, text[:start] + edit(text[start:end]) + text[end:])
+
+
+@_op("upstream-errors-passed", "remove", "a route's location forwarding checked bodies as sent",
+     "vLLM's 5xx bodies reach the client on one of a route's ways of forwarding (proxy_intercept_errors "
+     "off in its <up>_checked location)", ("upstream",))
+def _n_errors_passed(directory: Path, plan: Plan) -> str:
+    d = core.budgeted(plan)
+    _edit_checked(directory, d,
+                  lambda b: b.replace("proxy_intercept_errors on;", "proxy_intercept_errors off;"))
+    return f"{where(d)}: proxy_intercept_errors off where bodies are forwarded as sent"
+
+
+@_op("timeout-raised-on-one-path", "raise", "a route's location forwarding checked bodies as sent",
+     "one route's upstream timeout x10 on one of its ways of forwarding (its <up>_checked location)",
+     ("timeout",), needs="limits.timeout_s the witness can outlast (27.5 s at most) on a route with an "
+     "output budget")
+def _n_timeout_one_path(directory: Path, plan: Plan) -> str:
+    d = core.pick(plan, "with an output budget and an upstream timeout the witness can outlast",
+                  lambda x: x.enforced_budget is not None and core.outlastable(x))
+
+    def raise_x10(block: str) -> str:
+        return re.sub(r"(proxy_read_timeout|proxy_send_timeout) (\d+)(ms|s);",
+                      lambda m: f"{m.group(1)} {int(m.group(2)) * 10}{m.group(3)};", block)
+    _edit_checked(directory, d, raise_x10)
+    return f"{where(d)}: proxy_read_timeout x10 where bodies are forwarded as sent"
+
+
 @_op("upstream-key-not-presented", "forward", "every proxying location",
      "vLLM's own key no longer sent upstream", ("upstream",), needs="upstream.api_key_file")
 def _n_upstream_key(directory: Path, plan: Plan) -> str:

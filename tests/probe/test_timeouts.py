@@ -13,6 +13,7 @@ from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
+from scanner.policy.load import loads
 from scanner.probe.checks.timeouts import Timeouts, provable
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
@@ -70,3 +71,24 @@ def test_without_a_witness_timeouts_are_not_applicable(tmp_path: Path) -> None:
     subjects = list(Timeouts().subjects(ctx))
     assert subjects and all(not x.applies and "witness" in x.why for x in subjects)
     assert list(Timeouts().generate(ctx)) == []
+
+
+def test_a_timeout_raised_on_one_way_of_forwarding_fails_the_run(tmp_path: Path) -> None:
+    # inference routes at 2 s: each is held once per way its bodies are forwarded (scanner/probe/
+    # forms.py); NGINX's <up>_checked locations (bodies forwarded as sent) get 20 s by hand, the
+    # route's own location and <up>_rewrite keep 2 s: only the kept form's request shows it
+    text = (Path(__file__).resolve().parents[2] / "policies/vllm-default.yaml").read_text()
+    assert text.count("timeout_s: 600\n") == 2      # the inference and service audiences
+    policy = loads(text.replace("timeout_s: 600\n", "timeout_s: 2\n"))
+    one_way = sub("perimeter-http.conf", r"(\n    location @perimeter_up_\w+_checked \{[^}]*?)proxy_read_timeout 2s;",
+                  r"\1proxy_read_timeout 20s;")
+    res = probe_edited(tmp_path, proxy_named("nginx"), OPTIONS, one_way, CATALOG, policy=policy)
+    assert res.exit_code() == 1
+    bad = [a for a in res.attempts if a.check == "timeout" and a.verdict == "failed"]
+    assert bad and all("above" in a.why and "rewrite" not in a.note for a in bad), \
+        [(a.path, a.note, a.why) for a in bad]
+    # the same routes' rewritten bodies still time out at 2 s: only the way changed by hand fails
+    rewritten = [a for a in res.attempts if a.check == "timeout" and "rewrite" in a.note]
+    assert {a.path for a in rewritten} & {a.path for a in bad}
+    assert rewritten and all(a.verdict == "proved" for a in rewritten), [(a.path, a.why) for a in rewritten]
+    assert {f.rule for f in res.findings if f.check == "timeout"} == {"VP005"}

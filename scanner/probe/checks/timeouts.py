@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from scanner.plan.model import Decision
 from scanner.probe.cases import Case
+from scanner.probe.checks.upstream import in_forms
 from scanner.probe.coverage import Subject, na
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Finding
@@ -71,7 +72,8 @@ class Timeouts(BaseCheck):
             base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit",
                             subject=f"timeout {d.method} {d.path}",
                             note=f"held {t + SLACK_S:g}s upstream > timeout_s {t:g}")
-            yield replace(base, expected="deny", reasons=(REASON,), hold_ms=math.ceil((t + SLACK_S) * 1000))
+            held = replace(base, expected="deny", reasons=(REASON,), hold_ms=math.ceil((t + SLACK_S) * 1000))
+            yield from in_forms(d, held)   # each way a body is forwarded has its own timeout
 
     def review(self, ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         d = ctx.decision(case.method, case.path)

@@ -18,6 +18,7 @@ from scanner.plan.model import (
     VLLM_REQUEST_HEADERS,
     Decision,
 )
+from scanner.probe import forms
 from scanner.probe.cases import PARAM_VALUE, Case, concrete
 from scanner.probe.checks.access import VARIANT_REASONS
 from scanner.probe.coverage import Subject, na
@@ -26,6 +27,7 @@ from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Credential, Finding, Vantage
 from scanner.probe.interface import Upstream as Seen
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+from scanner.probe.safe import NEUTRAL_JSON
 from scanner.probe.witness import CONNECTION_NAMED
 from scanner.reasons import ANY
 from scanner.standin._witness import LEAK_MARKER, error_body
@@ -216,6 +218,17 @@ def error_verdict(case: Case, a: Attempt) -> Attempt:
                   f"({a.status}, decision {a.decision or 'none'}: {got[:120]!r})")
 
 
+def in_forms(d: Decision, case: Case) -> Iterator[Case]:
+    """``case`` once per forwarding form of ``d`` (:mod:`scanner.probe.forms`): each way the
+    proxy forwards a body carries its own copy of the fact; the case as it is where there is one
+    way, or where its body is not the ordinary one (a state-changing route's safe request)."""
+    shapes = forms.of(d) if case.body == NEUTRAL_JSON and not case.skip else ()
+    if not shapes:
+        yield case
+    for f in shapes:
+        yield replace(case, body=f.body, note=f"{case.note}; {f.note}")
+
+
 @register
 class Upstream(BaseCheck):
     """What reaches the upstream for every allowed route.
@@ -302,9 +315,10 @@ class Upstream(BaseCheck):
                                    target=form.format(path=real), raw=True, note=note)
                 continue
             note, form = NORMALISE_VARIANTS[0]
-            yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
-                           target=form.format(path=real), headers=(("Host", CLIENT_HOST), *HOSTILE),
-                           note=f"{note}; the client's Host, spoofable, hop-by-hop and perimeter headers")
+            view = ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
+                            target=form.format(path=real), headers=(("Host", CLIENT_HOST), *HOSTILE),
+                            note=f"{note}; the client's Host, spoofable, hop-by-hop and perimeter headers")
+            yield from in_forms(d, view)
             yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=key, raw=True,
                            target=f"http://{ABSOLUTE_HOST}{real}",
                            note="absolute-form target naming another host")
@@ -315,7 +329,7 @@ class Upstream(BaseCheck):
                 for status in ERROR_ANSWERS:
                     c = ctx.case(self.id, d.method, d.path, cred, vantage, "witness",
                                  subject=_error_subject(d), note=f"the upstream answers {status} itself")
-                    yield replace(c, answer=status)
+                    yield from in_forms(d, replace(c, answer=status))
 
     def _control(self, ctx: CheckContext, d: Decision, cred: Credential, vantage: Vantage) -> Iterator[Case]:
         """The route's parameter with CR, LF and NUL (encoded, raw) and the path with an encoded
