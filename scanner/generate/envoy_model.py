@@ -203,6 +203,11 @@ class LuaGroup:
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
     jwt: LuaJwt | None = None                    # auth "jwt": the token's checks after jwt_authn
     slot: bool = False                           # a shared concurrency zone: Lua sets perimeter.slot
+    # responses: owned (scanner/plan/owner.py): the :path part holding a sealed response id (0:
+    # none), the body fields naming one, and whether answers are sealed (Lua unseals / seals)
+    owner_param: int = 0
+    owner_fields: tuple[str, ...] = ()
+    owner_seal: bool = False
 
     @property
     def heads(self) -> tuple[str, ...]:
@@ -352,6 +357,7 @@ class Model:
     principals: tuple[Principal, ...]
     salts: tuple[tuple[str, str], ...] = ()       # (subject, cache_salt): the 0600 TSV only
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
+    owner_file: str = ""                          # responses: owned: the secret, read by Lua at load
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
     token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
     envelopes: bool = False     # some Lua group computes the admitted envelope (caps, token budgets)
@@ -512,7 +518,8 @@ class _Registry:
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
                  websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
-                 self.token_filter(own) if own else "", self.lua_jwt(d), d.roles if d.jwt else (), slot)
+                 self.token_filter(own) if own else "", self.lua_jwt(d), d.roles if d.jwt else (), slot,
+                 d.owner_segment, d.owner_fields if check_body else (), d.owner_seal)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
@@ -522,7 +529,8 @@ class _Registry:
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
                 grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(own) if own else "",
-                slot=slot)
+                slot=slot, owner_param=d.owner_segment, owner_fields=d.owner_fields if check_body else (),
+                owner_seal=d.owner_seal)
         return self.lua[ident].id
 
     def rate_filter(self, d: Decision) -> str:
@@ -581,7 +589,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
                   and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone
-                           or d.envelope_capped))
+                           or d.envelope_capped or d.owner_fields))
     body_bytes = 0 if websocket else (d.limits.body_bytes or 0)
     # Lua refuses a body over body_bytes itself; the buffer after it must also hold the body
     # Lua forwards, which grows by the output budget it writes in
@@ -764,8 +772,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     why = jwt_refusal(plan, "envoy")
     if why:
         raise GenerateError(f"envoy generator: {why}")
-    if plan.body.owned:
-        raise GenerateError("envoy generator: body: responses: owned is generated for NGINX only so far")
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
@@ -797,6 +803,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
         salts=salts(plan, "envoy"),
         upstream_key_file=plan.upstream.api_key_file or "",
+        owner_file=plan.body.responses_secret_file or "" if plan.body.owned else "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
         envelopes=any(g.envelope is not None for g in reg.lua.values()),
         workers=opts.workers, jwt_providers=tuple(reg.jwt.values()), ca_bundle=opts.ca_bundle,

@@ -524,18 +524,10 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
                                        or (budget is not None and budget.when_absent == "inject")),
         jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
         jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
-        owner_param=_owner_segment(d),
+        owner_param=d.owner_segment,
         owner_seal=d.owner_seal,
     )
 
-
-def _owner_segment(d: Decision) -> int:
-    """The index of the route's owned path parameter among its path's "/"-split parts (the
-    leading "" counted, as njs splits $uri); 0: none."""
-    if not d.owner_param:
-        return 0
-    parts = d.path.split("/")
-    return parts.index("{" + d.owner_param + "}")
 
 
 def _location(reg: _Registry, plan: Plan, index: int, route: str,

@@ -250,6 +250,12 @@ class Decision:
         """Does the perimeter act on stored responses' ids on this route (in or out)?"""
         return bool(self.owner_param or self.owner_fields or self.owner_seal)
 
+    @property
+    def owner_segment(self) -> int:
+        """The index of the owned path parameter among the path's "/"-split parts (the leading ""
+        counted: both proxies split the normalised path so); 0: none."""
+        return self.path.split("/").index("{" + self.owner_param + "}") if self.owner_param else 0
+
     def owner_dict(self) -> dict[str, Any]:
         return {"param": self.owner_param, "fields": list(self.owner_fields), "seal": self.owner_seal}
 
