@@ -42,6 +42,12 @@
 //   ownedPath
 //            js_set: the path with the sealed response id at segment $perimeter_owner_param
 //            replaced by vLLM's own, '' when the seal is not the principal's (scanner/plan/owner.py).
+//   limit, after
+//            a fleet (policy shared:): js_content of a limited route without a full body check:
+//            the limiter (ngx.fetch, $perimeter_limiter) takes the route's zones ($perimeter_shared)
+//            before the request goes on (on a route whose every body is parsed, the exact check
+//            asks it instead, with the token cost); post_action: the slot released and the token
+//            reservation settled once the answer is sent.
 import crypto from 'crypto';
 import fs from 'fs';
 
@@ -744,6 +750,127 @@ function chargeTokens(r, v, env) {
     return true;
 }
 
+// The fleet's limiter (policy shared:). $perimeter_shared: "p ZONE ..." (keyed by the principal)
+// or "a ZONE ..." (by the client address); the zones in the limiter's order (rate, concurrency,
+// tokens). One call takes them all (scanner/limiter/http_api.py); a refusal is 429 with the
+// limiter's reason and Retry-After; no answer (the limiter or its store down, a call it cannot
+// read): 503 shared-store-unavailable. Never admitted without the limiter's word.
+function sharedOf(r, v) {
+    var parts = (v.perimeter_shared || '').split(' ');
+    if (parts.length < 2) {
+        return null;
+    }
+    // the principal a key or a token named ($perimeter_who), or the client address
+    return {key: parts[0] === 'p' ? v.perimeter_who : r.remoteAddress, zones: parts.slice(1)};
+}
+
+function limiterCall(v, path, call) {
+    return ngx.fetch(v.perimeter_limiter + path, {method: 'POST', body: JSON.stringify(call),
+                                                  headers: {'Content-Type': 'application/json'}});
+}
+
+// Resolves true (admitted: $perimeter_held) or false (answered). cost: the token cost (null: the
+// route has no token zone).
+function acquire(r, v, cost) {
+    var s = sharedOf(r, v);
+    var call;
+    if (s === null || v.perimeter_held === '1') {
+        return Promise.resolve(true);
+    }
+    v.perimeter_slot = v.request_id;
+    call = {key: s.key, zones: s.zones, slot: v.perimeter_slot};
+    if (cost !== null) {
+        call.cost = cost;
+    }
+    return limiterCall(v, '/v1/acquire', call).then(function (reply) {
+        return reply.status === 200 ? reply.json() : null;
+    }).then(null, function (e) {
+        r.error('perimeter limiter: ' + e);
+        return null;
+    }).then(function (a) {
+        if (a === null || typeof a !== 'object' || typeof a.allow !== 'boolean') {
+            v.perimeter_reason = 'shared-store-unavailable';
+            r.internalRedirect('@perimeter_shared_503');
+            return false;
+        }
+        if (!a.allow) {
+            v.perimeter_reason = /^[a-z-]{1,40}$/.test(a.reason) ? a.reason : 'rate';
+            v.perimeter_shared_retry = String(Math.max(1, Math.floor(Number(a.retry_after)) || 1));
+            r.internalRedirect('@perimeter_shared_429');
+            return false;
+        }
+        v.perimeter_held = '1';
+        return true;
+    });
+}
+
+// js_content of a limited route without a full body check: the limiter first, then on to the
+// route's named location ($perimeter_up: its body fast path, or the proxying location).
+function limit(r) {
+    var v = r.variables;
+    return acquire(r, v, null).then(function (ok) {
+        if (ok) {
+            r.internalRedirect(v.perimeter_up);
+        }
+    }).then(null, function (e) {
+        r.error('perimeter limiter: ' + e);
+        v.perimeter_reason = 'shared-store-unavailable';
+        r.internalRedirect('@perimeter_shared_503');
+    });
+}
+
+// post_action: a held slot released, an unused reservation ($perimeter_refund) given back. The
+// answer was sent already; the status it had is kept (the access log's).
+function after(r) {
+    var status = r.status || 200;
+    var v = r.variables;
+    var s = sharedOf(r, v);
+    var calls = [];
+    var conc, tokens, refund;
+    if (s === null || v.perimeter_held !== '1') {
+        r.return(status);
+        return;
+    }
+    conc = s.zones.filter(function (z) { return z.indexOf('conc:') === 0; });
+    tokens = s.zones.filter(function (z) { return z.indexOf('tokens:') === 0; });
+    refund = Math.floor(Number(v.perimeter_refund || '0')) || 0;
+    if (conc.length) {
+        calls.push(limiterCall(v, '/v1/release', {key: s.key, zones: conc, slot: v.perimeter_slot}));
+    }
+    if (tokens.length && refund > 0) {
+        calls.push(limiterCall(v, '/v1/settle', {key: s.key, zone: tokens[0], refund: refund}));
+    }
+    return Promise.all(calls).then(function () { r.return(status); }, function (e) {
+        r.error('perimeter limiter: ' + e);    // the slot expires, the charge stands
+        r.return(status);
+    });
+}
+
+// Admission of a checked body: the token charge (local, chargeTokens) or the limiter (every zone
+// of the route, with the cost), then `then`. Returns the limiter's promise, if it was asked.
+function admit(r, v, env, then) {
+    var cost;
+    if (!v.perimeter_shared) {
+        if (chargeTokens(r, v, env)) {
+            then();
+        }
+        return null;
+    }
+    cost = null;
+    if (v.perimeter_tokens) {
+        cost = Math.max(1, env.tokens);
+        v.perimeter_charged = String(cost);
+        v.perimeter_settle = v.perimeter_shared.split(' ').filter(function (z) {
+            return z.indexOf('tokens:') === 0;
+        })[0] + ' ' + cost + ' -';
+    }
+    return acquire(r, v, cost).then(function (ok) {
+        if (ok) {
+            then();
+        }
+    });
+}
+
 // Settlement (scanner/plan/settle.py, the reference): the unused part of the charge goes back
 // once the answer reports its usage.
 //
@@ -992,7 +1119,11 @@ function settle(r, data, flags) {
         answer = null;
         if (s.usage !== null && s.settled) {
             r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
-            giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
+            if (r.variables.perimeter_shared) {   // the limiter's reservation: post_action settles it
+                r.variables.perimeter_refund = String(Math.max(0, s.cost - s.usage[0] - s.usage[1]));
+            } else {
+                giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
+            }
         }
     }
     r.sendBuffer(out, flags);
@@ -1003,14 +1134,12 @@ function exact(r, v, seen) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
-    var obj, reason, strip, pins, i, rewrite, salt, e, env, changed, owned;
+    var obj, reason, strip, pins, rewrite, salt, e, env, owned;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
-        if (!chargeTokens(r, v, envelopeOf(null, nbytes, null))) {
-            return;
-        }
-        r.internalRedirect(v.perimeter_up + '_checked');
-        return;
+        return admit(r, v, envelopeOf(null, nbytes, null), function () {
+            r.internalRedirect(v.perimeter_up + '_checked');
+        });
     }
     try {
         obj = JSON.parse(text);
@@ -1055,9 +1184,14 @@ function exact(r, v, seen) {
         deny(r, reason);
         return;
     }
-    if (!chargeTokens(r, v, env)) {
-        return;
-    }
+    return admit(r, v, env, function () {
+        forward(r, v, obj, e, strip, pins, rewrite, salt, owned);
+    });
+}
+
+// The admitted body on its way: stripped, salted, pinned, asking for its usage as decided.
+function forward(r, v, obj, e, strip, pins, rewrite, salt, owned) {
+    var changed, i;
     if (v.perimeter_settle && unreported(obj)) {
         v.perimeter_settle = v.perimeter_settle.replace(/ [0-9]+ -$/, ' 0 -');
     }
@@ -1093,10 +1227,21 @@ function read(r) {
     r.internalRedirect(r.variables.perimeter_up);
 }
 
+// A check that asked the limiter finishes when it answers: a failure there is the check's.
+function checked(r, p) {
+    if (p) {
+        return p.then(null, function (e) {
+            r.error('perimeter: ' + e);
+            deny(r, 'body-check-failed');
+        });
+    }
+    return p;
+}
+
 // js_content when the fast path could not clear the body: the exact check.
 function body(r) {
     try {
-        exact(r, r.variables, '');
+        return checked(r, exact(r, r.variables, ''));
     } catch (e) {
         deny(r, 'body-check-failed');
     }
@@ -1111,7 +1256,7 @@ function direct(r) {
         return;
     }
     try {
-        exact(r, v, null);
+        return checked(r, exact(r, v, null));
     } catch (e) {
         deny(r, 'body-check-failed');
     }
@@ -1271,4 +1416,4 @@ function jwt(r) {
         });
 }
 
-export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath};
+export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after};

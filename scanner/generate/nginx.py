@@ -69,6 +69,7 @@ from scanner.generate.nginx_model import (
     Model,
     build_model,
 )
+from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 
@@ -106,6 +107,7 @@ class NginxGenerator:
             text = ("# vLLM's --api-key (generated, mode 0600)\n"
                     f'proxy_set_header Authorization "Bearer {key}";\n')
             files.append(GeneratedFile(UPSTREAM_KEY, text, mode=0o600))
+        files.extend(shared_files(plan))
         return GeneratedConfig(generator=self.name, files=tuple(files), main=MAIN,
                                runtime_files=runtime_files(model, options, {f.name for f in files}))
 

@@ -179,6 +179,10 @@ class Block:
     # sealed (njs settleHeaders / settle)
     owner_param: int = 0
     owner_seal: bool = False
+    # the fleet's limiter (policy shared:): "p ZONE ..." / "a ZONE ...", the key (the principal or
+    # the client address) then the route's zones in the limiter's order; "" none
+    shared: str = ""
+    shared_up: str = ""         # a route without a body check: the named location proxying it
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,8 @@ class Model:
     forward: str = FORWARD
     notes: tuple[str, ...] = field(default_factory=tuple)
     jwt: tuple[JwtAudience, ...] = ()   # auth "jwt" audiences: njs verifies their tokens
+    limiter: str = ""           # the fleet's limiter's HTTP door (policy shared:); "" none
+    fetch_keepalive: bool = False   # njs >= 0.9: js_fetch_keepalive
 
 
 # --- validation helpers ------------------------------------------------------------------
@@ -498,8 +504,9 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     owner = next((x.owner_fields for x in ds if x.owner_fields), ())
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
                and bool(lim.json_caps or rules.decided or media.active or tokens or envelope or owner))
-    rate_zone = reg.rate_zone(d)
-    conn_zone = reg.conn_zone(d)
+    shared = _shared_spec(plan, d)
+    rate_zone = None if shared else reg.rate_zone(d)     # the limiter's, not a local zone
+    conn_zone = None if shared else reg.conn_zone(d)
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
@@ -518,6 +525,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
         check=check,
         websocket=websocket, up=up,
+        shared=shared, shared_up=f"{up}_shared" if shared and check is None else "",
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
                                        or bool(rules.pins) or check.envelope.endswith(" usage=ask")
                                        or bool(owner)
@@ -528,6 +536,32 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         owner_seal=d.owner_seal,
     )
 
+
+def _shared_spec(plan: Plan, d: Decision) -> str:
+    """njs's form of the limiter's zones of ``d`` (Block.shared): "p|a ZONE ..."; "" none."""
+    if plan.shared is None:
+        return ""
+    zones = plan.shared.route_zones(d)
+    return " ".join(("a" if d.auth == "none" else "p", *zones)) if zones else ""
+
+
+def _limiter(plan: Plan) -> str:
+    """The limiter's HTTP door for njs's ngx.fetch ("" without shared:). ngx.fetch resolves no
+    names here (no resolver): the limiter must be given as an IP address; under on_unavailable:
+    local NGINX has no fallback yet (Envoy has)."""
+    s = plan.shared
+    if s is None:
+        return ""
+    host, _port = s.limiter
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise GenerateError(f"nginx generator: shared.limiter {host!r} must be an IP address (njs's "
+                            "ngx.fetch resolves no names here); give the limiter's address") from None
+    if s.on_unavailable != "deny":
+        raise GenerateError("nginx generator: shared.on_unavailable: local is generated for Envoy only "
+                            "(NGINX has no local fallback for the shared limits yet); use deny")
+    return s.limiter_url
 
 
 def _location(reg: _Registry, plan: Plan, index: int, route: str,
@@ -649,4 +683,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         if plan.body.owned else "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
         jwt=tuple(reg.jwt.values()),
+        limiter=_limiter(plan), fetch_keepalive=bool(opts.njs) and version_tuple(opts.njs) >= (0, 9),
     )

@@ -74,8 +74,7 @@ class Fleet:
         self.plan, self.proxy, self.directory, self.ports = plan, proxy, directory, ports
         self.redis_port = int(shared.redis.rsplit(":", 1)[1].split("/")[0])
         self.redis = redis_process(directory / "redis", self.redis_port)
-        self.limiter = limiter_process(directory, shared.redis, directory / "replica1" / ZONES_FILE,
-                                       shared.limiter[1])
+        self.limiter = limiter_process(directory, shared.redis, directory / ZONES_FILE, shared.limiter[1])
         self.replicas: list[ManagedProcess] = []
         self.dirs = [directory / f"replica{i + 1}" for i in range(len(ports))]
 
@@ -86,7 +85,10 @@ class Fleet:
     def write(self) -> list[Path]:
         """Each replica's config (its own port); the generated directories (editable: mutants)."""
         pairs = zip(self.ports, self.dirs, strict=True)
-        return [self.proxy.write(replica(self.plan, port), d) for port, d in pairs]
+        written = [self.proxy.write(replica(self.plan, port), d) for port, d in pairs]
+        # the limiter's zones file, as generate wrote it (the same in every replica's directory)
+        (self.directory / ZONES_FILE).write_bytes((written[0] / ZONES_FILE).read_bytes())
+        return written
 
     def start(self) -> Fleet:
         self.redis.start()

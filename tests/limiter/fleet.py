@@ -28,11 +28,11 @@ PUBLIC = "127.0.0.12"     # verify.loopback's address of the policy's public net
 RPS, BURST, CONCURRENCY, TOKENS = 4, 5, 2, 2000
 
 
-def fleet_policy(on_unavailable: str = "deny") -> Policy:
+def fleet_policy(on_unavailable: str = "deny", tokens: bool = True) -> Policy:
     text = DEFAULT.read_text().replace(
         "      rate: {rps: 10, burst: 20}\n      concurrency: 16\n",
         f"      rate: {{rps: {RPS}, burst: {BURST}}}\n      concurrency: {CONCURRENCY}\n"
-        f"      tokens_per_minute: {TOKENS}\n", 1)
+        + (f"      tokens_per_minute: {TOKENS}\n" if tokens else ""), 1)
     text += f"\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: {on_unavailable}\n"
     return loads(text)
 
@@ -41,12 +41,13 @@ class FleetStack:
     """The stand-in, Redis, the limiter and two replicas of ``proxy``; ``call`` sends through one."""
 
     def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
-                 mutate: str = "") -> None:
+                 tokens: bool = True) -> None:
         redis_binary()    # skipped (or failed on CI) without redis-server
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
         inventory = load_ref(CATALOG)
         up = free_port()
-        self.setup = verify.setup(inventory, fleet_policy(on_unavailable), self.tmp, up)
+        self.tokens = tokens
+        self.setup = verify.setup(inventory, fleet_policy(on_unavailable, tokens), self.tmp, up)
         self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
         self.fleet = fleet.Fleet(self.plan, proxy, self.tmp, (free_port(), free_port()))
         self.written = self.fleet.write()

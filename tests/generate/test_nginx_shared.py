@@ -1,0 +1,88 @@
+"""NGINX's config for a fleet (policy shared:, on_unavailable: deny): every limited route asks the
+limiter for the plan's zones (no local limit_req / limit_conn left), the slot is released and the
+reservation settled after the answer (post_action), and what NGINX cannot take is exit 2."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scanner import verify
+from scanner.errors import GenerateError
+from scanner.generate.interface import GenerateOptions
+from scanner.generate.nginx import NginxGenerator
+from scanner.inventory.catalog import load_ref
+from scanner.plan.model import Plan
+from scanner.runtime import nginx
+from scanner.runtime.proxy import NginxProxy
+from tests.limiter.fleet import CATALOG, fleet_policy, replace_shared
+
+
+def _plan(tmp: Path, on_unavailable: str = "deny") -> Plan:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return verify.setup(load_ref(CATALOG), fleet_policy(on_unavailable), tmp, 18000).plan
+
+
+def _files(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]:
+    options = GenerateOptions(runtime_dir="/run/p", access_log="/run/p/a.log", error_log="/run/p/e.log",
+                              extra=extra or {})
+    return {f.name: f.content for f in NginxGenerator().render(plan, options).files}
+
+
+def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    shared = plan.shared
+    assert shared is not None
+    files = _files(plan)
+    http = files["perimeter-http.conf"]
+    assert "limit_req " not in http and "limit_conn " not in http     # the limiter's, not local
+    assert f'js_var $perimeter_limiter "{shared.limiter_url}";' in http
+    specs = re.findall(r'set \$perimeter_shared "([^"]+)";', http)
+    want = {" ".join(("a" if d.auth == "none" else "p", *shared.route_zones(d)))
+            for d in plan.allowed if shared.route_zones(d)}
+    assert set(specs) == want and len(specs) >= len(plan.allowed_paths()) - 1
+    # each proxying location of a limited route releases and settles after the answer
+    assert http.count("post_action @perimeter_after;") >= len(specs)
+    assert "location @perimeter_after {" in http and "location @perimeter_shared_503 {" in http
+    njs = files["perimeter.js"]
+    assert "export default {keyHash, read, body, direct, settleHeaders, settle, limit, after};" in njs
+    assert files["limiter-zones.json"] and files["ratelimit-config.yaml"]
+    assert _files(plan) == files                                        # deterministic
+
+
+def test_without_shared_nothing_changes(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    plain = _files(replace(plan, shared=None))
+    assert "perimeter_limiter" not in plain["perimeter-http.conf"] and "limiter-zones.json" not in plain
+    assert "limit_req zone=" in plain["perimeter-http.conf"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"on_unavailable": "local"}, "on_unavailable: local is generated for Envoy only"),
+    ({"limiter": ("limiter.perimeter.svc", 8081)}, "must be an IP address"),
+])
+def test_what_nginx_cannot_take_is_a_generate_error(tmp_path: Path, change: dict[str, object],
+                                                    message: str) -> None:
+    plan = replace_shared(_plan(tmp_path), **change)
+    with pytest.raises(GenerateError, match=message):
+        _files(plan)
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize("which", ["static", "debian"])
+def test_nginx_takes_it(tmp_path: Path, which: str) -> None:
+    build = nginx.static_build() if which == "static" else nginx.debian_build()
+    if build is None:
+        pytest.skip(f"no {which} NGINX")
+    plan = _plan(tmp_path)
+    if which == "debian":   # njs 0.7.9: no token budgets (js_shared_dict_zone needs 0.8): rate and slots
+        plan = replace(plan, decisions=tuple(
+            replace(d, limits=replace(d.limits, tokens_per_minute=None)) for d in plan.decisions))
+        plan = replace_shared(plan, zones=replace(plan.shared.zones, zones={   # type: ignore[union-attr]
+            n: z for n, z in plan.shared.zones.zones.items() if not n.startswith("tokens:")}))  # type: ignore[union-attr]
+    proxy = NginxProxy(build, which)
+    written = proxy.write(plan, tmp_path / "proxy")
+    assert proxy.validate(plan, tmp_path / "proxy") == "", written
