@@ -48,7 +48,7 @@ def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path)
     assert http.count("post_action @perimeter_after;") >= len(specs)
     assert "location @perimeter_after {" in http and "location @perimeter_shared_503 {" in http
     njs = files["perimeter.js"]
-    assert "export default {keyHash, read, body, direct, settleHeaders, settle, limit, after};" in njs
+    assert re.search(r"export default \{[^}]*\blimit, after\};", njs)
     assert files["limiter-zones.json"] and files["ratelimit-config.yaml"]
     assert _files(plan) == files                                        # deterministic
 
