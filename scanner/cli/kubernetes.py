@@ -40,7 +40,8 @@ def kubernetes_options(func: F) -> F:
                      help="Proxy image (default " + ", ".join(f"{k}: {p.image}" for k, p in
                                                             sorted(kubernetes.PROXIES.items())) + ")."),
         click.option("--k8s-replicas", default=None, type=int, metavar="N",
-                     help="Proxy pods (default 1); rate and concurrency limits hold per pod."),
+                     help="Proxy pods (default 1); without the policy's shared: section rate, concurrency "
+                          "and token limits hold per pod; with it (default: shared.replicas) for the fleet."),
         click.option("--vllm-selector", multiple=True, metavar="KEY=VALUE[,KEY=VALUE]",
                      help="Labels of vLLM's pods (repeatable; default "
                           + ",".join(f"{k}={v}" for k, v in kubernetes.DEFAULT_VLLM_SELECTOR) + ")."),

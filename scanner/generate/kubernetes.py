@@ -49,7 +49,9 @@ import yaml
 
 from scanner import __version__
 from scanner.errors import GenerateError
+from scanner.generate import kubernetes_fleet as fleet
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
+from scanner.generate.kubernetes_fleet import Mode
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 from scanner.policy.model import PortPolicy
@@ -220,10 +222,6 @@ def _under(path: str, directory: str) -> bool:
 # --- manifests ---------------------------------------------------------------------------------
 
 
-class Mode(int):
-    """A file mode, written as YAML octal (``0440``) as the Kubernetes docs write them."""
-
-
 class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data: Any) -> bool:
         return True
@@ -355,8 +353,11 @@ def render(plan: Plan, config: GeneratedConfig, options: GenerateOptions, ports:
         f"{kind}\0{k}\0{len(v)}\0".encode() + v.encode()
         for kind, data in (("config", plain), ("secret", secret))
         for k, v in sorted(data.items()))).hexdigest()
+    layout = fleet.layout(plan, settings.name, settings.namespace, settings.replicas)
+    if layout is not None:
+        settings = replace(settings, replicas=layout.replicas)
     ctx = _Context(plan, config, options, settings, proxy, names, config_dir, plain, secret, mounted,
-                   tuple(internal))
+                   tuple(internal), layout)
     files = [
         GeneratedFile(f"{SUBDIR}/configmap.yaml", _configmap(ctx)),
         GeneratedFile(f"{SUBDIR}/secret.yaml", _secret(ctx), mode=0o600),
@@ -365,8 +366,54 @@ def render(plan: Plan, config: GeneratedConfig, options: GenerateOptions, ports:
         GeneratedFile(f"{SUBDIR}/networkpolicy-vllm.yaml", _vllm_policy(ctx, ports)),
         GeneratedFile(f"{SUBDIR}/networkpolicy-proxy.yaml", _proxy_policy(ctx, ports)),
         GeneratedFile(f"{SUBDIR}/cronjob-audit.yaml", _cronjob(ctx)),
+        *_fleet_files(ctx, "sha256:" + digest),
     ]
     return Bundle(tuple(files))
+
+
+def _fleet_files(ctx: _Context, digest: str) -> list[GeneratedFile]:
+    """A fleet's limiter (its own Deployment, Service and NetworkPolicy unless it is a sidecar) and
+    the bundled Redis (Deployment, Service, NetworkPolicy), each with its header."""
+    f = ctx.fleet
+    if f is None:
+        return []
+
+    def meta(name: str, component: str) -> dict[str, Any]:
+        return _meta(ctx, name, ctx.namespace, component)
+
+    out: list[GeneratedFile] = []
+    limiter_labels = labels(ctx.names.base, "limiter")
+    if not f.sidecar:
+        out += [
+            GeneratedFile(f"{SUBDIR}/limiter-deployment.yaml", ctx.header(
+                "the shared limiter (vllm-perimeter limiter): every replica's rates, slots and token "
+                "reservations, on Redis", f"Redis: {f.shared.redis}" + ("" if f.redis_bundled else
+                                                                         " (yours: restrict who reaches it)"))
+                + dump(fleet.limiter_deployment(f, meta, limiter_labels, ctx.settings.audit_image,
+                                                ctx.names.configmap, digest))),
+            GeneratedFile(f"{SUBDIR}/limiter-service.yaml",
+                          ctx.header("the limiter's Service (gRPC and HTTP)")
+                          + dump(fleet.limiter_service(f, meta, limiter_labels))),
+            GeneratedFile(f"{SUBDIR}/networkpolicy-limiter.yaml", ctx.header(
+                "only the proxy pods reach the limiter (it has no authentication of its own)")
+                + dump(fleet.limiter_policy(f, meta, limiter_labels, ctx.proxy_labels))),
+        ]
+    if f.redis_bundled:
+        redis_labels = labels(ctx.names.base, "redis")
+        clients = ctx.proxy_labels if f.sidecar else limiter_labels
+        more = [f"create the Secret {f.password_secret} first: kubectl -n {ctx.namespace} create secret "
+                f"generic {f.password_secret} --from-file=password=<file>"] if f.shared.password_file else []
+        out += [
+            GeneratedFile(f"{SUBDIR}/redis-deployment.yaml", ctx.header(
+                "the fleet's Redis (no persistence: a restart starts every limit afresh)", *more)
+                + dump(fleet.redis_deployment(f, meta, redis_labels))),
+            GeneratedFile(f"{SUBDIR}/redis-service.yaml", ctx.header("the fleet's Redis Service")
+                          + dump(fleet.redis_service(f, meta, redis_labels))),
+            GeneratedFile(f"{SUBDIR}/networkpolicy-redis.yaml", ctx.header(
+                "only the limiter reaches Redis" + (" (a sidecar of the proxy pods)" if f.sidecar else ""))
+                + dump(fleet.redis_policy(f, meta, redis_labels, clients))),
+        ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -382,6 +429,7 @@ class _Context:
     secret: Mapping[str, str]
     mounted: tuple[Mounted, ...]
     known_internal: tuple[tuple[int, str], ...]
+    fleet: fleet.Fleet | None = None        # policy shared: the limiter and Redis (kubernetes_fleet)
 
     @property
     def namespace(self) -> str:
@@ -471,6 +519,11 @@ def _deployment(ctx: _Context, digest: str) -> str:
                             "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": mounts,
     }
+    containers = [container]
+    if ctx.fleet is not None and ctx.fleet.sidecar:   # the limiter beside the proxy, on the pod's loopback
+        containers.append(fleet.limiter_container(ctx.fleet, ctx.settings.audit_image, ctx.config_dir,
+                                                  "config"))
+        volumes.extend(fleet.limiter_secret_volumes(ctx.fleet))
     uid = ctx.proxy.uid
     doc = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -488,13 +541,20 @@ def _deployment(ctx: _Context, digest: str) -> str:
                     "securityContext": {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid,
                                         "fsGroup": uid, "seccompProfile": {"type": "RuntimeDefault"}},
                     "terminationGracePeriodSeconds": 30,
-                    "containers": [container],
+                    "containers": containers,
                     "volumes": volumes,
                 },
             },
         },
     }
-    more = ["rate and concurrency limits hold per pod: with N replicas a principal gets N times them"]
+    f = ctx.fleet
+    if f is None:
+        more = ["rate and concurrency limits hold per pod: with N replicas a principal gets N times them"]
+    else:
+        more = [f"{f.replicas} replicas share every rate, concurrency and token limit through the limiter "
+                f"({'a sidecar in each pod' if f.sidecar else f.limiter_name}) on Redis; store unreachable: "
+                + ("503 shared-store-unavailable" if f.shared.on_unavailable == "deny"
+                   else f"each pod enforces 1/{f.replicas} of every limit")]
     tls = sorted({m.key for m in ctx.mounted if m.secret == ctx.names.tls})
     if tls:
         more.append(f"create the Secret {ctx.names.tls} first: kubectl -n {ctx.namespace} create secret "
