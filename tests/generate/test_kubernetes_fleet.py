@@ -12,7 +12,7 @@ import pytest
 
 from scanner.errors import GenerateError
 from scanner.generate import kubernetes as k8s
-from tests.generate.test_kubernetes import UPSTREAM, docs, policy, pod_spec, render, validate
+from tests.generate.test_kubernetes import UPSTREAM, docs, pod_spec, policy, render, validate
 
 SERVICE_FLEET = """shared:
   redis: redis://vllm-perimeter-redis.llm.svc:6379/0
@@ -29,7 +29,7 @@ SIDECAR_FLEET = """shared:
 
 
 def test_a_limiter_service_and_the_bundled_redis(tmp_path: Path) -> None:
-    config, bundle = render("envoy", policy(tmp_path, UPSTREAM + SERVICE_FLEET))
+    _config, bundle = render("envoy", policy(tmp_path, UPSTREAM + SERVICE_FLEET))
     d = docs(bundle)
     assert {"limiter-deployment.yaml", "limiter-service.yaml", "networkpolicy-limiter.yaml",
             "redis-deployment.yaml", "redis-service.yaml", "networkpolicy-redis.yaml"} <= set(d)
@@ -41,7 +41,7 @@ def test_a_limiter_service_and_the_bundled_redis(tmp_path: Path) -> None:
     args = pod_spec(limiter)["containers"][0]["args"]
     assert args[:3] == ["limiter", "--redis", "redis://vllm-perimeter-redis.llm.svc:6379/0"]
     assert "--redis-password-file" in args and args[args.index("--listen") + 1] == "0.0.0.0:8081"
-    proxy_labels = pod_spec(proxy) and proxy["spec"]["selector"]["matchLabels"]
+    proxy_labels = proxy["spec"]["selector"]["matchLabels"]
     limiter_labels = limiter["spec"]["selector"]["matchLabels"]
     lp = d["networkpolicy-limiter.yaml"]["spec"]
     assert lp["podSelector"]["matchLabels"] == limiter_labels
