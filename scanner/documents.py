@@ -383,6 +383,9 @@ class PlanLimitsDoc(_Doc):
     tokens_per_minute: int | None = None
     max_sequences: int | None = None
     max_request_tokens: int | None = None
+    max_request_tokens_by: Literal["tokens_per_minute"] | None = Field(
+        default=None, description="tokens_per_minute: the token budget set max_request_tokens (a request "
+        "whose envelope is over the whole budget can never be admitted: refused 400 envelope-tokens)")
 
 
 class EnvelopeDoc(_Doc):

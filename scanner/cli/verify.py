@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from scanner import verify
-from scanner.cli.options import load_diff, report_options
+from scanner.cli.options import MaxTime, load_diff, report_options
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from scanner.inventory.diff import InventoryDiff
 from scanner.output import write_text
@@ -22,6 +22,7 @@ from scanner.runtime.proxy import PROXIES, get
 from scanner.severity import Severity
 
 TEXT_FORMATS = ("table", "markdown")
+AUTO_FLOOR_S = 300.0   # --max-time auto never gives a run less than this
 
 
 @click.command("verify")
@@ -37,8 +38,10 @@ TEXT_FORMATS = ("table", "markdown")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
 @click.option("--timeout", type=click.FloatRange(0.1), default=15.0, show_default=True,
               help="Seconds per request.")
-@click.option("--max-time", type=click.FloatRange(1), default=300.0, show_default=True,
-              help="Seconds per probe run; then partial results and exit 3.")
+@click.option("--max-time", type=MaxTime(), default="auto", show_default=True, metavar="SECONDS|auto",
+              help="Seconds per probe run, then partial results and exit 3; auto: 2 x the run's lower "
+                   f"bound (each rate-limited lane and token budget at the plan's pace) + 60 s, at "
+                   f"least {AUTO_FLOOR_S:g} s.")
 @click.option("--mutate", is_flag=True,
               help="Also run every mutation operator against the proxy: each weakened config must be "
                    "caught; exit 1 when one survives.")
@@ -48,7 +51,7 @@ TEXT_FORMATS = ("table", "markdown")
 @report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
-            concurrency: int, timeout: float, max_time: float, mutate: bool, only: tuple[str, ...],
+            concurrency: int, timeout: float, max_time: float | None, mutate: bool, only: tuple[str, ...],
             fmt: str, output: str | None, fail_on: Severity, require_proof: bool,
             diff_refs: tuple[str, str] | None,
             quiet: bool) -> int:
@@ -77,7 +80,8 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     pol = inputs.load_policy(policy)
     if len(names) > 1 and output is None and fmt not in TEXT_FORMATS:
         raise UsageError(f"--format {fmt} with several proxies needs -o FILE (one report per proxy)")
-    options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time)
+    options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time,
+                           auto_floor_s=AUTO_FLOOR_S)
     say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
     if mutate:
         baselines, mutants = verify.mutants(inv, pol, runtimes, options, keys_per_role, only, say)

@@ -20,7 +20,7 @@ from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
-from scanner.policy.model import Audience, BodyPolicy, FieldRules, Policy, RouteRule, Shared
+from scanner.policy.model import Audience, BodyPolicy, FieldRules, Limits, Policy, RouteRule, Shared
 from scanner.state_changing import is_state_changing
 
 # The upgrade request of a WebSocket route is a GET; a mount answers any method,
@@ -292,7 +292,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
     cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
     changes, by = _state_changing(route, rule)
     media, media_at = _media(route, method, audience)
-    limits = audience.limits.merged(rule.limits)
+    limits, by_budget = request_token_cap(route, method, audience.limits.merged(rule.limits))
     return Decision(
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
@@ -302,9 +302,21 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
         fields=_fields(route, method, audience, body), salt=_salt(route, method, audience, body),
         media=media, media_at=media_at,
         state_changing=changes, state_changing_by=by, upstream_guarded=route.guarded,
-        rule_line=rule.line, envelope_spec=_envelope(route, method),
+        rule_line=rule.line, envelope_spec=_envelope(route, method), request_tokens_by_budget=by_budget,
         **_owner(route, method, audience, body),
     )
+
+
+def request_token_cap(route: Route, method: str, limits: Limits) -> tuple[Limits, bool]:
+    """The route's limits with its per-request token cap decided: a request charged to a token
+    budget (an HTTP route with a body method and ``tokens_per_minute``) whose envelope is over the
+    whole budget can never be admitted, so ``max_request_tokens`` is at most ``tokens_per_minute``
+    there (refused 400 envelope-tokens, permanent, rather than 429 token-budget for ever); and
+    whether the budget set it (True: lowered from the policy's value, or set where it had none)."""
+    tpm, cap = limits.tokens_per_minute, limits.max_request_tokens
+    if not tpm or route.kind != "http" or method not in BODY_METHODS or (cap is not None and cap <= tpm):
+        return limits, False
+    return replace(limits, max_request_tokens=tpm), True
 
 
 def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> dict[str, Any]:

@@ -258,6 +258,9 @@ class Decision:
 
     def owner_dict(self) -> dict[str, Any]:
         return {"param": self.owner_param, "fields": list(self.owner_fields), "seal": self.owner_seal}
+    # limits.max_request_tokens was set by the token budget (scanner/plan/build.py
+    # request_token_cap): lowered to tokens_per_minute, or set to it where the policy had none
+    request_tokens_by_budget: bool = False
 
     @property
     def exact(self) -> bool:
@@ -396,6 +399,7 @@ class Decision:
                 **({"max_sequences": lim.max_sequences} if lim.max_sequences is not None else {}),
                 **({"max_request_tokens": lim.max_request_tokens}
                    if lim.max_request_tokens is not None else {}),
+                **({"max_request_tokens_by": "tokens_per_minute"} if self.request_tokens_by_budget else {}),
             },
             **({"envelope": self.envelope_spec.to_dict()}
                if self.envelope_capped or self.token_zone else {}),

@@ -54,6 +54,8 @@ class Case:
     first: bool = False            # sent before its lane's other ordinary cases, one at a time (a
                                    # token budget's proof needs the budget before the other checks
                                    # spend it, and each answer settled before the next is admitted)
+    as_sent: bool = False          # its body is what it proves (caps at their value, an absent output
+                                   # budget): never made lighter on a token budget (probe/token_pace.py)
     lane: str = ""                 # sent in this pacing lane's phases (scanner.probe.pace), not its own:
                                    # another principal's request while the first one's bucket is empty
 

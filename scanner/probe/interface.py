@@ -100,6 +100,7 @@ class ProbeOptions:
     client: Literal["stream", "httpx"] = "stream"  # httpx: AsyncClient (slower; never pipelines)
     max_time: float | None = 120.0  # whole run; None: derived from the plan's lower bound
                                     # (scanner.probe.pace.time_limit: probe --max-time auto)
+    auto_floor_s: float = 0.0      # ... and then at least this long (verify --max-time auto: 300)
     allow_state_changes: bool = False
     checks: tuple[str, ...] = ()   # empty: every registered check
     catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scanner.plan.model import Plan
 from scanner.probe.cases import Case
 from scanner.probe.expect import expect, in_networks
+from scanner.probe.token_pace import TokenBound
 
 # The share of a bucket the schedule counts on: half the burst, 95% of the rate.
 BURST_SHARE = 0.5
@@ -160,17 +162,24 @@ class Bound:
     rate: float                    # the global rate (0: unpaced)
     global_s: float                # the ordinary cases at ``rate``
     lanes: tuple[LaneBound, ...]   # rate-limited lanes, slowest first
+    tokens: tuple[TokenBound, ...] = ()   # token budgets their cases spend, slowest first (token_pace)
 
     @property
     def seconds(self) -> float:
-        return max(self.global_s, self.lanes[0].seconds if self.lanes else 0.0)
+        return max(self.global_s, self.lanes[0].seconds if self.lanes else 0.0,
+                   self.tokens[0].seconds if self.tokens else 0.0)
 
     @property
     def slowest(self) -> str:
-        """What sets the bound: "rate" (the global rate) or the slowest lane's key ("" if neither)."""
-        if self.global_s > 0 and (not self.lanes or self.global_s >= self.lanes[0].seconds):
+        """What sets the bound: "rate" (the global rate), the slowest lane's key or the slowest token
+        budget's ("" if none)."""
+        lane = self.lanes[0].seconds if self.lanes else 0.0
+        tokens = self.tokens[0].seconds if self.tokens else 0.0
+        if self.global_s > 0 and self.global_s >= max(lane, tokens):
             return "rate"
-        return self.lanes[0].key if self.lanes and self.lanes[0].seconds > 0 else ""
+        if tokens > lane:
+            return self.tokens[0].key
+        return self.lanes[0].key if self.lanes and lane > 0 else ""
 
 
 def spread_seconds(model: Gcra, n: int, now: float = 0.0) -> float:
@@ -193,8 +202,9 @@ def global_seconds(ordinary: int, rate: float) -> float:
     return (ordinary - 1) / rate if rate > 0 and ordinary > 1 else 0.0
 
 
-def bound(rate: float, lanes: list[tuple[Lane, list[Case]]]) -> Bound:
-    """The run's :class:`Bound` for its cases grouped by lane."""
+def bound(rate: float, lanes: list[tuple[Lane, list[Case]]],
+          tokens: Sequence[TokenBound] = ()) -> Bound:
+    """The run's :class:`Bound` for its cases grouped by lane (and the token budgets they spend)."""
     ordinary = sum(1 for _lane, cases in lanes for c in cases if not c.skip and c.phase == 0)
     rated = []
     for lane, cases in lanes:
@@ -207,7 +217,8 @@ def bound(rate: float, lanes: list[tuple[Lane, list[Case]]]) -> Bound:
                                lane_seconds(lane, len(paced), held, burst)))
     rated.sort(key=lambda b: (-b.seconds, b.key))
     return Bound(cases=sum(1 for _lane, cases in lanes for c in cases if not c.skip), rate=rate,
-                 global_s=global_seconds(ordinary, rate), lanes=tuple(rated))
+                 global_s=global_seconds(ordinary, rate), lanes=tuple(rated),
+                 tokens=tuple(sorted(tokens, key=lambda b: (-b.seconds, b.key))))
 
 
 # --max-time auto: this many times the bound, plus this much (answers, retries, refills)

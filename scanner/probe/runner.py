@@ -61,6 +61,17 @@ from scanner.probe.pace import (
 )
 from scanner.probe.registry import Check, CheckContext, selected
 from scanner.probe.send import Sender, skipped
+from scanner.probe.token_pace import (
+    Charge,
+    TokenModel,
+    about_budget,
+    balance,
+    charge_of,
+    light,
+    planned_spend,
+    settled,
+    token_bound,
+)
 from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
 from scanner.severity import severity_rank
@@ -106,8 +117,17 @@ class _Schedule:
     limit (``options.max_time``, or derived from the bound) and what is left of both."""
 
     def __init__(self, ctx: CheckContext, cases: Sequence[Case], options: ProbeOptions,
-                 start: float) -> None:
+                 start: float, wall_offset: float | None = None) -> None:
         self.ctx, self.cases, self.options = ctx, cases, options
+        # token budgets (scanner.probe.token_pace): each case's charge, each budget's model, on
+        # the wall clock (njs counts minutes of the epoch): wall = monotonic + offset
+        self.wall_offset = time.time() - time.monotonic() if wall_offset is None else wall_offset
+        self.charges: list[Charge] = [charge_of(ctx.plan, c, ctx.source_address(c.vantage)) for c in cases]
+        self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit) for ch in self.charges if ch.key}
+        self.sent_wall = [0.0] * len(cases)
+        self.phase_started: set[tuple[str, int]] = set()   # (lane, phase 1 or 2) already sent from
+        self.throttled: list[str] = [""] * len(cases)       # an earlier token-budget refusal, said
+
         self.glob = Gcra(options.rate, 1.0)
         self.lanes: dict[str, LaneState] = {}
         self.lane_key: list[str] = []
@@ -122,9 +142,12 @@ class _Schedule:
             st = (self.lanes.get(case.lane) if case.lane and not case.skip else None) or self._lane(lane)
             st.queues[case.phase].append(i)
             self.lane_key.append(st.lane.key)
+        spend = planned_spend(cases, self.charges)
         self.bound: Bound = bound(options.rate, [(st.lane, [cases[i] for q in st.queues for i in q])
-                                                 for st in self.lanes.values()])
-        self.max_time = options.max_time if options.max_time is not None else time_limit(self.bound)
+                                                 for st in self.lanes.values()],
+                                  [token_bound(k, self.tokens[k].limit, n) for k, n in sorted(spend.items())])
+        self.max_time = options.max_time if options.max_time is not None else \
+            max(options.auto_floor_s, time_limit(self.bound))
         self.deadline = start + self.max_time
         self.ordinary_left = sum(1 for c in cases if c.phase == 0 and not c.skip)   # unsent, globally paced
         self.done = 0                  # cases decided: their last send settled, not going again
@@ -134,11 +157,12 @@ class _Schedule:
             free.queues[0].clear()
             free.queues[0].extend(ordered)
         lead = options.lead_check
-        for st in self.lanes.values():   # the cases that must go first, in their order
-            if any(cases[i].first or cases[i].check == lead for i in st.queues[0]):
-                ordered = sorted(st.queues[0], key=lambda i: (not cases[i].first, cases[i].check != lead))
-                st.queues[0].clear()
-                st.queues[0].extend(ordered)
+        for st in self.lanes.values():   # the cases that must go first, in their order; then the
+            # costliest on a token budget (one of the whole budget needs it untouched)
+            ordered = sorted(st.queues[0], key=lambda i: (not cases[i].first, cases[i].check != lead,
+                                                          -self.charges[i].cost))
+            st.queues[0].clear()
+            st.queues[0].extend(ordered)
 
     def pending(self) -> bool:
         return any(st.pending() for st in self.lanes.values())
@@ -154,7 +178,33 @@ class _Schedule:
         """The least time the unsent cases still need (the bound, from ``now``)."""
         rate = self.options.rate
         left = (self.ordinary_left / rate) if rate > 0 else 0.0
-        return max((left, *(remaining_seconds(st, now) for st in self.lanes.values())))
+        unsent: dict[str, int] = {}
+        for st in self.lanes.values():
+            for q in st.queues:
+                for i in q:
+                    ch = self.charges[i]
+                    if ch.key:
+                        unsent[ch.key] = unsent.get(ch.key, 0) + ch.cost
+        wall = now + self.wall_offset
+        tokens = (max(0.0, n - self.tokens[k].bucket(wall)) / self.tokens[k].rate for k, n in unsent.items())
+        return max((left, *(remaining_seconds(st, now) for st in self.lanes.values()), *tokens))
+
+    def token_ready(self, st: LaneState, phase: int, head: int, now: float) -> float:
+        """When the token budgets ``st``'s next case spends have room for it (token_pace): an
+        ordinary case for its own cost, unless it is about the budget; a held or burst phase for
+        all of its cases at once, before its first one goes; ``now`` when nothing is charged."""
+        wall = now + self.wall_offset
+        ch = self.charges[head]
+        if phase == 0 or phase == 3 or (st.lane.key, phase) in self.phase_started:
+            if not ch.key or about_budget(self.cases[head]) or phase != 0:
+                return now
+            return now + self.tokens[ch.key].wait(ch.cost, wall)
+        need: dict[str, int] = {}
+        for i in st.queues[phase]:
+            c = self.charges[i]
+            if c.key:
+                need[c.key] = min(self.tokens[c.key].limit, need.get(c.key, 0) + c.cost)
+        return now + max((self.tokens[k].wait(n, wall) for k, n in need.items()), default=0.0)
 
     def pick(self, now: float) -> tuple[list[int], float]:
         """(cases to send now, 0) or ([], seconds to wait); ([], -1) when nothing is left."""
@@ -176,6 +226,7 @@ class _Schedule:
                 at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)
             elif phase == 2 and not self.cases[head].skip:
                 at = max(at, st.sustained.ready_at(now))
+            at = max(at, self.token_ready(st, phase, head, now))
             if best is None or at < best[0]:
                 best = (at, st, phase)
         if best is None:
@@ -187,10 +238,17 @@ class _Schedule:
         out: list[int] = []
         q = st.queues[phase]
         while q and len(out) < depth and self.not_before[q[0]] <= now and \
-                not (self.cases[q[0]].first and self.firsts.get(st.lane.key, 0)):
+                not (self.cases[q[0]].first and self.firsts.get(st.lane.key, 0)) and \
+                not (out and self.charges[q[0]].key):   # a charged case goes when its tokens are there
             i = q.popleft()
             out.append(i)
             st.busy[phase] += 1
+            if phase in (1, 2):
+                self.phase_started.add((st.lane.key, phase))
+            ch = self.charges[i]
+            if ch.key:
+                self.sent_wall[i] = now + self.wall_offset
+                self.tokens[ch.key].charge(ch.cost, self.sent_wall[i])
             if not self.cases[i].skip and phase == 2:
                 st.sustained.take(now)
             if not self.cases[i].skip and phase < 2:
@@ -215,14 +273,17 @@ class _Schedule:
         if case.first:
             self.firsts[st.lane.key] -= 1
         self.tries[i] += 1
+        kind, _ = R.parse(attempt.reason)
+        self._settle_tokens(i, attempt, kind, now)
         if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline or \
                 self.tries[i] >= self.options.max_tries or self.budget <= 0:
             self.done += 1
             return False
         self.budget -= 1
         self.ordinary_left += 1
-        kind, _ = R.parse(attempt.reason)
-        if kind in R.THROTTLE and attempt.layer == "proxy":
+        if kind == "token-budget" and attempt.layer == "proxy" and self.charges[i].key:
+            self.not_before[i] = now    # again when the budget's model has room (token_ready)
+        elif kind in R.THROTTLE and attempt.layer == "proxy":
             if not st.lane.key:
                 # throttled though the plan says it is refused before any limiter: the perimeter
                 # let it get that far, so it spends that limiter's tokens: pace it there
@@ -235,6 +296,27 @@ class _Schedule:
             self.not_before[i] = now + RETRY_DELAY
         st.queues[0].append(i)
         return True
+
+    def _settle_tokens(self, i: int, attempt: Attempt, kind: str, now: float) -> None:
+        """The budget's model after case ``i``'s answer: a request the perimeter refused before
+        admission was never charged; one it refused for ``token-budget`` though the model had
+        room (not a case about the budget) means the budget holds less: counted spent, and said
+        in the case's later attempts."""
+        ch = self.charges[i]
+        if not ch.key:
+            return
+        model, wall = self.tokens[ch.key], now + self.wall_offset
+        refused = attempt.status is not None and attempt.layer == "proxy" and attempt.outcome != "reached" \
+            and attempt.status < 500
+        if refused:
+            model.give_back(ch.cost, wall, self.sent_wall[i])
+        else:   # settled by its answer's usage (a JSON answer the case read)
+            model.give_back(settled(ch.cost, self.cases[i], attempt), wall, self.sent_wall[i])
+        if kind == "token-budget" and attempt.layer == "proxy" and not about_budget(self.cases[i]):
+            model.spent(wall)
+            retry = attempt.note.rsplit("Retry-After ", 1)[1] if "Retry-After " in attempt.note else "?"
+            self.throttled[i] = (f"sent again after {attempt.status} token-budget (Retry-After {retry}) to a "
+                                 f"request of {ch.cost} tokens the plan's model of the budget had room for")
 
     def _lane(self, lane: Lane) -> LaneState:
         st = self.lanes.get(lane.key)
@@ -335,6 +417,9 @@ class _Run:
                 v, why = "proved", "answered as asked (the check's review judges the body)"   # no retry
             a = replace(a, verdict=v, why=why, reasons=case.reasons, subject=case.subject,
                         tries=self.schedule.tries[i] + 1)
+            if self.schedule.throttled[i]:   # an earlier answer was a token-budget refusal: said
+                a = replace(a, note=f"{a.note}; {self.schedule.throttled[i]}" if a.note else
+                            self.schedule.throttled[i])
             if self.options.stop_on_failure and self.options.witness and v != "failed" and \
                     case.check in EARLY_WITNESS and case.expected == "allow":
                 a = await self._witnessed(i, a)   # a failure only the witness sees stops the run too
@@ -387,9 +472,11 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
     for chk in checks:
         try:
             subjects[chk.id] = tuple(chk.subjects(ctx))
-            items += [(chk, c) for c in chk.generate(ctx)]
+            items += [(chk, light(plan, c)) for c in chk.generate(ctx)]
         except Exception as exc:  # a bug in one check: the others still run
             broken.append(Errored(chk.id, f"{type(exc).__name__}: {exc}"))
+    spread = balance(plan, [c for _k, c in items], ctx.credentials, ctx.source_address)
+    items = [(chk, c) for (chk, _c), c in zip(items, spread, strict=True)]
     schedule = _Schedule(ctx, [c for _k, c in items], options, t0)
     b = schedule.bound
     yield Started(target=target.base_url, plan_digest=plan.digest, policy=plan.policy_name,
@@ -460,6 +547,9 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
 def _bound_by(b: Bound) -> str:
     if b.slowest == "rate":
         return f"--rate {b.rate:g}"
+    if b.tokens and b.slowest == b.tokens[0].key:
+        t = b.tokens[0]
+        return f"token budget {t.key}: {t.tokens} tokens at {t.limit} a minute"
     return f"lane {b.slowest} at {b.lanes[0].rps:g} r/s" if b.slowest else "nothing"
 
 

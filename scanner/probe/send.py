@@ -30,6 +30,9 @@ from scanner.secrets import scrub
 _MAX_HEAD = 64 * 1024
 ANSWER_KEPT = 8192             # bytes of an answer body kept for a case with ``answer``
 READ_KEPT = 65536              # ... for a case with ``read_answer`` (a JSON answer read whole)
+# A kept-alive connection idle longer than this is not used again: below the keep-alive timeouts
+# servers commonly have (uvicorn 5 s; NGINX 75 s), so the server has not closed it meanwhile.
+KEEP_IDLE_S = 4.0
 H2_SPOKEN = "the listener answered in HTTP/2 (h2c prior knowledge accepted)"
 T = TypeVar("T")
 
@@ -146,21 +149,36 @@ class Sender:
             out.append(await self.send(c))
         return out
 
+    def _reuse(self, vantage: Vantage) -> _Conn | None:
+        """A kept-alive connection of ``vantage`` the server has not closed (nor may have: idle
+        at most KEEP_IDLE_S); None: open a fresh one."""
+        idle = self._idle.setdefault(vantage.name, [])
+        while idle:
+            conn = idle.pop()
+            if conn.usable():
+                return conn
+            conn.close()
+        return None
+
+    def _keep(self, vantage: Vantage, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(vantage.name, []).append(conn)
+
     async def _pipeline(self, cases: Sequence[Case], got: list[tuple[int, dict[str, str], float]]) -> None:
-        idle = self._idle.setdefault(cases[0].vantage.name, [])
-        conn = idle.pop() if idle else await self._connect(cases[0].vantage)
-        keep = False
+        conn = self._reuse(cases[0].vantage) or await self._connect(cases[0].vantage)
+        keep, reuse = False, True
         try:
             await conn.write(b"".join(raw_request(c, self._host, self._prefix, keep_alive=True)
                                       for c in cases))
             for c in cases:
                 status, headers, keep = await conn.response(c.send_method)
                 got.append((status, headers, time.monotonic()))
+                reuse = reuse and reusable(c, status)
                 if not keep:
                     break
         finally:
-            if keep:
-                idle.append(conn)
+            if keep and reuse:
+                self._keep(cases[0].vantage, conn)
             else:
                 conn.close()
 
@@ -191,28 +209,25 @@ class Sender:
         raise AssertionError("unreachable")
 
     async def _send_raw(self, case: Case) -> tuple[int, Mapping[str, str], bytes]:
-        """HTTP/1.1 over asyncio streams: keep-alive per vantage, a fresh connection for variants."""
+        """HTTP/1.1 over asyncio streams: keep-alive per vantage, a fresh connection for variants.
+        A connection is reused only while the server cannot have closed it (:meth:`_reuse`), and
+        a failure is never sent again here: whether the request reached the upstream is then not
+        known (the runner may send the case again, as a recorded attempt)."""
         data = raw_request(case, self._host, self._prefix, keep_alive=not case.raw)
-        idle = self._idle.setdefault(case.vantage.name, [])
-        for last in (False, True):
-            conn = idle.pop() if idle and not case.raw else None
-            fresh = conn is None
-            if conn is None:
-                conn = await self._connect(case.vantage)
-            try:
-                await conn.write(data)
-                status, headers, keep = await conn.response(case.send_method)
-            except (ConnectionError, h11.ProtocolError):
-                conn.close()
-                if fresh or last:
-                    raise
-                continue  # a kept-alive connection the server had closed: once more, fresh
-            if keep and not case.raw:
-                idle.append(conn)
-            else:
-                conn.close()
-            return status, headers, conn.body
-        raise AssertionError("unreachable")
+        conn = None if case.raw else self._reuse(case.vantage)
+        if conn is None:
+            conn = await self._connect(case.vantage)
+        try:
+            await conn.write(data)
+            status, headers, keep = await conn.response(case.send_method)
+        except (ConnectionError, h11.ProtocolError):
+            conn.close()
+            raise
+        if keep and not case.raw and reusable(case, status):
+            self._keep(case.vantage, conn)
+        else:
+            conn.close()
+        return status, headers, conn.body
 
     async def _send_h2c(self, case: Case) -> tuple[int, Mapping[str, str], bool]:
         """One request as HTTP/2 with prior knowledge, on a fresh connection: (status, headers,
@@ -264,6 +279,13 @@ class _Conn:
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
         self.eof = False
         self.body = b""          # the last answer's body, its first READ_KEPT bytes
+        self.idle_since = 0.0    # when it was last put back to be reused
+
+    def usable(self) -> bool:
+        """May it carry another request: open both ways, nothing unread, idle at most KEEP_IDLE_S?"""
+        return (not self.eof and not self.reader.at_eof() and not self.writer.is_closing()
+                and not self.reader._buffer   # type: ignore[attr-defined]
+                and time.monotonic() - self.idle_since <= KEEP_IDLE_S)
 
     async def write(self, data: bytes) -> None:
         """A server may answer before reading all of a large body (a 413) and reset the
@@ -280,7 +302,7 @@ class _Conn:
             self.eof = True
 
     async def response(self, method: str) -> tuple[int, dict[str, str], bool]:
-        """(status, headers in lower case, can the connection be reused) of the next answer."""
+        """(status, headers in lower case, does the connection stay open) of the next answer."""
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
             self.h11.start_next_cycle()
         self.h11.send(h11.Request(method=method, target="/", headers=[("Host", "probe")]))
@@ -355,6 +377,13 @@ def request_line(case: Case) -> str:
 def _secrets(case: Case) -> tuple[str, ...]:
     """An error message never carries the key (a client library may quote a header)."""
     return (case.credential.secret,) if case.credential.secret else ()
+
+
+def reusable(case: Case, status: int) -> bool:
+    """May the connection carry another request after ``status`` answered ``case``? Not after an
+    error answer to a request with a body: the server may have answered before reading all of it
+    and close the connection after its answer (NGINX discards or lingers on what is left)."""
+    return not (case.body is not None and status >= 400)
 
 
 def _pipelinable(case: Case) -> bool:

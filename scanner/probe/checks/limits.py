@@ -33,6 +33,7 @@ from scanner.probe.interface import (
     Verdict,
 )
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+from scanner.probe.token_pace import light_body
 
 STATE_CHANGING = ("state-changing: not sent (--allow-state-changes against a staging upstream or "
                   "the stand-in)")
@@ -218,6 +219,10 @@ def carrier(ctx: CheckContext, d: Decision) -> tuple[str, dict[str, object]] | N
         return "", {}
     return safe.carrier(d.method, d.path)
 
+
+# Aspects whose bodies are the fact proven (sizes, caps and budgets at their value): sent as built,
+# never lightened on a token budget (scanner/probe/token_pace.py)
+AS_SENT = frozenset({"budget", "at-limits", "body-size", "envelope-tokens", "envelope-sequences"})
 
 # A field no policy names (nor any vLLM request model): how the probe sends an unknown field.
 UNKNOWN_FIELD = "vp_probe_unknown_field"
@@ -683,6 +688,8 @@ class Out:
     def case(self, aspect: str, expected: str, reasons: tuple[str, ...], body: bytes, note: str,
              chunked: bool = False) -> Case:
         d = self.d
+        if expected == "allow" and aspect == "envelope-sequences":   # the sequences at the cap, each
+            body = light_body(d, body) or body   # asking for one token where a budget charges them
         # a body the route's per-request caps refuse (its envelope over max_sequences or
         # max_request_tokens) is expected refused for that, whatever else it was sent for
         over = d.envelope_reason(d.envelope(body)) if expected == "allow" and d.envelope_capped else ""
@@ -692,4 +699,4 @@ class Out:
         return Case(self.check, d.method, d.path, d.method, with_query(concrete(d.path), self.query), cred,
                     vantage, expected, reasons, f"{aspect} {d.method} {d.path}",  # type: ignore[arg-type]
                     body=body, chunked=chunked, role="limit", json_body=True,
-                    state_changing=d.state_changing, note=note)
+                    state_changing=d.state_changing, note=note, as_sent=aspect in AS_SENT)

@@ -1,0 +1,282 @@
+"""Token pacing: what each case costs the token budget the plan charges it to, and a model of
+that budget, so that checks not about the budget never meet it (scanner/probe/pace.py paces the
+rate buckets; this paces the token budgets).
+
+A request is charged at admission (the proxies: once every other check passed) the plan's cost
+(:meth:`Decision.token_cost`, its admitted envelope's tokens) against one budget per
+:attr:`Decision.token_zone` and principal (``auth: key``) or source address (``auth: none``):
+:func:`charge_of` says which budget and how much, from the plan alone. The plan caps that cost at
+the whole budget (``max_request_tokens`` <= ``tokens_per_minute``, scanner/plan/build.py): a body
+over it is refused with its envelope reason, never charged.
+
+:class:`TokenModel` holds what the run has charged to one budget and answers "when does a request
+of this cost fit", conservatively for both generated proxies: Envoy's bucket (``limit`` tokens,
+refilled continuously with ``limit`` per minute) and njs's sliding minute (the previous
+wall-clock minute's total weighted by what is left of it, plus this minute's); a request waits
+for the later of the two. Refunds from usage (settlement) are not counted: the model never holds
+more than the proxies. A request refused before admission gives its charge back; a case paced by
+the model and still refused for ``token-budget`` means the budget held less than the model (it
+is then counted as spent, and the case waits again: scanner/probe/runner.py).
+
+Cases about the budget itself (those accepting a ``token-budget`` refusal: the token-budget
+check) are charged but not held back: meeting the budget is their point.
+
+:func:`light` makes a body cheap where the output budget is not what the case proves: a JSON
+body without any of its route's budget fields gets the smallest one (``max_tokens: 1`` and the
+like) written in, when the route's rules let that field through, so a fields, media, upstream or
+rate case costs its bytes, not the 4096 tokens the proxy would write in. Bodies that carry a
+budget (caps at their value) and cases marked ``Case.as_sent`` are sent as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from scanner.plan import settle
+from scanner.plan.model import Decision, Plan
+from scanner.probe.cases import Case
+from scanner.probe.expect import expect
+from scanner.probe.interface import Attempt, Credential, Vantage
+
+# Checks whose cases prove nothing by which key of a role sends them (a role's keys are
+# interchangeable for access, registry.CheckContext.slots): :func:`balance` may move them.
+MOVABLE = frozenset({"limits", "media", "upstream"})
+WINDOW_S = 60.0          # both proxies count a budget over one minute
+MARGIN_S = 0.25          # the proxy charges when the request arrives: a little after it was sent
+LIGHT = 1                # the output budget written into a body the case does not prove it by
+
+
+def token_key(d: Decision, case: Case, source_address: str | None) -> str:
+    """The budget ``case`` is charged to on ``d`` ("" none)."""
+    subject = case.credential.label if d.auth == "key" and case.credential.kind == "role" \
+        else (source_address or case.vantage.name)
+    return f"{d.token_zone}|{subject}"
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What the plan says one case costs a token budget at admission."""
+
+    key: str = ""                  # the budget: token zone | principal or address ("" none)
+    cost: int = 0
+    limit: int = 0                 # its tokens per minute
+
+
+def charge_of(plan: Plan, case: Case, source_address: str | None) -> Charge:
+    """The budget ``case`` is charged to at admission and how much; none (``Charge()``) when it is
+    not charged: skipped, on a route without a token budget, or refused before admission (the plan
+    expects it denied: network, key, role, body rules, its envelope over the route's caps)."""
+    d = plan.decision(case.send_method, case.path)
+    if case.skip or d is None or not d.token_zone or case.expected != "allow":
+        return Charge()
+    if expect(d, case.credential, source_address).denied:
+        return Charge()
+    body = case.body or b""
+    if d.envelope_capped and d.envelope_reason(d.envelope(body)):
+        return Charge()
+    limit = d.limits.tokens_per_minute or 0
+    return Charge(token_key(d, case, source_address), min(d.token_cost(body), limit), limit)
+
+
+def about_budget(case: Case) -> bool:
+    """Is ``case`` about its token budget (a refusal for it proves something): charged, never held
+    back by the model?"""
+    return "token-budget" in case.reasons
+
+
+@dataclass
+class TokenModel:
+    """One budget of ``limit`` tokens a minute as the run has spent it (times: wall-clock seconds,
+    njs counts minutes of the epoch)."""
+
+    limit: int
+    level: float = -1.0            # Envoy's bucket (-1: full at the first use)
+    at: float = 0.0                # ... at this time
+    windows: dict[int, float] = field(default_factory=lambda: defaultdict(float))   # njs: minute -> charged
+
+    @property
+    def rate(self) -> float:
+        return self.limit / WINDOW_S
+
+    def bucket(self, t: float) -> float:
+        if self.level < 0:
+            return float(self.limit)
+        return min(float(self.limit), self.level + max(0.0, t - self.at) * self.rate)
+
+    def _bucket_wait(self, cost: float, t: float) -> float:
+        short = cost - self.bucket(t)
+        return max(0.0, short / self.rate) if short > 0 else 0.0
+
+    def _window_wait(self, cost: float, t: float) -> float:
+        """Seconds from ``t`` until njs's estimate (previous minute x what is left of it + this
+        minute) has room for ``cost`` (its retryAfter, in seconds)."""
+        w = math.floor(t / WINDOW_S)
+        f = t / WINDOW_S - w
+        prev, cur, limit = self.windows.get(w - 1, 0.0), self.windows.get(w, 0.0), self.limit
+        if prev * (1 - f) + cur + cost <= limit:
+            return 0.0
+        if cur + cost <= limit and prev > 0:      # later in this minute, as the previous one weighs less
+            return max(0.0, (1 - (limit - cur - cost) / prev) - f) * WINDOW_S
+        # the next minute: this one's total weighs (1 - f') there
+        later = self.windows.get(w + 1, 0.0)
+        need = 1 - (limit - later - cost) / cur if cur > 0 else 0.0
+        return ((1 - f) + max(0.0, need)) * WINDOW_S
+
+    def wait(self, cost: float, t: float) -> float:
+        """Seconds from ``t`` until a request of ``cost`` fits both models (0: now)."""
+        if cost <= 0:
+            return 0.0
+        cost = min(cost, self.limit)
+        out = max(self._bucket_wait(cost, t), self._window_wait(cost, t))
+        return out + MARGIN_S if out > 0 else 0.0
+
+    def _minutes(self, t: float) -> set[int]:
+        """The minutes a request sent at ``t`` may be counted in (near a boundary: both)."""
+        return {math.floor(t / WINDOW_S), math.floor((t + MARGIN_S) / WINDOW_S)}
+
+    def charge(self, cost: float, t: float) -> None:
+        if cost <= 0:
+            return
+        self.level, self.at = self.bucket(t) - cost, t
+        for m in self._minutes(t):
+            self.windows[m] += cost
+
+    def give_back(self, cost: float, t: float, sent: float) -> None:
+        """A request of ``cost`` sent at ``sent`` was not admitted: it was never charged."""
+        if cost <= 0:
+            return
+        self.level, self.at = min(float(self.limit), self.bucket(t) + cost), t
+        for m in self._minutes(sent):
+            self.windows[m] = max(0.0, self.windows[m] - cost)
+
+    def spent(self, t: float) -> None:
+        """The proxy refused a request the model had room for: count the budget as spent now."""
+        self.level, self.at = 0.0, t
+        w = math.floor(t / WINDOW_S)
+        f = t / WINDOW_S - w
+        est = self.windows.get(w - 1, 0.0) * (1 - f) + self.windows.get(w, 0.0)
+        self.windows[w] += max(0.0, self.limit - est)
+
+
+@dataclass(frozen=True)
+class TokenBound:
+    """The least time one budget's cases need: what they cost beyond the full budget, at the refill
+    rate (and a minute more: njs's window may free nothing until the next minute starts)."""
+
+    key: str
+    limit: int
+    tokens: int                    # the plan's cost of every case charged to it
+    seconds: float
+
+
+def token_bound(key: str, limit: int, tokens: int) -> TokenBound:
+    over = tokens - limit
+    seconds = over / (limit / WINDOW_S) + WINDOW_S if over > 0 and limit > 0 else 0.0
+    return TokenBound(key, limit, tokens, round(seconds, 1))
+
+
+def written(body: bytes, name: str, value: int) -> bytes:
+    """A JSON object ``body`` with ``"name": value`` first, every other byte as it was."""
+    start = body.index(b"{") + 1
+    rest = body[start:].lstrip()
+    member = json.dumps({name: value})[1:-1].encode()
+    return body[:start] + member + (b"," if not rest.startswith(b"}") else b"") + body[start:]
+
+
+def light_body(d: Decision, body: bytes) -> bytes | None:
+    """``body`` (a JSON object) with the smallest output budget of ``d`` written in, on a route with
+    a token budget whose rules let that field through; None: it carries a budget already, is not
+    a JSON object, or the result would be over the route's body or envelope caps."""
+    budget = d.budget
+    if not d.token_zone or budget is None or "." in budget.field:
+        return None
+    rules = d.fields
+    if rules.mode(budget.field) != "allow" or budget.field in rules.pins:
+        return None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or any(f.split(".")[0] in obj for f in budget.fields):
+        return None
+    out = written(body, budget.field, LIGHT)
+    if d.limits.body_bytes is not None and len(out) > d.limits.body_bytes:
+        return None
+    if d.envelope_capped and d.envelope_reason(d.envelope(out)):
+        return None
+    return out
+
+
+def light(plan: Plan, case: Case) -> Case:
+    """``case`` with the smallest output budget written into its body where it proves nothing by
+    it (see the module docstring); else as it is."""
+    d = plan.decision(case.send_method, case.path)
+    if (case.as_sent or case.skip or case.expected != "allow" or d is None or not case.body
+            or about_budget(case)):
+        return case
+    body = light_body(d, case.body)
+    if body is None:
+        return case
+    budget = d.budget
+    assert budget is not None
+    said = f"{budget.field}={LIGHT}: light on its token budget"
+    return replace(case, body=body, note=f"{case.note} ({said})" if case.note else said)
+
+
+def planned_spend(cases: Sequence[Case], charges: Sequence[Charge]) -> dict[str, int]:
+    """The tokens ``cases`` spend of each budget, as planned: their costs, where the cases about
+    the budget (:func:`about_budget`) count the whole budget at most (they spend it once: the rest
+    is refused, or given back by their answers' usage)."""
+    spend: dict[str, int] = defaultdict(int)
+    meet: dict[str, int] = defaultdict(int)
+    limits: dict[str, int] = {}
+    for c, ch in zip(cases, charges, strict=True):
+        if ch.key:
+            (meet if about_budget(c) else spend)[ch.key] += ch.cost
+            limits[ch.key] = ch.limit
+    for k, n in meet.items():
+        spend[k] += min(n, limits[k])
+    return dict(spend)
+
+
+def balance(plan: Plan, cases: Sequence[Case], credentials: Sequence[Credential],
+            source_address: Callable[[Vantage], str | None]) -> list[Case]:
+    """``cases`` with the charged ordinary cases of :data:`MOVABLE` checks spread over the keys
+    of their role (same role, same vantage: the plan expects the same of each), costliest first,
+    each to the key whose budget the run has planned the least for so far: several keys of a role
+    are several budgets, and the cases at a cap's value (one may cost the whole budget) are not
+    all sent by one. The other cases stay with their key and count first."""
+    charges = [charge_of(plan, c, source_address(c.vantage)) for c in cases]
+    movable = [i for i, (c, ch) in enumerate(zip(cases, charges, strict=True)) if ch.key and
+               c.check in MOVABLE and c.credential.kind == "role" and c.phase == 0 and not c.first]
+    stay = [i for i in range(len(cases)) if i not in set(movable)]
+    planned: dict[str, int] = defaultdict(int, planned_spend([cases[i] for i in stay],
+                                                             [charges[i] for i in stay]))
+    out = list(cases)
+    for i in sorted(movable, key=lambda i: (-charges[i].cost, i)):
+        c, ch = cases[i], charges[i]
+        d = plan.decision(c.send_method, c.path)
+        assert d is not None
+        keys = [k for k in credentials if k.kind == "role" and k.role == c.credential.role]
+        where = {k.label: token_key(d, replace(c, credential=k), source_address(c.vantage)) for k in keys}
+        best = min(keys, key=lambda k: (planned[where[k.label]], k.label != c.credential.label, k.label))
+        planned[where[best.label]] += ch.cost
+        if best.label != c.credential.label:
+            out[i] = replace(c, credential=best)
+    return out
+
+
+def settled(cost: int, case: Case, attempt: Attempt) -> int:
+    """The tokens the proxy gives back once ``attempt``'s JSON answer reports its usage
+    (scanner/plan/settle.py refund); 0: not read, or no usage."""
+    if attempt.outcome != "reached" or not attempt.answer_body:
+        return 0
+    try:
+        answer, body = json.loads(attempt.answer_body), json.loads(case.body or b"null")
+    except ValueError:
+        return 0
+    return settle.refund(cost, settle.usage_of(answer), body if isinstance(body, dict) else None)

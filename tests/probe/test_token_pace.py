@@ -1,0 +1,246 @@
+"""Token pacing (scanner/probe/token_pace.py) and the plan's per-request token cap under a budget
+(scanner/plan/build.py request_token_cap): what each case costs the budget the plan charges it
+to, the model of that budget (Envoy's bucket and njs's sliding minute), lighter bodies where the
+output budget proves nothing, cases spread over a role's keys, and the schedule that holds
+ordinary cases back until their tokens are there. No proxy: the plan and made-up answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scanner import verify
+from scanner.inventory.catalog import load_ref
+from scanner.plan.model import Decision, Plan
+from scanner.policy.load import loads
+from scanner.probe import token_pace as tp
+from scanner.probe.cases import Case
+from scanner.probe.interface import Attempt, Credential, ProbeOptions, Target, Vantage
+from scanner.probe.registry import CheckContext
+from scanner.probe.runner import _Schedule
+from scanner.report.plan import to_table
+
+CATALOG = "vllm-0.29.0-default"
+DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
+CHAT = ("POST", "/v1/chat/completions")
+
+
+def policy_text(tpm: int, request_tokens: str = "1114112") -> str:
+    text = DEFAULT.read_text().replace("      max_request_tokens: 1114112", f"      max_request_tokens: {request_tokens}")
+    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n", 1)
+
+
+def plan_of(tmp_path: Path, text: str, keys: int = 2) -> tuple[verify.Setup, Plan]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    s = verify.setup(load_ref(CATALOG), loads(text), tmp_path, 9, keys_per_role=keys)
+    return s, s.plan
+
+
+# --- the plan: a request over the whole budget is refused for its envelope ---------------------------
+
+def test_the_budget_caps_the_request_tokens(tmp_path: Path) -> None:
+    _s, plan = plan_of(tmp_path, policy_text(60000))
+    chat = plan.decision(*CHAT)
+    assert chat is not None and chat.token_zone
+    assert chat.limits.max_request_tokens == 60000 and chat.request_tokens_by_budget
+    doc = chat.to_dict()["limits"]
+    assert doc["max_request_tokens"] == 60000 and doc["max_request_tokens_by"] == "tokens_per_minute"
+    assert "request:seq<=16,tokens<=60000(=tokens/min)" in to_table(plan, width=400)
+    over = json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 4, "max_tokens": 4096,
+                       "pad": "a" * 60000}).encode()
+    assert chat.envelope(over).tokens > 60000
+    assert chat.envelope_reason(chat.envelope(over)) == "envelope-tokens:over-60000"   # 400, not 429 for ever
+    # a route without a body is not charged: its limits are the policy's
+    models = plan.decision("GET", "/v1/models")
+    assert models is not None and models.limits.max_request_tokens == 1114112 and not models.request_tokens_by_budget
+
+
+def test_a_lower_cap_and_no_budget_stay_as_the_policy_says(tmp_path: Path) -> None:
+    _s, plan = plan_of(tmp_path / "a", policy_text(60000, "50000"))
+    chat = plan.decision(*CHAT)
+    assert chat is not None and chat.limits.max_request_tokens == 50000 and not chat.request_tokens_by_budget
+    assert "max_request_tokens_by" not in chat.to_dict()["limits"]
+    _s, plain = plan_of(tmp_path / "b", DEFAULT.read_text())
+    chat = plain.decision(*CHAT)
+    assert chat is not None and chat.limits.max_request_tokens == 1114112 and not chat.request_tokens_by_budget
+
+
+def test_a_budget_without_a_request_cap_sets_one(tmp_path: Path) -> None:
+    text = policy_text(60000).replace("      max_request_tokens: 1114112     # 1 MiB of input + 16 sequences of 4096\n",
+                                      "")
+    assert "max_request_tokens" not in text.split("fields:")[0].split("inference:")[1]
+    _s, plan = plan_of(tmp_path, text)
+    chat = plan.decision(*CHAT)
+    assert chat is not None and chat.limits.max_request_tokens == 60000 and chat.request_tokens_by_budget
+    assert chat.envelope_capped
+
+
+# --- the model of one budget ---------------------------------------------------------------------
+
+def test_the_bucket_refills_at_the_budget_per_minute() -> None:
+    m = tp.TokenModel(6000)
+    t = 600.0                                   # the start of a minute of the epoch
+    assert m.wait(6000, t) == 0.0               # full at first
+    m.charge(6000, t)
+    assert m.bucket(t) == 0.0
+    assert m.bucket(t + 30) == pytest.approx(3000)
+    # njs: the minute's 6000 weigh until the next minute starts, then fade over it
+    assert m.wait(1000, t + 1) == pytest.approx(59 + 10 + tp.MARGIN_S)
+    assert m.wait(6000, t + 1) == pytest.approx(59 + 60 + tp.MARGIN_S)   # the whole budget: a clean minute
+    m.give_back(6000, t + 1, t)                 # refused: never charged
+    assert m.wait(6000, t + 1) == 0.0
+
+
+def test_the_sliding_minute_is_slower_than_the_bucket_after_a_mid_minute_spend() -> None:
+    m = tp.TokenModel(6000)
+    m.charge(6000, 630.0)                       # half-way through minute 10
+    assert m.bucket(660.0) == pytest.approx(3000)   # Envoy: half refilled by the minute's end
+    assert m.wait(3000, 660.0) == pytest.approx(30 + tp.MARGIN_S)    # njs: half of the next minute
+    m2 = tp.TokenModel(6000)
+    m2.charge(1000, 600.0)
+    assert m2.wait(5000, 600.0) == 0.0          # fits both
+
+
+def test_a_refusal_the_model_had_room_for_counts_the_budget_spent() -> None:
+    m = tp.TokenModel(6000)
+    assert m.wait(100, 600.0) == 0.0
+    m.spent(600.0)
+    assert m.wait(100, 600.0) > 60 and m.bucket(600.0) == 0.0
+
+
+def test_a_token_bound() -> None:
+    assert tp.token_bound("k", 60000, 50000).seconds == 0.0
+    assert tp.token_bound("k", 60000, 120000).seconds == pytest.approx(60 + 60)
+
+
+# --- cases: their charge, lighter bodies, spread over a role's keys -------------------------------
+
+def ctx_of(s: verify.Setup) -> CheckContext:
+    options = verify.probe_options(s, ProbeOptions(rate=0, max_time=None), "http://127.0.0.1:1")
+    return CheckContext(plan=s.plan, target=Target("http://127.0.0.1:2"), credentials=tuple(s.credentials),
+                        vantages=tuple(s.vantages), options=options)
+
+
+def PUBLIC(ctx: CheckContext) -> str | None:  # noqa: N802
+    return ctx.source_address(next(v for v in ctx.vantages if v.name == "public"))
+
+
+def chat_case(ctx: CheckContext, body: bytes, cred: Credential | None = None, expected: str = "allow",
+              check: str = "upstream", reasons: tuple[str, ...] = ()) -> Case:
+    cred = cred or next(c for c in ctx.credentials if c.label == "role:user")
+    vantage = next(v for v in ctx.vantages if v.name == "public")
+    return Case(check, *CHAT, *CHAT, cred, vantage, expected, reasons, f"x {CHAT[1]}", body=body,  # type: ignore[arg-type]
+                json_body=True)
+
+
+def test_a_case_is_charged_what_the_plan_says_and_only_when_admitted(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(60000))
+    ctx = ctx_of(s)
+    chat = plan.decision(*CHAT)
+    assert chat is not None
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 100}'
+    ch = tp.charge_of(plan, chat_case(ctx, body), PUBLIC(ctx))
+    assert ch == tp.Charge("inference:key:60000t/m|role:user", chat.token_cost(body), 60000)
+    assert ch.cost == 2 * 100 + len(body)
+    assert tp.charge_of(plan, chat_case(ctx, body, expected="deny"), PUBLIC(ctx)) == tp.Charge()
+    over = json.dumps({"max_tokens": 4096, "n": 4, "pad": "a" * 50000}).encode()
+    assert tp.charge_of(plan, chat_case(ctx, over), PUBLIC(ctx)) == tp.Charge()   # refused for its envelope
+    models = Case("matrix", "GET", "/v1/models", "GET", "/v1/models", ctx.credentials[0], ctx.vantages[0], "allow")
+    assert tp.charge_of(plan, models, PUBLIC(ctx)) == tp.Charge()                 # no body, no budget
+
+
+def test_a_body_is_made_light_only_where_its_budget_proves_nothing(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(60000))
+    ctx = ctx_of(s)
+    chat = plan.decision(*CHAT)
+    assert chat is not None
+    bare = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    light = tp.light(plan, chat_case(ctx, bare))
+    assert light.body == b'{"max_completion_tokens": 1,"messages": [{"role": "user", "content": "hi"}]}'
+    assert chat.token_cost(light.body) == 1 + len(light.body) < chat.token_cost(bare) - 4000
+    assert "light on its token budget" in light.note
+    # a budget the body sets, a case about its body (as_sent), about the budget, a denied case: as they are
+    capped = b'{"max_tokens": 4096, "n": 4}'
+    assert tp.light(plan, chat_case(ctx, capped)).body == capped
+    from dataclasses import replace
+    assert tp.light(plan, replace(chat_case(ctx, bare), as_sent=True)).body == bare
+    assert tp.light(plan, chat_case(ctx, bare, reasons=("token-budget",))).body == bare
+    assert tp.light(plan, chat_case(ctx, bare, expected="deny")).body == bare
+    # no token budget on the route: as it is
+    _s, plain = plan_of(tmp_path / "plain", DEFAULT.read_text())
+    assert tp.light(plain, chat_case(ctx, bare)).body == bare
+
+
+def test_costly_cases_are_spread_over_the_keys_of_their_role(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(60000))
+    ctx = ctx_of(s)
+    user = next(c for c in ctx.credentials if c.label == "role:user")
+    big = json.dumps({"max_tokens": 4096, "n": 4, "pad": "a" * 30000}).encode()      # ~46k tokens each
+    cases = [chat_case(ctx, big, user, check="limits") for _ in range(4)]
+    cases.append(chat_case(ctx, big, user, check="token-budget", reasons=("token-budget",)))   # stays
+    out = tp.balance(plan, cases, ctx.credentials, ctx.source_address)
+    labels = [c.credential.label for c in out]
+    assert labels[4] == "role:user"
+    assert sorted(labels[:4]) == ["role:user", "role:user", "role:user#2", "role:user#2"]   # 3 x ~46k each
+    assert all(c.credential.role == "user" for c in out)
+
+
+# --- the schedule: ordinary cases wait for their tokens ----------------------------------------------
+
+def answered(case: Case, status: int, reason: str = "") -> Attempt:
+    limited = status == 429
+    return Attempt(case.check, case.method, case.path, "", case.credential.label, "", case.vantage.name,
+                   case.expected, status=status, layer="proxy" if limited else "upstream",
+                   outcome="limited" if limited else "reached", reason=reason,
+                   verdict="inconclusive" if limited else "proved",
+                   note="; Retry-After 30" if limited else "")
+
+
+def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    ctx = ctx_of(s)
+    chat = plan.decision(*CHAT)
+    assert chat is not None
+    body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()     # 4000 + bytes
+    cost = chat.token_cost(body)
+    cases = [chat_case(ctx, body) for _ in range(2)]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert [t.tokens for t in sched.bound.tokens] == [2 * cost]
+    assert sched.bound.seconds == pytest.approx(tp.token_bound("k", 6000, 2 * cost).seconds)
+    first, wait = sched.pick(0.0)
+    assert first == [0] and wait == 0.0
+    assert sched.pick(0.01) == ([], pytest.approx(0.25))      # no room: waits (polled, at most 0.25 s)
+    assert not sched.settle(0, answered(cases[0], 200), 0.5)
+    # the sliding minute: 4000+ of 6000 spent in minute 10 leave room only well into minute 11
+    t = sched.token_ready(sched.lanes[sched.lane_key[1]], 0, 1, 0.5)
+    assert 60.0 < t < 120.0
+    assert sched.pick(t)[0] == [1]
+
+
+def test_an_unexpected_token_refusal_is_sent_again_when_the_budget_has_room_and_said(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    ctx = ctx_of(s)
+    body = b'{"max_tokens": 10, "messages": []}'
+    cases = [chat_case(ctx, body)]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert sched.pick(0.0)[0] == [0]
+    again = sched.settle(0, answered(cases[0], 429, "token-budget"), 0.1)
+    assert again                                        # inconclusive: tried again ...
+    assert "token-budget" in sched.throttled[0] and "had room for" in sched.throttled[0]
+    assert sched.pick(0.2) == ([], pytest.approx(0.25))  # ... once the budget, counted spent, has room
+    t = sched.token_ready(sched.lanes[sched.lane_key[0]], 0, 0, 0.2)
+    assert t > 50.0
+    assert sched.pick(t)[0] == [0]
+
+
+def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    ctx = ctx_of(s)
+    body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
+    cases = [chat_case(ctx, body, check="token-budget", reasons=("token-budget",)) for _ in range(3)]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert [t.tokens for t in sched.bound.tokens] == [6000]    # spends the budget once
+    sent = [sched.pick(0.0)[0], sched.pick(0.0)[0], sched.pick(0.0)[0]]
+    assert sent == [[0], [1], [2]]
