@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -80,6 +81,7 @@ from scanner.standin._witness import ANSWER_PARAM, HOLD_GROUP_PARAM, HOLD_PARAM,
 PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with their last attempts
 
 RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)
+AHEAD = 256                    # cases looked at past a head that waits for its tokens
 POLL = 0.02                    # a worker with nothing ready looks again after this long
 # With --stop-on-failure, these checks' allowed requests are compared with the witness at once.
 EARLY_WITNESS = frozenset({"upstream", "limits"})
@@ -189,6 +191,18 @@ class _Schedule:
         tokens = (max(0.0, n - self.tokens[k].bucket(wall)) / self.tokens[k].rate for k, n in unsent.items())
         return max((left, *(remaining_seconds(st, now) for st in self.lanes.values()), *tokens))
 
+    def _ahead(self, q: deque[int], now: float, head: int) -> int:
+        """The first case of ``q`` no token budget charges (sent before the head, which waits for
+        its tokens: it spends none of them), moved to the front; else ``head``."""
+        for n, i in enumerate(q):
+            if n >= AHEAD:
+                break
+            if not self.charges[i].key and not self.cases[i].first and self.not_before[i] <= now:
+                q.remove(i)
+                q.appendleft(i)
+                return i
+        return head
+
     def token_ready(self, st: LaneState, phase: int, head: int, now: float) -> float:
         """When the token budgets ``st``'s next case spends have room for it (token_pace): an
         ordinary case for its own cost, unless it is about the budget; a held or burst phase for
@@ -221,6 +235,8 @@ class _Schedule:
             head = st.queues[phase][0]
             if self.cases[head].first and self.firsts.get(st.lane.key, 0):
                 continue    # the previous one's answer first (a token budget settles on it)
+            if phase == 0 and self.token_ready(st, 0, head, now) > now:
+                head = self._ahead(st.queues[0], now, head)   # what its tokens do not hold back
             at = max(now, self.not_before[head])
             if phase < 2 and not self.cases[head].skip:   # bursts at their own pace, follow-ups unpaced
                 at = max(at, st.model.ready_at(now), self.glob.ready_at(now) if phase == 0 else now)

@@ -42,8 +42,8 @@ from scanner.probe.cases import Case
 from scanner.probe.expect import expect
 from scanner.probe.interface import Attempt, Credential, Vantage
 
-# Checks whose cases prove nothing by which key of a role sends them (a role's keys are
-# interchangeable for access, registry.CheckContext.slots): :func:`balance` may move them.
+# Checks whose cases prove nothing by which of the keys a route admits sends them (the plan
+# expects the same of each): :func:`balance` may move them.
 MOVABLE = frozenset({"limits", "media", "upstream"})
 WINDOW_S = 60.0          # both proxies count a budget over one minute
 MARGIN_S = 0.25          # the proxy charges when the request arrives: a little after it was sent
@@ -246,7 +246,7 @@ def planned_spend(cases: Sequence[Case], charges: Sequence[Charge]) -> dict[str,
 def balance(plan: Plan, cases: Sequence[Case], credentials: Sequence[Credential],
             source_address: Callable[[Vantage], str | None]) -> list[Case]:
     """``cases`` with the charged ordinary cases of :data:`MOVABLE` checks spread over the keys
-    of their role (same role, same vantage: the plan expects the same of each), costliest first,
+    the plan expects the same of (from the same vantage: the roles it admits), costliest first,
     each to the key whose budget the run has planned the least for so far: several keys of a role
     are several budgets, and the cases at a cap's value (one may cost the whole budget) are not
     all sent by one. The other cases stay with their key and count first."""
@@ -261,7 +261,9 @@ def balance(plan: Plan, cases: Sequence[Case], credentials: Sequence[Credential]
         c, ch = cases[i], charges[i]
         d = plan.decision(c.send_method, c.path)
         assert d is not None
-        keys = [k for k in credentials if k.kind == "role" and k.role == c.credential.role]
+        addr = source_address(c.vantage)
+        same = expect(d, c.credential, addr)
+        keys = [k for k in credentials if k.kind == "role" and expect(d, k, addr) == same]
         where = {k.label: token_key(d, replace(c, credential=k), source_address(c.vantage)) for k in keys}
         best = min(keys, key=lambda k: (planned[where[k.label]], k.label != c.credential.label, k.label))
         planned[where[best.label]] += ch.cost

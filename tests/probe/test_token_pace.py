@@ -173,7 +173,7 @@ def test_a_body_is_made_light_only_where_its_budget_proves_nothing(tmp_path: Pat
     assert tp.light(plain, chat_case(ctx, bare)).body == bare
 
 
-def test_costly_cases_are_spread_over_the_keys_of_their_role(tmp_path: Path) -> None:
+def test_costly_cases_are_spread_over_the_keys_the_route_admits(tmp_path: Path) -> None:
     s, plan = plan_of(tmp_path, policy_text(60000))
     ctx = ctx_of(s)
     user = next(c for c in ctx.credentials if c.label == "role:user")
@@ -183,8 +183,11 @@ def test_costly_cases_are_spread_over_the_keys_of_their_role(tmp_path: Path) -> 
     out = tp.balance(plan, cases, ctx.credentials, ctx.source_address)
     labels = [c.credential.label for c in out]
     assert labels[4] == "role:user"
-    assert sorted(labels[:4]) == ["role:user", "role:user", "role:user#2", "role:user#2"]   # 3 x ~46k each
-    assert all(c.credential.role == "user" for c in out)
+    # each to a key the route admits the same (user and service), the least planned for first
+    assert sorted(labels[:4]) == ["role:service", "role:service#2", "role:user", "role:user#2"]
+    assert [c.vantage for c in out] == [c.vantage for c in cases]
+    operator = [c for c in ctx.credentials if c.role == "operator"]
+    assert operator and not {c.label for c in operator} & set(labels)      # not admitted on the route
 
 
 # --- the schedule: ordinary cases wait for their tokens ----------------------------------------------
@@ -244,3 +247,15 @@ def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
     assert [t.tokens for t in sched.bound.tokens] == [6000]    # spends the budget once
     sent = [sched.pick(0.0)[0], sched.pick(0.0)[0], sched.pick(0.0)[0]]
     assert sent == [[0], [1], [2]]
+
+
+def test_a_case_no_budget_charges_does_not_wait_behind_one_that_waits_for_its_tokens(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    ctx = ctx_of(s)
+    body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
+    over = json.dumps({"max_tokens": 4096, "n": 4}).encode()                   # refused for its envelope
+    cases = [chat_case(ctx, body), chat_case(ctx, body), chat_case(ctx, over, expected="deny")]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert sched.pick(0.0)[0] == [0]
+    assert sched.pick(0.2)[0] == [2]            # not charged: ahead of case 1, which waits for its tokens
+    assert sched.pick(0.3)[0] == []
