@@ -8,8 +8,9 @@
   ``X-Perimeter-Reason`` of one of the case's reasons. A throttled answer, a refusal for
   another reason, a proxy 5xx or no answer is *inconclusive*: the denial the case is about
   was never exercised; but a refusal only a later check gives (an unknown key refused for its
-  role, a denied network for its body: scanner.reasons.past) *failed*: the check under test
-  let it through. The upstream answering (whatever it said) *failed*: the perimeter let the
+  role, a denied network for its body: scanner.reasons.past; a body over the envelope caps
+  refused by the token budget, which charges only what passed them) *failed*: the check under
+  test let it through. The upstream answering (whatever it said) *failed*: the perimeter let the
   request through.
 
 Inconclusive attempts are retried (scanner.probe.pace); what stays inconclusive is
@@ -37,6 +38,10 @@ def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdi
     if proxy and a.outcome != "reached":
         if any(R.proves(r, a.status, a.reason) for r in accepted):
             return "proved", f"{a.status} {a.reason}"
+        if kind == "token-budget" and expected == "deny" and any(r.startswith("envelope-") for r in accepted):
+            return "failed", (f"refused only by its token budget ({a.status} {a.reason}), which charges what "
+                              "passed the envelope caps: the perimeter let it past the cap that refuses it "
+                              f"({' or '.join(accepted)}: 400, for good)")
         if kind in R.THROTTLE:
             return "inconclusive", f"throttled ({a.status} {a.reason}) before the case was decided"
         if expected == "allow":

@@ -259,3 +259,17 @@ def test_a_case_no_budget_charges_does_not_wait_behind_one_that_waits_for_its_to
     assert sched.pick(0.0)[0] == [0]
     assert sched.pick(0.2)[0] == [2]            # not charged: ahead of case 1, which waits for its tokens
     assert sched.pick(0.3)[0] == []
+
+
+# --- a token refusal where the plan refuses for the envelope -----------------------------------------
+
+def test_a_body_over_the_envelope_caps_refused_for_its_token_budget_fails() -> None:
+    from scanner.probe.verdict import verdict
+
+    cred, where = Credential("role:user", "role", "user"), Vantage("public")
+    limited = Attempt("limits", *CHAT, "", cred.label, "", where.name, "deny", status=429, layer="proxy",
+                      outcome="limited", reason="token-budget")
+    got, why = verdict("deny", ("envelope-tokens",), limited)
+    assert got == "failed" and "past the cap" in why            # the plan refuses it for good: 400
+    assert verdict("deny", ("json-cap:n",), limited)[0] == "inconclusive"   # another case: throttled
+    assert verdict("allow", (), limited)[0] == "inconclusive"

@@ -549,9 +549,13 @@ class Limits(BaseCheck):
                 whys = "; ".join(sorted({a.why for a in attempts if a.why}))
                 yield make(rule, attempts, f"The upstream received another body than the plan says: {whys}.",
                            extra="limits")
-            else:
+            elif all(a.outcome == "reached" for a in attempts):
                 yield make(rule, attempts, f"Requests over the plan's limits reached the upstream: {notes}.",
                            extra="limits")
+            else:
+                whys = "; ".join(sorted({a.why for a in attempts if a.why and a.outcome != "reached"}))
+                yield make(rule, attempts, f"Requests over the plan's limits were let past them: {notes} "
+                           f"({whys}).", extra="limits")
 
 
 def review_forwarded(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
