@@ -17,6 +17,9 @@ point), then requests to the bucket's other routes, which must find it empty (ph
 and another principal's (or address's) requests, which must not (``Case.lane``: sent in this
 lane's phases though their own bucket is another). An unexpected
 429 empties the model (the real bucket is empty) and the case is tried again later.
+
+Token budgets (``limits.tokens_per_minute``) are paced by scanner/probe/token_pace.py: the
+runner holds a case until its plan cost fits its budget's model; :class:`Bound` counts them.
 """
 
 from __future__ import annotations

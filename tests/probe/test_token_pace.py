@@ -13,7 +13,7 @@ import pytest
 
 from scanner import verify
 from scanner.inventory.catalog import load_ref
-from scanner.plan.model import Decision, Plan
+from scanner.plan.model import Plan
 from scanner.policy.load import loads
 from scanner.probe import token_pace as tp
 from scanner.probe.cases import Case
@@ -123,7 +123,7 @@ def ctx_of(s: verify.Setup) -> CheckContext:
                         vantages=tuple(s.vantages), options=options)
 
 
-def PUBLIC(ctx: CheckContext) -> str | None:  # noqa: N802
+def PUBLIC(ctx: CheckContext) -> str | None:
     return ctx.source_address(next(v for v in ctx.vantages if v.name == "public"))
 
 
@@ -214,7 +214,7 @@ def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> 
     assert sched.bound.seconds == pytest.approx(tp.token_bound("k", 6000, 2 * cost).seconds)
     first, wait = sched.pick(0.0)
     assert first == [0] and wait == 0.0
-    assert sched.pick(0.01) == ([], pytest.approx(0.25))      # no room: waits (polled, at most 0.25 s)
+    assert sched.pick(0.01) == ([], 0.25)                     # no room: waits (polled, at most 0.25 s)
     assert not sched.settle(0, answered(cases[0], 200), 0.5)
     # the sliding minute: 4000+ of 6000 spent in minute 10 leave room only well into minute 11
     t = sched.token_ready(sched.lanes[sched.lane_key[1]], 0, 1, 0.5)
@@ -223,7 +223,7 @@ def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> 
 
 
 def test_an_unexpected_token_refusal_is_sent_again_when_the_budget_has_room_and_said(tmp_path: Path) -> None:
-    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
     ctx = ctx_of(s)
     body = b'{"max_tokens": 10, "messages": []}'
     cases = [chat_case(ctx, body)]
@@ -232,14 +232,14 @@ def test_an_unexpected_token_refusal_is_sent_again_when_the_budget_has_room_and_
     again = sched.settle(0, answered(cases[0], 429, "token-budget"), 0.1)
     assert again                                        # inconclusive: tried again ...
     assert "token-budget" in sched.throttled[0] and "had room for" in sched.throttled[0]
-    assert sched.pick(0.2) == ([], pytest.approx(0.25))  # ... once the budget, counted spent, has room
+    assert sched.pick(0.2) == ([], 0.25)                 # ... once the budget, counted spent, has room
     t = sched.token_ready(sched.lanes[sched.lane_key[0]], 0, 0, 0.2)
     assert t > 50.0
     assert sched.pick(t)[0] == [0]
 
 
 def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
-    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
     ctx = ctx_of(s)
     body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
     cases = [chat_case(ctx, body, check="token-budget", reasons=("token-budget",)) for _ in range(3)]
@@ -250,7 +250,7 @@ def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
 
 
 def test_a_case_no_budget_charges_does_not_wait_behind_one_that_waits_for_its_tokens(tmp_path: Path) -> None:
-    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
     ctx = ctx_of(s)
     body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
     over = json.dumps({"max_tokens": 4096, "n": 4}).encode()                   # refused for its envelope
