@@ -224,7 +224,7 @@ class _Schedule:
         """(cases to send now, 0) or ([], seconds to wait); ([], -1) when nothing is left."""
         if now >= self.deadline:
             return [], -1.0
-        best: tuple[float, LaneState, int] | None = None
+        best: tuple[tuple[float, bool], LaneState, int] | None = None
         for st in self.lanes.values():
             phase = st.phase()
             if phase is None:
@@ -243,11 +243,13 @@ class _Schedule:
             elif phase == 2 and not self.cases[head].skip:
                 at = max(at, st.sustained.ready_at(now))
             at = max(at, self.token_ready(st, phase, head, now))
-            if best is None or at < best[0]:
-                best = (at, st, phase)
+            # of the lanes ready, a paced one first: its pace, not the free cases, bounds the run
+            rank = (at, not (lane.rps > 0 or self.charges[head].key))
+            if best is None or rank < best[0]:
+                best = (rank, st, phase)
         if best is None:
             return [], (POLL if self.pending() else -1.0)
-        at, st, phase = best
+        (at, _free), st, phase = best
         if at > now:
             return [], min(at - now, 0.25)
         depth = self.options.pipeline if st.lane is FREE or not st.lane.key else 1
