@@ -142,6 +142,7 @@ class Upstream:
     # a larger JSON object: its top-level names and the members of at most 1 KiB (not reported)
     outline: Mapping[str, Any] | None = field(default=None, compare=False)
     held_ms: float = 0.0           # how long the witness held it (vp_hold); > 0: in flight during the hold
+    arrivals: int = 1              # how many times it reached the upstream (> 1: the proxy resent it)
 
     def header(self, name: str) -> str | None:
         """The value of ``name`` (lower case) if it reached the upstream (several: joined)."""
@@ -151,7 +152,8 @@ class Upstream:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "path": self.path, "query": self.query,
                 "headers": [list(h) for h in self.headers], "body_bytes": self.body_bytes,
-                "body_sha256": self.body_sha256, "body": self.body}
+                "body_sha256": self.body_sha256, "body": self.body,
+                **({"arrivals": self.arrivals} if self.arrivals != 1 else {})}
 
 
 

@@ -30,9 +30,14 @@ HOP_BY_HOP: tuple[str, ...] = ("Connection", "Keep-Alive", "Proxy-Connection", "
 # A header the prober names in Connection: a proxy must drop it.
 CONNECTION_NAMED = "X-Vp-Hop"
 # Headers whose upstream copy the prober keeps (the rest of what the witness saw is dropped).
+# Headers the client may spell with underscores for dashes: servers that map both spellings to
+# one name (CGI, WSGI and the frameworks on them) read the client's value as the proxy's own.
+UNDERSCORED: tuple[str, ...] = tuple(h.replace("-", "_") for h in (*SPOOFABLE_HEADERS, *VLLM_REQUEST_HEADERS)
+                                     if "-" in h)
 WATCHED: frozenset[str] = frozenset(
-    h.lower() for h in (*SPOOFABLE_HEADERS, *HOP_BY_HOP, *VLLM_REQUEST_HEADERS, CONNECTION_NAMED,
-                        "Authorization", "Host", DECISION_HEADER, REASON_HEADER, PRINCIPAL_HEADER))
+    h.lower() for h in (*SPOOFABLE_HEADERS, *HOP_BY_HOP, *VLLM_REQUEST_HEADERS, *UNDERSCORED,
+                        CONNECTION_NAMED, "Authorization", "Host", DECISION_HEADER, REASON_HEADER,
+                        PRINCIPAL_HEADER))
 
 
 class WitnessError(Exception):
@@ -59,7 +64,7 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False)
             headers=tuple((str(k), str(v)) for k, v in r.get("headers", ()) if str(k) in WATCHED),
             body_bytes=int(r.get("body_bytes", 0)), body_sha256=str(r.get("body_sha256", "")),
             body=r.get("body"), outline=r.get("outline") if isinstance(r.get("outline"), dict) else None,
-            held_ms=float(r.get("held_ms", 0.0)))
+            held_ms=float(r.get("held_ms", 0.0)), arrivals=int(r.get("arrivals", 1)))
     return out
 
 

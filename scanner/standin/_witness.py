@@ -114,6 +114,10 @@ class Witness:
             self.by_id.pop(self.records[0]["id"], None)
         self.records.append(record)
         if probe:
+            # a request reaching the upstream again under the same probe id (each try has its
+            # own): the proxy resent it
+            earlier = self.by_id.get(probe)
+            record["arrivals"] = earlier.get("arrivals", 1) + 1 if earlier is not None else 1
             self.by_id[probe] = record
         if hold.isdigit():
             held = self._held_for(min(int(hold), MAX_HOLD_MS) / 1000, group)

@@ -86,6 +86,9 @@ WEAKENINGS: dict[str, tuple[str, Edit, str]] = {
     "nginx-server-pages-intercept": (
         "nginx", sub(NGINX_HTTP, r"(\n *proxy_intercept_errors on;)(\n *error_page [^\n]+)+", r"\1"), "VP006"),
     "envoy-no-custom-response": ("envoy", _drop_custom_response, "VP018"),
+    # retried on a 5xx: one request reaches vLLM four times (its work done again each time)
+    "envoy-retries-5xx": ("envoy", sub(ENVOY, r'retry_on: "connect-failure,reset", num_retries: 1',
+                                       'retry_on: "connect-failure,reset,5xx", num_retries: 3'), "VP015"),
 }
 
 

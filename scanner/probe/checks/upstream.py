@@ -28,7 +28,7 @@ from scanner.probe.interface import Attempt, Credential, Finding, Vantage
 from scanner.probe.interface import Upstream as Seen
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.safe import NEUTRAL_JSON
-from scanner.probe.witness import CONNECTION_NAMED
+from scanner.probe.witness import CONNECTION_NAMED, UNDERSCORED
 from scanner.reasons import ANY
 from scanner.standin._witness import LEAK_MARKER, error_body
 
@@ -45,6 +45,11 @@ def failed(a: Attempt, why: str) -> Attempt:
     return replace(a, verdict="failed", why=why)
 
 
+def resent(arrivals: int) -> str:
+    return (f"the upstream received this one request {arrivals} times: the proxy resent it (the plan "
+            "forwards a request once; vLLM would do its work again)")
+
+
 # --- the upstream's view of one allowed request ---------------------------------------------
 
 SPOOF_VALUE = "198.51.100.7"   # TEST-NET-2: never a real client
@@ -59,6 +64,7 @@ HOSTILE: tuple[tuple[str, str], ...] = (
     ("TE", "vp-probe"), ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"), (CONNECTION_NAMED, "vp-probe"),
     ("Connection", f"close, {CONNECTION_NAMED}"),
     *((name, f"vp-probe-{i}") for i, name in enumerate(VLLM_REQUEST_HEADERS)),
+    *((name, f"vp-probe-underscore-{i}") for i, name in enumerate(UNDERSCORED)),
 )
 # Client-chosen values a trusted proxy may legitimately pass on (X-Forwarded-* from trusted peers).
 TRUSTED_PASS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-forwarded-port",
@@ -81,6 +87,8 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     if seen is None or case.expected != "allow":
         return []
     out: list[tuple[str, str]] = []
+    if seen.arrivals > 1:
+        out.append(("VP015", resent(seen.arrivals)))
     want_path = concrete(case.path)
     if seen.path != want_path:
         out.append(("VP010", f"the upstream received the path {seen.path!r}, not the normalised "
@@ -200,6 +208,8 @@ def error_verdict(case: Case, a: Attempt) -> Attempt:
     4xx exactly as the upstream sent it."""
     if a.upstream is None:
         return replace(a, verdict="inconclusive", why="it did not reach the upstream; nothing to judge")
+    if a.upstream.arrivals > 1:
+        return failed(a, resent(a.upstream.arrivals))
     got = a.answer_body
     if case.answer >= 500:
         if LEAK_MARKER in got or "vp-error" in got:
@@ -381,7 +391,8 @@ class Upstream(BaseCheck):
                 continue
             if c.answer:
                 if a.verdict == "failed":
-                    flagged.append(("VP018" if c.answer >= 500 else "VP006", a))
+                    resent_it = a.upstream is not None and a.upstream.arrivals > 1
+                    flagged.append(("VP015" if resent_it else "VP018" if c.answer >= 500 else "VP006", a))
                 continue
             found = problems(ctx, c, a)
             flagged += [(rule, a) for rule in dict.fromkeys(r for r, _w in found)]
