@@ -218,6 +218,21 @@ def _e_errors_passed(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}: perimeter.upstream_errors disabled"
 
 
+@_e("retried-on-5xx", "forward", "every forwarding route",
+    "each request resent up to 3 times when vLLM answers a 5xx (its work done again each time)",
+    ("upstream",))
+def _e_retry_5xx(env: _Envoy, plan: Plan) -> str:
+    changed = 0
+    for r in env.routes:
+        policy = r.get("route", {}).get("retry_policy")
+        if policy is not None:
+            policy.update(retry_on=f"{policy['retry_on']},5xx", num_retries=3)
+            changed += 1
+    if not changed:
+        raise NotApplicable("no route with a retry policy")
+    return f"{changed} routes: retry_on +5xx, num_retries 3"
+
+
 @_e("method-match-removed", "remove", "a GET route", "one route matches every method",
     ('matrix',))
 def _e_method(env: _Envoy, plan: Plan) -> str:
