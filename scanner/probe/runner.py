@@ -125,7 +125,8 @@ class _Schedule:
         # the wall clock (njs counts minutes of the epoch): wall = monotonic + offset
         self.wall_offset = time.time() - time.monotonic() if wall_offset is None else wall_offset
         self.charges: list[Charge] = [charge_of(ctx.plan, c, ctx.source_address(c.vantage)) for c in cases]
-        self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit) for ch in self.charges if ch.key}
+        self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit, options.token_models)
+                                              for ch in self.charges if ch.key}
         self.sent_wall = [0.0] * len(cases)
         self.phase_started: set[tuple[str, int]] = set()   # (lane, phase 1 or 2) already sent from
         self.throttled: list[str] = [""] * len(cases)       # an earlier token-budget refusal, said

@@ -13,7 +13,8 @@ over it is refused with its envelope reason, never charged.
 of this cost fit", conservatively for both generated proxies: Envoy's bucket (``limit`` tokens,
 refilled continuously with ``limit`` per minute) and njs's sliding minute (the previous
 wall-clock minute's total weighted by what is left of it, plus this minute's); a request waits
-for the later of the two. Refunds from usage (settlement) are not counted: the model never holds
+for the later of the two (one of them when the run knows its proxy: ``ProbeOptions.token_models``,
+set by verify). Refunds from usage (settlement) are not counted: the model never holds
 more than the proxies. A request refused before admission gives its charge back; a case paced by
 the model and still refused for ``token-budget`` means the budget held less than the model (it
 is then counted as spent, and the case waits again: scanner/probe/runner.py).
@@ -35,6 +36,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from scanner.plan import settle
 from scanner.plan.model import Decision, Plan
@@ -45,6 +47,9 @@ from scanner.probe.interface import Attempt, Credential, Vantage
 # Checks whose cases prove nothing by which of the keys a route admits sends them (the plan
 # expects the same of each): :func:`balance` may move them.
 MOVABLE = frozenset({"limits", "media", "upstream"})
+# Which proxy's counting the model follows: "bucket" (Envoy's local_ratelimit), "window" (njs's
+# sliding minute), "both" (the target's proxy is not known, or a fleet's limiter counts).
+TokenModels = Literal["both", "bucket", "window"]
 WINDOW_S = 60.0          # both proxies count a budget over one minute
 MARGIN_S = 0.25          # the proxy charges when the request arrives: a little after it was sent
 LIGHT = 1                # the output budget written into a body the case does not prove it by
@@ -94,6 +99,7 @@ class TokenModel:
     njs counts minutes of the epoch)."""
 
     limit: int
+    models: TokenModels = "both"   # whose counting to follow: Envoy's bucket, njs's window or both
     level: float = -1.0            # Envoy's bucket (-1: full at the first use)
     at: float = 0.0                # ... at this time
     windows: dict[int, float] = field(default_factory=lambda: defaultdict(float))   # njs: minute -> charged
@@ -131,7 +137,9 @@ class TokenModel:
         if cost <= 0:
             return 0.0
         cost = min(cost, self.limit)
-        out = max(self._bucket_wait(cost, t), self._window_wait(cost, t))
+        bucket = self._bucket_wait(cost, t) if self.models != "window" else 0.0
+        window = self._window_wait(cost, t) if self.models != "bucket" else 0.0
+        out = max(bucket, window)
         return out + MARGIN_S if out > 0 else 0.0
 
     def _minutes(self, t: float) -> set[int]:

@@ -273,3 +273,15 @@ def test_a_body_over_the_envelope_caps_refused_for_its_token_budget_fails() -> N
     assert got == "failed" and "past the cap" in why            # the plan refuses it for good: 400
     assert verdict("deny", ("json-cap:n",), limited)[0] == "inconclusive"   # another case: throttled
     assert verdict("allow", (), limited)[0] == "inconclusive"
+
+
+def test_a_known_proxy_is_paced_by_its_own_counting(tmp_path: Path) -> None:
+    for models, full in (("bucket", 60.0), ("window", 90.0), ("both", 90.0)):   # spent at :30 of a minute
+        m = tp.TokenModel(6000, models)  # type: ignore[arg-type]
+        m.charge(6000, 630.0)
+        assert m.wait(6000, 630.0) == pytest.approx(full + tp.MARGIN_S), models
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    opts = ProbeOptions()
+    assert verify.probe_options(s, opts, "w", "nginx").token_models == "window"
+    assert verify.probe_options(s, opts, "w", "envoy").token_models == "bucket"
+    assert verify.probe_options(s, opts, "w").token_models == "both"
