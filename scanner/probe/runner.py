@@ -325,8 +325,10 @@ class _Schedule:
         if not ch.key:
             return
         model, wall = self.tokens[ch.key], now + self.wall_offset
+        # refused before admission (never charged); not a concurrency refusal: Envoy's circuit
+        # breaker answers after the charge
         refused = attempt.status is not None and attempt.layer == "proxy" and attempt.outcome != "reached" \
-            and attempt.status < 500
+            and attempt.status < 500 and kind != "concurrency"
         if refused:
             model.give_back(ch.cost, wall, self.sent_wall[i])
         else:   # settled by its answer's usage (a JSON answer the case read)

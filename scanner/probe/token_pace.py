@@ -100,7 +100,7 @@ class TokenModel:
 
     limit: int
     models: TokenModels = "both"   # whose counting to follow: Envoy's bucket, njs's window or both
-    level: float = -1.0            # Envoy's bucket (-1: full at the first use)
+    level: float | None = None     # Envoy's bucket (None: full, not used yet; below 0: overdrawn)
     at: float = 0.0                # ... at this time
     windows: dict[int, float] = field(default_factory=lambda: defaultdict(float))   # njs: minute -> charged
 
@@ -109,7 +109,7 @@ class TokenModel:
         return self.limit / WINDOW_S
 
     def bucket(self, t: float) -> float:
-        if self.level < 0:
+        if self.level is None:
             return float(self.limit)
         return min(float(self.limit), self.level + max(0.0, t - self.at) * self.rate)
 

@@ -285,3 +285,11 @@ def test_a_known_proxy_is_paced_by_its_own_counting(tmp_path: Path) -> None:
     assert verify.probe_options(s, opts, "w", "nginx").token_models == "window"
     assert verify.probe_options(s, opts, "w", "envoy").token_models == "bucket"
     assert verify.probe_options(s, opts, "w").token_models == "both"
+
+
+def test_an_overdrawn_bucket_is_not_full() -> None:
+    m = tp.TokenModel(6000, "bucket")
+    for _ in range(3):                          # cases about the budget charge past it
+        m.charge(3000, 600.0)
+    assert m.bucket(600.0) == pytest.approx(-3000)
+    assert m.wait(6000, 600.0) == pytest.approx(90 + tp.MARGIN_S)
