@@ -153,6 +153,11 @@ def rated_by_address(plan: Plan) -> Decision:
                 lambda d: d.limits.rate is not None and d.auth == "none")
 
 
+def token_checked(plan: Plan) -> Decision:
+    """A route of an ``auth: jwt`` audience (bearer tokens verified)."""
+    return pick(plan, "with auth: jwt", lambda d: d.jwt is not None)
+
+
 def token_budgeted(plan: Plan) -> Decision:
     return pick(plan, "with a token budget", lambda d: bool(d.token_zone))
 

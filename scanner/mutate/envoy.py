@@ -528,3 +528,67 @@ def _e_exact_prefix(env: _Envoy, plan: Plan) -> str:
         raise NotApplicable(f"{where(d)}: no exact path match")
     r["match"]["prefix"] = r["match"].pop("path")
     return f"{where(d)}: path -> prefix"
+
+
+# --- bearer tokens (auth: jwt): jwt_authn's provider and the Lua token checks weakened ---------
+
+JWT_NEEDS = "auth: jwt"
+JWT_FILTER = "envoy.filters.http.jwt_authn"
+
+
+def _providers(env: _Envoy, plan: Plan) -> tuple[Decision, list[dict[str, Any]]]:
+    d = core.token_checked(plan)
+    f = next((f for f in env.hcm["http_filters"] if f["name"] == JWT_FILTER), None)
+    if f is None:
+        raise NotApplicable("no jwt_authn filter")
+    return d, list(f["typed_config"]["providers"].values())
+
+
+def _lua_text(env: _Envoy, old: str, new: str) -> None:
+    if old not in env.lua:
+        raise NotApplicable(f"Lua: no {old!r}")
+    env.lua = env.lua.replace(old, new, 1)
+
+
+@_e("jwt-signature-unchecked", "remove", "the token verification",
+    "a token that fails verification (signature, kid, alg) is admitted", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_signature(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, """  if type(payload) ~= "table" then
+    return "401", jwt_failure(md[t.provider .. ".failed"])
+  end""", """  if type(payload) ~= "table" then
+    local why = jwt_failure(md[t.provider .. ".failed"])
+    if sub(why, 1, 12) ~= "jwt-invalid:" then
+      return "401", why
+    end
+    h:streamInfo():dynamicMetadata():set("perimeter", "principal", "unverified")
+    return nil, nil, "unverified"
+  end""")
+    return f"{where(d)} (every auth: jwt route): a token failing verification admitted"
+
+
+@_e("jwt-audience-unchecked", "remove", "the token's audience",
+    "jwt_authn accepts any audience", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_audience(env: _Envoy, plan: Plan) -> str:
+    d, providers = _providers(env, plan)
+    for p in providers:
+        p.pop("audiences", None)
+    return f"{where(d)} (every auth: jwt route): the providers' audiences removed"
+
+
+@_e("jwt-expiry-unchecked", "remove", "the token's expiry",
+    "jwt_authn accepts expired tokens (a ten-year clock skew)", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_expiry(env: _Envoy, plan: Plan) -> str:
+    d, providers = _providers(env, plan)
+    for p in providers:
+        p["clock_skew_seconds"] = 315360000
+    return f"{where(d)} (every auth: jwt route): clock_skew_seconds ten years"
+
+
+@_e("jwt-issuer-unchecked", "remove", "the token's issuer",
+    "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then""",
+              "  if false then")
+    return f"{where(d)} (every auth: jwt route): the issuer check removed"

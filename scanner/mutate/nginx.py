@@ -528,3 +528,45 @@ def _n_salt(directory: Path, plan: Plan) -> str:
     # njs reads the lists in order, the last one naming a field wins: the client's cache_salt passes
     _write(directory, HTTP, text, text[:at] + entry.sub(r'\1 allow=cache_salt";', text[at:], count=1))
     return where(d)
+
+
+# --- bearer tokens (auth: jwt): the njs verification weakened ---------------------------------
+
+NJS = "perimeter.js"
+JWT_NEEDS = "auth: jwt"
+
+
+def _njs(directory: Path, plan: Plan, old: str, new: str, what: str) -> str:
+    d = core.token_checked(plan)
+    text = _read(directory, NJS)
+    if old not in text:
+        raise NotApplicable(f"{NJS}: no {old!r}")
+    _write(directory, NJS, text, text.replace(old, new, 1))
+    return f"{where(d)} (every auth: jwt route): {what}"
+
+
+@_op("jwt-signature-unchecked", "remove", "the token verification",
+     "a token whose signature does not verify is admitted", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_signature(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan,
+                "var refused = ok ? jwtClaims(v, cfg, payload) : [401, 'jwt-invalid:signature'];",
+                "var refused = jwtClaims(v, cfg, payload);", "the signature's verdict ignored")
+
+
+@_op("jwt-audience-unchecked", "remove", "the token's audience",
+     "a token for another audience is admitted", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_audience(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "if (i === aud.length) {", "if (false) {", "the audience check removed")
+
+
+@_op("jwt-expiry-unchecked", "remove", "the token's expiry",
+     "an expired token is admitted", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_expiry(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "if (now > p.exp + cfg.skew) {", "if (false) {", "the exp check removed")
+
+
+@_op("jwt-issuer-unchecked", "remove", "the token's issuer",
+     "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {",
+                "if (false) {", "the issuer check removed")

@@ -36,3 +36,16 @@ def test_identity_and_access_hold(tmp_path: Path, proxy: str) -> None:
     covered = {c.subject: c.status for c in res.coverage if c.check == "identity"}
     assert covered and set(covered.values()) == {"proved"}, covered
     assert any(s.startswith("token admitted GET /v1/models") for s in covered)
+
+
+JWT_OPERATORS = ("jwt-signature-unchecked", "jwt-audience-unchecked", "jwt-expiry-unchecked",
+                 "jwt-issuer-unchecked")
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+@pytest.mark.parametrize("mutant", JWT_OPERATORS)
+def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: str) -> None:
+    res = _run(tmp_path, proxy, mutant, checks=("identity",))
+    assert res.exit_code() == 1
+    caught = {f.rule for f in res.findings if f.check == "identity"}
+    assert "VP019" in caught, [(f.rule, f.title) for f in res.findings]
