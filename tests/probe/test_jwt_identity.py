@@ -49,3 +49,23 @@ def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: st
     assert res.exit_code() == 1
     caught = {f.rule for f in res.findings if f.check == "identity"}
     assert "VP019" in caught, [(f.rule, f.title) for f in res.findings]
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_verify_keys_tokens_and_open_side_by_side(tmp_path: Path, proxy: str) -> None:
+    """Every check through the real proxy (verify's loop): keys, tokens and an open audience in
+    one policy; the plan holds (exit 0, every applicable subject proved)."""
+    from scanner import verify
+    from scanner.inventory.catalog import load_ref
+    from scanner.policy.load import load
+
+    text = (Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text()
+    (tmp_path / "policy.yaml").write_text(text)
+    Issuer.new().write_jwks(tmp_path / "jwks.json")
+    options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=240)
+    (run,) = verify.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
+                        keys_per_role=2)
+    res = run.result
+    assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
+    assert {c.status for c in res.coverage if c.check == "identity"} == {"proved"}
+    assert {c.status for c in res.coverage if c.check == "rate"} == {"proved"}
