@@ -62,6 +62,7 @@ class Live:
     witness: str
     setup: verify.Setup
     source: str            # the vantage address inside the networks
+    proxy: str = ""
 
 
 def _policy(tmp: Path) -> str:
@@ -84,7 +85,7 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
         verify.start_checked(proxy, s.plan, directory, stack)
         source = next(v.address for v in s.vantages if v.name == "users")
-        yield Live(f"http://127.0.0.1:{s.plan.listen.port}", standin.url, s, source)
+        yield Live(f"http://127.0.0.1:{s.plan.listen.port}", standin.url, s, source, request.param)
 
 
 def _send(live: Live, token: str | None, probe: str, method: str = "GET", path: str = "/v1/models",
@@ -166,3 +167,33 @@ def test_keys_beside_tokens(live: Live) -> None:
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (401, "unknown-key")
     r = _send(live, key.secret, "key-on-jwt-route")
     assert r.status_code == 401 and r.headers.get(REASON_HEADER, "").startswith("jwt-invalid")
+
+
+def test_probe_cli_with_token_and_signing_key(live: Live, tmp_path: Path) -> None:
+    """``probe --token ROLE=file:PATH --jwt-signing-key FILE --check identity`` against the running
+    proxy: every token case proved (exit 0 with proof required); without the signing key the
+    admitted token is not proven (VP011), and the token itself is never printed. The CLI's
+    plumbing is the same for every proxy: run through Envoy only."""
+    import subprocess
+    import sys
+
+    if live.proxy != "envoy":
+        pytest.skip("the CLI's plumbing is proxy-independent: once, through Envoy")
+    issuer = live.setup.issuer
+    assert issuer is not None
+    t = _audience(live)
+    policy = POLICY.replace("users: [10.0.0.0/8]", f"users: [{live.source}/32]") \
+        .replace("jwks_file: jwks.json", f"jwks_file: {t.jwks_file}")
+    (tmp_path / "policy.yaml").write_text(policy)
+    (tmp_path / "key.pem").write_bytes(issuer.private_pem())
+    token = issuer.rsa.sign({**tokens_jwt.valid_claims(t, "user", "erin"), "exp": 4102444800})
+    (tmp_path / "token").write_text(token + "\n")
+    base = [sys.executable, "-m", "scanner.cli.main", "probe", live.url, "--inventory", CATALOG,
+            "--policy", str(tmp_path / "policy.yaml"), "--vantage", f"users={live.source}", "--check",
+            "identity", "--token", f"user=file:{tmp_path / 'token'}", "--format", "json", "--rate", "0"]
+    signed = subprocess.run([*base, "--jwt-signing-key", str(tmp_path / "key.pem"), "--require-proof"],
+                            capture_output=True, text=True, timeout=120)
+    assert signed.returncode == 0, signed.stdout[-2000:] + signed.stderr[-2000:]
+    unsigned = subprocess.run([*base, "--require-proof"], capture_output=True, text=True, timeout=120)
+    assert unsigned.returncode == 1 and '"VP011"' in unsigned.stdout, unsigned.stderr[-2000:]
+    assert token not in signed.stdout + signed.stderr + unsigned.stdout + unsigned.stderr
