@@ -68,6 +68,10 @@ def command() -> None:
               help="The policy's cache_salt_secret_file (cache_salt: per-principal / per-audience): "
                    "with a witness, the salt each request must carry upstream is then checked exactly "
                    "(without it the salt is reported not proven).")
+@click.option("--responses-secret-file", default=None, metavar="FILE",
+              help="The policy's responses_secret_file (responses: owned): the ownership check then "
+                   "seals a probe id for one principal and proves another is refused it, and verifies "
+                   "every seal it is handed (without it only raw and forged ids are sent).")
 @click.option("--token", "token_specs", multiple=True, metavar="ROLE=file:PATH|env:VAR",
               help="A bearer token of an auth: jwt audience, by reference (never echoed), repeatable: "
                    "the access checks send it beside the keys.")
@@ -88,7 +92,8 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float | None, checks: tuple[str, ...],
-            witness: str | None, salt_secret_file: str | None, token_specs: tuple[str, ...],
+            witness: str | None, salt_secret_file: str | None, responses_secret_file: str | None,
+            token_specs: tuple[str, ...],
             jwt_signing_key: str | None, allow_state_changes: bool,
             ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
             require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
@@ -101,11 +106,17 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                                allow_state_changes=allow_state_changes, checks=checks,
                                witness=_base_url("--witness", witness) if witness else None,
                                salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "",
+                               owner_secret=_owner_secret(responses_secret_file),
                                canary=canary, jwt_signing_key=_signing_key(jwt_signing_key))
         creds = config.credentials(keys) + config.tokens(token_specs, plan)
         events = run_probe(plan, target, creds, config.vantages(vantage_specs), options)
         res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs, require_proof)
+
+
+def _owner_secret(path: str | None) -> str:
+    """The policy's responses secret (--responses-secret-file), "" none; never echoed."""
+    return read_secret(path, "responses_secret_file").decode() if path else ""
 
 
 @command.command("merge")

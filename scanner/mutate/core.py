@@ -235,6 +235,22 @@ def where(d: Decision) -> str:
     return f"{d.method} {d.path}"
 
 
+def owned(plan: Plan) -> Decision:
+    """A route that names stored responses (responses: owned): the path's id or a body field."""
+    return pick(plan, "naming stored responses (responses: owned)",
+                lambda d: bool(d.owner_param or d.owner_fields))
+
+
+def ownership_unchecked(plan: Plan) -> tuple[Plan, str]:
+    """Every route naming stored responses forwards the id as sent: no seal checked or removed on
+    the way in (answers still sealed)."""
+    owned(plan)
+    ds = [d for d in plan.decisions if d.owner_param or d.owner_fields]
+    new = replace(plan, decisions=tuple(replace(d, owner_param="", owner_fields=())
+                                        if d in ds else d for d in plan.decisions))
+    return new, "no seal checked on the way in: " + ", ".join(where(d) for d in ds)
+
+
 # --- plan transforms: one decision weakened, the plan rendered again --------------------------
 
 Weaken = Callable[[Plan], tuple[Plan, str]]
@@ -464,6 +480,9 @@ def plan_operators() -> tuple[PlanOperator, ...]:
         PlanOperator("multiplier-ignored", "remove", "a route with envelope caps and n / best_of",
                      "one route's envelope ignores a multiplier (n): caps and budget count fewer sequences",
                      ("limits", "token-budget"), on(multiplied, multiplier_dropped)),
+        PlanOperator("ownership-unchecked", "remove", "the routes naming stored responses",
+                     "stored responses' seals not checked on the way in (any principal names any id)",
+                     ("ownership",), ownership_unchecked, needs="body.responses"),
         PlanOperator("rate-raised-x10", "raise", "a rate-limited route", "one route's rate x10", ("rate",),
                      on(rated_by_principal, raised("rate", 10))),
         PlanOperator("burst-raised-x100", "raise", "a rate-limited route",

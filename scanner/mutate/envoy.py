@@ -266,6 +266,18 @@ def _e_budget(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
+@_e("ownership-unbound", "remove", "the Lua filter's response seal",
+    "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
+    ('ownership',), needs="body.responses")
+def _e_unbound(env: _Envoy, plan: Plan) -> str:
+    core.owned(plan)
+    old = '"response:" .. principal .. "\\n" .. rid'
+    if old not in env.lua:
+        raise NotApplicable("no response seal in the Lua filter")
+    env.lua = env.lua.replace(old, '"response:" .. "\\n" .. rid')
+    return "owner_tag computed without the principal"
+
+
 @_e("salt-not-rewritten", "forward", "a salted route",
     "one route forwards the client's cache_salt (no tenant salt)", ('limits',), needs="body.cache_salt")
 def _e_salt(env: _Envoy, plan: Plan) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, Model, build_model
+from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, Location, Model, build_model
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
@@ -342,6 +342,17 @@ def _n_settle(directory: Path, plan: Plan) -> str:
     text = _read(directory, HTTP)
     _write(directory, HTTP, text, re.sub(r"\n *js_body_filter perimeter\.settle[^;\n]*;", "", text))
     return f"{d.token_zone} ({where(d)}): js_body_filter removed"
+
+
+@_op("ownership-unbound", "remove", "the njs module's response seal",
+     "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
+     ("ownership",), needs="body.responses")
+def _n_unbound(directory: Path, plan: Plan) -> str:
+    core.owned(plan)
+    text = _read(directory, NJS)
+    _write(directory, NJS, text, text.replace("update('response:' + principal + '\\n' + rid)",
+                                              "update('response:' + '\\n' + rid)"))
+    return "ownerTag computed without the principal"
 
 
 @_op("any-key-accepted", "remove", "the principals map",

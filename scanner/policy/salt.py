@@ -27,19 +27,18 @@ def new_secret(path: str | Path) -> None:
     write_text(Path(path).absolute(), secrets.token_urlsafe(32) + "\n", mode=0o600)
 
 
-def read_secret(path: str) -> bytes:
-    """The secret of ``cache_salt_secret_file``; refused when others may read the file.
-    Never echoed: errors name the file only."""
+def read_secret(path: str, what: str = "cache_salt_secret_file") -> bytes:
+    """The secret of ``cache_salt_secret_file`` (or ``what``, e.g. responses_secret_file); refused
+    when others may read the file. Never echoed: errors name the file only."""
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read cache_salt_secret_file: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     if mode & 0o077:
-        raise ConfigError(f"{path}: cache_salt_secret_file is readable by others (mode {mode & 0o777:o}); "
-                          "chmod 600 it")
-    text = read_text(path, "cache_salt_secret_file").strip()
+        raise ConfigError(f"{path}: {what} is readable by others (mode {mode & 0o777:o}); chmod 600 it")
+    text = read_text(path, what).strip()
     if not _SECRET.match(text):
-        raise ConfigError(f"{path}: cache_salt_secret_file must hold one line of at least 32 characters "
+        raise ConfigError(f"{path}: {what} must hold one line of at least 32 characters "
                           "(letters, digits and . _ ~ + / = : -); make one with "
                           "`vllm-perimeter keys salt-secret --out FILE`")
     return text.encode("utf-8")

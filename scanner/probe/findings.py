@@ -78,6 +78,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "Verify every token on an auth: jwt route before anything else: its signature with a key "
          "of the JWKS (kid and alg, never none or an HMAC), exp / nbf with the skew, the issuer, the "
          "audience, the required claims and the role map; regenerate the proxy config and reload."),
+    Rule("VP020", "high", "a stored response reached by a principal it was not handed to",
+         "With responses: owned the perimeter seals every response id it hands out to the principal "
+         "(id~MAC) and refuses any other (403 not-owner) in the path and in previous_response_id, "
+         "forwarding vLLM's own id only; regenerate the proxy config, check that the proxy reads "
+         "responses_secret_file, and reload."),
     Rule("VP017", "high", "HTTP/2 cleartext or gRPC accepted on the HTTP/1.1 listener",
          "Serve HTTP/1.1 only on the perimeter's listener (Envoy: codec_type HTTP1; NGINX: no "
          "http2 there) and refuse content-type application/grpc* before any route: a gRPC surface "

@@ -3,10 +3,11 @@ access (matrix, bypass, spoof, mounts, sweep), limits (limits), load (rate, conc
 of routes sharing a limiter), token-budget (tokens_per_minute), media (URLs, data, embeddings),
 ssrf-canary (media URLs the upstream fetches; only with --ssrf-canary), timeout (upstream
 timeouts at their value), upstream (normalise, headers), protocol (h2c, gRPC on the HTTP
-listener), grpc (the gRPC listener's methods), identity (bearer tokens of auth: jwt audiences)."""
+listener), grpc (the gRPC listener's methods), identity (bearer tokens of auth: jwt audiences),
+ownership (stored responses owned by their principal: responses: owned)."""
 
 from scanner.probe.checks import access, limits, load, tokens, media, canary  # noqa: I001
-from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity
+from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity, ownership
 
-__all__ = ["access", "canary", "grpc", "identity", "limits", "load", "media", "protocol", "timeouts",
-           "tokens", "upstream"]
+__all__ = ["access", "canary", "grpc", "identity", "limits", "load", "media", "ownership", "protocol",
+           "timeouts", "tokens", "upstream"]
