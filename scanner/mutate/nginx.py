@@ -12,7 +12,7 @@ from pathlib import Path
 import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, NJS, PRINCIPALS, PROXY, Location, Model, build_model
+from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, Model, build_model
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
