@@ -52,6 +52,7 @@ from scanner.errors import GenerateError
 from scanner.generate import kubernetes_fleet as fleet
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions
 from scanner.generate.kubernetes_fleet import Mode
+from scanner.output import read_text
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
 from scanner.policy.model import PortPolicy
@@ -61,6 +62,8 @@ CONFIG_DIR = "/etc/vllm-perimeter"     # the config volume's mount point (unless
 AUDIT_IMAGE = f"registry.example/vllm-perimeter:{__version__}"
 DEFAULT_VLLM_SELECTOR = (("app.kubernetes.io/name", "vllm"),)
 UPSTREAM_KEY_ITEM = "upstream-api-key"  # Envoy: vLLM's key in the Secret
+JWKS_ITEM = "jwks-"                     # Envoy: an auth: jwt audience's JWKS (jwks-AUDIENCE), read at
+                                        # generate time, at the policy's jwks_file path in the pod
 CONFIGMAP_MAX = 1024 * 1024             # the API server's limit for a ConfigMap's data
 
 
@@ -302,6 +305,10 @@ def _mounted(plan: Plan, proxy: str, names: Names) -> tuple[Mounted, ...]:
     if proxy == "envoy" and plan.upstream.api_key_file:
         path = _absolute("upstream.api_key_file", plan.upstream.api_key_file)
         out.setdefault(path, Mounted(path, names.secret, UPSTREAM_KEY_ITEM))
+    for d in plan.allowed if proxy == "envoy" else ():   # NGINX has the keys in its config
+        if d.jwt is not None and not d.jwt.remote_jwks:
+            path = _absolute("jwt.jwks_file", d.jwt.jwks_file)
+            out.setdefault(path, Mounted(path, names.secret, JWKS_ITEM + d.audience))
     return tuple(out[p] for p in sorted(out))
 
 
@@ -349,6 +356,9 @@ def render(plan: Plan, config: GeneratedConfig, options: GenerateOptions, ports:
                                 "file of its own there; keep it directly in config_dir or outside it")
     if any(m.key == UPSTREAM_KEY_ITEM for m in mounted) and plan.upstream.api_key_file:
         secret[UPSTREAM_KEY_ITEM] = read_upstream_key(plan.upstream.api_key_file) + "\n"
+    for m in mounted:
+        if m.key.startswith(JWKS_ITEM):   # the public keys as the plan read them
+            secret[m.key] = read_text(m.path, "jwt.jwks_file", GenerateError)
     digest = hashlib.sha256(b"".join(
         f"{kind}\0{k}\0{len(v)}\0".encode() + v.encode()
         for kind, data in (("config", plain), ("secret", secret))
@@ -486,7 +496,7 @@ def _deployment(ctx: _Context, digest: str) -> str:
                        "items": [{"key": k, "path": k} for k in sorted(ctx.plain)]}},
         {"secret": {"name": ctx.names.secret,
                     "items": [{"key": k, "path": k, "mode": Mode(0o440)} for k in sorted(ctx.secret)
-                              if k != UPSTREAM_KEY_ITEM]}},
+                              if k != UPSTREAM_KEY_ITEM and not k.startswith(JWKS_ITEM)]}},
     ]
     for secret_name in sorted({m.secret for m in in_dir}):
         sources.append({"secret": {"name": secret_name, "items": [

@@ -71,3 +71,23 @@ def test_nginx_config_deterministic_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(GenerateError, match="no Ed25519"):
         gen.render(plan, GenerateOptions(output_dir=str(tmp_path / "c")))
     assert EnvoyProxy().validate(plan, EnvoyProxy().write(plan, tmp_path / "e")) == ""
+
+
+def test_kubernetes_bundle_mounts_the_jwks_for_envoy(tmp_path: Path) -> None:
+    """Envoy reads the JWKS by its path: the bundle's Secret holds it (read at generate time) and
+    the pod mounts it at the policy's jwks_file path; NGINX has the keys in its config."""
+    from scanner.generate import kubernetes as k8s
+    from tests.generate.test_kubernetes import UPSTREAM, assert_valid, docs, pod_spec, render, secret_data
+
+    Issuer.new().write_jwks(tmp_path / "jwks.json")
+    policy = loads(POLICY + UPSTREAM, source=str(tmp_path / "p.yaml"), base_dir=tmp_path)
+    _config, bundle = render("envoy", policy)
+    assert_valid(bundle)
+    d = docs(bundle)
+    jwks = (tmp_path / "jwks.json").read_text()
+    assert secret_data(d["secret.yaml"])[k8s.JWKS_ITEM + "people"] == jwks
+    spec = pod_spec(d["deployment.yaml"])
+    mounts = {m["mountPath"]: m for c in spec["containers"] for m in c["volumeMounts"]}
+    assert mounts[str(tmp_path / "jwks.json")]["subPath"] == k8s.JWKS_ITEM + "people"
+    _config, bundle = render("nginx", policy)
+    assert k8s.JWKS_ITEM + "people" not in secret_data(docs(bundle)["secret.yaml"])
