@@ -335,6 +335,8 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
             for op in mutate.operators(proxy.kind):
                 if only and not {op.id, op.name, op.family} & set(only):
                     continue
+                if op.needs == mutate.fleet.NEEDS:   # a fleet's operator: verify --replicas runs it
+                    continue
                 fast = mutant_options(options, op.id)
                 out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")

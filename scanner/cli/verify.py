@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from scanner import verify
+from scanner import verify, verify_fleet
 from scanner.cli.options import MaxTime, load_diff, report_options
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from scanner.inventory.diff import InventoryDiff
@@ -48,11 +48,17 @@ AUTO_FLOOR_S = 300.0   # --max-time auto never gives a run less than this
 @click.option("--operator", "only", multiple=True, metavar="ID",
               help="With --mutate: run only these operators: an id (nginx.rate-dry-run), a name on "
                    "every proxy (rate-dry-run) or a family (switch).")
+@click.option("--replicas", type=int, default=None, metavar="N",
+              help="A fleet: N replicas of each proxy (2-8), the limiter and a redis-server (the "
+                   "policy's shared: section, or on_unavailable: deny); the rate, concurrency and "
+                   "token-budget cases are spread over every replica (the limits must hold for the "
+                   "sum), then Redis is stopped and the failure policy tried. With --mutate: the "
+                   "fleet's operators (one replica unshared, a per-replica key).")
 @report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,
             concurrency: int, timeout: float, max_time: float | None, mutate: bool, only: tuple[str, ...],
-            fmt: str, output: str | None, fail_on: Severity, require_proof: bool,
+            replicas: int | None, fmt: str, output: str | None, fail_on: Severity, require_proof: bool,
             diff_refs: tuple[str, str] | None,
             quiet: bool) -> int:
     """Generate, validate, run and probe the proxy for your inventory and policy, on loopback.
@@ -83,7 +89,13 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time,
                            auto_floor_s=AUTO_FLOOR_S)
     say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
-    if mutate:
+    outages: list[verify_fleet.Outage] = []
+    if replicas is not None:
+        fleets, mutants = verify_fleet.loop_all(inv, pol, runtimes, options, keys_per_role, replicas, mutate,
+                                                only, say)
+        runs = [verify.ProxyRun(f.proxy, f.result, f.seconds) for f in fleets]
+        outages = [f.outage for f in fleets if f.outage is not None]
+    elif mutate:
         baselines, mutants = verify.mutants(inv, pol, runtimes, options, keys_per_role, only, say)
         runs = baselines
     else:
@@ -93,7 +105,11 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     _write_reports(runs, fmt, output, load_diff(diff_refs))
     if mutate:
         click.echo(render_mutation.render(runs, mutants), nl=False)
+    for o in outages:   # what happened when Redis was stopped (a deviation when the policy did not hold)
+        click.echo(f"fleet: {o.what}: the failure policy {'holds' if o.holds else 'DOES NOT HOLD'}", err=True)
     codes = [r.result.exit_code(fail_on, require_proof) for r in runs]
+    if any(not o.holds for o in outages):
+        codes.append(EXIT_FINDINGS)
     if mutate and any(m.status in ("survived", "invalid") for m in mutants):
         codes.append(EXIT_FINDINGS)
     if mutate and any(r.result.findings or r.result.unreachable for r in runs):

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from scanner.mutate import envoy, nginx
+from scanner.mutate import envoy, fleet, nginx
 from scanner.mutate.core import FAMILIES, OPERATORS, NotApplicable, Operator, operators
 
-__all__ = ["FAMILIES", "OPERATORS", "NotApplicable", "Operator", "envoy", "families", "kinds", "nginx",
-           "operators"]
+__all__ = ["FAMILIES", "OPERATORS", "NotApplicable", "Operator", "envoy", "families", "fleet", "kinds",
+           "nginx", "operators"]
 
 
 def kinds() -> Iterator[str]:

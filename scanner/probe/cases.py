@@ -50,6 +50,7 @@ class Case:
                                    # the answer's body is kept in the attempt (answer_body)
     read_answer: bool = False      # keep the answer's body in the attempt (answer_body, first 64 KiB):
                                    # the judge reads it (a token budget's settlement reads its usage)
+    replica: int = 0               # a fleet (ProbeOptions.replicas): which replica it goes through
     before_limits: bool = False    # refused on its head, before any limiter (pacing need not count it)
     first: bool = False            # sent before its lane's other ordinary cases, one at a time (a
                                    # token budget's proof needs the budget before the other checks

@@ -127,6 +127,9 @@ class ProbeOptions:
     jwt_signing_key: str = field(default="", repr=False, compare=False)
     # the running SSRF canary (probe --ssrf-canary; scanner.probe.canary), None: not probed
     canary: Canary | None = field(default=None, compare=False, repr=False)
+    # a fleet (verify --replicas): the other replicas' base URLs; the rate, concurrency and token
+    # budget cases are spread over the target and these (scanner.probe.fleet): limits of the sum
+    replicas: tuple[str, ...] = ()
     # Tests inject transports; a custom transport also carries the raw-request cases.
     transport_factory: TransportFactory | None = field(default=None, compare=False)
 

@@ -27,6 +27,7 @@ from scanner import reasons as R
 from scanner.plan.model import Plan
 from scanner.probe import checks as _builtin_checks  # noqa: F401  (registers the built-in checks)
 from scanner.probe import coverage as cov
+from scanner.probe import fleet
 from scanner.probe.cases import Case, with_query
 from scanner.probe.coverage import Subject
 from scanner.probe.interface import (
@@ -350,8 +351,9 @@ class _Run:
     """One probe run's state: cases, their latest attempts, the witness's records."""
 
     def __init__(self, ctx: CheckContext, items: Sequence[tuple[Check, Case]], sender: Sender,
-                 options: ProbeOptions, schedule: _Schedule) -> None:
+                 options: ProbeOptions, schedule: _Schedule, others: tuple[Sender, ...] = ()) -> None:
         self.ctx, self.items, self.sender, self.options = ctx, items, sender, options
+        self.senders = (sender, *others)     # replica i's sender (Case.replica)
         self.cases = schedule.cases
         self.schedule = schedule
         self.latest: list[Attempt | None] = [None] * len(items)
@@ -426,9 +428,15 @@ class _Run:
         attempts: dict[int, Attempt] = {i: skipped(c, c.skip) for i, (c, _p) in zip(batch, wired, strict=True)
                                         if c.skip}
         if live:
-            sent = await self.sender.send_many([c for _i, c, _p in live])
-            for (i, _c, pid), a in zip(live, sent, strict=True):
-                attempts[i] = replace(a, probe_id=pid)
+            by_replica: dict[int, list[tuple[int, Case, str]]] = {}
+            for item in live:
+                by_replica.setdefault(min(item[1].replica, len(self.senders) - 1), []).append(item)
+            # each replica's share of the batch at once (a burst stays a burst across the fleet)
+            sent_each = await asyncio.gather(*(self.senders[r].send_many([c for _i, c, _p in group])
+                                               for r, group in by_replica.items()))
+            for group, sent in zip(by_replica.values(), sent_each, strict=True):
+                for (i, _c, pid), a in zip(group, sent, strict=True):
+                    attempts[i] = replace(a, probe_id=pid)
         now = time.monotonic()
         for i in batch:
             case = self.cases[i]
@@ -493,7 +501,9 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
     for chk in checks:
         try:
             subjects[chk.id] = tuple(chk.subjects(ctx))
-            items += [(chk, light(plan, c)) for c in chk.generate(ctx)]
+            generated = fleet.spread([light(plan, c) for c in chk.generate(ctx)],
+                                     1 + len(options.replicas))
+            items += [(chk, c) for c in generated]
         except Exception as exc:  # a bug in one check: the others still run
             broken.append(Errored(chk.id, f"{type(exc).__name__}: {exc}"))
     spread = balance(plan, [c for _k, c in items], ctx.credentials, ctx.source_address)
@@ -509,7 +519,10 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
     for e in broken:
         yield e
     sender = Sender(target, options.timeout, options.transport_factory, options.client)
-    run = _Run(ctx, items, sender, options, schedule)
+    # a fleet: one sender per other replica (the same TLS and client settings)
+    others = [Sender(replace(target, base_url=url), options.timeout, options.transport_factory,
+                     options.client) for url in options.replicas]
+    run = _Run(ctx, items, sender, options, schedule, tuple(others))
     reason = ""
     records: dict[str, Upstream] | None = None
     try:
@@ -541,7 +554,8 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
         reason = f"internal error while probing: {type(exc).__name__}: {exc}"
         yield Errored("runner", reason)
     finally:
-        await sender.aclose()
+        for s in (sender, *others):
+            await s.aclose()
     results, changed = run.finals(records)
     for a in changed:
         yield Witnessed(a)

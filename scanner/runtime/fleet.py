@@ -11,6 +11,7 @@ stopped by its process group.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import replace
@@ -77,6 +78,7 @@ class Fleet:
         self.limiter = limiter_process(directory, shared.redis, directory / ZONES_FILE, shared.limiter[1])
         self.replicas: list[ManagedProcess] = []
         self.dirs = [directory / f"replica{i + 1}" for i in range(len(ports))]
+        self.written: list[Path] = []
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -85,12 +87,23 @@ class Fleet:
     def write(self) -> list[Path]:
         """Each replica's config (its own port); the generated directories (editable: mutants)."""
         pairs = zip(self.ports, self.dirs, strict=True)
-        written = [self.proxy.write(replica(self.plan, port), d) for port, d in pairs]
-        # the limiter's zones file, as generate wrote it (the same in every replica's directory)
-        (self.directory / ZONES_FILE).write_bytes((written[0] / ZONES_FILE).read_bytes())
-        return written
+        self.written = [self.proxy.write(replica(self.plan, port), d) for port, d in pairs]
+        return self.written
+
+    def zones(self) -> None:
+        """The limiter's zones file: the one generate wrote (the same in every replica's directory),
+        with any zone a replica's files name besides (a mutant's own keys: scanner.mutate.fleet)."""
+        merged: dict[str, object] = {}
+        first: dict[str, object] = {}
+        for d in self.written:
+            doc = json.loads((d / ZONES_FILE).read_text(encoding="utf-8"))
+            first = first or doc
+            merged.update(doc["zones"])
+        text = json.dumps({**first, "zones": merged}, indent=2, sort_keys=True)
+        (self.directory / ZONES_FILE).write_text(text, encoding="utf-8")
 
     def start(self) -> Fleet:
+        self.zones()
         self.redis.start()
         self.limiter.start()
         for port, d in zip(self.ports, self.dirs, strict=True):

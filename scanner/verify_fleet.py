@@ -1,0 +1,221 @@
+"""``verify --replicas N``: the closed loop for a fleet (issue 21). N replicas of one proxy, the
+limiter and one redis-server on loopback (scanner.runtime.fleet), in front of the stand-in; the
+probe spreads its rate, concurrency and token-budget cases over every replica (scanner.probe.fleet),
+so each limit must hold for their sum. Then Redis is stopped and the failure policy is tried
+through every replica (:func:`outage`): ``deny`` answers 503 shared-store-unavailable, ``local``
+admits no more than the policy in sum and refuses the rest with 429; never unlimited.
+
+The plan is the policy's with the fleet's addresses (scanner.runtime.fleet.plan_for: a policy
+without ``shared:`` gets ``on_unavailable: deny``). Mutation operators of the fleet
+(scanner.mutate.fleet) weaken the second replica's config.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scanner import mutate, verify
+from scanner.errors import EXIT_OK, InternalError, UsageError
+from scanner.inventory.model import Inventory
+from scanner.net import free_port
+from scanner.plan.model import Decision, Plan
+from scanner.policy.model import Policy
+from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
+from scanner.probe.runner import probe
+from scanner.runtime import fleet
+from scanner.runtime.proxy import Proxy
+
+MAX_REPLICAS = 8
+OUTAGE_SETTLE_S = 1.5     # after Redis stops: the local buckets (full at first) are what they hold
+
+
+@dataclass(frozen=True)
+class Outage:
+    """What the fleet answered with Redis stopped: ``holds`` when the failure policy held."""
+
+    policy: str                       # deny | local
+    route: str                        # "GET /v1/models" (the route tried)
+    statuses: tuple[int, ...]         # in order, alternating replicas
+    reasons: tuple[str, ...]
+    limit: int                        # local: the most the policy admits at once (burst + 1)
+    holds: bool
+    what: str                         # one sentence for the report
+
+    def to_dict(self) -> dict[str, object]:
+        return {"on_unavailable": self.policy, "route": self.route, "statuses": list(self.statuses),
+                "reasons": sorted(set(self.reasons)), "holds": self.holds, "what": self.what}
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    proxy: str
+    replicas: int
+    result: ProbeResult
+    seconds: float
+    outage: Outage | None = None
+    mutant: str = ""
+
+
+def check_replicas(n: int) -> int:
+    if not 2 <= n <= MAX_REPLICAS:
+        raise UsageError(f"--replicas {n}: a fleet is 2 to {MAX_REPLICAS} replicas on this machine")
+    return n
+
+
+def fleet_plan(plan: Plan, replicas: int) -> Plan:
+    """``plan`` for a fleet on loopback: the limiter and Redis on free ports."""
+    return fleet.plan_for(plan, replicas, free_port(), free_port())
+
+
+def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential], vantages: Sequence[Vantage],
+        options: ProbeOptions, replicas: int, mutant: str = "", outage_too: bool = True) -> FleetRun:
+    """Write, validate and start the fleet (the second replica weakened by ``mutant``), probe it
+    through every replica, then (not for a mutant) stop Redis and try the failure policy."""
+    t0 = time.monotonic()
+    fp = fleet_plan(plan, check_replicas(replicas))
+    ports = (plan.listen.port, *(free_port() for _ in range(replicas - 1)))
+    f = fleet.Fleet(fp, proxy, work, ports)
+    dirs = f.write()
+    if mutant:
+        op = mutate.OPERATORS[f"{proxy.kind}.{mutant}"]
+        op.apply(dirs[1], fleet.replica(fp, ports[1]))
+    for port, d in zip(ports, f.dirs, strict=True):
+        problem = proxy.validate(fleet.replica(fp, port), d)
+        if problem:
+            raise InternalError(f"{proxy.name} rejected the generated config of a replica: {problem}")
+    result: ProbeResult
+    down: Outage | None = None
+    with ExitStack() as stack:
+        stack.enter_context(f)
+        urls = f.urls
+        result = probe(fp, Target(urls[0]), credentials, vantages, replace(options, replicas=urls[1:]))
+        if outage_too and not mutant:
+            down = outage(fp, f, credentials, vantages)
+    return FleetRun(proxy.name, replicas, result, round(time.monotonic() - t0, 2), down, mutant)
+
+
+# --- Redis stopped ---------------------------------------------------------------------------------
+
+
+def _tried(plan: Plan, credentials: Sequence[Credential],
+           vantages: Sequence[Vantage]) -> tuple[Decision, Credential, Vantage] | None:
+    """A route to try the outage on: an allowed GET with a shared rate zone, a key it admits and a
+    vantage in its networks."""
+    shared = plan.shared
+    assert shared is not None
+    for d in sorted(plan.allowed, key=lambda d: (d.path, d.method)):
+        if d.method != "GET" or d.kind != "http" or not d.exact or d.auth != "key" or not d.rate_zone \
+                or not any(z.startswith("rate:") for z in shared.route_zones(d)):
+            continue
+        cred = next((c for c in credentials if c.kind == "role" and (not d.roles or c.role in d.roles)), None)
+        nets = [ipaddress.ip_network(n, strict=False) for n in d.networks]
+        where = next((v for v in vantages if v.address and any(ipaddress.ip_address(v.address) in n
+                                                                 for n in nets)), None)
+        if cred is not None and where is not None:
+            return d, cred, where
+    return None
+
+
+def _get(port: int, path: str, cred: Credential, vantage: Vantage) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10,
+                                      source_address=(vantage.address or "127.0.0.1", 0))
+    try:
+        conn.request("GET", path, headers=cred.headers())
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status, reply.getheader("x-perimeter-reason") or ""
+    except OSError as exc:
+        return 0, type(exc).__name__
+    finally:
+        conn.close()
+
+
+def outage(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],
+           vantages: Sequence[Vantage]) -> Outage:
+    """Stop Redis; send twice the route's burst + 1 (plus 2) requests alternating the replicas; judge."""
+    shared = plan.shared
+    assert shared is not None
+    tried = _tried(plan, credentials, vantages)
+    if tried is None:
+        return Outage(shared.on_unavailable, "", (), (), 0, False,
+                      "Redis was not stopped: no limited GET route with a key and a vantage to try it on")
+    d, cred, vantage = tried
+    rate = d.limits.rate
+    assert rate is not None
+    limit = rate.burst + 1
+    f.redis.stop()
+    time.sleep(OUTAGE_SETTLE_S)
+    answers = [_get(f.ports[i % len(f.ports)], d.path, cred, vantage) for i in range(2 * limit + 2)]
+    statuses = tuple(a[0] for a in answers)
+    reasons = tuple(a[1] for a in answers)
+    admitted = statuses.count(200)
+    route = f"{d.method} {d.path}"
+    if shared.on_unavailable == "deny":
+        holds = all(a == (503, "shared-store-unavailable") for a in answers)
+        what = (f"Redis stopped: {len(answers)} requests to {route} through {len(f.ports)} replicas, "
+                f"{statuses.count(503)} answered 503 shared-store-unavailable, {admitted} admitted "
+                f"(on_unavailable: deny)")
+    else:
+        holds = 0 < admitted <= limit and all(s in (200, 429) for s in statuses)
+        what = (f"Redis stopped: {len(answers)} requests to {route} through {len(f.ports)} replicas, "
+                f"{admitted} admitted by the replicas' local shares (the policy: {limit} at once), "
+                f"{statuses.count(429)} refused 429, {statuses.count(503)} 503 (on_unavailable: local)")
+    return Outage(shared.on_unavailable, route, statuses, reasons, limit, holds, what)
+
+
+# --- the loop: each proxy's fleet, then (--mutate) the fleet's operators ----------------------------
+
+
+def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
+             keys_per_role: int, replicas: int, mutants: bool = False, only: Sequence[str] = (),
+             say: Callable[[str], None] = lambda _m: None) -> tuple[list[FleetRun], list[verify.MutantRun]]:
+    """The fleet run per proxy (and its outage), then with ``mutants`` one run per fleet operator
+    (scanner.mutate.fleet) on a fresh fleet whose second replica it weakens."""
+    check_replicas(replicas)
+    runs: list[FleetRun] = []
+    out: list[verify.MutantRun] = []
+    with verify.loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
+        base_options = verify.probe_options(s, options, witness)
+        for proxy, directory in written:
+            say(f"{proxy.name}: a fleet of {replicas}, the limiter and redis-server; probing through "
+                f"every replica")
+            r = run(s.plan, proxy, directory.parent / f"{proxy.name}-fleet", s.credentials, s.vantages,
+                    base_options, replicas)
+            runs.append(r)
+            if r.outage is not None:
+                say(f"{proxy.name}: {r.outage.what}: {'holds' if r.outage.holds else 'DOES NOT HOLD'}")
+            if not mutants:
+                continue
+            if r.result.deviations or r.result.unreachable:
+                say(f"{proxy.name}: the unmutated fleet is not clean: no mutation run")
+                continue
+            for op in mutate.operators(proxy.kind):
+                if op.needs != mutate.fleet.NEEDS or (only and not {op.id, op.name, op.family} & set(only)):
+                    continue
+                work = directory.parent / f"{proxy.name}-{op.id}"
+                out.append(_mutant(s.plan, proxy, op, work, s.credentials, s.vantages,
+                                   verify.mutant_options(base_options, op.id), replicas))
+                say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
+    return runs, out
+
+
+def _mutant(plan: Plan, proxy: Proxy, op: mutate.Operator, work: Path, credentials: Sequence[Credential],
+            vantages: Sequence[Vantage], options: ProbeOptions, replicas: int) -> verify.MutantRun:
+    def run_of(status: verify.MutantStatus, what: str, **more: object) -> verify.MutantRun:
+        return verify.MutantRun(proxy.name, op.id, op.title, status, what, family=op.family,
+                                catches=op.catches, **more)  # type: ignore[arg-type]
+    try:
+        r = run(plan, proxy, work, credentials, vantages, options, replicas, mutant=op.name)
+    except mutate.NotApplicable as exc:
+        return run_of("not-applicable", str(exc))
+    except InternalError as exc:
+        return run_of("invalid", str(exc))
+    caught = r.result.exit_code() != EXIT_OK
+    return run_of("caught" if caught else "survived", op.title, rules=verify.caught_by(r.result),
+                  seconds=r.seconds, checks=tuple(dict.fromkeys(f.check for f in r.result.deviations)))

@@ -1,0 +1,68 @@
+"""``verify --replicas 2`` (scanner.verify_fleet): two replicas, the limiter and a redis-server in
+front of the stand-in; the probe's rate and concurrency cases spread over both replicas hold for
+the sum; each fleet mutant (one replica unshared, a per-replica key) is caught by them (exit 1);
+Redis stopped: the failure policy holds and says so. The cheap variant runs the concurrency check
+through an Envoy fleet; the mutants and the whole probe of both proxies are slow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scanner import mutate, verify, verify_fleet
+from scanner.errors import EXIT_OK
+from scanner.inventory.catalog import load_ref
+from scanner.plan.inputs import load_policy
+from scanner.probe.interface import ProbeOptions
+from tests.limiter.harness import redis_binary
+from tests.probe.realproxy import proxy_named
+
+CATALOG = "vllm-0.29.0-default"
+LIMITS = ProbeOptions(rate=0, timeout=10, max_time=120, checks=("concurrency",))
+
+
+def _fleet(name: str, options: ProbeOptions, mutants: bool, only: tuple[str, ...] = ()
+           ) -> tuple[list[verify_fleet.FleetRun], list[verify.MutantRun]]:
+    redis_binary()
+    return verify_fleet.loop_all(load_ref(CATALOG), load_policy(None), [proxy_named(name)], options, 2, 2,
+                                 mutants, only)
+
+
+@pytest.mark.envoy
+def test_envoy_fleet_limits_hold_for_the_sum_and_the_outage_is_reported() -> None:
+    runs, mutants = _fleet("envoy", LIMITS, False)
+    (run,) = runs
+    assert run.result.exit_code() == EXIT_OK, [f.title for f in run.result.deviations]
+    assert not mutants
+    assert run.outage is not None and run.outage.holds and run.outage.policy == "deny"
+    assert set(run.outage.statuses) == {503} and "shared-store-unavailable" in run.outage.what
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param("envoy", marks=pytest.mark.envoy),
+                                  pytest.param("nginx", marks=pytest.mark.nginx)])
+def test_both_fleet_mutants_are_caught(name: str) -> None:
+    """About 50 s a proxy: the baseline and one fleet per mutant."""
+    _runs, mutants = _fleet(name, LIMITS, True)
+    assert {m.operator for m in mutants} == {f"{name}.replica-unshared", f"{name}.replica-zone-key"}
+    assert all(m.status == "caught" and m.expected for m in mutants), [(m.operator, m.status, m.checks)
+                                                                        for m in mutants]
+
+def test_fleet_operators_skip_a_single_proxy_and_a_plan_without_shared(tmp_path: Path) -> None:
+    s = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9)
+    for op in (o for o in mutate.OPERATORS.values() if o.needs == mutate.fleet.NEEDS):
+        with pytest.raises(mutate.NotApplicable, match="shared"):
+            op.apply(tmp_path, s.plan)
+    assert not set(mutate.OPERATORS) - {o.id for k in ("envoy", "nginx") for o in mutate.operators(k)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param("envoy", marks=pytest.mark.envoy),
+                                  pytest.param("nginx", marks=pytest.mark.nginx)])
+def test_the_whole_probe_through_a_fleet(name: str) -> None:
+    runs, mutants = _fleet(name, ProbeOptions(rate=0, timeout=15, max_time=300), True)
+    (run,) = runs
+    assert run.result.exit_code() == EXIT_OK and run.outage is not None and run.outage.holds
+    assert len(mutants) == 2 and all(m.status == "caught" for m in mutants)
+
