@@ -335,8 +335,8 @@ class _Schedule:
         else:   # settled by its answer's usage (a JSON answer the case read)
             model.give_back(settled(ch.cost, self.cases[i], attempt), wall, self.sent_wall[i])
         if kind == "token-budget" and attempt.layer == "proxy" and not about_budget(self.cases[i]):
-            model.spent(wall)
             retry = attempt.note.rsplit("Retry-After ", 1)[1] if "Retry-After " in attempt.note else "?"
+            model.spent(wall, ch.cost, float(retry) if retry.isdigit() else None)
             self.throttled[i] = (f"sent again after {attempt.status} token-budget (Retry-After {retry}) to a "
                                  f"request of {ch.cost} tokens the plan's model of the budget had room for")
 

@@ -50,6 +50,7 @@ MOVABLE = frozenset({"limits", "media", "upstream"})
 # Which proxy's counting the model follows: "bucket" (Envoy's local_ratelimit), "window" (njs's
 # sliding minute), "both" (the target's proxy is not known, or a fleet's limiter counts).
 TokenModels = Literal["both", "bucket", "window"]
+REFILL_SHARE = 0.95      # of a budget's refill the bucket model counts on
 WINDOW_S = 60.0          # both proxies count a budget over one minute
 MARGIN_S = 0.25          # the proxy charges when the request arrives: a little after it was sent
 LIGHT = 1                # the output budget written into a body the case does not prove it by
@@ -103,10 +104,12 @@ class TokenModel:
     level: float | None = None     # Envoy's bucket (None: full, not used yet; below 0: overdrawn)
     at: float = 0.0                # ... at this time
     windows: dict[int, float] = field(default_factory=lambda: defaultdict(float))   # njs: minute -> charged
+    hold: float = 0.0              # nothing before this time (the proxy's Retry-After)
 
     @property
     def rate(self) -> float:
-        return self.limit / WINDOW_S
+        """The refill the model counts on: a share of the budget's (Envoy's refill lags a little)."""
+        return REFILL_SHARE * self.limit / WINDOW_S
 
     def bucket(self, t: float) -> float:
         if self.level is None:
@@ -139,7 +142,7 @@ class TokenModel:
         cost = min(cost, self.limit)
         bucket = self._bucket_wait(cost, t) if self.models != "window" else 0.0
         window = self._window_wait(cost, t) if self.models != "bucket" else 0.0
-        out = max(bucket, window)
+        out = max(bucket, window, self.hold - t)
         return out + MARGIN_S if out > 0 else 0.0
 
     def _minutes(self, t: float) -> set[int]:
@@ -161,8 +164,14 @@ class TokenModel:
         for m in self._minutes(sent):
             self.windows[m] = max(0.0, self.windows[m] - cost)
 
-    def spent(self, t: float) -> None:
-        """The proxy refused a request the model had room for: count the budget as spent now."""
+    def spent(self, t: float, cost: float = 0.0, retry: float | None = None) -> None:
+        """The proxy refused a request of ``cost`` the model had room for: the budget holds less.
+        With the proxy's ``retry`` (its Retry-After, seconds): nothing before then, and the bucket
+        has room for ``cost`` no sooner; without: the budget counted spent now."""
+        if retry is not None:
+            self.hold = max(self.hold, t + retry)
+            self.level, self.at = min(self.bucket(t), cost - retry * self.rate), t
+            return
         self.level, self.at = 0.0, t
         w = math.floor(t / WINDOW_S)
         f = t / WINDOW_S - w

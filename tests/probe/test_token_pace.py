@@ -85,7 +85,7 @@ def test_the_bucket_refills_at_the_budget_per_minute() -> None:
     assert m.wait(6000, t) == 0.0               # full at first
     m.charge(6000, t)
     assert m.bucket(t) == 0.0
-    assert m.bucket(t + 30) == pytest.approx(3000)
+    assert m.bucket(t + 30) == pytest.approx(3000 * tp.REFILL_SHARE)   # a share of the refill counted
     # njs: the minute's 6000 weigh until the next minute starts, then fade over it
     assert m.wait(1000, t + 1) == pytest.approx(59 + 10 + tp.MARGIN_S)
     assert m.wait(6000, t + 1) == pytest.approx(59 + 60 + tp.MARGIN_S)   # the whole budget: a clean minute
@@ -96,7 +96,7 @@ def test_the_bucket_refills_at_the_budget_per_minute() -> None:
 def test_the_sliding_minute_is_slower_than_the_bucket_after_a_mid_minute_spend() -> None:
     m = tp.TokenModel(6000)
     m.charge(6000, 630.0)                       # half-way through minute 10
-    assert m.bucket(660.0) == pytest.approx(3000)   # Envoy: half refilled by the minute's end
+    assert m.bucket(660.0) == pytest.approx(3000 * tp.REFILL_SHARE)   # Envoy: half refilled by then
     assert m.wait(3000, 660.0) == pytest.approx(30 + tp.MARGIN_S)    # njs: half of the next minute
     m2 = tp.TokenModel(6000)
     m2.charge(1000, 600.0)
@@ -108,6 +108,10 @@ def test_a_refusal_the_model_had_room_for_counts_the_budget_spent() -> None:
     assert m.wait(100, 600.0) == 0.0
     m.spent(600.0)
     assert m.wait(100, 600.0) > 60 and m.bucket(600.0) == 0.0
+    told = tp.TokenModel(6000, "bucket")           # the proxy said when: then, and no sooner
+    told.spent(600.0, 100, 2.0)
+    assert told.wait(100, 600.0) == pytest.approx(2.0 + tp.MARGIN_S)
+    assert told.wait(100, 602.5) == 0.0
 
 
 def test_a_token_bound() -> None:
@@ -234,7 +238,7 @@ def test_an_unexpected_token_refusal_is_sent_again_when_the_budget_has_room_and_
     assert "token-budget" in sched.throttled[0] and "had room for" in sched.throttled[0]
     assert sched.pick(0.2) == ([], 0.25)                 # ... once the budget, counted spent, has room
     t = sched.token_ready(sched.lanes[sched.lane_key[0]], 0, 0, 0.2)
-    assert t > 50.0
+    assert t >= 0.1 + 30                                # the proxy's Retry-After: 30 s
     assert sched.pick(t)[0] == [0]
 
 
@@ -276,7 +280,7 @@ def test_a_body_over_the_envelope_caps_refused_for_its_token_budget_fails() -> N
 
 
 def test_a_known_proxy_is_paced_by_its_own_counting(tmp_path: Path) -> None:
-    for models, full in (("bucket", 60.0), ("window", 90.0), ("both", 90.0)):   # spent at :30 of a minute
+    for models, full in (("bucket", 60.0 / tp.REFILL_SHARE), ("window", 90.0), ("both", 90.0)):   # spent at :30
         m = tp.TokenModel(6000, models)  # type: ignore[arg-type]
         m.charge(6000, 630.0)
         assert m.wait(6000, 630.0) == pytest.approx(full + tp.MARGIN_S), models
@@ -292,4 +296,4 @@ def test_an_overdrawn_bucket_is_not_full() -> None:
     for _ in range(3):                          # cases about the budget charge past it
         m.charge(3000, 600.0)
     assert m.bucket(600.0) == pytest.approx(-3000)
-    assert m.wait(6000, 600.0) == pytest.approx(90 + tp.MARGIN_S)
+    assert m.wait(6000, 600.0) == pytest.approx(9000 / m.rate + tp.MARGIN_S)
