@@ -722,7 +722,8 @@ function chargeTokens(r, v, env) {
     }
     parts = spec.split(' ');
     limit = Number(parts[1]);
-    who = parts[2] === 'principal' ? v.perimeter_principal : r.remoteAddress;
+    who = parts[2] === 'principal' ? v.perimeter_principal
+        : (parts[2] === 'token' ? v.perimeter_jwt_principal : r.remoteAddress);
     // over the whole budget never fits: counted as limit + 1 (a finite, exact increment)
     cost = Math.min(Math.max(1, env.tokens), limit + 1);
     v.perimeter_charged = String(cost);

@@ -142,7 +142,7 @@ class BodyCheck:
     media_regex: str = ""   # a media key in any spelling (MEDIA_KEY_REGEX): on a parse_all route,
                             # a body it does not match skips njs's walk ($perimeter_media_key 0)
     tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
-                        # tokens per minute, counted per principal or address
+                        # tokens per minute, counted per principal (a key's), token (a jwt's) or address
     envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
                         # admitted envelope njs computes (envelopeOf) and caps; "" none; with
                         # " usage=ask" a settled stream asks for its usage (askUsage)
@@ -388,7 +388,7 @@ class _Registry:
         if not d.token_zone or d.limits.tokens_per_minute is None:
             return ""
         if d.token_zone not in self.tokens:
-            who = "principal" if d.auth == "key" else "address"
+            who = {"key": "principal", "jwt": "token"}.get(d.auth, "address")
             self.tokens[d.token_zone] = Zone(
                 name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
                 note=f"audience {d.audience}, per {who}")

@@ -42,9 +42,6 @@ def refusal(plan: Plan, proxy: str) -> str:
         if proxy == "envoy" and d.limits.concurrency is not None:
             return (f"{where}: limits.concurrency per principal: Envoy holds a cluster per principal the "
                     "plan knows (API keys), none per token subject")
-        if proxy == "nginx" and d.token_zone:
-            return (f"{where}: limits.tokens_per_minute per token subject is not supported on NGINX yet "
-                    "(njs charges budgets per API-key principal)")
     if plan.grpc is not None:
         for d in plan.grpc.allowed:
             if d.auth == "jwt":

@@ -69,3 +69,26 @@ def test_verify_keys_tokens_and_open_side_by_side(tmp_path: Path, proxy: str) ->
     assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
     assert {c.status for c in res.coverage if c.check == "identity"} == {"proved"}
     assert {c.status for c in res.coverage if c.check == "rate"} == {"proved"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_verify_token_budget_per_token_principal(tmp_path: Path, proxy: str) -> None:
+    """The people audience with a token budget (limits.tokens_per_minute): charged and settled per
+    token principal, another principal's budget its own (about 200-270 s a proxy: token pacing)."""
+    from scanner import verify
+    from scanner.inventory.catalog import load_ref
+    from scanner.policy.load import load
+
+    text = (Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text().replace(
+        "      timeout_s: 60\n", "      timeout_s: 60\n      tokens_per_minute: 2000\n", 1)
+    assert "tokens_per_minute" in text
+    (tmp_path / "policy.yaml").write_text(text)
+    Issuer.new().write_jwks(tmp_path / "jwks.json")
+    options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=600)
+    (run,) = verify.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
+                        keys_per_role=2)
+    res = run.result
+    assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
+    assert {c.status for c in res.coverage if c.check == "token-budget"} == {"proved"}
