@@ -556,6 +556,8 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
     finally:
         for s in (sender, *others):
             await s.aclose()
+    if broken and not reason:   # a check that could not generate its cases: partial, never a pass
+        reason = f"check {broken[0].check} failed: {broken[0].message}"
     results, changed = run.finals(records)
     for a in changed:
         yield Witnessed(a)

@@ -92,3 +92,15 @@ def test_verify_token_budget_per_token_principal(tmp_path: Path, proxy: str) -> 
     res = run.result
     assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
     assert {c.status for c in res.coverage if c.check == "token-budget"} == {"proved"}
+
+
+def test_a_check_that_cannot_generate_makes_the_run_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check failing in its subjects or cases (a bug) never leaves the run passing: exit 3."""
+    from scanner.probe.checks import identity
+
+    def broken(self: object, ctx: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(identity.Identity, "generate", broken)
+    res = _run(tmp_path, "envoy", checks=("identity",))
+    assert res.exit_code() == 3 and "check identity failed" in res.reason
