@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,18 @@ class NginxBuild:
     name: str
     binary: str
     njs_module: str = ""   # load_module path; "" when njs is built in
+
+
+@functools.cache
+def built_in_njs(binary: str) -> str:
+    """The njs version built into ``binary`` (``nginx -V``: ``--add-module=njs-0.9.9/nginx``); ""
+    when it names none."""
+    try:
+        done = subprocess.run([binary, "-V"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r"njs-([0-9]{1,3}(?:\.[0-9]{1,3}){1,2})/", done.stderr + done.stdout)
+    return found.group(1) if found else ""
 
 
 def static_build() -> NginxBuild | None:
@@ -61,6 +76,8 @@ def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] 
         extra["user"] = "root"
     if build.njs_module:
         extra["njs_module"] = build.njs_module
+    elif "njs" not in extra and built_in_njs(build.binary):
+        extra["njs"] = built_in_njs(build.binary)   # what the config may use (js_fetch_keepalive: 0.9)
     options = GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
                               error_log=str(run / "error.log"), extra=extra)
     config = NginxGenerator().render(plan, options)
