@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import statistics
 import sys
 import tempfile
 import time
