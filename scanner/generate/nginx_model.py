@@ -479,7 +479,7 @@ def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _zone_key(auth: str) -> str:
-    return {"key": "$perimeter_principal", "jwt": "$perimeter_jwt_principal"}.get(auth, "$binary_remote_addr")
+    return {"key": "$perimeter_principal", "jwt": "$perimeter_jwt_who"}.get(auth, "$binary_remote_addr")
 
 
 def _profile(d: Decision) -> tuple[object, ...]:

@@ -56,7 +56,7 @@ def test_nginx_config_deterministic_and_refusals(tmp_path: Path) -> None:
     b = gen.render(plan, GenerateOptions(output_dir=str(tmp_path / "a")))
     assert [f.content for f in a.files] == [f.content for f in b.files]
     http = next(f.content for f in a.files if f.name.endswith("http.conf"))
-    assert "js_content perimeter.jwt;" in http and "limit_req_zone $perimeter_jwt_principal" in http
+    assert "js_content perimeter.jwt;" in http and "limit_req_zone $perimeter_jwt_who" in http
     assert "location @perimeter_jwt_" in http
     # Ed25519 keys under an allowlist with EdDSA: njs cannot verify them, exit 2 naming why
     from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -91,3 +91,15 @@ def test_kubernetes_bundle_mounts_the_jwks_for_envoy(tmp_path: Path) -> None:
     assert mounts[str(tmp_path / "jwks.json")]["subPath"] == k8s.JWKS_ITEM + "people"
     _config, bundle = render("nginx", policy)
     assert k8s.JWKS_ITEM + "people" not in secret_data(docs(bundle)["secret.yaml"])
+
+
+def test_nginx_jwt_config_has_no_gixy_findings(tmp_path: Path) -> None:
+    """gixy on a config with auth: jwt routes: the token's principal reaches a header and the zone
+    keys only through a map that admits claim characters (no header splitting)."""
+    from tests.generate.test_gixy import findings
+    from tests.probe.realproxy import proxy_named
+
+    proxy = proxy_named("nginx")
+    conf = proxy.write(_plan(tmp_path), tmp_path / "out")
+    main = next(conf.rglob("nginx.conf"))
+    assert findings(main) == []
