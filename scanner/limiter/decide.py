@@ -25,6 +25,7 @@ at the bucket's size.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -102,17 +103,19 @@ def new_slot() -> str:
 
 
 async def acquire(redis: Redis, config: LimiterConfig, calls: Sequence[Call], slot: str = "") -> Verdict:
-    """Take every call's zone in order; stop at the first refusal (see the module docstring)."""
+    """Take every call's zone as if in order, stopping at the first refusal (see the module
+    docstring). The zones are asked at once (one round trip's time, not one per zone); what a
+    zone after the first refusal took is given back, so the outcome is the ordered one."""
     zones = [(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost)) for c in calls]
     slot = keys.checked("slot", slot) if slot else new_slot()
-    done: list[Status] = []
-    for zone, key, cost in zones:
-        status = await _one(redis, zone, key, cost, slot)
-        done.append(status)
-        if not status.admitted:
-            await _undo(redis, zones[:len(done) - 1], slot)
-            break
-    done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
+    answers = list(await asyncio.gather(*(_one(redis, z, k, c, slot) for z, k, c in zones)))
+    first = next((i for i, s in enumerate(answers) if not s.admitted), None)
+    if first is None:
+        return Verdict(tuple(answers), slot)
+    later = zip(zones[first + 1:], answers[first + 1:], strict=True)
+    after = [(z, k, c) for (z, k, c), s in later if s.admitted]
+    await asyncio.gather(_undo(redis, zones[:first], slot), _undo(redis, after, slot, rates=True))
+    done = [*answers[:first + 1], *(Status(z, True, 0, evaluated=False) for z, _k, _c in zones[first + 1:])]
     return Verdict(tuple(done), slot)
 
 
@@ -133,12 +136,16 @@ def _retry_after(zone: RateZone | TokenZone, wait_s: float | None) -> int:
     return max(1, math.ceil(wait_s))
 
 
-async def _undo(redis: Redis, taken: Sequence[tuple[Zone, str, int]], slot: str) -> None:
+async def _undo(redis: Redis, taken: Sequence[tuple[Zone, str, int]], slot: str, rates: bool = False) -> None:
+    """Give back what ``taken`` holds: slots and token reservations; with ``rates`` rate tokens too
+    (a zone the ordered walk would not have reached)."""
     for zone, key, cost in taken:
         if isinstance(zone, ConcurrencyZone):
             await store.release(redis, zone, key, slot)
         elif isinstance(zone, TokenZone):
             await store.give(redis, zone, key, min(cost, zone.per_minute + 1))
+        elif rates:
+            await store.give(redis, zone, key, cost)
 
 
 async def release(redis: Redis, config: LimiterConfig, zone_names: Sequence[str], key: str,

@@ -112,7 +112,7 @@ async def take(redis: Redis, zone: RateZone | TokenZone, key: str, n: int) -> Ta
     return Taken(ok == 1, left, None if wait_us < 0 else wait_us / 1e6)
 
 
-async def give(redis: Redis, zone: TokenZone, key: str, n: int) -> Taken:
+async def give(redis: Redis, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
     """Give ``n`` back to ``key``'s bucket of ``zone`` (capped at the bucket's size)."""
     _ok, left, _wait = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
                                   (zone.per_second, zone.capacity, n, "give"))

@@ -241,3 +241,27 @@ def test_more_calls_in_flight_than_connections(redis_server: ManagedProcess) -> 
             await client.aclose()
 
     assert asyncio.run(go()).count(True) == 50
+
+
+def test_a_refusal_gives_back_what_later_zones_took(redis_server: ManagedProcess) -> None:
+    """The zones are asked at once; the outcome is the ordered one: a request refused for its rate
+    holds no slot and is charged no tokens (what those zones took is given back)."""
+    from scanner.limiter import config as zones_config
+    from scanner.limiter import decide
+    from tests.limiter.harness import ZONES, run
+
+    config = zones_config.parse(ZONES)
+    key = "ordered"
+
+    async def main(redis: Redis) -> tuple[bool, bool, tuple[bool, ...]]:
+        for _ in range(4):                             # burst 3: 4 at once, then the rate
+            assert (await decide.acquire(redis, config, [decide.Call("rate:2/3", key)])).admitted
+        refused = await decide.acquire(redis, config, [decide.Call("rate:2/3", key), decide.Call("conc:2", key),
+                                                        decide.Call("tokens:600", key, 500)], "s1")
+        assert refused.refusal is not None and refused.refusal.zone.name == "rate:2/3"
+        whole = await decide.acquire(redis, config, [decide.Call("conc:2", key),
+                                                      decide.Call("tokens:600", key, 600)], "s2")
+        other = await decide.acquire(redis, config, [decide.Call("conc:2", key)], "s3")
+        return whole.admitted, other.admitted, tuple(s.evaluated for s in refused.statuses)
+
+    assert run(main, redis_server) == (True, True, (True, False, False))
