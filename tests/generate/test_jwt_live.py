@@ -135,11 +135,11 @@ def test_valid_token_reaches_upstream_without_token(live: Live) -> None:
     issuer = live.setup.issuer
     assert issuer is not None
     t = _audience(live)
-    for signer in (issuer.rsa, issuer.ec):
-        token = signer.sign(tokens_jwt.valid_claims(t, "user", "bob@example.com"))
-        probe = f"jwt-ok-{signer.alg}"
+    for signer, alg in ((issuer.rsa, "RS256"), (issuer.rsa, "PS256"), (issuer.ec, "ES256")):
+        token = signer.sign(tokens_jwt.valid_claims(t, "user", "bob@example.com"), alg=alg)
+        probe = f"jwt-ok-{alg}"
         r = _send(live, token, probe)
-        assert r.status_code == 200, (signer.alg, r.status_code, r.headers.get(REASON_HEADER))
+        assert r.status_code == 200, (alg, r.status_code, r.headers.get(REASON_HEADER))
         (record,) = _witnessed(live, probe)
         headers = {k.lower(): v for k, v in dict(record["headers"]).items()}   # type: ignore[call-overload]
         assert "authorization" not in headers
