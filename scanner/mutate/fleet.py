@@ -17,8 +17,9 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import scanner.mutate.envoy as envoy
+import scanner.mutate.nginx as nginx
 from scanner.generate.shared import ZONES_FILE
-from scanner.mutate import envoy, nginx
 from scanner.mutate.core import NotApplicable, Operator, register
 from scanner.plan.model import Plan
 
