@@ -48,6 +48,7 @@ from scanner.probe.interface import (
     Vantage,
     Witnessed,
 )
+from scanner.probe.owned import sealed_target
 from scanner.probe.pace import (
     FREE,
     Bound,
@@ -507,7 +508,9 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
         except Exception as exc:  # a bug in one check: the others still run
             broken.append(Errored(chk.id, f"{type(exc).__name__}: {exc}"))
     spread = balance(plan, [c for _k, c in items], ctx.credentials, ctx.source_address)
-    items = [(chk, c) for (chk, _c), c in zip(items, spread, strict=True)]
+    # (a case naming a stored response, responses: owned: its id sealed for the key it went to)
+    items = [(chk, c if chk.id == "ownership" else sealed_target(ctx, c))
+             for (chk, _c), c in zip(items, spread, strict=True)]
     schedule = _Schedule(ctx, [c for _k, c in items], options, t0)
     b = schedule.bound
     yield Started(target=target.base_url, plan_digest=plan.digest, policy=plan.policy_name,

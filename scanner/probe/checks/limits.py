@@ -478,8 +478,9 @@ class Limits(BaseCheck):
         elif rules.unknown == "strip" and ctx.witness:
             yield out.case("fields", "allow", (), out.json({UNKNOWN_FIELD: "probe-x1"}),
                            "a field the policy does not name, to be stripped")
+        # (a field naming a stored response under responses: owned: the ownership check's)
         skip = {*d.limits.json_caps, *(d.budget.fields if d.budget else ()), *out.base,
-                *(k for k, n in d.fields.counts.items() if n < 1)}
+                *(k for k, n in d.fields.counts.items() if n < 1), *d.owner_fields}
         allowed = {f: "probe-x1" for f in rules.names("allow") if f not in skip}
         if allowed and rules.unknown != "pass":   # over-blocking: every field it allows passes
             yield out.case("fields", "allow", (), out.json(allowed),

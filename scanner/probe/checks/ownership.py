@@ -29,6 +29,7 @@ from scanner.probe.coverage import Subject, na
 from scanner.probe.expect import ALLOW, Expectation
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Credential, Finding, Vantage
+from scanner.probe.owned import principal_of
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
 PROBE_ID = "resp_probe-owned-1"       # never a vLLM id (resp_ + 16 hex): no tenant's response
@@ -43,13 +44,6 @@ RESP = re.compile(r'"(resp_[A-Za-z0-9_.:~-]+)"')    # any response-id-like strin
 
 def routes(ctx: CheckContext) -> list[Decision]:
     return [d for d in ctx.plan.allowed if d.owned and d.kind == "http"]
-
-
-def principal_of(ctx: CheckContext, cred: Credential) -> str:
-    """The principal the perimeter names for ``cred`` ("" unknown)."""
-    if cred.kind == "token":
-        return cred.principal
-    return next((p.name for p in ctx.plan.principals if p.fingerprint == cred.fingerprint), "")
 
 
 def pair(ctx: CheckContext, d: Decision) -> tuple[Credential, Credential, Vantage] | None:
