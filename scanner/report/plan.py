@@ -31,6 +31,9 @@ def _limits(d: Decision) -> str:
         parts.append("fields:" + ",".join(f"{m}{n}" for m, n in named.items()) + f",other={d.fields.unknown}")
     if d.salt:
         parts.append(f"cache_salt:per-{d.salt}")
+    if d.owned:
+        parts.append("owned:" + ",".join([*([f"{{{d.owner_param}}}"] if d.owner_param else []),
+                                          *d.owner_fields, *(["sealed"] if d.owner_seal else [])]))
     m = d.media
     if m.active:
         urls = f"allow({len(m.domains)} hosts)" if m.urls == "allow" and m.domains else m.urls
@@ -72,6 +75,10 @@ def to_table(plan: Plan, width: int = 140) -> str:
     if plan.unnamed_fields:
         console.print(f"request fields no rule names (their route's `unknown` decides): "
                       f"{'; '.join(plan.unnamed_fields)}")
+    if plan.body.owned:
+        console.print(f"responses: owned (every response id handed out sealed to its principal, "
+                      f"HMAC-SHA256 of the secret in {plan.body.responses_secret_file}; another's: "
+                      "403 not-owner; docs/ownership.md)")
     if plan.body.salted:
         console.print(f"cache_salt: {plan.body.cache_salt} (HMAC-SHA256 of the secret in "
                       f"{plan.body.cache_salt_secret_file}; written over any client's on JSON bodies)")
