@@ -30,8 +30,8 @@ file under ``kubernetes/`` (``kubectl apply -f DIR/kubernetes/``):
     ``examples/nightly/audit-cronjob.yaml``.
 
 Files the proxy opens that ``generate`` does not make (TLS certificates and keys named in the
-policy) come from a Secret the user creates, ``<name>-tls``, one key per role
-(:data:`TLS_KEYS`), each mounted at the policy's path. Output is deterministic.
+policy, and the ``responses: owned`` secret) come from a Secret the user creates, ``<name>-tls``,
+one key per role (:data:`TLS_KEYS`), each mounted at the policy's path. Output is deterministic.
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ PROXIES: Mapping[str, Proxy] = {
 # Files the policy names that the proxy opens at run time, by the key they take in <name>-tls.
 TLS_KEYS = {"listen.tls.cert": "listen.crt", "listen.tls.key": "listen.key",
             "upstream.tls.ca": "upstream-ca.crt", "upstream.tls.client_cert": "upstream-client.crt",
-            "upstream.tls.client_key": "upstream-client.key"}
+            "upstream.tls.client_key": "upstream-client.key",
+            # responses: owned: the HMAC secret both proxies read at run time (docs/ownership.md)
+            "body.responses_secret_file": "responses-secret"}
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")          # + "-proxy-secret" <= 63
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -298,7 +300,8 @@ def _mounted(plan: Plan, proxy: str, names: Names) -> tuple[Mounted, ...]:
              "listen.tls.key": listen_tls.key if listen_tls else None,
              "upstream.tls.ca": up_tls.ca if up_tls and plan.upstream.use_tls else None,
              "upstream.tls.client_cert": up_tls.client_cert if up_tls and plan.upstream.use_tls else None,
-             "upstream.tls.client_key": up_tls.client_key if up_tls and plan.upstream.use_tls else None}
+             "upstream.tls.client_key": up_tls.client_key if up_tls and plan.upstream.use_tls else None,
+             "body.responses_secret_file": plan.body.responses_secret_file if plan.body.owned else None}
     for role, path in roles.items():
         if path:
             out.setdefault(_absolute(role, path), Mounted(_absolute(role, path), names.tls, TLS_KEYS[role]))

@@ -648,3 +648,18 @@ def test_dumper_keeps_content_exact() -> None:
     assert yaml.safe_load(k8s.dump({"m": k8s.Mode(0o440)})) == {"m": 0o440}
     assert "m: 0440" in k8s.dump({"m": k8s.Mode(0o440)})
     assert replace(k8s.Settings(), replicas=2).check().replicas == 2
+
+
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_the_responses_secret_is_mounted_from_the_users_secret(tmp_path: Path, proxy: str) -> None:
+    """responses: owned: the proxy reads the secret at run time; the bundle mounts it at the
+    policy's path from the <name>-tls Secret the user creates, never writing it anywhere."""
+    pol = policy(tmp_path)
+    pol = replace(pol, body=replace(pol.body, responses="owned", responses_secret_file="/run/secrets/responses"))
+    _config, bundle = render(proxy, pol)
+    assert_valid(bundle)
+    spec = pod_spec(docs(bundle)["deployment.yaml"])
+    mounts = [m for c in spec["containers"] for m in c["volumeMounts"]]
+    assert {"name": "tls", "mountPath": "/run/secrets/responses", "subPath": "responses-secret",
+            "readOnly": True} in mounts, mounts
+    assert "responses-secret" not in secret_data(docs(bundle)["secret.yaml"])
