@@ -715,7 +715,8 @@ function retryAfter(now, prev, used, cost, limit) {
 // left of it, plus this minute's) stays within the limit, else refunded and refused (429). true:
 // admitted; false: answered.
 function chargeTokens(r, v, env) {
-    var spec = v.perimeter_tokens;
+    // a fleet's replica deciding alone (on_unavailable: local): its share of the budget
+    var spec = v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
     var parts, limit, who, cost, dict, now, win, key, prev, used;
     if (!spec) {
         return true;
@@ -790,6 +791,11 @@ function acquire(r, v, cost) {
         return null;
     }).then(function (a) {
         if (a === null || typeof a !== 'object' || typeof a.allow !== 'boolean') {
+            if (v.perimeter_local_up) {     // on_unavailable: local: this proxy's share decides
+                v.perimeter_fallback = '1';
+                r.internalRedirect(v.perimeter_local_up);
+                return false;
+            }
             v.perimeter_reason = 'shared-store-unavailable';
             r.internalRedirect('@perimeter_shared_503');
             return false;
@@ -809,6 +815,7 @@ function acquire(r, v, cost) {
 // route's named location ($perimeter_up: its body fast path, or the proxying location).
 function limit(r) {
     var v = r.variables;
+    v.perimeter_onward = 'up';
     return acquire(r, v, null).then(function (ok) {
         if (ok) {
             r.internalRedirect(v.perimeter_up);
@@ -818,6 +825,16 @@ function limit(r) {
         v.perimeter_reason = 'shared-store-unavailable';
         r.internalRedirect('@perimeter_shared_503');
     });
+}
+
+// js_content of the local share's location (on_unavailable: local, the limiter undecided): its
+// limit_req / limit_conn passed; on to what the limiter would have let the request go on to.
+function onward(r) {
+    var v = r.variables;
+    if (v.perimeter_onward === 'direct') {
+        return direct(r);             // the exact check again, its tokens charged to the local share
+    }
+    r.internalRedirect(v.perimeter_up);
 }
 
 // post_action: a held slot released, an unused reservation ($perimeter_refund) given back. The
@@ -851,7 +868,7 @@ function after(r) {
 // of the route, with the cost), then `then`. Returns the limiter's promise, if it was asked.
 function admit(r, v, env, then) {
     var cost;
-    if (!v.perimeter_shared) {
+    if (!v.perimeter_shared || v.perimeter_fallback === '1') {
         if (chargeTokens(r, v, env)) {
             then();
         }
@@ -865,6 +882,7 @@ function admit(r, v, env, then) {
             return z.indexOf('tokens:') === 0;
         })[0] + ' ' + cost + ' -';
     }
+    v.perimeter_onward = 'direct';
     return acquire(r, v, cost).then(function (ok) {
         if (ok) {
             then();
@@ -1120,7 +1138,8 @@ function settle(r, data, flags) {
         answer = null;
         if (s.usage !== null && s.settled) {
             r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
-            if (r.variables.perimeter_shared) {   // the limiter's reservation: post_action settles it
+            if (r.variables.perimeter_shared && r.variables.perimeter_fallback !== '1') {
+                // the limiter's reservation: post_action settles it
                 r.variables.perimeter_refund = String(Math.max(0, s.cost - s.usage[0] - s.usage[1]));
             } else {
                 giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
@@ -1417,4 +1436,4 @@ function jwt(r) {
         });
 }
 
-export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after};
+export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after, onward};

@@ -47,7 +47,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scanner import patterns
 from scanner.errors import GenerateError
@@ -183,6 +183,14 @@ class Block:
     # the client address) then the route's zones in the limiter's order; "" none
     shared: str = ""
     shared_up: str = ""         # a route without a body check: the named location proxying it
+    # on_unavailable: local: the named location holding this proxy's share of the route's limits
+    # (the plan's, Plan.shared.local_limits), where njs sends a request the limiter cannot decide
+    local_up: str = ""
+    local_rate_zone: str = ""
+    local_burst: int = 0
+    local_conn_zone: str = ""
+    local_conn: int = 0
+    local_tokens: str = ""      # the share's token spec (BodyCheck.tokens' form); "" none
 
 
 @dataclass(frozen=True)
@@ -507,6 +515,11 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     shared = _shared_spec(plan, d)
     rate_zone = None if shared else reg.rate_zone(d)     # the limiter's, not a local zone
     conn_zone = None if shared else reg.conn_zone(d)
+    own = None    # on_unavailable: local: the route as this proxy limits it alone (the plan's share)
+    if shared and plan.shared is not None and plan.shared.on_unavailable == "local":
+        own = replace(d, limits=plan.shared.local_limits(d))
+    own_rate = reg.rate_zone(own) if own else None
+    own_conn = reg.conn_zone(own) if own else None
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
@@ -526,6 +539,12 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         check=check,
         websocket=websocket, up=up,
         shared=shared, shared_up=f"{up}_shared" if shared and check is None else "",
+        local_up=f"{up}_local" if own else "",
+        local_rate_zone=own_rate.name if own_rate else "",
+        local_burst=own.limits.rate.burst if own and own.limits.rate else 0,
+        local_conn_zone=own_conn.name if own_conn else "",
+        local_conn=own.limits.concurrency or 0 if own else 0,
+        local_tokens=reg.token_zone(own) if own and own.token_zone else "",
         rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
                                        or bool(rules.pins) or check.envelope.endswith(" usage=ask")
                                        or bool(owner)
@@ -547,8 +566,7 @@ def _shared_spec(plan: Plan, d: Decision) -> str:
 
 def _limiter(plan: Plan) -> str:
     """The limiter's HTTP door for njs's ngx.fetch ("" without shared:). ngx.fetch resolves no
-    names here (no resolver): the limiter must be given as an IP address; under on_unavailable:
-    local NGINX has no fallback yet (Envoy has)."""
+    names here (no resolver): the limiter must be given as an IP address."""
     s = plan.shared
     if s is None:
         return ""
@@ -558,9 +576,6 @@ def _limiter(plan: Plan) -> str:
     except ValueError:
         raise GenerateError(f"nginx generator: shared.limiter {host!r} must be an IP address (njs's "
                             "ngx.fetch resolves no names here); give the limiter's address") from None
-    if s.on_unavailable != "deny":
-        raise GenerateError("nginx generator: shared.on_unavailable: local is generated for Envoy only "
-                            "(NGINX has no local fallback for the shared limits yet); use deny")
     return s.limiter_url
 
 

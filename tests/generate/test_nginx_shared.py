@@ -48,7 +48,7 @@ def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path)
     assert http.count("post_action @perimeter_after;") >= len(specs)
     assert "location @perimeter_after {" in http and "location @perimeter_shared_503 {" in http
     njs = files["perimeter.js"]
-    assert re.search(r"export default \{[^}]*\blimit, after\};", njs)
+    assert re.search(r"export default \{[^}]*\blimit, after, onward\};", njs)
     assert files["limiter-zones.json"] and files["ratelimit-config.yaml"]
     assert _files(plan) == files                                        # deterministic
 
@@ -61,7 +61,6 @@ def test_without_shared_nothing_changes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"on_unavailable": "local"}, "on_unavailable: local is generated for Envoy only"),
     ({"limiter": ("limiter.perimeter.svc", 8081)}, "must be an IP address"),
 ])
 def test_what_nginx_cannot_take_is_a_generate_error(tmp_path: Path, change: dict[str, object],
@@ -71,13 +70,23 @@ def test_what_nginx_cannot_take_is_a_generate_error(tmp_path: Path, change: dict
         _files(plan)
 
 
+def test_local_keeps_each_routes_share_for_the_limiter_undecided(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "local")
+    http = _files(plan)["perimeter-http.conf"]
+    share = plan.shared.local["rate:inference:key:4/5"]   # type: ignore[union-attr]
+    assert share.burst == 2 and "burst=2 nodelay;" in http                     # type: ignore[union-attr]
+    assert re.search(r"location @perimeter_up_\d+_\d+_local \{\n\s+limit_req zone=perimeter_rate_\d+ burst=2 "
+                     r"nodelay;\n\s+limit_conn perimeter_conn_\d+ 1;\n\s+js_content perimeter.onward;", http)
+    assert re.search(r'set \$perimeter_local_tokens "t\d+ 1000 principal";', http)   # 2000 / 2
+
+
 @pytest.mark.nginx
-@pytest.mark.parametrize("which", ["static", "debian"])
-def test_nginx_takes_it(tmp_path: Path, which: str) -> None:
+@pytest.mark.parametrize(("which", "mode"), [("static", "deny"), ("debian", "deny"), ("static", "local")])
+def test_nginx_takes_it(tmp_path: Path, which: str, mode: str) -> None:
     build = nginx.static_build() if which == "static" else nginx.debian_build()
     if build is None:
         pytest.skip(f"no {which} NGINX")
-    plan = _plan(tmp_path)
+    plan = _plan(tmp_path, mode)
     if which == "debian":   # njs 0.7.9: no token budgets (js_shared_dict_zone needs 0.8): rate and slots
         plan = replace(plan, decisions=tuple(
             replace(d, limits=replace(d.limits, tokens_per_minute=None)) for d in plan.decisions))

@@ -43,6 +43,7 @@ class FleetStack:
     def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
                  tokens: bool = True) -> None:
         redis_binary()    # skipped (or failed on CI) without redis-server
+        self.proxy = proxy.kind
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
         inventory = load_ref(CATALOG)
         up = free_port()

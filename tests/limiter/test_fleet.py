@@ -85,16 +85,16 @@ def test_redis_stopped_the_fleet_denies_503(stack: FleetStack) -> None:
     assert stack.call(1)[:2] == (503, "shared-store-unavailable")
 
 
-@pytest.fixture(scope="module")
-def local_stack() -> Iterator[FleetStack]:
-    s = FleetStack(proxy_named("envoy"), on_unavailable="local")
+@pytest.fixture(scope="module", params=[pytest.param("envoy", marks=pytest.mark.envoy),
+                                        pytest.param("nginx", marks=pytest.mark.nginx)])
+def local_stack(request: pytest.FixtureRequest) -> Iterator[FleetStack]:
+    s = FleetStack(proxy_named(request.param), on_unavailable="local")
     try:
         yield s.start()
     finally:
         s.stop()
 
 
-@pytest.mark.envoy
 def test_redis_stopped_each_replica_keeps_its_share(local_stack: FleetStack) -> None:
     """on_unavailable: local: the rate of 4 r/s burst 5 becomes 2 r/s burst 2 per replica (the
     plan's share): the fleet admits some, never more than the policy, and refuses the rest with
@@ -108,3 +108,13 @@ def test_redis_stopped_each_replica_keeps_its_share(local_stack: FleetStack) -> 
     assert {0, 1} <= set(admitted), answers           # each replica admits its share
     assert len(admitted) <= BURST + 1, answers        # the fleet never more than the policy
     assert {a[:2] for a in answers if a[0] != 200} == {(429, "rate")}, answers
+    # a token route decided alone too: its body checked again, charged to the local share
+    time.sleep(1.0)
+    assert stack.call(1, "POST", "/v1/chat/completions", chat(10))[0] == 200
+    if stack.proxy == "nginx":   # (Envoy's share is a circuit breaker: a second request waits)
+        held = [stack.open(0, "POST", "/v1/chat/completions", chat(300, stream=True)) for _ in range(2)]
+        # 2 at once for the fleet: 1 per replica alone; the second on one replica is refused
+        assert [h.status for h in held] == [200, 429]
+        for h in held:
+            h.read()
+            h.close()
