@@ -148,6 +148,9 @@ class Ownership(BaseCheck):
     def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
         if case.expected != "allow" or attempt.verdict != "proved":
             return attempt
+        if case.read_answer and attempt.status != 200:   # (an engine-less vLLM's 500, say)
+            return replace(attempt, verdict="inconclusive",
+                           why=f"no stored response was created (status {attempt.status}): no id to check")
         why = (self._answer_why(ctx, case, attempt) if case.read_answer
                else self._upstream_why(ctx, case, attempt))
         return replace(attempt, verdict="failed", why=why) if why else attempt
