@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,12 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     inventory = load_ref("vllm-0.29.0-everything")
     port = free_port()
     s = verify.setup(inventory, unpaced(policy), tmp, port)
+    # a secret longer than HMAC-SHA256's 64-byte block: the key is hashed first (njs's crypto,
+    # Lua's own HMAC and Python's must agree on that too)
+    secret = secrets.token_urlsafe(75)
+    assert s.plan.body.responses_secret_file and len(secret) > 64
+    Path(s.plan.body.responses_secret_file).write_text(secret + "\n")
+    s = replace(s, owner_secret=secret)
     creds = {c.label: c for c in s.credentials}
     names = tuple(p.name for p in s.plan.principals if p.role in ("user", "service"))
     directory = tmp / "proxy"
