@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -67,6 +68,7 @@ class FleetStack:
     def stop(self) -> None:
         self.fleet.stop()
         self.standin.__exit__(None, None, None)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def open(self, replica: int, method: str = "GET", path: str = "/v1/models",
              body: dict[str, object] | None = None, who: Credential | None = None) -> http.client.HTTPResponse:
