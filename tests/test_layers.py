@@ -1,8 +1,8 @@
 """The package's shape: no import cycle, and no module importing one of a later stage.
 
 Stages, in the order data flows (a module may import its own stage and earlier ones):
-the shared vocabularies, inventory, policy, plan, limiter, generate, runtime, standin, probe, netscan,
-documents, evidence, audit, mutate, verify, demo, report, cli.
+the shared vocabularies, inventory, policy, limiter (the shared store's zones, which the plan decides), plan, generate, runtime, standin, probe, netscan,
+documents, evidence, audit, mutate, verify, verify_fleet, demo, report, cli.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "output", "resources",
         "state_changing")
-STAGES = (*BASE, "inventory", "policy", "plan", "limiter", "generate", "runtime", "standin", "probe", "netscan",
-          "documents", "evidence", "audit", "mutate", "verify", "demo", "report", "cli")
+STAGES = (*BASE, "inventory", "policy", "limiter", "plan", "generate", "runtime", "standin", "probe", "netscan",
+          "documents", "evidence", "audit", "mutate", "verify", "verify_fleet", "demo", "report", "cli")
 
 
 def _modules() -> dict[str, Path]:

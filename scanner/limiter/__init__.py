@@ -37,7 +37,7 @@ the service never answers "allow" without Redis's word, and a proxy never admits
   ``RLSE`` response flag adding the reason (tests/limiter/test_envoy.py). njs: a 503 answer or
   a failed ``ngx.fetch`` is a 503 with the reason.
 * ``local`` (design): while Redis is down each proxy enforces today's local limits with every
-  value divided by the replica count (``zones.local_share``: rounded down, at least 1), so the
+  value divided by the replica count (``scanner.plan.zones.local_share``: rounded down, at least 1), so the
   fleet admits at most the policy. njs: on the service's 503 it continues through the local
   path the generators render today (``limit_req`` zones and the shared dict, with the shares'
   values) instead of the shared one; a limiter that does not answer counts as unavailable.

@@ -12,9 +12,9 @@ from scanner.errors import PerimeterError, PlanError
 from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
-from scanner.limiter import zones as limiter_zones
 from scanner.limiter.config import ConcurrencyZone, RateZone, Zone
 from scanner.plan import output_default, owner
+from scanner.plan import zones as limiter_zones
 from scanner.plan.envelope import EnvelopeSpec, named_at
 from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan

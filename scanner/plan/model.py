@@ -452,7 +452,7 @@ class SharedPlan:
     """The fleet's shared limits (policy ``shared:``), decided once: every rate, concurrency and
     token-budget zone of the plan lives in the limiter (``zones``: the zones file ``generate``
     writes and ``vllm-perimeter limiter --zones`` reads), and each zone's per-proxy share
-    (``local``: every value divided by ``replicas``, scanner.limiter.zones.local_share), which
+    (``local``: every value divided by ``replicas``, scanner.plan.zones.local_share), which
     a proxy enforces on its own under ``on_unavailable: local`` while the store cannot be
     reached. The generators render from this and nothing else."""
 
@@ -473,7 +473,7 @@ class SharedPlan:
     def route_zones(self, d: Decision) -> tuple[str, ...]:
         """The shared zones a request of ``d`` is taken through, in the limiter's order (rate,
         concurrency, tokens)."""
-        from scanner.limiter.zones import route_zones  # that module reads this one
+        from scanner.plan.zones import route_zones  # that module reads this one
 
         return tuple(z for z in route_zones(d) if z in self.zones.zones)
 

@@ -1,5 +1,5 @@
 """The zones file from the bundled policy's plan, a route's zones, the local fallback's share
-(scanner/limiter/zones.py)."""
+(scanner/plan/zones.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from scanner.inventory.model import Inventory, Route, Source
-from scanner.limiter import config, zones
+from scanner.limiter import config
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
+from scanner.plan import zones
 from scanner.plan.build import build
 from scanner.policy.load import loads
 
