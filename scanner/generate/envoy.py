@@ -163,10 +163,15 @@ class EnvoyGenerator:
 
 
 def runtime_files(model: Model) -> tuple[RuntimeFile, ...]:
-    """What Envoy opens at run time: the key hashes and, with ``upstream.api_key_file``, vLLM's key."""
+    """What Envoy opens at run time: the key hashes, with ``upstream.api_key_file`` vLLM's key, and
+    the JWKS of each auth "jwt" audience (local_jwks by name)."""
     out = [RuntimeFile(model.keys_file, PRINCIPALS, "key hashes",
                        "0600, readable by Envoy's user; read when Envoy starts")]
     if model.upstream_key_file:
         out.append(RuntimeFile(model.upstream_key_file, "", "vLLM's API key (upstream.api_key_file)",
                                "0600, readable by Envoy's user; read when Envoy starts"))
+    for p in model.jwt_providers:
+        if not p.remote_jwks:
+            out.append(RuntimeFile(p.jwks_file, "", f"the JWKS of {p.name} (jwt.jwks_file: public keys)",
+                                   "readable by Envoy's user; read when Envoy loads the config"))
     return tuple(out)
