@@ -116,7 +116,7 @@ class AudienceDoc(_Doc):
     kind: Literal["end-user", "service", "operator", "monitoring", "none"]
     networks: list[str] = []
     roles: list[str] = []
-    auth: Literal["key", "none", "jwt"] | None = None
+    auth: Literal["key", "none", "jwt", "cert"] | None = None
     jwt: JwtDoc | None = None
     limits: LimitsDoc | None = None
     fields: FieldsDoc | None = None
@@ -127,7 +127,12 @@ class AudienceDoc(_Doc):
 class PrincipalDoc(_Doc):
     name: str = Field(min_length=1)
     role: str = Field(min_length=1)
-    key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="sha256 hex of the key, never the key")
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
+                                   description="sha256 hex of the key, never the key")
+    san: str | None = Field(default=None, description="auth cert: the client certificate's URI SAN "
+                            "(spiffe://example.org/ns/app/sa/worker)")
+    subject: str | None = Field(default=None, description="auth cert: the client certificate's subject DN "
+                                "(RFC 2253: CN=worker,O=Example)")
 
 
 class RouteRuleDoc(_Doc):
@@ -142,6 +147,9 @@ class RouteRuleDoc(_Doc):
 class TlsServerDoc(_Doc):
     cert: str
     key: str
+    client_ca: str | None = Field(default=None, description="mTLS: the CA bundle client certificates are "
+                                  "verified against (auth: cert audiences require one)")
+    verify_depth: int = Field(default=2, ge=1, le=8)
 
 
 class TlsUpstreamDoc(_Doc):
@@ -441,7 +449,7 @@ class DecisionDoc(_Doc):
     reason: str
     audience: str
     audience_kind: Literal["end-user", "service", "operator", "monitoring", "none"]
-    auth: Literal["key", "none", "jwt"]
+    auth: Literal["key", "none", "jwt", "cert"]
     roles: list[str]
     networks: list[str]
     jwt: dict[str, Any] | None = Field(default=None, description="auth jwt: the token rules and the "
@@ -473,6 +481,8 @@ class PlanDoc(_Doc):
     trusted_proxies: list[str]
     networks: dict[str, list[str]]
     principals: list[dict[str, str]]
+    cert_principals: list[dict[str, str]] = Field(default=[], description="auth cert: principals by a "
+                                                  "client certificate's URI SAN or subject")
     decisions: list[DecisionDoc]
     uncovered: list[str]
     unused_rules: list[str]

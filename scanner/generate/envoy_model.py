@@ -40,6 +40,7 @@ from scanner.generate.common import (
     upstream_tls,
 )
 from scanner.generate.interface import GenerateOptions
+from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
 from scanner.plan.model import (
@@ -769,7 +770,7 @@ def _balance(plan: Plan) -> Balance | None:
 
 def build_model(plan: Plan, options: GenerateOptions) -> Model:
     opts = EnvoyOptions.parse(options.extra)
-    why = jwt_refusal(plan, "envoy")
+    why = jwt_refusal(plan, "envoy") or cert_refusal(plan, "envoy")
     if why:
         raise GenerateError(f"envoy generator: {why}")
     for p in plan.principals:

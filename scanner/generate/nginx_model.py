@@ -63,6 +63,7 @@ from scanner.generate.common import (
 )
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
+from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
 from scanner.plan.model import (
@@ -653,7 +654,7 @@ def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
 
 def build_model(plan: Plan, options: GenerateOptions) -> Model:
     opts = NginxOptions.parse(options.extra)
-    why = jwt_refusal(plan, "nginx")
+    why = jwt_refusal(plan, "nginx") or cert_refusal(plan, "nginx")
     if why:
         raise GenerateError(f"nginx generator: {why}")
     if plan.grpc is not None:

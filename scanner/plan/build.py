@@ -58,6 +58,7 @@ def build(inventory: Inventory, policy: Policy,
     plan = Plan(
         decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
         principals=policy.principals,
+        certs=policy.certs,
         listen=policy.listen,
         upstream=policy.upstream,
         body=policy.body,
@@ -272,6 +273,10 @@ def _salt(route: Route, method: str, audience: Audience,
     per-principal on a route without keys (its anonymous clients are one tenant), the audience's."""
     if not body.salted or route.kind != "http" or method not in BODY_METHODS:
         return ""
+    if body.cache_salt == "per-principal" and audience.auth == "cert":
+        raise PlanError(f"audience {audience.name!r} (line {audience.line}): cache_salt: per-principal "
+                        "with auth: cert is not supported yet (the salts are keyed by API-key principals); "
+                        "use per-audience")
     if body.cache_salt == "per-principal" and audience.auth == "jwt":
         raise PlanError(f"audience {audience.name!r} (line {audience.line}): cache_salt: per-principal "
                         "with auth: jwt is not supported (a token's principal is known only at request "
@@ -338,6 +343,9 @@ def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> d
     if audience.auth == "none":
         raise PlanError(f"{where}: responses: owned binds stored responses to a principal; audience "
                         f"{audience.name!r} has auth: none (give it keys or tokens, or deny the route)")
+    if audience.auth == "cert":
+        raise PlanError(f"{where}: responses: owned on audience {audience.name!r} (auth: cert) is not "
+                        "supported yet: bind stored responses to key or token principals")
     chosen = audience.kind == "end-user" and audience.fields.mode("request_id") == "allow"
     if "request_id" in names and chosen:
         raise PlanError(f"{where}: responses: owned, yet audience {audience.name!r} lets clients send "

@@ -26,6 +26,7 @@ from scanner.policy.media import MediaRules
 from scanner.policy.model import (
     AudienceKind,
     BodyPolicy,
+    CertPrincipal,
     FieldRules,
     Limits,
     Listen,
@@ -213,8 +214,8 @@ class Decision:
     reason: str
     audience: str = ""
     audience_kind: AudienceKind = "none"
-    auth: Literal["key", "none", "jwt"] = "key"
-    roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key/jwt: any principal
+    auth: Literal["key", "none", "jwt", "cert"] = "key"
+    roles: tuple[str, ...] = ()     # principals' roles admitted; empty + auth=key/jwt/cert: any principal
     jwt: JwtAuth | None = None      # auth "jwt": the token rules (issuers, audiences, keys, claims)
     networks: tuple[str, ...] = ()  # CIDRs the request may come from
     limits: Limits = field(default_factory=Limits)
@@ -522,6 +523,9 @@ class Plan:
     unnamed_fields: tuple[str, ...] = ()
     grpc: GrpcPlan | None = None           # the gRPC listener's decisions (policy grpc:)
     shared: SharedPlan | None = None       # the fleet's shared limits (policy shared:)
+    # principals known by a client certificate's URI SAN or subject (auth "cert" routes); the
+    # listener verifies client certificates against listen.tls.client_ca when there is one
+    certs: tuple[CertPrincipal, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
 
     @property
@@ -591,7 +595,10 @@ class Plan:
             "inventory_hash": self.inventory_hash,
             "vllm_version": self.vllm_version,
             "listen": {"address": self.listen.address, "port": self.listen.port,
-                       "tls": bool(self.listen.tls)},
+                       "tls": bool(self.listen.tls),
+                       **({"client_ca": self.listen.tls.client_ca,
+                           "verify_depth": self.listen.tls.verify_depth}
+                          if self.listen.tls and self.listen.tls.client_ca else {})},
             "upstream": {"host": self.upstream.host, "port": self.upstream.port,
                          "servers": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
                                      for h, p in self.upstream.servers],
@@ -611,6 +618,9 @@ class Plan:
             "networks": {k: list(v) for k, v in sorted(self.networks.items())},
             "principals": [{"name": p.name, "role": p.role, "fingerprint": p.fingerprint}
                            for p in self.principals],
+            **({"cert_principals": [{"name": c.name, "role": c.role,
+                                     **({"san": c.san} if c.san else {"subject": c.subject})}
+                                    for c in self.certs]} if self.certs else {}),
             "decisions": [d.to_dict() for d in self.decisions],
             "uncovered": list(self.uncovered),
             "unused_rules": list(self.unused_rules),

@@ -15,6 +15,7 @@ import yaml
 from scanner import patterns
 from scanner.errors import ConfigError, PolicyError
 from scanner.output import read_text
+from scanner.policy.certs import MAX_VERIFY_DEPTH, read_ca_bundle, san_problem, subject_problem
 from scanner.policy.jwt import (
     ALGORITHMS,
     CLAIM_NAME,
@@ -46,6 +47,7 @@ from scanner.policy.model import (
     Audience,
     AudienceKind,
     BodyPolicy,
+    CertPrincipal,
     FieldRules,
     GrpcPolicy,
     GrpcRule,
@@ -196,8 +198,10 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
         raise top["schema_version"].fail(f"this tool reads schema_version {SCHEMA_VERSION}, not {version}")
     networks = _networks(top["networks"]) if "networks" in top else {}
     audiences = _audiences(top["audiences"], networks, base_dir or Path("."))
-    principals = _principals(top, base_dir or Path("."), audiences)
+    principals, certs = _principals(top, base_dir or Path("."), audiences)
     rules = _rules(top["routes"], audiences)
+    listen = _listen(top["listen"], base_dir=base_dir or Path(".")) if "listen" in top else Listen()
+    _check_certs(audiences, certs, listen, top)
     return Policy(
         name=top["name"].text(),
         networks=networks,
@@ -205,12 +209,13 @@ def loads(text: str, source: str = "<policy>", base_dir: Path | None = None) -> 
         principals=principals,
         rules=rules,
         body=_body(top["body"]) if "body" in top else BodyPolicy(),
-        listen=_listen(top["listen"]) if "listen" in top else Listen(),
+        listen=listen,
         upstream=_upstream(top["upstream"]) if "upstream" in top else Upstream(),
         trusted_proxies=_cidrs(top["trusted_proxies"]) if "trusted_proxies" in top else (),
         ports=_ports(top["ports"], networks) if "ports" in top else None,
         grpc=_grpc(top["grpc"], audiences, base_dir or Path(".")) if "grpc" in top else None,
         shared=_shared(top["shared"]) if "shared" in top else None,
+        certs=certs,
         source=source,
         digest="sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
@@ -280,7 +285,7 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]], base_dir: Path)
             if net not in networks:
                 raise Node(m["networks"].node.value[i], f"{value.where}.networks[{i}]", node.source).fail(
                     f"unknown network {net!r}" + _hint(net, list(networks)))
-        auth = (m["auth"].choice(("key", "none", "jwt")) if "auth" in m
+        auth = (m["auth"].choice(("key", "none", "jwt", "cert")) if "auth" in m
                 else ("none" if kind == "none" else "key"))
         if kind not in ("none",) and not nets:
             raise value.fail("an audience that allows traffic must name its networks")
@@ -469,7 +474,9 @@ def _media(node: Node) -> MediaRules:
 
 def _principals(
     top: dict[str, Node], base_dir: Path, audiences: dict[str, Audience]
-) -> tuple[Principal, ...]:
+) -> tuple[tuple[Principal, ...], tuple[CertPrincipal, ...]]:
+    """The key principals (``key_sha256``) and certificate principals (``san`` or ``subject``) of
+    the policy's ``principals:`` and its principals file; names unique across both kinds."""
     nodes: list[Node] = list(top["principals"].items()) if "principals" in top else []
     if "principals_file" in top:
         ref = top["principals_file"]
@@ -480,25 +487,64 @@ def _principals(
             if "principals" in doc:
                 nodes.extend(doc["principals"].items())
     out: list[Principal] = []
+    certs: list[CertPrincipal] = []
     seen: set[str] = set()
+    named: dict[str, int] = {}   # a certificate's identity -> the line naming it
     for item in nodes:
-        m = item.mapping(("name", "role", "key_sha256"), required=("name", "role", "key_sha256"))
+        m = item.mapping(("name", "role", "key_sha256", "san", "subject"), required=("name", "role"))
         name = m["name"].text()
         if name in seen:
             raise m["name"].fail(f"duplicate principal {name!r}")
         seen.add(name)
+        given = [k for k in ("key_sha256", "san", "subject") if k in m]
+        if len(given) != 1:
+            raise item.fail(f"principal {name!r}: give exactly one of key_sha256 (an API key's hash), san "
+                            "(a client certificate's URI SAN) or subject (its subject DN)"
+                            + (f"; it has {', '.join(given)}" if given else ""))
+        if given[0] != "key_sha256":
+            text = m[given[0]].text()
+            why = san_problem(text) if given[0] == "san" else subject_problem(text)
+            if why:
+                raise m[given[0]].fail(why)
+            cert = CertPrincipal(name=name, role=m["role"].text(), **{given[0]: text})
+            if cert.identity in named:
+                raise m[given[0]].fail(f"{given[0]} {text!r} already names another principal (line "
+                                       f"{named[cert.identity]}): one certificate name, one principal")
+            named[cert.identity] = item.line
+            if not _ROLE.match(cert.role):
+                raise m["role"].fail(f"role {cert.role!r}: use letters, digits, '.', '_' or '-'")
+            certs.append(cert)
+            continue
         digest = m["key_sha256"].text().lower()
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise m["key_sha256"].fail("expected the sha256 hex digest of the key (64 hex digits), "
                                        "never the key itself; use `vllm-perimeter keys new`")
         out.append(Principal(name=name, role=m["role"].text(), key_sha256=digest))
-    roles = {p.role for p in out}
     for aud in audiences.values():
-        for role in aud.roles if aud.auth != "jwt" else ():
-            if out and role not in roles:
+        if aud.auth not in ("key", "cert"):
+            continue
+        roles = {p.role for p in out} if aud.auth == "key" else {c.role for c in certs}
+        kind = "certificate principal" if aud.auth == "cert" else "principal"
+        for role in aud.roles:
+            if (out or certs) and role not in roles:
                 raise PolicyError(f"{top['audiences'].source}:{aud.line}: audiences.{aud.name}: "
-                                  f"role {role!r} has no principal" + _hint(role, sorted(roles)))
-    return tuple(out)
+                                  f"role {role!r} has no {kind}" + _hint(role, sorted(roles)))
+    return tuple(out), tuple(certs)
+
+
+def _check_certs(audiences: dict[str, Audience], certs: tuple[CertPrincipal, ...], listen: Listen,
+                 top: dict[str, Node]) -> None:
+    """``auth: cert`` needs the listener's client CA; certificate principals need a cert audience."""
+    cert_auds = [a for a in audiences.values() if a.auth == "cert"]
+    ca = listen.tls.client_ca if listen.tls else None
+    where = top["audiences"].source
+    if cert_auds and not ca:
+        a = cert_auds[0]
+        raise PolicyError(f"{where}:{a.line}: audiences.{a.name}: auth: cert needs listen.tls.client_ca (the "
+                          "CA bundle client certificates are verified against)")
+    if certs and not cert_auds:
+        raise PolicyError(f"{where}: principal {certs[0].name!r} is a certificate (san/subject), but no "
+                          "audience has auth: cert")
 
 
 def _rules(node: Node, audiences: dict[str, Audience]) -> tuple[RouteRule, ...]:
@@ -631,12 +677,18 @@ def _grpc(node: Node, audiences: dict[str, Audience], base_dir: Path) -> GrpcPol
                       rules=tuple(rules), path=str(path) if path.is_file() else "", line=node.line)
 
 
-def _listen(node: Node, default_port: int = 8080) -> Listen:
+def _listen(node: Node, default_port: int = 8080, base_dir: Path | None = None) -> Listen:
     m = node.mapping(("address", "port", "tls"))
     tls = None
     if "tls" in m:
-        t = m["tls"].mapping(("cert", "key"), required=("cert", "key"))
-        tls = TlsServer(cert=t["cert"].text(), key=t["key"].text())
+        t = m["tls"].mapping(("cert", "key", "client_ca", "verify_depth"), required=("cert", "key"))
+        if "client_ca" in t and base_dir is None:
+            raise t["client_ca"].fail("client certificates are taken on the HTTP listener only")
+        ca = _client_ca(t["client_ca"], base_dir or Path(".")) if "client_ca" in t else None
+        tls = TlsServer(cert=t["cert"].text(), key=t["key"].text(), client_ca=ca,
+                        verify_depth=t["verify_depth"].whole(minimum=1) if "verify_depth" in t else 2)
+        if tls.verify_depth > MAX_VERIFY_DEPTH:
+            raise t["verify_depth"].fail(f"verify_depth {tls.verify_depth}: at most {MAX_VERIFY_DEPTH}")
     return Listen(
         address=m["address"].text() if "address" in m else "0.0.0.0",
         port=m["port"].whole(minimum=1) if "port" in m else default_port,
@@ -701,6 +753,20 @@ def _servers(node: Node) -> tuple[tuple[str, int], ...]:
     if not out:
         raise node.fail("expected at least one host:port")
     return tuple(out)
+
+
+def _client_ca(node: Node, base_dir: Path) -> str:
+    """``listen.tls.client_ca``: a PEM bundle of CA certificates (relative to the policy), read now
+    to check it; the proxies read it by its absolute path at run time."""
+    text = node.text()
+    path = str((base_dir / text).absolute()) if not text.startswith("/") else text
+    if any(c in path for c in "\"\\$;{}\n\r\t "):
+        raise node.fail(f"{text!r}: a path without quotes, spaces, '$', ';' or braces (the proxy opens it)")
+    try:
+        read_ca_bundle(path)
+    except ConfigError as exc:
+        raise node.fail(str(exc)) from None
+    return path
 
 
 def _absolute_file(node: Node) -> str:

@@ -145,8 +145,9 @@ class Audience:
     kind: AudienceKind
     networks: tuple[str, ...] = ()   # names of entries in Policy.networks
     roles: tuple[str, ...] = ()      # empty with auth "key" / "jwt": any principal
-    # "key": an API key of the principals file; "jwt": a bearer token verified by ``jwt``
-    auth: Literal["key", "none", "jwt"] = "key"
+    # "key": an API key of the principals file; "jwt": a bearer token verified by ``jwt``; "cert":
+    # a client certificate from ``listen.tls.client_ca`` naming a certificate principal (mTLS)
+    auth: Literal["key", "none", "jwt", "cert"] = "key"
     jwt: JwtAuth | None = None
     limits: Limits = field(default_factory=Limits)
     fields: FieldRules = field(default_factory=FieldRules)
@@ -167,6 +168,24 @@ class Principal:
     @property
     def fingerprint(self) -> str:
         return "sha256:" + self.key_sha256[:12]
+
+
+@dataclass(frozen=True)
+class CertPrincipal:
+    """A workload known by its client certificate (``auth: cert``): by the certificate's URI SAN
+    (a SPIFFE ID) or its subject DN (RFC 2253, as both proxies print it), never by the certificate
+    itself, so a renewed certificate with the same name is the same principal (rotation without a
+    restart); revocation: remove the entry, generate, reload."""
+
+    name: str
+    role: str
+    san: str = ""       # the URI SAN (``spiffe://example.org/ns/app/sa/worker``)
+    subject: str = ""   # or the subject DN (``CN=worker,O=Example``)
+
+    @property
+    def identity(self) -> str:
+        """What names it: ``san:URI`` or ``subject:DN``."""
+        return f"san:{self.san}" if self.san else f"subject:{self.subject}"
 
 
 @dataclass(frozen=True)
@@ -202,6 +221,11 @@ class BodyPolicy:
 class TlsServer:
     cert: str
     key: str
+    # mTLS: the CA bundle (absolute path) client certificates are verified against. The listener
+    # asks every client for a certificate and verifies one that is presented; only routes of an
+    # ``auth: cert`` audience require one (so keys, tokens and certificates share the listener).
+    client_ca: str | None = None
+    verify_depth: int = 2               # intermediates between a client certificate and the CA
 
 
 @dataclass(frozen=True)
@@ -340,12 +364,16 @@ class Policy:
     ports: PortPolicy | None = None  # None: no `ports:` section (see scanner.netscan.policy)
     grpc: GrpcPolicy | None = None   # None: no gRPC listener
     shared: Shared | None = None     # None: every limit lives in each proxy (no fleet)
+    certs: tuple[CertPrincipal, ...] = ()   # principals known by their client certificate
     source: str = "<policy>"
     digest: str = ""
     schema_version: int = SCHEMA_VERSION
 
     def roles(self) -> tuple[str, ...]:
         return tuple(sorted({p.role for p in self.principals}))
+
+    def cert_roles(self) -> tuple[str, ...]:
+        return tuple(sorted({c.role for c in self.certs}))
 
     def token_roles(self) -> tuple[str, ...]:
         """Every role a verified token can give (the ``jwt:`` sections' role maps and fixed roles)."""
