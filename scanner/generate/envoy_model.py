@@ -96,6 +96,11 @@ class RouteView:
     cluster: str = ""
     cluster_header: str = ""
     timeout: str = "0s"
+    # limits.timeout_s: how long the route waits for vLLM without a byte either way (NGINX's
+    # proxy_read_timeout), not how long an answer may take: a stream runs while its events flow.
+    # Also bounds the wait for the first byte (the connection manager's 5-minute
+    # stream_idle_timeout would cut a longer one); 0s: no limit (the plan sets none).
+    idle_timeout: str = "0s"
     networks: tuple[Cidr, ...] | None = None   # None: any source
     lua_group: str = ""       # Lua group id (headers, key, roles, body check); "" = Lua off
     buffer_bytes: int = 0     # buffer filter limit; 0 = no body limit from the policy
@@ -605,7 +610,7 @@ def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
         name=_route_name("allow", d.method, d.path), method=d.method, rule=d.reason,
         cluster="" if (key and concurrency) else (concurrency or (GRPC_CLUSTER if grpc else BASE_CLUSTER)),
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
-        timeout=duration(d.limits.timeout_s),
+        idle_timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
         lua_group=reg.lua_group(d, concurrency if key else "", check_body, own),
         buffer_bytes=held,

@@ -105,7 +105,9 @@ def test_structure_of_the_default_plan(tmp_path: Path) -> None:
     chat = next(r for r in routes if r["name"] == "allow:POST /v1/chat/completions")
     assert chat["match"]["path"] == "/v1/chat/completions"
     assert chat["match"]["headers"] == [{"name": ":method", "string_match": {"exact": "POST"}}]
-    assert chat["route"]["timeout"] == "600s"
+    # timeout_s is how long it waits without a byte (a stream runs while its events flow), as
+    # NGINX's proxy_read_timeout: no total timeout
+    assert chat["route"]["idle_timeout"] == "600s" and chat["route"]["timeout"] == "0s"
     # the buffer after Lua holds body_bytes plus the output budget Lua may write in (Lua itself
     # refuses a body over body_bytes: tests/generate/test_envoy_echo.py)
     grown = len(',"max_completion_tokens":4096')

@@ -439,7 +439,8 @@ WEAKENINGS: dict[str, Weakening] = {
                                    r'\1\n\2prefix_rewrite: "/v1/models/"', EROUTE_END)),
     # --- timeouts: Envoy
     "envoy: the route timeout disabled on /health (0s)": W(
-        "envoy", "timeout", block(ENVOY, eroute("GET", "/health"), r"timeout: 10s", "timeout: 0s", EROUTE_END)),
+        "envoy", "timeout", block(ENVOY, eroute("GET", "/health"), r"idle_timeout: 10s", "idle_timeout: 0s",
+                                  EROUTE_END)),
     # --- limits: Envoy (rate and concurrency: helper B's checks)
     "envoy: the rate filter left off on /v1/models": W(
         "envoy", "rate", block(ENVOY, eroute("GET", "/v1/models"),

@@ -32,7 +32,7 @@ def _run(tmp_path: Path, name: str, edit: Edit | None = None) -> ProbeResult:
 def _retime(name: str, old: str, new: str) -> Edit:
     """Every timeout of ``old`` seconds set to ``new`` (NGINX proxy_read_timeout, Envoy route timeout)."""
     if name == "envoy":
-        return sub("envoy.yaml", rf"(\n\s+timeout: ){old}s\n", rf"\g<1>{new}s\n")
+        return sub("envoy.yaml", rf"(\n\s+idle_timeout: ){old}s\n", rf"\g<1>{new}s\n")
     return sub("perimeter-http.conf", rf"proxy_read_timeout {old}s;", f"proxy_read_timeout {new}s;")
 
 
@@ -92,3 +92,39 @@ def test_a_timeout_raised_on_one_way_of_forwarding_fails_the_run(tmp_path: Path)
     assert {a.path for a in rewritten} & {a.path for a in bad}
     assert rewritten and all(a.verdict == "proved" for a in rewritten), [(a.path, a.why) for a in rewritten]
     assert {f.rule for f in res.findings if f.check == "timeout"} == {"VP005"}
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_a_stream_outlives_the_timeout_while_its_events_flow(tmp_path: Path, name: str) -> None:
+    # timeout_s is how long the perimeter waits without a byte (NGINX proxy_read_timeout, Envoy's
+    # route idle_timeout), not how long an answer may take: vLLM's long generations stream for
+    # minutes. A 2 s timeout, events every 0.3 s for about 3 s: the whole stream arrives.
+    import json
+    import socket
+    import time
+
+    from scanner.standin.serve import StandinThread
+
+    text = (Path(__file__).resolve().parents[2] / "policies/vllm-default.yaml").read_text()
+    port = free_port()
+    s = verify.setup(load_ref(CATALOG), loads(text.replace("timeout_s: 600\n", "timeout_s: 2\n")), tmp_path, port)
+    proxy = proxy_named(name)
+    cred = next(c for c in s.credentials if c.role == "user")
+    public = next(v.address or "" for v in s.vantages if v.name == "public")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
+                       "stream": True}).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in cred.headers().items())
+    proxy.write(s.plan, tmp_path / "proxy")
+    with StandinThread(load_ref(CATALOG), "127.0.0.1", port, stream_delay=0.3), \
+            proxy.start(s.plan, tmp_path / "proxy"):
+        sock = socket.create_connection((s.plan.listen.address, s.plan.listen.port), timeout=20,
+                                        source_address=(public, 0))
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        t0, data = time.monotonic(), b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        took = time.monotonic() - t0
+        sock.close()
+    assert data.startswith(b"HTTP/1.1 200") and b"[DONE]" in data, data[-300:]
+    assert took > 2.5, took
