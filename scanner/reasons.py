@@ -17,7 +17,7 @@ Kind = Literal[
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
     "envelope-sequences", "envelope-tokens", "shared-store-unavailable",
     "jwt-missing", "jwt-invalid", "jwt-expired", "jwt-not-yet-valid", "jwt-issuer", "jwt-audience",
-    "jwt-claim", "jwt-role", "not-owner",
+    "jwt-claim", "jwt-role", "not-owner", "cert-missing", "cert-invalid", "cert-unknown",
 ]
 
 # kind -> the status the perimeter answers with
@@ -58,6 +58,14 @@ STATUS: dict[str, int] = {
     "jwt-audience": 401,
     "jwt-claim": 403,
     "jwt-role": 403,
+    # a client certificate on a route of an ``auth: cert`` audience (scanner/plan/certs.py): none
+    # presented; presented and not verified (NGINX and Envoy refuse a certificate from another CA
+    # or an expired one for the whole connection before any route: the handshake fails, or NGINX
+    # answers 400 itself); verified but naming no principal (its URI SAN or subject unknown: a
+    # revoked principal too): 403
+    "cert-missing": 401,
+    "cert-invalid": 401,
+    "cert-unknown": 403,
     # a stored response named by a principal it was not handed to (body: responses: owned,
     # scanner/plan/owner.py): a raw id, another principal's seal, a forged one
     "not-owner": 403,
@@ -80,7 +88,7 @@ THROTTLE: frozenset[str] = frozenset({"rate", "concurrency", "token-budget", "sh
 ACCESS: frozenset[str] = frozenset({"not-allowlisted", "method-not-allowed", "network", "missing-key",
                                     "unknown-key", "role", "jwt-missing", "jwt-invalid", "jwt-expired",
                                     "jwt-not-yet-valid", "jwt-issuer", "jwt-audience", "jwt-claim",
-                                    "jwt-role"})
+                                    "jwt-role", "cert-missing", "cert-invalid", "cert-unknown"})
 # Refusals only a later check gives: the key named a principal (its role), or the body was read and
 # judged (its declared size is not one: NGINX refuses that before the location's own checks).
 LATER: frozenset[str] = frozenset({"role", "jwt-claim", "jwt-role",

@@ -31,11 +31,12 @@ from scanner.output import write_text
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
-from scanner.policy.model import Listen, Policy, Principal, Upstream
+from scanner.policy.model import Listen, Policy, Principal, TlsServer, Upstream
 from scanner.policy.salt import new_secret
 from scanner.probe import config
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
+from scanner.probe.testca import TestCa
 from scanner.probe.token_pace import TokenModels
 from scanner.probe.tokens_jwt import Issuer, valid_claims
 from scanner.runtime.proxy import Proxy
@@ -64,6 +65,37 @@ class Setup:
     issuer: Issuer | None = field(default=None, repr=False)   # the test issuer of auth "jwt" audiences
     owner_secret: str = field(default="", repr=False)   # the (throwaway) responses secret, if owned
     signing_key: str = ""     # the test issuer's private key (PEM, 0600 in the run's directory)
+    # auth "cert": the test CA (its PEM file is the listener's client CA and signs the listener's
+    # own certificate) and a client certificate per certificate principal of the policy
+    ca: TestCa | None = field(default=None, repr=False)
+    ca_file: str = ""
+    client_certs: tuple[ClientCert, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClientCert:
+    """A test client certificate naming a certificate principal (its SAN or subject): files in the
+    run's directory, the key 0600."""
+
+    principal: str
+    role: str
+    cert: str
+    key: str
+
+
+def make_test_ca(policy: Policy, directory: Path) -> tuple[TestCa, str, TlsServer, tuple[ClientCert, ...]]:
+    """A throwaway CA for a policy with client certificates: the listener's certificate (127.0.0.1
+    and localhost) and client CA, and a client certificate per certificate principal."""
+    ca = TestCa.new()
+    ca_file = directory / "client-ca.pem"
+    write_text(ca_file, ca.pem.decode())
+    cert, key = ca.issue("CN=vllm-perimeter listener", dns=("localhost",), ips=("127.0.0.1",),
+                         server=True).write(directory, "listener")
+    depth = policy.listen.tls.verify_depth if policy.listen.tls else 2
+    clients = tuple(ClientCert(c.name, c.role, *ca.issue(c.subject or f"CN={c.name}", san=c.san)
+                               .write(directory, f"client-{c.name}")) for c in policy.certs)
+    return ca, str(ca_file.resolve()), TlsServer(cert, key, client_ca=str(ca_file.resolve()),
+                                                 verify_depth=depth), clients
 
 
 @dataclass(frozen=True)
@@ -191,7 +223,9 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         if a.jwt is not None:   # a throwaway issuer: its JWKS replaces the policy's, the probe signs
             issuer = issuer or Issuer.new()
             audiences[name] = replace(a, jwt=issuer.for_audience(a.jwt, directory / f"jwks-{name}.json"))
-    local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port()),
+    ca, ca_file, tls, client_certs = (make_test_ca(policy, directory) if policy.listen.tls and
+                                      policy.listen.tls.client_ca else (None, "", None, ()))
+    local = replace(policy, principals=tuple(principals), listen=Listen("127.0.0.1", free_port(), tls),
                     upstream=upstream, body=body, grpc=grpc or None, audiences=audiences)
     plan = build(inventory, local, nets)
     creds = config.credentials(specs, environ=secrets)
@@ -202,7 +236,7 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         write_text(key_file, issuer.private_pem().decode(), mode=0o600)
         signing_key = str(key_file.resolve())
     return Setup(plan, creds, vantages, nets, upstream_key, salt_secret, issuer, owner_secret,
-                 signing_key)
+                 signing_key, ca, ca_file, client_certs)
 
 
 def test_tokens(plan: Plan, issuer: Issuer, per_role: int) -> tuple[Credential, ...]:

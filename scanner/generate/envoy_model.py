@@ -57,7 +57,7 @@ from scanner.plan.model import (
     SharedPlan,
 )
 from scanner.policy.media import MediaRules
-from scanner.policy.model import FieldRules, Principal, Rate
+from scanner.policy.model import CertPrincipal, FieldRules, Principal, Rate
 
 LUA_FILTER = "perimeter.lua"
 PRINCIPALS = "envoy-principals.tsv"
@@ -208,6 +208,7 @@ class LuaGroup:
     tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
     jwt: LuaJwt | None = None                    # auth "jwt": the token's checks after jwt_authn
+    cert: bool = False                           # auth "cert": a client certificate principal
     slot: bool = False                           # a shared concurrency zone: Lua sets perimeter.slot
     # responses: owned (scanner/plan/owner.py): the :path part holding a sealed response id (0:
     # none), the body fields naming one, and whether answers are sealed (Lua unseals / seals)
@@ -344,6 +345,10 @@ class Model:
     listen_address: str
     listen_port: int
     listen_tls: tuple[str, str] | None
+    # mTLS (auth "cert"): the CA bundle client certificates are verified against, the chain depth;
+    # a certificate is asked for, not required (key and token routes share the listener)
+    listen_client_ca: str
+    listen_verify_depth: int
     upstream_endpoints: tuple[tuple[str, int], ...]   # every replica (host, port)
     upstream_ip: bool                                  # all are IP addresses: a STATIC cluster
     balance: Balance | None                            # None: one vLLM
@@ -362,6 +367,7 @@ class Model:
     request_headers_to_remove: tuple[str, ...]
     principals: tuple[Principal, ...]
     salts: tuple[tuple[str, str], ...] = ()       # (subject, cache_salt): the 0600 TSV only
+    certs: tuple[CertPrincipal, ...] = ()         # auth "cert": by URI SAN / subject, in the TSV
     upstream_key_file: str = ""                   # vLLM's key, read by Lua at load ("" none)
     owner_file: str = ""                          # responses: owned: the secret, read by Lua at load
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
@@ -505,6 +511,7 @@ class _Registry:
     def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool, own: Decision | None) -> str:
         """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
+        cert = d.auth == "cert"
         websocket = d.kind == "websocket"
         caps = d.cap_paths if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
@@ -520,7 +527,7 @@ class _Registry:
         tokens = d.limits.tokens_per_minute if d.token_zone else None
         slot = self.shared is not None and any(a.slot for a in shared_actions(self.shared, d))
         envelope = LuaEnvelope.of(d) if (tokens or (check_body and d.envelope_capped)) else None
-        ident = (key_needed, d.roles if key_needed else (), upstream_prefix, check_body,
+        ident = (key_needed, cert, d.roles if key_needed or cert else (), upstream_prefix, check_body,
                  (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
                   tuple(fields.pins.items())) if fields else None, limit, caps,
                  websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
@@ -530,8 +537,9 @@ class _Registry:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
             self.lua[ident] = LuaGroup(
-                id=f"g{len(self.lua) + 1}", key=key_needed, jwt=self.lua_jwt(d),
-                roles=d.roles if key_needed or d.jwt else (), limited=bool(upstream_prefix), upstreams=ups,
+                id=f"g{len(self.lua) + 1}", key=key_needed, jwt=self.lua_jwt(d), cert=cert,
+                roles=d.roles if key_needed or cert or d.jwt else (), limited=bool(upstream_prefix),
+                upstreams=ups,
                 check_body=check_body, fields=fields,
                 body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
                 grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(own) if own else "",
@@ -549,7 +557,7 @@ class _Registry:
             name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
             principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
             self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth == "none",
-                                        audience=d.audience, per_token=d.auth == "jwt",
+                                        audience=d.audience, per_token=d.auth in ("jwt", "cert"),
                                         fallback=self.shared is not None)
         return self.rate[key].name
 
@@ -786,11 +794,14 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     grpc = _grpc(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
         raise GenerateError("envoy generator: ports must be in 1..65535")
-    listen_tls = (plan.listen.tls.cert, plan.listen.tls.key) if plan.listen.tls else None
+    tls = plan.listen.tls
+    listen_tls = (tls.cert, tls.key) if tls else None
     return Model(
         stamp=Stamp.of(plan),
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,
+        listen_client_ca=(tls.client_ca or "") if tls else "",
+        listen_verify_depth=tls.verify_depth if tls else 0,
         upstream_endpoints=plan.upstream.servers,
         upstream_ip=all(_is_ip(host) for host, _ in plan.upstream.servers),
         balance=_balance(plan), upstream_tls=_upstream_tls(plan, opts),
@@ -808,6 +819,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         request_headers_to_remove=_removed_headers(),
         principals=tuple(sorted(plan.principals, key=lambda p: p.name)),
         salts=salts(plan, "envoy"),
+        certs=tuple(sorted(plan.certs, key=lambda c: c.name)),
         upstream_key_file=plan.upstream.api_key_file or "",
         owner_file=plan.body.responses_secret_file or "" if plan.body.owned else "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from scanner.plan.model import Decision, Plan
 
 # proxy -> the generators that enforce auth "cert" (the rest refuse the plan, exit 2)
-SUPPORTED: frozenset[str] = frozenset()
+SUPPORTED: frozenset[str] = frozenset({"envoy"})
 
 
 def cert_routes(plan: Plan) -> tuple[Decision, ...]:

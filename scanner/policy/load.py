@@ -526,7 +526,7 @@ def _principals(
         roles = {p.role for p in out} if aud.auth == "key" else {c.role for c in certs}
         kind = "certificate principal" if aud.auth == "cert" else "principal"
         for role in aud.roles:
-            if (out or certs) and role not in roles:
+            if (out if aud.auth == "key" else certs) and role not in roles:
                 raise PolicyError(f"{top['audiences'].source}:{aud.line}: audiences.{aud.name}: "
                                   f"role {role!r} has no {kind}" + _hint(role, sorted(roles)))
     return tuple(out), tuple(certs)
