@@ -230,6 +230,10 @@ class Model:
     listen: str
     tls_cert: str
     tls_key: str
+    # mTLS (auth "cert"): the CA bundle a presented client certificate is verified against
+    # (ssl_verify_client optional) and the chain depth; "" none
+    tls_client_ca: str
+    tls_verify_depth: int
     upstream_servers: tuple[str, ...]  # `server` lines' arguments, one per replica
     upstream_balance: str              # "" (one server, or NGINX's round robin) or "least_conn"
     upstream_scheme: str
@@ -238,6 +242,9 @@ class Model:
     trusted_proxies: tuple[str, ...]
     principals: tuple[tuple[str, str, str], ...]   # (sha256, name, role)
     salts: tuple[tuple[str, str], ...]             # (subject, salt): 0600 principals file only
+    # auth "cert": {"san:URI" | "subject:DN": [name, role]} as JSON, for njs (principals file); "" none
+    certs_json: str
+    cert_rolesets: Mapping[str, tuple[str, ...]]   # like rolesets, over $perimeter_cert_role
     geos: Mapping[str, tuple[str, ...]]
     rolesets: Mapping[str, tuple[str, ...]]
     rate_zones: tuple[Zone, ...]
@@ -331,6 +338,7 @@ class _Registry:
 
     geos: dict[tuple[str, ...], str] = field(default_factory=dict)
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
+    cert_rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
     conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
@@ -373,6 +381,13 @@ class _Registry:
         key = tuple(sorted(_name("role", r) for r in roles))
         return self.rolesets.setdefault(key, f"$perimeter_roles_{len(self.rolesets) + 1}")
 
+    def cert_roleset(self, roles: tuple[str, ...]) -> str | None:
+        """The map variable admitting a certificate principal's role ($perimeter_cert_role)."""
+        if not roles:
+            return None
+        key = tuple(sorted(_name("role", r) for r in roles))
+        return self.cert_rolesets.setdefault(key, f"$perimeter_cert_roles_{len(self.cert_rolesets) + 1}")
+
     def rate_zone(self, d: Decision) -> Zone | None:
         rate = d.limits.rate
         if rate is None:
@@ -397,7 +412,7 @@ class _Registry:
         if not d.token_zone or d.limits.tokens_per_minute is None:
             return ""
         if d.token_zone not in self.tokens:
-            who = {"key": "principal", "jwt": "token"}.get(d.auth, "address")
+            who = {"key": "principal", "jwt": "token", "cert": "cert"}.get(d.auth, "address")
             self.tokens[d.token_zone] = Zone(
                 name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
                 note=f"audience {d.audience}, per {who}")
@@ -488,7 +503,8 @@ def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _zone_key(auth: str) -> str:
-    return {"key": "$perimeter_principal", "jwt": "$perimeter_jwt_who"}.get(auth, "$binary_remote_addr")
+    return {"key": "$perimeter_principal", "jwt": "$perimeter_jwt_who",
+            "cert": "$perimeter_cert_principal"}.get(auth, "$binary_remote_addr")
 
 
 def _profile(d: Decision) -> tuple[object, ...]:
@@ -526,12 +542,13 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
             ) if salted else ""
     check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope, owner) if inspect else None
-    if d.auth not in ("key", "none", "jwt"):
+    if d.auth not in ("key", "none", "jwt", "cert"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
         methods=methods, method_test=_method_test(methods),
         net=reg.geo(d.networks),
-        auth=d.auth, roleset=reg.roleset(d.roles) if d.auth == "key" else None,
+        auth=d.auth, roleset=(reg.roleset(d.roles) if d.auth == "key" else
+                              reg.cert_roleset(d.roles) if d.auth == "cert" else None),
         rate_zone=rate_zone.name if rate_zone else None,
         burst=lim.rate.burst if lim.rate else 0,
         conn_zone=conn_zone.name if conn_zone else None, conn=lim.concurrency or 0,
@@ -610,6 +627,23 @@ def _template_regexes(regex: str) -> tuple[str, str]:
     return f'~ "^{body}\\z"', f"^(?<{FORWARD}>{body})\\z"
 
 
+def _certs_json(plan: Plan) -> str:
+    """The certificate principals as njs reads them (``perimeter.certWho``): a JSON object from
+    ``san:URI`` / ``subject:DN`` to ``[name, role]``; "" without any. Written into the 0600
+    principals file inside single quotes: the policy admits no quote, backslash or '$' in a name."""
+    if not plan.certs:
+        return ""
+    for c in plan.certs:
+        _name("principal", c.name)
+        _name("role", c.role)
+    text = json.dumps({c.identity: [c.name, c.role] for c in sorted(plan.certs, key=lambda c: c.identity)},
+                      separators=(",", ":"), sort_keys=True)
+    if any(ch in text for ch in "'\\$;\n\r"):
+        raise GenerateError("nginx generator: a certificate principal's name holds a character NGINX "
+                            "cannot take inside quotes")
+    return text
+
+
 def _principals(plan: Plan) -> tuple[tuple[str, str, str], ...]:
     seen: dict[str, str] = {}
     out = []
@@ -670,6 +704,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     listen = plan.listen
     tls_cert = _file("listener certificate", listen.tls.cert) if listen.tls else ""
     tls_key = _file("listener key", listen.tls.key) if listen.tls else ""
+    ca = listen.tls.client_ca if listen.tls else None
+    client_ca = _file("listener client CA", ca) if ca else ""
     for cidr in plan.trusted_proxies:
         ipaddress.ip_network(cidr, strict=False)
     if reg.tokens and opts.njs and version_tuple(opts.njs) < (0, 8):
@@ -684,6 +720,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         user=opts.user, worker_processes=opts.worker_processes, upstream_keepalive=opts.upstream_keepalive,
         includes=includes,
         listen=_hostport(listen.address, listen.port), tls_cert=tls_cert, tls_key=tls_key,
+        tls_client_ca=client_ca, tls_verify_depth=listen.tls.verify_depth if listen.tls else 0,
         upstream_servers=_servers(plan), upstream_balance=_balance(plan),
         upstream_scheme=scheme, upstream_tls=up_tls, host_header=host_header(plan, "nginx"),
         trusted_proxies=tuple(sorted(str(ipaddress.ip_network(c, strict=False))
@@ -691,6 +728,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         principals=_principals(plan), salts=salts(plan, "nginx"),
         geos={var: cidrs for cidrs, var in reg.geos.items()},
         rolesets={var: roles for roles, var in reg.rolesets.items()},
+        cert_rolesets={var: roles for roles, var in reg.cert_rolesets.items()},
+        certs_json=_certs_json(plan),
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
         checks=tuple(reg.checks.values()), token_zones=tuple(reg.tokens.values()),
         locations=locations,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from scanner.plan.model import Decision, Plan
 
 # proxy -> the generators that enforce auth "cert" (the rest refuse the plan, exit 2)
-SUPPORTED: frozenset[str] = frozenset({"envoy"})
+SUPPORTED: frozenset[str] = frozenset({"envoy", "nginx"})
 
 
 def cert_routes(plan: Plan) -> tuple[Decision, ...]:
@@ -39,9 +39,12 @@ def refusal(plan: Plan, proxy: str) -> str:
         return f"{where}: client certificate principals are not generated for {proxy} yet"
     for d in routes:
         where = f"{d.method} {d.path} (audience {d.audience!r}, auth: cert)"
-        if d.limits.concurrency is not None or d.limits.tokens_per_minute is not None:
-            return (f"{where}: limits.concurrency and tokens_per_minute per certificate principal are not "
-                    "supported yet (rates are)")
+        if d.limits.tokens_per_minute is not None:
+            return (f"{where}: limits.tokens_per_minute per certificate principal is not supported yet "
+                    "(rates are)")
+        if proxy == "envoy" and d.limits.concurrency is not None:
+            return (f"{where}: limits.concurrency per certificate principal: Envoy holds a cluster per "
+                    "API-key principal only (NGINX counts it)")
     if plan.shared is not None:
         return f"{where}: shared limits (a fleet) with certificate principals are not supported yet"
     return ""

@@ -57,3 +57,34 @@ def test_envoy_refuses_concurrency_per_certificate(tmp_path: Path) -> None:
     text = POLICY.replace("limits: {rate: {rps: 500, burst: 500}}", "limits: {concurrency: 2}")
     with pytest.raises(GenerateError, match="per certificate principal"):
         _files(_plan(tmp_path, text), tmp_path / "a")
+
+
+def _nginx_files(plan: Plan, out: Path) -> dict[str, str]:
+    from scanner.generate import nginx as nginx_gen
+
+    return {Path(f.name).name: f.content for f in nginx_gen.NginxGenerator().render(
+        plan, GenerateOptions(output_dir=str(out))).files}
+
+
+def test_nginx_config_shape(tmp_path: Path) -> None:
+    from scanner.runtime.proxy import NginxProxy
+    from tests.probe.realproxy import proxy_named
+
+    plan = _plan(tmp_path)
+    a, b = _nginx_files(plan, tmp_path / "a"), _nginx_files(plan, tmp_path / "a")
+    assert a == b
+    http = a["perimeter-http.conf"]
+    assert "ssl_verify_client optional;" in http and f'ssl_client_certificate "{tmp_path / "ca.pem"}";' in http
+    assert "ssl_verify_depth 2;" in http
+    assert "map $ssl_client_verify $perimeter_cert_verified {\n    default \"\";\n    SUCCESS $perimeter_cert_who;" in http
+    assert "if ($ssl_client_verify = NONE) { return 401; }" in http
+    assert "proxy_set_header X-Perimeter-Principal $perimeter_cert_principal;" in http
+    principals = a["perimeter-principals.conf"]
+    assert ('"san:spiffe://example.org/ns/app/sa/worker":["worker-a","worker"]' in principals
+            and '"subject:CN=batch,O=Example":["batch","worker"]' in principals)
+    revoked = POLICY.replace("  - {name: batch, role: worker, subject: 'CN=batch,O=Example'}\n", "")
+    assert "batch" not in _nginx_files(_plan(tmp_path, revoked), tmp_path / "r")["perimeter-principals.conf"]
+    proxy = proxy_named("nginx")
+    assert isinstance(proxy, NginxProxy)
+    proxy.write(plan, tmp_path / "n")
+    assert proxy.validate(plan, tmp_path / "n") == ""

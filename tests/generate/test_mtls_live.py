@@ -70,7 +70,7 @@ class Live:
     directory: Path
 
 
-@pytest.fixture(scope="module", params=["envoy"])
+@pytest.fixture(scope="module", params=["envoy", "nginx", "nginx-debian"])
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     proxy = proxy_named(request.param)
     tmp = tmp_path_factory.mktemp(f"mtls-{request.param}")

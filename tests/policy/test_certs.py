@@ -116,15 +116,21 @@ def test_per_principal_salt_on_a_cert_route_is_a_plan_error(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "envoy"])
-def test_a_generator_without_cert_support_refuses_the_plan(tmp_path: Path, proxy: str) -> None:
-    from scanner.errors import GenerateError
-    from scanner.generate import envoy_model, nginx_model
-    from scanner.generate.interface import GenerateOptions
-    from scanner.plan import certs
+def test_a_limit_not_counted_per_certificate_is_refused(tmp_path: Path, proxy: str) -> None:
+    from scanner.plan.certs import refusal
 
-    if proxy in certs.SUPPORTED:
-        pytest.skip(f"{proxy} enforces auth: cert")
-    plan = build(load_ref("vllm-0.29.0-default"), _load(tmp_path))   # type: ignore[arg-type]
-    module = nginx_model if proxy == "nginx" else envoy_model
-    with pytest.raises(GenerateError, match="auth: cert"):
-        module.build_model(plan, GenerateOptions())
+    text_policy = _load(tmp_path)
+    plan = build(load_ref("vllm-0.29.0-default"), text_policy)   # type: ignore[arg-type]
+    assert refusal(plan, proxy) == ""
+    from dataclasses import replace
+
+    from scanner.policy.model import Limits
+
+    d = plan.decision("GET", "/v1/models")
+    assert d is not None
+    budget = replace(plan, decisions=tuple(replace(x, limits=Limits(tokens_per_minute=100)) if x is d else x
+                                           for x in plan.decisions))
+    assert "tokens_per_minute per certificate principal" in refusal(budget, proxy)
+    slots = replace(plan, decisions=tuple(replace(x, limits=Limits(concurrency=2)) if x is d else x
+                                          for x in plan.decisions))
+    assert (refusal(slots, proxy) == "") == (proxy == "nginx")

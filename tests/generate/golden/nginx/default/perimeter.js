@@ -6,6 +6,8 @@
 //   keyHash  js_set: sha256 hex of the bearer token NGINX already extracted into
 //            $perimeter_bearer. The key itself is never stored or logged; the hash
 //            is looked up in a map (perimeter-principals.conf).
+//   certWho  js_set: "principal role" of a verified client certificate (auth "cert"), by its one
+//            URI SAN (a DER walk of $ssl_client_raw_cert) or its subject; '' none.
 //   read     js_content on locations that inspect JSON bodies: NGINX reads the body
 //            (into memory) before calling it; it redirects to the route's named
 //            location, where a native PCRE map over $request_body clears ordinary
@@ -54,6 +56,106 @@ import fs from 'fs';
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
     return key ? crypto.createHash('sha256').update(key).digest('hex') : '';
+}
+
+// auth "cert": the client certificate's principal, "name role" ('' none). NGINX verified the
+// certificate (the config reads this only when $ssl_client_verify is SUCCESS); its URI SANs are
+// read from $ssl_client_raw_cert (PEM) by a minimal DER walk to the subjectAltName extension
+// (2.5.29.17): exactly one URI SAN (as a SPIFFE X.509-SVID has) names a principal as "san:URI",
+// else the subject ($ssl_client_s_dn, RFC 2253) as "subject:DN"; the table is $perimeter_certs.
+function derAt(b, i, end) {
+    if (i + 2 > end) {
+        return null;
+    }
+    var tag = b[i], len = b[i + 1], j = i + 2;
+    if (len & 0x80) {
+        var n = len & 0x7f;
+        if (n < 1 || n > 3 || j + n > end) {
+            return null;
+        }
+        len = 0;
+        for (var k = 0; k < n; k++) {
+            len = len * 256 + b[j + k];
+        }
+        j += n;
+    }
+    return j + len > end ? null : {tag: tag, start: j, end: j + len};
+}
+
+function uriSans(pem) {
+    var b = Buffer.from(pem.replace(/-----[A-Z ]+-----/g, '').replace(/\s+/g, ''), 'base64');
+    var cert = derAt(b, 0, b.length);
+    var tbs = cert && cert.tag === 0x30 ? derAt(b, cert.start, cert.end) : null;
+    if (!tbs || tbs.tag !== 0x30) {
+        return null;
+    }
+    var i = tbs.start, exts = null, t;
+    while (i < tbs.end) {
+        t = derAt(b, i, tbs.end);
+        if (!t) {
+            return null;
+        }
+        if (t.tag === 0xa3) {
+            exts = t;
+        }
+        i = t.end;
+    }
+    var out = [];
+    var seq = exts ? derAt(b, exts.start, exts.end) : null;
+    if (!exts) {
+        return out;
+    }
+    if (!seq || seq.tag !== 0x30) {
+        return null;
+    }
+    for (i = seq.start; i < seq.end; i = t.end) {
+        t = derAt(b, i, seq.end);
+        if (!t || t.tag !== 0x30) {
+            return null;
+        }
+        var oid = derAt(b, t.start, t.end);
+        if (!oid || oid.tag !== 0x06 || oid.end - oid.start !== 3 || b[oid.start] !== 0x55
+            || b[oid.start + 1] !== 0x1d || b[oid.start + 2] !== 0x11) {
+            continue;
+        }
+        var v = derAt(b, oid.end, t.end);
+        if (v && v.tag === 0x01) {
+            v = derAt(b, v.end, t.end);
+        }
+        var names = v && v.tag === 0x04 ? derAt(b, v.start, v.end) : null;
+        if (!names || names.tag !== 0x30) {
+            return null;
+        }
+        for (var k = names.start; k < names.end; k = g.end) {
+            var g = derAt(b, k, names.end);
+            if (!g) {
+                return null;
+            }
+            if (g.tag === 0x86) {
+                out.push(b.slice(g.start, g.end).toString());
+            }
+        }
+    }
+    return out;
+}
+
+function certWho(r) {
+    var table, sans;
+    try {
+        table = JSON.parse(r.variables.perimeter_certs || '{}');
+        sans = uriSans(r.variables.ssl_client_raw_cert || '');
+    } catch (e) {
+        return '';
+    }
+    if (sans === null) {
+        return '';
+    }
+    var p = sans.length === 1 && has(table, 'san:' + sans[0]) ? table['san:' + sans[0]] : null;
+    var dn = 'subject:' + (r.variables.ssl_client_s_dn || '');
+    if (p === null && has(table, dn)) {
+        p = table[dn];
+    }
+    return p === null ? '' : p[0] + ' ' + p[1];
 }
 
 function deny(r, reason) {
@@ -1436,4 +1538,4 @@ function jwt(r) {
         });
 }
 
-export default {keyHash, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after, onward};
+export default {keyHash, certWho, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after, onward};
