@@ -227,7 +227,7 @@ class _Schedule:
         """(cases to send now, 0) or ([], seconds to wait); ([], -1) when nothing is left."""
         if now >= self.deadline:
             return [], -1.0
-        best: tuple[tuple[float, bool], LaneState, int] | None = None
+        best: tuple[tuple[float, bool, bool], LaneState, int] | None = None
         for st in self.lanes.values():
             phase = st.phase()
             if phase is None:
@@ -246,13 +246,16 @@ class _Schedule:
             elif phase == 2 and not self.cases[head].skip:
                 at = max(at, st.sustained.ready_at(now))
             at = max(at, self.token_ready(st, phase, head, now))
-            # of the lanes ready, a paced one first: its pace, not the free cases, bounds the run
-            rank = (at, not (lane.rps > 0 or self.charges[head].key))
+            # of the lanes ready, one whose head is of the lead check first (a mutation run stops at
+            # the first failure: the check the operator names must have its chance), then a paced
+            # one: its pace, not the free cases, bounds the run
+            lead = bool(self.options.lead_check) and self.cases[head].check == self.options.lead_check
+            rank = (at, not lead, not (lane.rps > 0 or self.charges[head].key))
             if best is None or rank < best[0]:
                 best = (rank, st, phase)
         if best is None:
             return [], (POLL if self.pending() else -1.0)
-        (at, _free), st, phase = best
+        (at, _lead, _free), st, phase = best
         if at > now:
             return [], min(at - now, 0.25)
         depth = self.options.pipeline if st.lane is FREE or not st.lane.key else 1
