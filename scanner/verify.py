@@ -34,6 +34,7 @@ from scanner.policy import keys
 from scanner.policy.model import Listen, Policy, Principal, TlsServer, Upstream
 from scanner.policy.salt import new_secret
 from scanner.probe import config
+from scanner.probe.certs_cases import cert_credential
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
 from scanner.probe.testca import TestCa
@@ -70,6 +71,7 @@ class Setup:
     ca: TestCa | None = field(default=None, repr=False)
     ca_file: str = ""
     client_certs: tuple[ClientCert, ...] = ()
+    cert_ca: str = field(default="", repr=False)   # "CERT,KEY" of the test CA (the mtls check's)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ def make_test_ca(policy: Policy, directory: Path) -> tuple[TestCa, str, TlsServe
     ca = TestCa.new()
     ca_file = directory / "client-ca.pem"
     write_text(ca_file, ca.pem.decode())
+    write_text(directory / "client-ca.key", ca.key_pem.decode(), mode=0o600)
     cert, key = ca.issue("CN=vllm-perimeter listener", dns=("localhost",), ips=("127.0.0.1",),
                          server=True).write(directory, "listener")
     depth = policy.listen.tls.verify_depth if policy.listen.tls else 2
@@ -235,8 +238,10 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         key_file = directory / "jwt-signing-key.pem"
         write_text(key_file, issuer.private_pem().decode(), mode=0o600)
         signing_key = str(key_file.resolve())
+    creds += tuple(cert_credential(c.role, c.cert, c.key, plan, f"cert:{c.principal}") for c in client_certs)
+    cert_ca = f"{ca_file},{Path(ca_file).with_suffix('.key')}" if ca is not None else ""
     return Setup(plan, creds, vantages, nets, upstream_key, salt_secret, issuer, owner_secret,
-                 signing_key, ca, ca_file, client_certs)
+                 signing_key, ca, ca_file, client_certs, cert_ca)
 
 
 def test_tokens(plan: Plan, issuer: Issuer, per_role: int) -> tuple[Credential, ...]:
@@ -272,7 +277,7 @@ def probe_options(s: Setup, base: ProbeOptions, witness: str, kind: str = "") ->
     return replace(base, allow_state_changes=True, witness=witness, token_models=models,
                    upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "",
                    salt_secret=s.salt_secret, owner_secret=s.owner_secret,
-                   jwt_signing_key=s.signing_key)
+                   jwt_signing_key=s.signing_key, cert_ca=s.cert_ca)
 
 
 def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:
@@ -283,12 +288,19 @@ def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -
     stack.enter_context(proxy.start(plan, directory))
 
 
+def target_of(s: Setup) -> Target:
+    """The proxy under test: plain HTTP, or HTTPS trusting the test CA (auth "cert" policies)."""
+    if s.plan.listen.tls and s.ca_file:
+        return Target(f"https://127.0.0.1:{s.plan.listen.port}", ca_bundle=s.ca_file)
+    return Target(f"http://127.0.0.1:{s.plan.listen.port}")
+
+
 def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, witness: str) -> ProxyRun:
     """Validate and start the config written under ``directory``, probe it, stop it."""
     t0 = time.monotonic()
     with ExitStack() as stack:
         start_checked(proxy, s.plan, directory, stack)
-        res = probe(s.plan, Target(f"http://127.0.0.1:{s.plan.listen.port}"), s.credentials, s.vantages,
+        res = probe(s.plan, target_of(s), s.credentials, s.vantages,
                     probe_options(s, options, witness, proxy.kind))
     return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
 

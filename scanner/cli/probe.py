@@ -27,7 +27,7 @@ from scanner.errors import UsageError
 from scanner.output import write_text
 from scanner.plan import inputs
 from scanner.policy.salt import read_secret
-from scanner.probe import config, result
+from scanner.probe import certs_cases, config, result
 from scanner.probe.canary import Canary
 from scanner.probe.interface import AttemptDone, Event, ProbeOptions, ProbeResult, Started, Target
 from scanner.probe.runner import run_probe, summarize
@@ -79,6 +79,12 @@ def command() -> None:
               help="A test issuer's private key (PEM) whose public key is in the audience's JWKS: the "
                    "identity check signs its token cases with it (without it only the refusals that "
                    "need no signature are proven; the admitted token is not: VP011).")
+@click.option("--cert", "cert_specs", multiple=True, metavar="ROLE=CERT,KEY",
+              help="A client certificate of an auth: cert audience and its key (PEM files; repeatable): "
+                   "presented in the TLS handshake of the cases that use it (never printed).")
+@click.option("--cert-ca", default=None, metavar="CERT,KEY",
+              help="The listener's client CA and its private key (a test CA, PEM): the mtls check then "
+                   "issues its own certificates (an expired one, an unknown name, each principal's).")
 @click.option("--allow-state-changes", is_flag=True,
               help="Send real requests to state-changing routes (staging only).")
 @click.option("--ssrf-canary", default=None, metavar="http://ADDRESS:PORT",
@@ -94,7 +100,8 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             pipeline: int, client: str, timeout: float, max_time: float | None, checks: tuple[str, ...],
             witness: str | None, salt_secret_file: str | None, responses_secret_file: str | None,
             token_specs: tuple[str, ...],
-            jwt_signing_key: str | None, allow_state_changes: bool,
+            jwt_signing_key: str | None, cert_specs: tuple[str, ...], cert_ca: str | None,
+            allow_state_changes: bool,
             ssrf_canary: str | None, quiet: bool, fmt: str, output: str | None, fail_on: Severity,
             require_proof: bool, diff_refs: tuple[str, str] | None) -> int:
     """Every route x method x credential x vantage, bypass variants, limits, known-route sweep."""
@@ -107,11 +114,21 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                                witness=_base_url("--witness", witness) if witness else None,
                                salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "",
                                owner_secret=_owner_secret(responses_secret_file),
-                               canary=canary, jwt_signing_key=_signing_key(jwt_signing_key))
-        creds = config.credentials(keys) + config.tokens(token_specs, plan)
+                               canary=canary, jwt_signing_key=_signing_key(jwt_signing_key),
+                               cert_ca=_cert_ca(cert_ca))
+        creds = (config.credentials(keys) + config.tokens(token_specs, plan)
+                 + certs_cases.certs(cert_specs, plan))
         events = run_probe(plan, target, creds, config.vantages(vantage_specs), options)
         res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs, require_proof)
+
+
+def _cert_ca(spec: str | None) -> str:
+    """``--cert-ca CERT,KEY``: checked now (one line, exit 2), read by the mtls check."""
+    if not spec:
+        return ""
+    certs_cases.listener_ca(spec)
+    return spec
 
 
 def _owner_secret(path: str | None) -> str:

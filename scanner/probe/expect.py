@@ -46,7 +46,7 @@ JWT_REFUSALS: tuple[str, ...] = ("jwt-invalid", "jwt-issuer", "jwt-audience", "j
 
 def token_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
     """Why the token check of an auth "jwt" route refuses ``cred`` (empty: it admits it)."""
-    if cred.kind == "none":
+    if cred.kind in ("none", "cert"):
         return ("jwt-missing",)
     if cred.kind == "malformed":
         return ("jwt-missing", "jwt-invalid")
@@ -59,15 +59,29 @@ def token_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
     return ()
 
 
+def cert_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
+    """Why the certificate check of an auth "cert" route refuses ``cred`` (empty: it admits it).
+    A credential that is no certificate presents none; a certificate names a principal of its
+    role (the identity check sends the ones that do not)."""
+    if cred.kind != "cert":
+        return ("cert-missing",)
+    if decision.roles and cred.role not in decision.roles:
+        return ("role",)
+    return ()
+
+
 def key_reasons(decision: Decision, cred: Credential) -> tuple[str, ...]:
-    """Why the key (or token) check refuses ``cred`` on ``decision`` (empty: it admits it)."""
+    """Why the key (or token, or certificate) check refuses ``cred`` on ``decision`` (empty: it
+    admits it)."""
     if decision.auth == "none":
         return ()
     if decision.auth == "jwt":
         return token_reasons(decision, cred)
+    if decision.auth == "cert":
+        return cert_reasons(decision, cred)
     if cred.kind == "token":
         return ("unknown-key",)
-    if cred.kind == "none":
+    if cred.kind in ("none", "cert"):
         return ("missing-key",)
     if cred.kind == "malformed":
         return ("missing-key", "unknown-key")   # "Bearer" with no token: either reading is a refusal
@@ -100,7 +114,7 @@ def rule_for(exp: Expectation) -> str:
     """The finding rule when a request denied for ``exp.reasons`` got through."""
     why = set(exp.reasons)
     if why & {"not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "jwt-missing",
-              "jwt-invalid"}:
+              "jwt-invalid", "cert-missing", "cert-invalid", "cert-unknown"}:
         return "VP001"
     if why & {"role", "jwt-role"}:
         return "VP002"

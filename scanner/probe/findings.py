@@ -78,6 +78,11 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "Verify every token on an auth: jwt route before anything else: its signature with a key "
          "of the JWKS (kid and alg, never none or an HMAC), exp / nbf with the skew, the issuer, the "
          "audience, the required claims and the role map; regenerate the proxy config and reload."),
+    Rule("VP021", "critical", "a client certificate the perimeter must refuse was accepted",
+         "On an auth: cert route require a client certificate verified against listen.tls.client_ca "
+         "(NGINX: ssl_verify_client optional and $ssl_client_verify SUCCESS; Envoy: a validation "
+         "context) naming a listed principal by its URI SAN or subject, of a role the route admits; "
+         "remove revoked principals, regenerate the proxy config and reload."),
     Rule("VP020", "high", "a stored response reached by a principal it was not handed to",
          "With responses: owned the perimeter seals every response id it hands out to the principal "
          "(id~MAC) and refuses any other (403 not-owner) in the path and in previous_response_id, "

@@ -44,7 +44,9 @@ Outcome = Literal["denied", "limited", "guarded", "absent", "reached", "error", 
 Verdict = Literal["proved", "failed", "inconclusive", "skipped"]
 VERDICTS: tuple[Verdict, ...] = ("proved", "failed", "inconclusive", "skipped")
 # "token": a bearer token (auth "jwt"), valid for ``audiences`` with ``role``, naming ``principal``
-CredentialKind = Literal["none", "malformed", "wrong", "role", "token"]
+# "cert": a client certificate (auth "cert") presented in the TLS handshake, naming ``principal``
+# of ``role``; no Authorization header
+CredentialKind = Literal["none", "malformed", "wrong", "role", "token", "cert"]
 PROBE_SCHEMA_VERSION = 1
 
 
@@ -59,9 +61,15 @@ class Credential:
     fingerprint: str = ""
     audiences: tuple[str, ...] = ()   # a token: the auth "jwt" audiences whose rules it meets
     principal: str = ""               # a token: the principal its principal claim names
+    cert_file: str = ""               # a certificate: its PEM file, and its key's (never printed)
+    key_file: str = field(default="", repr=False, compare=False)
+    # a certificate the listener must refuse (another CA's, expired): sent over TLS 1.2, where the
+    # refusal is part of the handshake (TLS 1.3 sends it after the client's Finished, racing the
+    # request's write: a broken pipe proves nothing)
+    refused_in_handshake: bool = False
 
     def headers(self) -> dict[str, str]:
-        if self.kind == "none":
+        if self.kind in ("none", "cert"):
             return {}
         if self.kind == "malformed":
             return {"Authorization": "Bearer"}
@@ -125,6 +133,10 @@ class ProbeOptions:
     # the issuer's private key (PEM file; probe --jwt-signing-key, verify: its test issuer's): the
     # identity check signs its token cases with it; without it only refusals are proven
     jwt_signing_key: str = field(default="", repr=False, compare=False)
+    # a CA whose certificate is the listener's client CA, "CERT,KEY" PEM files (probe --cert-ca,
+    # verify: its test CA's): the mtls check then issues its own client certificates (an expired
+    # one, an unknown name, each certificate principal's); without it only --cert ones are sent
+    cert_ca: str = field(default="", repr=False, compare=False)
     # the running SSRF canary (probe --ssrf-canary; scanner.probe.canary), None: not probed
     canary: Canary | None = field(default=None, compare=False, repr=False)
     # a fleet (verify --replicas): the other replicas' base URLs; the rate, concurrency and token

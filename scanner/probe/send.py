@@ -24,7 +24,7 @@ from scanner.errors import UsageError
 from scanner.probe import grpc_call, h2c
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason, grpc_status
-from scanner.probe.interface import Attempt, Target, TransportFactory, Vantage
+from scanner.probe.interface import Attempt, Credential, Target, TransportFactory, Vantage
 from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
@@ -37,19 +37,33 @@ H2_SPOKEN = "the listener answered in HTTP/2 (h2c prior knowledge accepted)"
 T = TypeVar("T")
 
 
-def ssl_context(target: Target) -> ssl.SSLContext:
-    """Verification always on: the CA bundle given, else the system store. Never off."""
+def ssl_context(target: Target, cert: tuple[str, str] | None = None, tls12: bool = False) -> ssl.SSLContext:
+    """Verification always on: the CA bundle given, else the system store. Never off. ``cert``:
+    the client certificate and key a case presents (auth "cert") instead of ``--client-cert``."""
     try:
         ctx = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle \
             else ssl.create_default_context()
     except (OSError, ssl.SSLError) as exc:
         raise UsageError(f"--ca-bundle {target.ca_bundle}: cannot load: {exc}") from None
-    if target.client_cert:
+    if tls12:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None:
+        try:
+            ctx.load_cert_chain(*cert)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--cert {cert[0]}: cannot load the certificate or its key: {exc}") from None
+    elif target.client_cert:
         try:
             ctx.load_cert_chain(target.client_cert, target.client_key)
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"--client-cert/--client-key: cannot load: {exc}") from None
     return ctx
+
+
+def _pool(vantage: Vantage, cred: Credential) -> str:
+    """Connections are kept per vantage and per client certificate: a TLS connection carries the
+    certificate it was opened with, so a case presenting another (or none) never reuses it."""
+    return f"{vantage.name}\0{cred.cert_file}" if cred.kind == "cert" else vantage.name
 
 
 class Sender:
@@ -64,6 +78,7 @@ class Sender:
         # go over streams unless a transport is injected (tests have no sockets)
         self.use_httpx = factory is not None or client == "httpx"
         self._ctx = ssl_context(target) if target.url.scheme == "https" else None
+        self._cert_ctx: dict[tuple[str, str, str], ssl.SSLContext] = {}
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._idle: dict[str, list[_Conn]] = {}
         url = target.url
@@ -72,14 +87,25 @@ class Sender:
         self._prefix = url.raw_path.rstrip(b"/").decode()
         self._port = url.port or (443 if url.scheme == "https" else 80)
 
-    def _client(self, vantage: Vantage) -> httpx.AsyncClient:
-        client = self._clients.get(vantage.name)
+    def _context(self, cred: Credential) -> ssl.SSLContext | None:
+        """The TLS context a case's credential connects with (None: plain HTTP)."""
+        if self._ctx is None or cred.kind != "cert":
+            return self._ctx
+        pair = (cred.cert_file, cred.key_file)
+        key = (*pair, "1.2" if cred.refused_in_handshake else "")
+        if key not in self._cert_ctx:
+            self._cert_ctx[key] = ssl_context(self.target, pair, cred.refused_in_handshake)
+        return self._cert_ctx[key]
+
+    def _client(self, vantage: Vantage, cred: Credential) -> httpx.AsyncClient:
+        pool = _pool(vantage, cred)
+        client = self._clients.get(pool)
         if client is None:
             transport = self.factory(vantage) if self.factory else httpx.AsyncHTTPTransport(
-                local_address=vantage.address, verify=self._ctx or True, retries=0)
+                local_address=vantage.address, verify=self._context(cred) or True, retries=0)
             client = httpx.AsyncClient(transport=transport, timeout=self.timeout,
                                        follow_redirects=False, trust_env=False)
-            self._clients[vantage.name] = client
+            self._clients[pool] = client
         return client
 
     async def aclose(self) -> None:
@@ -126,7 +152,7 @@ class Sender:
         out: list[Attempt | None] = [None] * len(cases)
         for i, c in enumerate(cases):
             if _pipelinable(c):
-                groups.setdefault(c.vantage.name, []).append(i)
+                groups.setdefault(_pool(c.vantage, c.credential), []).append(i)
             else:
                 out[i] = await self.send(c)
         for idx in groups.values():
@@ -149,10 +175,10 @@ class Sender:
             out.append(await self.send(c))
         return out
 
-    def _reuse(self, vantage: Vantage) -> _Conn | None:
-        """A kept-alive connection of ``vantage`` the server has not closed (nor may have: idle
-        at most KEEP_IDLE_S); None: open a fresh one."""
-        idle = self._idle.setdefault(vantage.name, [])
+    def _reuse(self, vantage: Vantage, cred: Credential) -> _Conn | None:
+        """A kept-alive connection of ``vantage`` (and ``cred``'s certificate) the server has not
+        closed (nor may have: idle at most KEEP_IDLE_S); None: open a fresh one."""
+        idle = self._idle.setdefault(_pool(vantage, cred), [])
         while idle:
             conn = idle.pop()
             if conn.usable():
@@ -160,12 +186,14 @@ class Sender:
             conn.close()
         return None
 
-    def _keep(self, vantage: Vantage, conn: _Conn) -> None:
+    def _keep(self, vantage: Vantage, cred: Credential, conn: _Conn) -> None:
         conn.idle_since = time.monotonic()
-        self._idle.setdefault(vantage.name, []).append(conn)
+        self._idle.setdefault(_pool(vantage, cred), []).append(conn)
 
     async def _pipeline(self, cases: Sequence[Case], got: list[tuple[int, dict[str, str], float]]) -> None:
-        conn = self._reuse(cases[0].vantage) or await self._connect(cases[0].vantage)
+        first = cases[0]
+        conn = (self._reuse(first.vantage, first.credential)
+                or await self._connect(first.vantage, first.credential))
         keep, reuse = False, True
         try:
             await conn.write(b"".join(raw_request(c, self._host, self._prefix, keep_alive=True)
@@ -178,7 +206,7 @@ class Sender:
                     break
         finally:
             if keep and reuse:
-                self._keep(cases[0].vantage, conn)
+                self._keep(first.vantage, first.credential, conn)
             else:
                 conn.close()
 
@@ -191,7 +219,7 @@ class Sender:
         url = base.copy_with(raw_path=(base.raw_path.rstrip(b"/") + path.encode()
                                        + (b"?" + query.encode() if query else b"")))
         content: bytes | None = case.body
-        client = self._client(case.vantage)
+        client = self._client(case.vantage, case.credential)
         for retry in (True, False):
             # A kept-alive connection the server closed meanwhile fails before any answer:
             # send once more on a fresh one (every probe request is non-acting).
@@ -214,9 +242,9 @@ class Sender:
         a failure is never sent again here: whether the request reached the upstream is then not
         known (the runner may send the case again, as a recorded attempt)."""
         data = raw_request(case, self._host, self._prefix, keep_alive=not case.raw)
-        conn = None if case.raw else self._reuse(case.vantage)
+        conn = None if case.raw else self._reuse(case.vantage, case.credential)
         if conn is None:
-            conn = await self._connect(case.vantage)
+            conn = await self._connect(case.vantage, case.credential)
         try:
             await conn.write(data)
             status, headers, keep = await conn.response(case.send_method)
@@ -224,7 +252,7 @@ class Sender:
             conn.close()
             raise
         if keep and not case.raw and reusable(case, status):
-            self._keep(case.vantage, conn)
+            self._keep(case.vantage, case.credential, conn)
         else:
             conn.close()
         return status, headers, conn.body
@@ -234,7 +262,7 @@ class Sender:
         did the listener speak HTTP/2). An HTTP/1.1 answer (the preface line refused) is read
         as any other; of an HTTP/2 one only ``:status`` (0 when not read), no headers."""
         target = case.target if case.target.startswith("/") else "/"
-        conn = await self._connect(case.vantage)
+        conn = await self._connect(case.vantage, case.credential)
         try:
             await conn.write(h2c.request(case.send_method, self._prefix + target, self._host,
                                          case.all_headers(), case.body))
@@ -260,11 +288,12 @@ class Sender:
         finally:
             conn.close()
 
-    async def _connect(self, vantage: Vantage) -> _Conn:
+    async def _connect(self, vantage: Vantage, cred: Credential) -> _Conn:
         url = self._url
         local = (vantage.address, 0) if vantage.address else None
+        ctx = self._context(cred)
         reader, writer = await asyncio.open_connection(
-            url.host, self._port, ssl=self._ctx, server_hostname=url.host if self._ctx else None,
+            url.host, self._port, ssl=ctx, server_hostname=url.host if ctx else None,
             local_addr=local, limit=_MAX_HEAD)
         return _Conn(reader, writer)
 

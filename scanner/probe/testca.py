@@ -72,6 +72,10 @@ class TestCa:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        return _key_pem(self.key)
+
     def issue(self, subject: str = "CN=client", san: str = "", dns: tuple[str, ...] = (),
               ips: tuple[str, ...] = (), expired: bool = False, server: bool = False) -> Leaf:
         """A certificate for ``subject`` with URI SAN ``san`` (if any), DNS / IP SANs (a server's);

@@ -22,12 +22,27 @@ from __future__ import annotations
 from scanner import reasons as R
 from scanner.probe.interface import Attempt, Verdict
 
+# What a TLS client sees when the server refuses its certificate: an alert (unknown CA, expired,
+# bad certificate; TLS 1.3 sends it after the client's Finished, so it arrives on the first read).
+HANDSHAKE_ALERTS: tuple[str, ...] = ("alert unknown ca", "alert certificate expired", "alert bad certificate",
+                                     "alert certificate unknown", "alert decrypt error",
+                                     "alert certificate required", "alert handshake failure")
+
+
+def handshake_refused(error: str) -> bool:
+    """Did the server refuse the client's certificate in the TLS handshake (``error`` the
+    attempt's)? Only a TLS alert naming the certificate counts; a reset or timeout does not."""
+    text = error.lower().replace("_", " ")
+    return any(alert in text for alert in HANDSHAKE_ALERTS)
+
 
 def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdict, str]:
     """(verdict, why) for one attempt of a case expecting ``expected`` with ``accepted`` reasons."""
     if a.outcome == "skipped":
         return "skipped", a.error.removeprefix("skipped: ")
     if a.status is None:
+        if "cert-invalid" in accepted and handshake_refused(a.error):
+            return "proved", f"the listener refused the certificate in the TLS handshake ({a.error})"
         return "inconclusive", f"no answer ({a.error or 'unknown error'})"
     proxy = a.layer == "proxy"
     kind, _detail = R.parse(a.reason)

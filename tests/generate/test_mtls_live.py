@@ -189,3 +189,21 @@ def test_keys_beside_certificates(live: Live) -> None:
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (401, "missing-key")
     r = _send(live, None, "key-on-cert-route", key=key.secret)
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (401, "cert-missing")
+
+
+def test_probe_mtls_and_access_checks_prove_the_plan(live: Live) -> None:
+    """The probe's mtls check (no certificate, another CA, expired, unknown, a role not admitted,
+    the admitted principal) and the access matrix (keys and certificates on every route) against
+    the running proxy: every subject proved, no finding."""
+    from scanner.probe.interface import ProbeOptions
+    from scanner.probe.runner import probe
+
+    options = verify.probe_options(live.setup, ProbeOptions(checks=("mtls", "matrix"), rate=0), live.witness)
+    res = probe(live.setup.plan, verify.target_of(live.setup), live.setup.credentials, live.setup.vantages,
+                options)
+    assert not res.findings, [f.title for f in res.findings]
+    mtls = [c for c in res.coverage if c.check == "mtls"]
+    assert len(mtls) == 4 and all(c.status == "proved" for c in mtls), mtls
+    sent = {a.credential for a in res.attempts if a.check == "mtls"}
+    assert {"cert:none", "cert:other-ca", "cert:expired", "cert:unknown", "cert:principal:worker-a",
+            "cert:principal:ops"} <= sent, sent

@@ -4,10 +4,11 @@ of routes sharing a limiter), token-budget (tokens_per_minute), media (URLs, dat
 ssrf-canary (media URLs the upstream fetches; only with --ssrf-canary), timeout (upstream
 timeouts at their value), upstream (normalise, headers), protocol (h2c, gRPC on the HTTP
 listener), grpc (the gRPC listener's methods), identity (bearer tokens of auth: jwt audiences),
+mtls (client certificates of auth: cert audiences),
 ownership (stored responses owned by their principal: responses: owned)."""
 
 from scanner.probe.checks import access, limits, load, tokens, media, canary  # noqa: I001
-from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity, ownership
+from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity, mtls, ownership
 
-__all__ = ["access", "canary", "grpc", "identity", "limits", "load", "media", "ownership", "protocol",
+__all__ = ["access", "canary", "grpc", "identity", "limits", "load", "media", "mtls", "ownership", "protocol",
            "timeouts", "tokens", "upstream"]

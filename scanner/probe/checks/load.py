@@ -72,8 +72,8 @@ def capacity(rate: Rate, window: float) -> float:
 def other_cell(ctx: CheckContext, d: Decision, cell: Cell) -> tuple[str, Cell | None, str]:
     """(subject suffix, the cell of another principal, or address on ``auth: none``, that ``d``
     admits on the same vantage (address: with the same credential), why there is none)."""
-    if d.auth in ("key", "jwt"):
-        kind = "role" if d.auth == "key" else "token"
+    if d.auth in ("key", "jwt", "cert"):
+        kind = {"key": "role", "jwt": "token", "cert": "cert"}[d.auth]
         found = next(((c, v) for c, v in ctx.allowed_cells(d)
                       if v == cell[1] and c.kind == kind and c.label != cell[0].label
                       and (kind == "role" or c.principal != cell[0].principal)), None)

@@ -119,7 +119,8 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     want = ""
     if d is not None and d.auth == "key":
         want = next((p.name for p in ctx.plan.principals if p.fingerprint == case.credential.fingerprint), "")
-    elif d is not None and d.auth == "jwt" and case.credential.kind == "token":
+    elif d is not None and ((d.auth == "jwt" and case.credential.kind == "token")
+                            or (d.auth == "cert" and case.credential.kind == "cert")):
         want = case.credential.principal
     if principal != want:
         out.append(("VP014", f"{PRINCIPAL_HEADER} reached the upstream as {principal!r}, expected {want!r}"))
