@@ -26,7 +26,17 @@ from scanner.inventory.model import Inventory
 from scanner.net import free_port
 from scanner.plan.model import Decision, Plan
 from scanner.policy.model import Policy
-from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
+from scanner.probe import findings
+from scanner.probe.interface import (
+    Coverage,
+    CoverageStatus,
+    Credential,
+    Finding,
+    ProbeOptions,
+    ProbeResult,
+    Target,
+    Vantage,
+)
 from scanner.probe.runner import probe
 from scanner.runtime import fleet
 from scanner.runtime.proxy import Proxy
@@ -97,7 +107,35 @@ def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential],
         result = probe(fp, Target(urls[0]), credentials, vantages, replace(options, replicas=urls[1:]))
         if outage_too and not mutant:
             down = outage(fp, f, credentials, vantages)
+    if down is not None:
+        result = recorded(result, down)
     return FleetRun(proxy.name, replicas, result, round(time.monotonic() - t0, 2), down, mutant)
+
+
+OUTAGE_CHECK = "fleet"
+
+
+def recorded(result: ProbeResult, o: Outage) -> ProbeResult:
+    """``result`` with what the fleet did while Redis was stopped, so every report format says it:
+    a coverage line (proved: the failure policy held), and a finding when it did not (VP005: the
+    limits were not what the policy says with the store down) or Redis could not be stopped on
+    any route (VP011: not proven)."""
+    method, _, path = o.route.partition(" ")
+    subject = f"shared store unavailable (on_unavailable: {o.policy})"
+    status: CoverageStatus = "proved" if o.holds else "failed" if o.route else "not-proven"
+    cov = Coverage(OUTAGE_CHECK, subject, status, why=o.what, attempts=len(o.statuses), method=method,
+                   path=path)
+    if o.holds:
+        found: tuple[Finding, ...] = ()
+    elif not o.route:
+        found = (findings.not_proven(OUTAGE_CHECK, [subject], "*", "*", o.what, []),)
+    else:
+        rule = findings.RULES["VP005"]
+        found = (Finding(id=findings.finding_id("VP005", method, path, "*", OUTAGE_CHECK), rule="VP005",
+                         severity=rule.severity, title=f"failure policy not held with the shared store "
+                         f"down: {o.route}", method=method, path=path, vantage="*", detail=o.what,
+                         remediation=rule.remediation, check=OUTAGE_CHECK),)
+    return replace(result, coverage=(*result.coverage, cov), findings=(*result.findings, *found))
 
 
 # --- Redis stopped ---------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def test_envoy_fleet_limits_hold_for_the_sum_and_the_outage_is_reported() -> Non
     assert not mutants
     assert run.outage is not None and run.outage.holds and run.outage.policy == "deny"
     assert set(run.outage.statuses) == {503} and "shared-store-unavailable" in run.outage.what
+    # in the run's result, so every report format says it
+    (line,) = [c for c in run.result.coverage if c.check == verify_fleet.OUTAGE_CHECK]
+    assert line.status == "proved" and line.why == run.outage.what
 
 
 @pytest.mark.slow
