@@ -153,6 +153,18 @@ def rated_by_address(plan: Plan) -> Decision:
                 lambda d: d.limits.rate is not None and d.auth == "none")
 
 
+def cert_checked(plan: Plan) -> Decision:
+    """A route of an ``auth: cert`` audience (client certificates) with an admitted certificate
+    principal (the mtls check's admitted case)."""
+    return pick(plan, "with auth: cert and a certificate principal it admits",
+                lambda d: d.auth == "cert" and any(not d.roles or c.role in d.roles for c in plan.certs))
+
+
+def cert_role(plan: Plan, d: Decision) -> str:
+    """A role ``d`` admits that a certificate principal has."""
+    return next(c.role for c in plan.certs if not d.roles or c.role in d.roles)
+
+
 def token_checked(plan: Plan) -> Decision:
     """A route of an ``auth: jwt`` audience (bearer tokens verified)."""
     return pick(plan, "with auth: jwt", lambda d: d.jwt is not None)

@@ -604,3 +604,49 @@ def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:
     _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then""",
               "  if false then")
     return f"{where(d)} (every auth: jwt route): the issuer check removed"
+
+
+# --- client certificates (auth: cert): the listener's validation and the Lua name check -------
+
+CERT_NEEDS = "auth: cert"
+
+
+@_e("cert-any-ca", "remove", "the client certificate's verification",
+    "any CA accepted: trust_chain_verification ACCEPT_UNTRUSTED and the Lua validated test removed "
+    "(a certificate from another CA, or expired, names its principal)", ("mtls",), needs=CERT_NEEDS)
+def _e_cert_any_ca(env: _Envoy, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    listener = env.doc["static_resources"]["listeners"][0]
+    ctx = listener["filter_chains"][0]["transport_socket"]["typed_config"]
+    validation = ctx.get("common_tls_context", {}).get("validation_context")
+    if validation is None:
+        raise NotApplicable("no validation_context")
+    validation["trust_chain_verification"] = "ACCEPT_UNTRUSTED"
+    _lua_text(env, "  if not ssl:peerCertificateValidated() then", "  if false then")
+    return f"{where(d)} (every auth: cert route): client certificates not verified"
+
+
+@_e("cert-san-unchecked", "remove", "the client certificate's name",
+    "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
+    needs=CERT_NEEDS)
+def _e_cert_san(env: _Envoy, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    _lua_text(env, """    return "403", "cert-unknown"
+  end""", f"""    p = {{name = "anyone", role = "{core.cert_role(plan, d)}"}}
+  end""")
+    return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
+
+
+@_e("cert-revoked-mapped", "remove", "a revoked certificate principal",
+    "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
+    "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)
+def _e_cert_revoked(env: _Envoy, plan: Plan) -> str:
+    from scanner.probe.certs_cases import UNKNOWN_SAN
+
+    d = core.cert_checked(plan)
+    path = env.path.parent / PRINCIPALS
+    text = path.read_text(encoding="utf-8")
+    if "\ncert\t" not in text:
+        raise NotApplicable(f"{PRINCIPALS}: no certificate principals")
+    write_text(path, text + f"cert\tsan:{UNKNOWN_SAN}\trevoked\t{core.cert_role(plan, d)}\n", mode=0o600)
+    return f"{where(d)} (every auth: cert route): a revoked principal still mapped"

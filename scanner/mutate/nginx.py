@@ -581,3 +581,51 @@ def _n_jwt_expiry(directory: Path, plan: Plan) -> str:
 def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
     return _njs(directory, plan, "if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {",
                 "if (false) {", "the issuer check removed")
+
+
+# --- client certificates (auth: cert): the listener's verification and the njs name check -----
+
+CERT_NEEDS = "auth: cert"
+
+
+@_op("cert-any-ca", "remove", "the client certificate's verification",
+     "any CA accepted: ssl_verify_client optional_no_ca, and the verification result unread (a "
+     "certificate from another CA, or expired, names its principal)", ("mtls",), needs=CERT_NEEDS)
+def _n_cert_any_ca(directory: Path, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    text = _read(directory, HTTP)
+    new = text.replace("    ssl_verify_client optional;", "    ssl_verify_client optional_no_ca;", 1)
+    new = new.replace('    default "";\n    SUCCESS $perimeter_cert_who;',
+                      "    default $perimeter_cert_who;", 1)
+    _write(directory, HTTP, text, new)
+    return f"{where(d)} (every auth: cert route): client certificates not verified"
+
+
+@_op("cert-san-unchecked", "remove", "the client certificate's name",
+     "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
+     needs=CERT_NEEDS)
+def _n_cert_san(directory: Path, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    text = _read(directory, NJS)
+    old = "    return p === null ? '' : p[0] + ' ' + p[1];"
+    if old not in text:
+        raise NotApplicable(f"{NJS}: no {old!r}")
+    _write(directory, NJS, text, text.replace(
+        old, f"    return p === null ? 'anyone {core.cert_role(plan, d)}' : p[0] + ' ' + p[1];", 1))
+    return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
+
+
+@_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
+     "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
+     "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)
+def _n_cert_revoked(directory: Path, plan: Plan) -> str:
+    from scanner.probe.certs_cases import UNKNOWN_SAN
+
+    d = core.cert_checked(plan)
+    text = _read(directory, PRINCIPALS)
+    old = "js_var $perimeter_certs '{"
+    if old not in text:
+        raise NotApplicable(f"{PRINCIPALS}: no certificate principals")
+    _write(directory, PRINCIPALS, text, text.replace(
+        old, old + f'"san:{UNKNOWN_SAN}":["revoked","{core.cert_role(plan, d)}"],', 1))
+    return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
