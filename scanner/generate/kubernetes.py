@@ -85,6 +85,8 @@ PROXIES: Mapping[str, Proxy] = {
 
 # Files the policy names that the proxy opens at run time, by the key they take in <name>-tls.
 TLS_KEYS = {"listen.tls.cert": "listen.crt", "listen.tls.key": "listen.key",
+            # auth: cert: the CA bundle client certificates are verified against (docs/identity.md)
+            "listen.tls.client_ca": "client-ca.crt",
             "upstream.tls.ca": "upstream-ca.crt", "upstream.tls.client_cert": "upstream-client.crt",
             "upstream.tls.client_key": "upstream-client.key",
             # responses: owned: the HMAC secret both proxies read at run time (docs/ownership.md)
@@ -298,6 +300,7 @@ def _mounted(plan: Plan, proxy: str, names: Names) -> tuple[Mounted, ...]:
     listen_tls, up_tls = plan.listen.tls, plan.upstream.tls
     roles = {"listen.tls.cert": listen_tls.cert if listen_tls else None,
              "listen.tls.key": listen_tls.key if listen_tls else None,
+             "listen.tls.client_ca": listen_tls.client_ca if listen_tls else None,
              "upstream.tls.ca": up_tls.ca if up_tls and plan.upstream.use_tls else None,
              "upstream.tls.client_cert": up_tls.client_cert if up_tls and plan.upstream.use_tls else None,
              "upstream.tls.client_key": up_tls.client_key if up_tls and plan.upstream.use_tls else None,

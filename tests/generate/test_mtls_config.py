@@ -88,3 +88,21 @@ def test_nginx_config_shape(tmp_path: Path) -> None:
     assert isinstance(proxy, NginxProxy)
     proxy.write(plan, tmp_path / "n")
     assert proxy.validate(plan, tmp_path / "n") == ""
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_kubernetes_mounts_the_client_ca(tmp_path: Path, proxy: str) -> None:
+    """The bundle mounts listen.tls.client_ca from the <name>-tls Secret the user creates (key
+    client-ca.crt) at the policy's path, as it mounts the listener's certificate."""
+    from tests.generate.test_kubernetes import UPSTREAM, assert_valid, docs, pod_spec, render
+
+    ca = TestCa.new()
+    (tmp_path / "ca.pem").write_bytes(ca.pem)
+    cert, key = ca.issue("CN=listener", ips=("127.0.0.1",), server=True).write(tmp_path, "server")
+    text = POLICY.replace("/unused.crt", cert).replace("/unused.key", key) + UPSTREAM
+    policy = loads(text, source=str(tmp_path / "p.yaml"), base_dir=tmp_path)
+    _config, bundle = render(proxy, policy)
+    assert_valid(bundle)
+    spec = pod_spec(docs(bundle)["deployment.yaml"])
+    mounts = {m["mountPath"]: m for c in spec["containers"] for m in c["volumeMounts"]}
+    assert mounts[str(tmp_path / "ca.pem")]["subPath"] == "client-ca.crt"
