@@ -77,15 +77,16 @@ class TestCa:
         return _key_pem(self.key)
 
     def issue(self, subject: str = "CN=client", san: str = "", dns: tuple[str, ...] = (),
-              ips: tuple[str, ...] = (), expired: bool = False, server: bool = False) -> Leaf:
-        """A certificate for ``subject`` with URI SAN ``san`` (if any), DNS / IP SANs (a server's);
-        ``expired``: valid until yesterday."""
+              ips: tuple[str, ...] = (), expired: bool = False, server: bool = False,
+              more_sans: tuple[str, ...] = ()) -> Leaf:
+        """A certificate for ``subject`` with URI SAN ``san`` (if any; ``more_sans``: further URI
+        SANs), DNS / IP SANs (a server's); ``expired``: valid until yesterday."""
         import ipaddress
 
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         start, end = (now - 10 * _DAY, now - _DAY) if expired else (now - _DAY, now + 7 * _DAY)
-        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(san)] if san else []
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in (san, *more_sans) if u]
         names += [x509.DNSName(d) for d in dns]
         names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
         builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(self.cert.subject)

@@ -106,3 +106,17 @@ def test_kubernetes_mounts_the_client_ca(tmp_path: Path, proxy: str) -> None:
     spec = pod_spec(docs(bundle)["deployment.yaml"])
     mounts = {m["mountPath"]: m for c in spec["containers"] for m in c["volumeMounts"]}
     assert mounts[str(tmp_path / "ca.pem")]["subPath"] == "client-ca.crt"
+
+
+def test_nginx_cert_config_has_no_gixy_findings(tmp_path: Path) -> None:
+    """The certificate's principal reaches a header, the log and the zone keys only through maps
+    admitting name characters: gixy finds nothing of it (no header splitting)."""
+    from tests.generate.test_gixy import findings, summary
+    from tests.probe.realproxy import proxy_named
+
+    proxy = proxy_named("nginx")
+    conf = proxy.write(_plan(tmp_path), tmp_path / "out")
+    found = findings(next(conf.rglob("nginx.conf")))
+    # any TLS listener's (not the certificates'): the default ciphers, no HSTS header
+    listener = {"weak_ssl_tls", "hsts_header"}
+    assert [f for f in found if f["plugin"] not in listener] == [], summary(found)

@@ -157,14 +157,21 @@ def test_certificate_refusals(live: Live) -> None:
     unknown = _issued(live, "unknown", subject="CN=stranger", san="spiffe://example.org/ns/app/sa/stranger")
     r = _send(live, unknown, "unknown")
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "cert-unknown")
-    two = _issued(live, "two-sans", subject="CN=x", san="spiffe://example.org/ns/app/sa/worker")
-    assert two   # one URI SAN: fine; the SPIFFE rule (exactly one) is in the unit tests
+    # two URI SANs (one a principal's): no principal by SAN (an X.509-SVID has exactly one)
+    two = _issued(live, "two-sans", subject="CN=x", san="spiffe://example.org/ns/app/sa/worker",
+                  more_sans=("spiffe://example.org/ns/app/sa/other",))
+    r = _send(live, two, "two-sans")
+    assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "cert-unknown")
+    # ... while its subject may still name one
+    two_batch = _issued(live, "two-sans-batch", subject="CN=batch,O=Example",
+                        san="spiffe://example.org/ns/app/sa/worker", more_sans=("spiffe://x/y",))
+    assert _send(live, two_batch, "two-sans-batch").status_code == 200
     r = _send(live, _client(live, "ops"), "wrong-role")
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "role")
     r = _send(live, _client(live, "worker-a"), "admin-route", "POST", "/v1/chat/completions",
               {"model": "m", "messages": []})
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "role")
-    for probe in ("no-cert", "unknown", "wrong-role", "admin-route"):
+    for probe in ("no-cert", "unknown", "two-sans", "wrong-role", "admin-route"):
         assert not _witnessed(live, probe), probe
 
 
