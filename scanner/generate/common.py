@@ -62,7 +62,8 @@ def salts(plan: Plan, generator: str) -> tuple[tuple[str, str], ...]:
     secret = read_secret(path)
     subjects = {d.salt_subject("") for d in plan.allowed if d.salt == "audience"}
     if any(d.salt == "principal" for d in plan.allowed):
-        subjects |= {f"principal:{p.name}" for p in plan.principals}
+        subjects |= {f"principal:{name}" for name in (*(p.name for p in plan.principals),
+                                                        *(c.name for c in plan.certs))}
     for subject in subjects:
         kind, _, name = subject.partition(":")
         safe_name(generator, kind, name)

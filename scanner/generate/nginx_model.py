@@ -136,7 +136,8 @@ class BodyCheck:
                         # the route's field rules (unknown fields first); "" none
     parse_all: bool = False   # njs parses every body: an absent budget, or fields the rules do
                               # not name, have no native fast path
-    salt: str = ""      # "principal" / "audience:NAME": njs writes cache_salt = $perimeter_salt
+    salt: str = ""      # "principal" / "principal-cert" (a certificate principal's) / "audience:NAME":
+                        # njs writes cache_salt = $perimeter_salt
                         # (the subject's salt, from the 0600 principals file) into every body
     media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
                         # applies (checkMedia); a body with a media key never takes the fast path
@@ -539,8 +540,8 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     own_conn = reg.conn_zone(own) if own else None
     budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
-    salt = ("principal" if salted.salt == "principal" else f"audience:{_name('audience', salted.audience)}"
-            ) if salted else ""
+    salt = (("principal-cert" if salted.auth == "cert" else "principal") if salted.salt == "principal"
+            else f"audience:{_name('audience', salted.audience)}") if salted else ""
     check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope, owner) if inspect else None
     if d.auth not in ("key", "none", "jwt", "cert"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")

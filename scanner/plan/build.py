@@ -273,16 +273,13 @@ def _salt(route: Route, method: str, audience: Audience,
     per-principal on a route without keys (its anonymous clients are one tenant), the audience's."""
     if not body.salted or route.kind != "http" or method not in BODY_METHODS:
         return ""
-    if body.cache_salt == "per-principal" and audience.auth == "cert":
-        raise PlanError(f"audience {audience.name!r} (line {audience.line}): cache_salt: per-principal "
-                        "with auth: cert is not supported yet (the salts are keyed by API-key principals); "
-                        "use per-audience")
     if body.cache_salt == "per-principal" and audience.auth == "jwt":
         raise PlanError(f"audience {audience.name!r} (line {audience.line}): cache_salt: per-principal "
                         "with auth: jwt is not supported (a token's principal is known only at request "
                         "time, and the salts are computed when the config is generated); use "
                         "per-audience")
-    return "principal" if body.cache_salt == "per-principal" and audience.auth == "key" else "audience"
+    return ("principal" if body.cache_salt == "per-principal" and audience.auth in ("key", "cert")
+            else "audience")
 
 
 def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,

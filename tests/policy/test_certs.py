@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner.errors import PlanError, PolicyError
+from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.build import build
 from scanner.policy.load import loads
@@ -108,11 +108,18 @@ def test_plan_decides_cert_routes_once(tmp_path: Path) -> None:
     assert build(load_ref("vllm-0.29.0-default"), _load(tmp_path)).digest == plan.digest   # type: ignore[arg-type]
 
 
-def test_per_principal_salt_on_a_cert_route_is_a_plan_error(tmp_path: Path) -> None:
+def test_per_principal_salt_on_a_cert_route_is_the_certificate_principals(tmp_path: Path) -> None:
     (tmp_path / "salt").write_text("s" * 40)
+    (tmp_path / "salt").chmod(0o600)
     body = f"body: {{cache_salt: per-principal, cache_salt_secret_file: {tmp_path}/salt}}\n"
-    with pytest.raises(PlanError, match="per-principal with auth: cert"):
-        build(load_ref("vllm-0.29.0-default"), _load(tmp_path, body=body, routes=ROUTE))   # type: ignore[arg-type]
+    plan = build(load_ref("vllm-0.29.0-default"),
+                 _load(tmp_path, body=body, routes=ROUTE))   # type: ignore[arg-type]
+    d = plan.decision("POST", "/v1/chat/completions")
+    assert d is not None and d.auth == "cert" and d.salt == "principal"
+    from scanner.generate.common import salts
+
+    subjects = dict(salts(plan, "nginx"))
+    assert "principal:worker-a" in subjects and "principal:svc" in subjects
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "envoy"])

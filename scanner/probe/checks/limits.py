@@ -586,7 +586,11 @@ def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: Upstre
     if not d.salt:
         return ""
     principal = ""
-    if d.salt == "principal":
+    if d.salt == "principal" and cred.kind == "cert":
+        principal = cred.principal
+        if not principal:
+            return None
+    elif d.salt == "principal":
         digest = hashlib.sha256(cred.secret.encode()).hexdigest() if cred.secret else ""
         principal = next((p.name for p in ctx.plan.principals if p.key_sha256.lower() == digest), "")
         if not principal:
