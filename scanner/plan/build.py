@@ -325,7 +325,7 @@ def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> d
     """Ownership of stored responses on this route (``body: responses: owned``), from the
     inventory: its path parameter naming a response (:data:`owner.OWNED_PARAMS`), its request
     model's top-level fields naming one (:func:`owner.is_owned_field`); either: its answers are
-    sealed. Needs a principal (auth key), and no client-chosen response id (``request_id``) from
+    sealed. Needs a principal (auth key, jwt or cert), and no client-chosen response id (``request_id``) from
     end users (one could store its own answer under another's id)."""
     if not body.owned or route.kind != "http":
         return {}
@@ -340,9 +340,6 @@ def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> d
     if audience.auth == "none":
         raise PlanError(f"{where}: responses: owned binds stored responses to a principal; audience "
                         f"{audience.name!r} has auth: none (give it keys or tokens, or deny the route)")
-    if audience.auth == "cert":
-        raise PlanError(f"{where}: responses: owned on audience {audience.name!r} (auth: cert) is not "
-                        "supported yet: bind stored responses to key or token principals")
     chosen = audience.kind == "end-user" and audience.fields.mode("request_id") == "allow"
     if "request_id" in names and chosen:
         raise PlanError(f"{where}: responses: owned, yet audience {audience.name!r} lets clients send "

@@ -20,7 +20,7 @@ NO_SECRET = ("the route names a stored response (responses: owned): its id must 
 
 def principal_of(ctx: CheckContext, cred: Credential) -> str:
     """The principal the perimeter names for ``cred`` ("" unknown)."""
-    if cred.kind == "token":
+    if cred.kind in ("token", "cert"):
         return cred.principal
     return next((p.name for p in ctx.plan.principals if p.fingerprint == cred.fingerprint), "")
 

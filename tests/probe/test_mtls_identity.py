@@ -31,3 +31,28 @@ def test_cert_operators_caught_by_mtls(tmp_path: Path, proxy: str, mutant: str) 
     assert res.exit_code() == 1
     caught = {f.rule for f in res.findings if f.check == "mtls"}
     assert "VP021" in caught, [(f.rule, f.title) for f in res.findings]
+
+
+OWNED_ROUTES = """routes:
+  - {path: /v1/responses, methods: [POST], audience: workloads}
+  - {path: "/v1/responses/{response_id}", methods: [GET], audience: workloads}
+  - {path: "/v1/responses/{response_id}/cancel", methods: [POST], audience: workloads}
+"""
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_stored_responses_owned_by_certificate_principals(tmp_path: Path, proxy: str) -> None:
+    """responses: owned on a cert audience: a response created by one certificate principal is
+    refused to another (the ownership check with two certificate principals), exit 0."""
+    (tmp_path / "ca.pem").write_bytes(TestCa.new().pem)
+    (tmp_path / "rsecret").write_text("r" * 48)
+    (tmp_path / "rsecret").chmod(0o600)
+    text = POLICY.replace("routes:\n", f"body: {{responses: owned, responses_secret_file: {tmp_path}/rsecret}}\n"
+                          + OWNED_ROUTES, 1)
+    policy = loads(text, source=str(tmp_path / "policy.yaml"), base_dir=tmp_path)
+    res = probe_through(tmp_path, proxy_named(proxy), policy, CATALOG,
+                        ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300,
+                                     checks=("ownership", "mtls")))
+    assert res.exit_code() == 0, [(f.rule, f.title) for f in res.findings]
+    owned = [c for c in res.coverage if c.check == "ownership"]
+    assert owned and all(c.status == "proved" for c in owned), owned
