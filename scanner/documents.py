@@ -487,6 +487,9 @@ class PlanDoc(_Doc):
     uncovered: list[str]
     unused_rules: list[str]
     unnamed_fields: list[str] = []
+    responses_shared: list[str] = Field(default=[], description="end users' routes taking a stored "
+                                        "response's id while stored responses are shared (body: "
+                                        "responses: shared)")
     grpc: dict[str, Any] | None = Field(default=None, description="the gRPC listener's decisions")
     shared: dict[str, Any] | None = Field(default=None,
                                           description="the fleet's shared limits (zones, local shares)")

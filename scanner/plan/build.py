@@ -71,6 +71,7 @@ def build(inventory: Inventory, policy: Policy,
         uncovered=tuple(sorted(uncovered)),
         unused_rules=unused,
         unnamed_fields=_unnamed_fields(inventory, decisions, policy.source),
+        responses_shared=_shared_responses(inventory, decisions, policy),
         grpc=_grpc(policy, networks, grpc_surface) if policy.grpc else None,
     )
     return replace(plan, shared=shared_plan(plan, policy.shared, policy.source)) if policy.shared else plan
@@ -321,6 +322,35 @@ def request_token_cap(route: Route, method: str, limits: Limits) -> tuple[Limits
     return replace(limits, max_request_tokens=tpm), True
 
 
+def _response_ids(route: Route, method: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(the path parameter naming a stored response, the request model's top-level fields naming
+    one, every field name of the model) of ``method route``, from the inventory."""
+    params = [p for p in (patterns.PARAM.match(s) for s in patterns.segments(route.path)) if p]
+    param = next((p.group(1) for p in params if p.group(1) in owner.OWNED_PARAMS), "")
+    model = route.request if method in BODY_METHODS and route.request is not None else None
+    names = tuple(f.name for f in model.fields) if model is not None and model.known else ()
+    return param, tuple(sorted(n for n in names if owner.is_owned_field(n))), names
+
+
+def _shared_responses(inventory: Inventory, decisions: list[Decision], policy: Policy) -> tuple[str, ...]:
+    """"METHOD path" of the allowed routes of end-user audiences that take a stored response's id
+    while the policy shares stored responses (``body: responses: shared``): any of their principals
+    who learns another's id can read, cancel or continue that response (vLLM checks no owner)."""
+    if policy.body.owned:
+        return ()
+    routes = {(m, r.path): r for r in inventory.routes if r.kind == "http" for m in r.methods}
+    out = []
+    for d in decisions:
+        route = routes.get((d.method, d.path))
+        audience = policy.audiences.get(d.audience)
+        if not d.allowed or route is None or audience is None or audience.kind != "end-user":
+            continue
+        param, fields, _names = _response_ids(route, d.method)
+        if param or fields:
+            out.append(f"{d.method} {d.path}")
+    return tuple(sorted(out))
+
+
 def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> dict[str, Any]:
     """Ownership of stored responses on this route (``body: responses: owned``), from the
     inventory: its path parameter naming a response (:data:`owner.OWNED_PARAMS`), its request
@@ -329,11 +359,7 @@ def _owner(route: Route, method: str, audience: Audience, body: BodyPolicy) -> d
     end users (one could store its own answer under another's id)."""
     if not body.owned or route.kind != "http":
         return {}
-    params = [p for p in (patterns.PARAM.match(s) for s in patterns.segments(route.path)) if p]
-    param = next((p.group(1) for p in params if p.group(1) in owner.OWNED_PARAMS), "")
-    model = route.request if method in BODY_METHODS and route.request is not None else None
-    names = tuple(f.name for f in model.fields) if model is not None and model.known else ()
-    fields = tuple(sorted(n for n in names if owner.is_owned_field(n)))
+    param, fields, names = _response_ids(route, method)
     if not param and not fields:
         return {}
     where = f"{method} {route.path}"

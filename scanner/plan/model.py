@@ -521,6 +521,9 @@ class Plan:
     # "METHOD path: a, b (unknown: reject)": fields of an allowed route's request model (from the
     # inventory) its field rules do not name; form bodies are not inspected and not listed
     unnamed_fields: tuple[str, ...] = ()
+    # "METHOD path": end users' routes taking a stored response's id while stored responses are
+    # shared among principals (body: responses: shared): reported, see docs/ownership.md
+    responses_shared: tuple[str, ...] = ()
     grpc: GrpcPlan | None = None           # the gRPC listener's decisions (policy grpc:)
     shared: SharedPlan | None = None       # the fleet's shared limits (policy shared:)
     # principals known by a client certificate's URI SAN or subject (auth "cert" routes); the
@@ -625,6 +628,7 @@ class Plan:
             "uncovered": list(self.uncovered),
             "unused_rules": list(self.unused_rules),
             "unnamed_fields": list(self.unnamed_fields),
+            **({"responses_shared": list(self.responses_shared)} if self.responses_shared else {}),
             **({"grpc": self.grpc.to_dict()} if self.grpc else {}),
             **({"shared": self.shared.to_dict()} if self.shared else {}),
         }

@@ -75,6 +75,11 @@ def to_table(plan: Plan, width: int = 140) -> str:
     if plan.unnamed_fields:
         console.print(f"request fields no rule names (their route's `unknown` decides): "
                       f"{'; '.join(plan.unnamed_fields)}")
+    if plan.responses_shared:
+        console.print(f"stored responses shared among end users' principals (body: responses: shared): "
+                      f"any of them who learns another's response id can read, cancel or continue it "
+                      f"on {', '.join(plan.responses_shared)} (vLLM checks no owner; body: responses: owned "
+                      "seals ids to their principal: docs/ownership.md)")
     if plan.body.owned:
         console.print(f"responses: owned (every response id handed out sealed to its principal, "
                       f"HMAC-SHA256 of the secret in {plan.body.responses_secret_file}; another's: "

@@ -95,6 +95,17 @@ def test_the_plan_owns_what_the_inventory_names(tmp_path: Path) -> None:
     assert "owner" not in json.dumps(json.loads(shared.to_json())["decisions"])
 
 
+def test_shared_responses_on_end_users_routes_are_reported(tmp_path: Path) -> None:
+    shared = make_plan("vllm-0.29.0-default", None)
+    assert shared.responses_shared == ("GET /v1/responses/{response_id}", "POST /v1/responses",
+                                       "POST /v1/responses/{response_id}/cancel")
+    assert json.loads(shared.to_json())["responses_shared"] == list(shared.responses_shared)
+    from scanner.report.plan import render
+    assert "stored responses shared among end users' principals" in render(shared, "table")
+    owned = make_plan("vllm-0.29.0-default", str(owned_policy(tmp_path)))
+    assert owned.responses_shared == () and "responses_shared" not in json.loads(owned.to_json())
+
+
 def test_owned_needs_its_secret_file_and_keys_and_no_client_chosen_id(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="responses_secret_file"):
         make_plan("vllm-0.29.0-everything", str(owned_policy(tmp_path, secret=False)))
