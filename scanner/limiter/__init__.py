@@ -8,7 +8,7 @@ together admit what the policy says (issue 21).
 Modules, one concept each:
 
 * ``config``   the zones file (kind rate | concurrency | tokens and their values), frozen models;
-* ``keys``     Redis key names (``vp:{zone|key}:b`` buckets, ``:s`` slots; a cluster hash tag);
+* ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
 * ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
 * ``store``    the Redis client (URL, password file, TLS) and one typed call per decision;
 * ``decide``   one request's zones: acquire in order, release, settle; reasons, Retry-After;

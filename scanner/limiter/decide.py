@@ -25,7 +25,6 @@ at the bucket's size.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -103,49 +102,36 @@ def new_slot() -> str:
 
 
 async def acquire(redis: Redis, config: LimiterConfig, calls: Sequence[Call], slot: str = "") -> Verdict:
-    """Take every call's zone as if in order, stopping at the first refusal (see the module
-    docstring). The zones are asked at once (one round trip's time, not one per zone); what a
-    zone after the first refusal took is given back, so the outcome is the ordered one."""
-    zones = [(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost)) for c in calls]
+    """Take every call's zone in order, stopping at the first refusal (see the module docstring):
+    one Redis script call for all the zones (store.reserve), atomic across them."""
+    zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
+             for c in calls]
     slot = keys.checked("slot", slot) if slot else new_slot()
-    answers = list(await asyncio.gather(*(_one(redis, z, k, c, slot) for z, k, c in zones)))
-    first = next((i for i, s in enumerate(answers) if not s.admitted), None)
-    if first is None:
-        return Verdict(tuple(answers), slot)
-    later = zip(zones[first + 1:], answers[first + 1:], strict=True)
-    after = [(z, k, c) for (z, k, c), s in later if s.admitted]
-    await asyncio.gather(_undo(redis, zones[:first], slot), _undo(redis, after, slot, rates=True))
-    done = [*answers[:first + 1], *(Status(z, True, 0, evaluated=False) for z, _k, _c in zones[first + 1:])]
+    reserved = await store.reserve(redis, zones, slot)
+    done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
+    done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
     return Verdict(tuple(done), slot)
 
 
-async def _one(redis: Redis, zone: Zone, key: str, cost: int, slot: str) -> Status:
-    if isinstance(zone, ConcurrencyZone):
-        held = await store.hold(redis, zone, key, slot)
-        return Status(zone, held.admitted, max(0, zone.limit - held.live),
-                      0 if held.admitted else SLOT_RETRY_S)
-    if isinstance(zone, TokenZone):
-        cost = min(cost, zone.per_minute + 1)
-    taken = await store.take(redis, zone, key, cost)
-    return Status(zone, taken.admitted, taken.left, 0 if taken.admitted else _retry_after(zone, taken.wait_s))
+def _zone_cost(zone: Zone, key: str, cost: int) -> tuple[Zone, str, int]:
+    """A token zone's cost clamped to ``per_minute + 1`` (more never fits: refused, Retry-After 60)."""
+    return zone, key, min(cost, zone.per_minute + 1) if isinstance(zone, TokenZone) else cost
+
+
+def _status(zone: Zone, answer: store.Taken | store.Held) -> Status:
+    if isinstance(answer, store.Held):
+        limit = zone.limit if isinstance(zone, ConcurrencyZone) else 0
+        return Status(zone, answer.admitted, max(0, limit - answer.live),
+                      0 if answer.admitted else SLOT_RETRY_S)
+    assert isinstance(zone, RateZone | TokenZone)
+    return Status(zone, answer.admitted, answer.left,
+                  0 if answer.admitted else _retry_after(zone, answer.wait_s))
 
 
 def _retry_after(zone: RateZone | TokenZone, wait_s: float | None) -> int:
     if wait_s is None:
         return NEVER_FITS_S if isinstance(zone, TokenZone) else max(1, math.ceil(zone.capacity / zone.rps))
     return max(1, math.ceil(wait_s))
-
-
-async def _undo(redis: Redis, taken: Sequence[tuple[Zone, str, int]], slot: str, rates: bool = False) -> None:
-    """Give back what ``taken`` holds: slots and token reservations; with ``rates`` rate tokens too
-    (a zone the ordered walk would not have reached)."""
-    for zone, key, cost in taken:
-        if isinstance(zone, ConcurrencyZone):
-            await store.release(redis, zone, key, slot)
-        elif isinstance(zone, TokenZone):
-            await store.give(redis, zone, key, min(cost, zone.per_minute + 1))
-        elif rates:
-            await store.give(redis, zone, key, cost)
 
 
 async def release(redis: Redis, config: LimiterConfig, zone_names: Sequence[str], key: str,

@@ -1,9 +1,10 @@
 """Redis key names: one key per zone and key (principal or client address), namespaced ``vp:``.
 
-``vp:{<zone>|<key>}:b`` is a token bucket (rate and token zones), ``vp:{<zone>|<key>}:s`` the
-slots of a concurrency zone. The braces are a Redis Cluster hash tag: everything one zone and key
-owns lives in one slot, so a script touching it never crosses slots. Zone names and keys hold no
-braces (scanner.limiter.config.NAME), so the tag is exactly ``<zone>|<key>``.
+``vp:{<key>}|<zone>:b`` is a token bucket (rate and token zones), ``vp:{<key>}|<zone>:s`` the
+slots of a concurrency zone. The braces are a Redis Cluster hash tag: everything one key (a
+principal or a client address) owns in every zone lives in one slot, so the one script that
+reserves a request's zones together (scripts.ACQUIRE) never crosses slots. Zone names and keys
+hold no braces (scanner.limiter.config.NAME), so the tag is exactly ``<key>``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def checked(kind: str, value: str) -> str:
 
 
 def bucket(zone: str, key: str) -> str:
-    return f"{PREFIX}:{{{zone}|{key}}}:b"
+    return f"{PREFIX}:{{{key}}}|{zone}:b"
 
 
 def slots(zone: str, key: str) -> str:
-    return f"{PREFIX}:{{{zone}|{key}}}:s"
+    return f"{PREFIX}:{{{key}}}|{zone}:s"

@@ -18,6 +18,18 @@ Expired slots are removed first; the same slot id again (a retried call) is refr
 admitted; a new one is admitted when fewer than ``limit`` are live. The key expires with its
 last slot. Answer: ``{admitted 0|1, live slots, ms until the oldest slot expires (refused)}``.
 Release is one ``ZREM`` (atomic without a script).
+
+``ACQUIRE`` (one request, every zone it touches, ONE round trip): the buckets and slots above,
+walked in the request's order (rate, concurrency, tokens) inside one script, so the reservation
+across zones is atomic and costs one ``EVALSHA`` however many zones a route has. Per zone
+``KEYS[i]`` and four ``ARGV`` after ``ARGV[1]`` (the slot id): ``r|t per_second capacity n`` (a
+rate or token bucket) or ``s limit ttl_ms 0`` (slots). Nothing is written until the walk ends:
+all admitted, every zone takes; the first refusal at zone ``f`` and only the rate zones before it
+take (NGINX's ``limit_req`` counted the request; a request that will not run holds no slot and is
+charged no tokens); zones after ``f`` are not evaluated. Answer: ``{f (0: all admitted), then per
+evaluated zone: admitted, left (bucket: whole tokens after the take; slots: live with this one),
+wait (bucket: µs, -1 never; slots: ms until the oldest expires)}``. All keys of one request share
+one Redis Cluster hash slot (scanner.limiter.keys: the tag is the key, not the zone).
 """
 
 from __future__ import annotations
@@ -78,6 +90,70 @@ redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1)
 return {1, live, 0}
 """
 
+ACQUIRE_LUA = """
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ms = math.floor(us / 1000)
+local slot = ARGV[1]
+local out = {0}
+local writes = {}
+local refused = 0
+for i = 1, #KEYS do
+  local kind, a = ARGV[i * 4 - 2], tonumber(ARGV[i * 4 - 1])
+  local b, n = tonumber(ARGV[i * 4]), tonumber(ARGV[i * 4 + 1])
+  if kind ~= 's' then
+    local h = redis.call('HMGET', KEYS[i], 't', 'v')
+    local v = b
+    if h[1] then
+      local dt = us - tonumber(h[1])
+      if dt < 0 then dt = 0 end
+      v = math.min(b, tonumber(h[2]) + dt * a / 1000000)
+    end
+    if v >= n then
+      writes[i] = v - n
+      out[#out + 1] = 1; out[#out + 1] = math.floor(v - n); out[#out + 1] = 0
+    else
+      local wait = -1
+      if n <= b then wait = math.ceil((n - v) * 1000000 / a) end
+      out[#out + 1] = 0; out[#out + 1] = math.floor(v); out[#out + 1] = wait
+      refused = i
+      break
+    end
+  else
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ms)
+    local live = redis.call('ZCARD', KEYS[i])
+    if not redis.call('ZSCORE', KEYS[i], slot) then
+      if live >= a then
+        local first = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+        out[#out + 1] = 0; out[#out + 1] = live; out[#out + 1] = tonumber(first[2]) - ms
+        refused = i
+        break
+      end
+      live = live + 1
+    end
+    writes[i] = true
+    out[#out + 1] = 1; out[#out + 1] = live; out[#out + 1] = 0
+  end
+end
+out[1] = refused
+for i = 1, #KEYS do
+  local w = writes[i]
+  local kind = ARGV[i * 4 - 2]
+  if w ~= nil and (refused == 0 or (i < refused and kind == 'r')) then
+    local a, b = tonumber(ARGV[i * 4 - 1]), tonumber(ARGV[i * 4])
+    if kind ~= 's' then
+      redis.call('HSET', KEYS[i], 't', us, 'v', w)
+      redis.call('PEXPIRE', KEYS[i], math.ceil(b * 1000 / a) + 1000)
+    else
+      redis.call('ZADD', KEYS[i], ms + b, slot)
+      local last = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[i], tonumber(last[2]) + 1)
+    end
+  end
+end
+return out
+"""
+
 
 @dataclass(frozen=True)
 class Script:
@@ -90,12 +166,19 @@ class Script:
 
 BUCKET = Script(BUCKET_LUA)
 SLOT = Script(SLOT_LUA)
+ACQUIRE = Script(ACQUIRE_LUA)
 
 
 async def run(redis: Redis, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:
     """The script's answer (a list of integers); EVAL when Redis does not know the script."""
+    return await run_keys(redis, script, (key,), args)
+
+
+async def run_keys(redis: Redis, script: Script, keys: Sequence[str],
+                   args: Sequence[str | int | float]) -> list[int]:
+    """``run`` over several keys (one round trip)."""
     try:
-        answer = await redis.evalsha(script.sha, 1, key, *args)
+        answer = await redis.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        answer = await redis.eval(script.source, 1, key, *args)
+        answer = await redis.eval(script.source, len(keys), *keys, *args)
     return [int(x) for x in answer]

@@ -8,6 +8,7 @@ URL, never the password. Nothing is decided without an answer from Redis.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from redis.exceptions import RedisError
 
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
 from scanner.limiter import keys, scripts
-from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
+from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
 # that is not there (the proxy turns the answer into 503 shared-store-unavailable).
@@ -124,6 +125,39 @@ async def hold(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> Held
     ok, live, wait_ms = await _run(redis, scripts.SLOT, keys.slots(zone.name, key),
                                    (zone.limit, slot, round(zone.slot_ttl_s * 1000)))
     return Held(ok == 1, live, wait_ms / 1000)
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """One request's reservation over its zones (``reserve``): the index of the first refusal
+    (None: all admitted) and an answer per zone up to and including it (Taken or Held)."""
+
+    refused: int | None
+    answers: tuple[Taken | Held, ...]
+
+
+async def reserve(redis: Redis, zones: Sequence[tuple[Zone, str, int]], slot: str) -> Reserved:
+    """Take every ``(zone, key, cost)`` in order in ONE script call (scripts.ACQUIRE): all, or on
+    the first refusal only the rate zones before it (see scanner.limiter.scripts)."""
+    names: list[str] = []
+    args: list[str | int | float] = [slot]
+    for zone, key, cost in zones:
+        if isinstance(zone, ConcurrencyZone):
+            names.append(keys.slots(zone.name, key))
+            args += ("s", zone.limit, round(zone.slot_ttl_s * 1000), 0)
+        else:
+            names.append(keys.bucket(zone.name, key))
+            args += ("r" if isinstance(zone, RateZone) else "t", zone.per_second, zone.capacity, cost)
+    try:
+        out = await scripts.run_keys(redis, scripts.ACQUIRE, names, args)
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+    answers: list[Taken | Held] = []
+    for i, (zone, _key, _cost) in enumerate(zones[:(len(out) - 1) // 3]):
+        ok, left, wait = out[1 + 3 * i:4 + 3 * i]
+        answers.append(Held(ok == 1, left, wait / 1000) if isinstance(zone, ConcurrencyZone)
+                       else Taken(ok == 1, left, None if wait < 0 else wait / 1e6))
+    return Reserved(out[0] - 1 if out[0] else None, tuple(answers))
 
 
 async def release(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> bool:

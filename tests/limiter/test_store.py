@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.crc import key_slot
 
 from scanner.errors import StoreUnavailableError, UsageError
 from scanner.limiter import keys, store
@@ -265,3 +266,57 @@ def test_a_refusal_gives_back_what_later_zones_took(redis_server: ManagedProcess
         return whole.admitted, other.admitted, tuple(s.evaluated for s in refused.statuses)
 
     assert run(main, redis_server) == (True, True, (True, False, False))
+
+
+def test_a_reservation_over_several_zones_is_one_redis_call(redis_server: ManagedProcess) -> None:
+    """Rate, concurrency and tokens of one request: one command sent to Redis (an EVALSHA), and
+    the keys of one request share a Redis Cluster hash slot."""
+    from scanner.limiter import config as zones_config
+    from scanner.limiter import decide
+    from tests.limiter.harness import ZONES, run
+
+    config = zones_config.parse(ZONES)
+    three = [decide.Call("wide", "one"), decide.Call("conc:2", "one"), decide.Call("tokens:600", "one", 5)]
+
+    async def main(redis: Redis) -> tuple[int, bool, set[int]]:
+        await decide.acquire(redis, config, three, "warm")       # the script cached (EVAL once at most)
+        sent: list[object] = []
+        real = redis.execute_command
+
+        async def counted(*args: object, **options: object) -> object:
+            sent.append(args[0])
+            return await real(*args, **options)
+        redis.execute_command = counted  # type: ignore[method-assign]
+        verdict = await decide.acquire(redis, config, three, "s1")
+        calls = len(sent) if sent == ["EVALSHA"] else -len(sent)
+        tags = {key_slot(k.encode())
+                for k in (keys.bucket("wide", "one"), keys.slots("conc:2", "one"), keys.bucket("tokens:600", "one"))}
+        return calls, verdict.admitted, tags
+
+    calls, admitted, tags = run(main, redis_server)
+    assert admitted and calls == 1 and len(tags) == 1
+
+
+def test_a_refusal_in_the_middle_keeps_the_rate_and_takes_nothing_after(redis_server: ManagedProcess) -> None:
+    """Concurrency refuses: the rate zone before it stays charged (limit_req counted the request),
+    the token zone after it is neither asked nor charged, and no slot is held by the refused one."""
+    from scanner.limiter import config as zones_config
+    from scanner.limiter import decide
+    from tests.limiter.harness import ZONES, run
+
+    config = zones_config.parse(ZONES)
+    key = "middle"
+
+    async def main(redis: Redis) -> tuple[bool, tuple[bool, ...], int, int, int]:
+        for slot in ("a", "b"):
+            assert (await decide.acquire(redis, config, [decide.Call("conc:2", key)], slot)).admitted
+        refused = await decide.acquire(redis, config, [decide.Call("rate:2/3", key), decide.Call("conc:2", key),
+                                                        decide.Call("tokens:600", key, 600)], "c")
+        rate_left = int(float(await redis.hget(keys.bucket("rate:2/3", key), "v") or -1))
+        tokens_there = int(await redis.exists(keys.bucket("tokens:600", key)))
+        live = int(await redis.zcard(keys.slots("conc:2", key)))
+        return refused.admitted, tuple(s.evaluated for s in refused.statuses), rate_left, tokens_there, live
+
+    admitted, evaluated, rate_left, tokens_there, live = run(main, redis_server)
+    assert not admitted and evaluated == (True, True, False)
+    assert rate_left == 3 and tokens_there == 0 and live == 2
