@@ -50,7 +50,7 @@ def command(redis_url: str, redis_password_file: Path | None, redis_ca_file: Pat
     host, port = _listen(listen)
     config = zones_config.load(zones_file)
     spec = store.StoreSpec(redis_url, redis_password_file, redis_ca_file)
-    redis = store.connect(spec)
+    redis = store.connect_fast(spec)   # one pipelined connection (scanner.limiter.resp)
 
     def ready(h: str, p: int) -> None:
         click.echo(f"limiter: {len(config.zones)} zones, domain {config.domain}, "

@@ -30,8 +30,6 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from scanner import reasons
 from scanner.errors import LimiterCallError
 from scanner.limiter import keys, store
@@ -101,7 +99,8 @@ def new_slot() -> str:
     return secrets.token_hex(12)
 
 
-async def acquire(redis: Redis, config: LimiterConfig, calls: Sequence[Call], slot: str = "") -> Verdict:
+async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Call],
+                  slot: str = "") -> Verdict:
     """Take every call's zone in order, stopping at the first refusal (see the module docstring):
     one Redis script call for all the zones (store.reserve), atomic across them."""
     zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
@@ -134,7 +133,7 @@ def _retry_after(zone: RateZone | TokenZone, wait_s: float | None) -> int:
     return max(1, math.ceil(wait_s))
 
 
-async def release(redis: Redis, config: LimiterConfig, zone_names: Sequence[str], key: str,
+async def release(redis: store.Client, config: LimiterConfig, zone_names: Sequence[str], key: str,
                   slot: str) -> bool:
     """Free ``slot`` in each concurrency zone named; True when every one was held."""
     key, slot = keys.checked("key", key), keys.checked("slot", slot)
@@ -147,7 +146,7 @@ async def release(redis: Redis, config: LimiterConfig, zone_names: Sequence[str]
     return held
 
 
-async def settle(redis: Redis, config: LimiterConfig, zone_name: str, key: str, refund: object) -> int:
+async def settle(redis: store.Client, config: LimiterConfig, zone_name: str, key: str, refund: object) -> int:
     """Give ``refund`` tokens back to ``key``'s budget in a token zone; the whole tokens it then holds."""
     zone = zone_of(config, zone_name)
     if not isinstance(zone, TokenZone):

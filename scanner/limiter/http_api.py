@@ -25,8 +25,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from scanner.errors import LimiterCallError, StoreUnavailableError
 from scanner.limiter import decide, store
 from scanner.limiter.config import LimiterConfig, TokenZone
@@ -45,7 +43,7 @@ class Answer:
         return json.dumps(self.body, separators=(",", ":")).encode()
 
 
-async def handle(redis: Redis, config: LimiterConfig, method: str, path: str, body: bytes) -> Answer:
+async def handle(redis: store.Client, config: LimiterConfig, method: str, path: str, body: bytes) -> Answer:
     """The answer to one request; never raises for what a caller sends."""
     want = ROUTES.get(path)
     if want is None:
@@ -71,7 +69,7 @@ async def handle(redis: Redis, config: LimiterConfig, method: str, path: str, bo
         return Answer(400, {"error": exc.message})
 
 
-async def _acquire(redis: Redis, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
+async def _acquire(redis: store.Client, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
     key, cost = _str(call, "key"), call.get("cost")
     slot = call.get("slot", "")
     if not isinstance(slot, str):

@@ -61,10 +61,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redis.asyncio import Redis
-
 from scanner.errors import LimiterCallError
-from scanner.limiter import decide, proto
+from scanner.limiter import decide, proto, store
 from scanner.limiter.config import ConcurrencyZone, LimiterConfig, TokenZone, Zone, per_unit
 
 SERVICE_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -92,7 +90,8 @@ def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
     return zone, key, op, d.get("slot") or ""
 
 
-async def should_rate_limit(redis: Redis, config: LimiterConfig, request: proto.Request) -> proto.Response:
+async def should_rate_limit(redis: store.Client, config: LimiterConfig,
+                            request: proto.Request) -> proto.Response:
     """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised)."""
     if request.domain != config.domain:
         raise LimiterCallError(f"unknown domain {request.domain[:80]!r}")
@@ -122,7 +121,7 @@ async def should_rate_limit(redis: Redis, config: LimiterConfig, request: proto.
     return proto.Response(proto.CODE_OVER_LIMIT, ordered, headers)
 
 
-async def _acquire(redis: Redis, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
+async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
                    hits: Sequence[int]) -> decide.Verdict:
     slots = {slot for zone, _k, _o, slot in parts
              if isinstance(decide.zone_of(config, zone), ConcurrencyZone)}

@@ -38,9 +38,12 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
+
+if TYPE_CHECKING:
+    from scanner.limiter.store import Client
 
 BUCKET_LUA = """
 local t = redis.call('TIME')
@@ -169,12 +172,12 @@ SLOT = Script(SLOT_LUA)
 ACQUIRE = Script(ACQUIRE_LUA)
 
 
-async def run(redis: Redis, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:
+async def run(redis: Client, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:
     """The script's answer (a list of integers); EVAL when Redis does not know the script."""
     return await run_keys(redis, script, (key,), args)
 
 
-async def run_keys(redis: Redis, script: Script, keys: Sequence[str],
+async def run_keys(redis: Client, script: Script, keys: Sequence[str],
                    args: Sequence[str | int | float]) -> list[int]:
     """``run`` over several keys (one round trip)."""
     try:

@@ -23,10 +23,9 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h11
-from redis.asyncio import Redis
 
 from scanner.errors import LimiterCallError, StoreUnavailableError
-from scanner.limiter import decide, http_api, proto, rls
+from scanner.limiter import decide, http_api, proto, rls, store
 from scanner.limiter.config import LimiterConfig
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -38,7 +37,7 @@ Ready = Callable[[str, int], None]
 
 @dataclass(frozen=True)
 class Service:
-    redis: Redis
+    redis: store.Client
     config: LimiterConfig
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,7 +11,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
-from scanner.limiter import keys, scripts
+from scanner.limiter import keys, resp, scripts
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
@@ -60,8 +60,32 @@ class Held:
     wait_s: float
 
 
-def connect(spec: StoreSpec) -> Redis:
-    """A client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
+class Client(Protocol):
+    """What the limiter asks of a Redis client: redis-py's ``Redis`` (tests, tools) or the
+    pipelined scanner.limiter.resp.Client (the service's hot path)."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any: ...
+
+    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any: ...
+
+    def zrem(self, name: Any, *values: Any) -> Any: ...
+
+    def ping(self) -> Any: ...
+
+    def aclose(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def _parse(spec: StoreSpec) -> _Parsed:
     parts = urlsplit(spec.url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise UsageError("--redis: expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]")
@@ -75,16 +99,32 @@ def connect(spec: StoreSpec) -> Redis:
     except ValueError:
         raise UsageError("--redis: the port and database must be numbers") from None
     password = _password(spec.password_file) if spec.password_file else None
+    return _Parsed(parts.hostname, port, db, parts.username or None, password, parts.scheme == "rediss")
+
+
+def connect(spec: StoreSpec) -> Redis:
+    """A redis-py client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
+    p = _parse(spec)
     options: dict[str, Any] = {
-        "host": parts.hostname, "port": port, "db": db, "username": parts.username or None,
-        "password": password, "socket_timeout": spec.timeout_s, "socket_connect_timeout": spec.timeout_s,
+        "host": p.host, "port": p.port, "db": p.db, "username": p.username,
+        "password": p.password, "socket_timeout": spec.timeout_s, "socket_connect_timeout": spec.timeout_s,
         "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
-    if parts.scheme == "rediss":
+    if p.tls:
         options.update(connection_class=SSLConnection, ssl_cert_reqs=ssl.CERT_REQUIRED,
                        ssl_check_hostname=True, ssl_ca_certs=str(spec.ca_file) if spec.ca_file else None)
     # more calls in flight than connections wait for one (up to the timeout), not fail at once
     pool = BlockingConnectionPool(max_connections=spec.max_connections, timeout=spec.timeout_s, **options)
     return Redis.from_pool(pool)
+
+
+def connect_fast(spec: StoreSpec) -> resp.Client:
+    """The service's client for ``spec``: one pipelined connection (scanner.limiter.resp), the same
+    URL, password file, TLS (the CA file, the host name checked) and timeout as ``connect``."""
+    p = _parse(spec)
+    tls = None
+    if p.tls:
+        tls = ssl.create_default_context(cafile=str(spec.ca_file) if spec.ca_file else None)
+    return resp.Client(resp.Target(p.host, p.port, p.db, p.username, p.password, spec.timeout_s, tls))
 
 
 def _password(path: Path) -> str:
@@ -99,28 +139,28 @@ def _password(path: Path) -> str:
     return value
 
 
-async def ping(redis: Redis) -> None:
+async def ping(redis: Client) -> None:
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
         raise _unavailable(exc) from None
 
 
-async def take(redis: Redis, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
+async def take(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
     """Take ``n`` from ``key``'s bucket of ``zone`` when they are there."""
     ok, left, wait_us = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
                                    (zone.per_second, zone.capacity, n, "take"))
     return Taken(ok == 1, left, None if wait_us < 0 else wait_us / 1e6)
 
 
-async def give(redis: Redis, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
+async def give(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
     """Give ``n`` back to ``key``'s bucket of ``zone`` (capped at the bucket's size)."""
     _ok, left, _wait = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
                                   (zone.per_second, zone.capacity, n, "give"))
     return Taken(True, left, 0.0)
 
 
-async def hold(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> Held:
+async def hold(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> Held:
     """Hold ``slot`` in ``key``'s slots of ``zone`` when fewer than its limit are live."""
     ok, live, wait_ms = await _run(redis, scripts.SLOT, keys.slots(zone.name, key),
                                    (zone.limit, slot, round(zone.slot_ttl_s * 1000)))
@@ -136,7 +176,7 @@ class Reserved:
     answers: tuple[Taken | Held, ...]
 
 
-async def reserve(redis: Redis, zones: Sequence[tuple[Zone, str, int]], slot: str) -> Reserved:
+async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: str) -> Reserved:
     """Take every ``(zone, key, cost)`` in order in ONE script call (scripts.ACQUIRE): all, or on
     the first refusal only the rate zones before it (see scanner.limiter.scripts)."""
     names: list[str] = []
@@ -160,7 +200,7 @@ async def reserve(redis: Redis, zones: Sequence[tuple[Zone, str, int]], slot: st
     return Reserved(out[0] - 1 if out[0] else None, tuple(answers))
 
 
-async def release(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> bool:
+async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> bool:
     """Free ``slot``; False when it was not held (released already, or expired)."""
     try:
         return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
@@ -168,7 +208,7 @@ async def release(redis: Redis, zone: ConcurrencyZone, key: str, slot: str) -> b
         raise _unavailable(exc) from None
 
 
-async def _run(redis: Redis, script: scripts.Script, key: str,
+async def _run(redis: Client, script: scripts.Script, key: str,
                args: tuple[str | int | float, ...]) -> list[int]:
     try:
         return await scripts.run(redis, script, key, args)
