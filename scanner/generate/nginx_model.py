@@ -185,6 +185,9 @@ class Block:
     # the client address) then the route's zones in the limiter's order; "" none
     shared: str = ""
     shared_up: str = ""         # a route without a body check: the named location proxying it
+    # the route holds something to give back once answered (a concurrency slot, a token
+    # reservation): post_action releases and settles; a route with only a rate zone has none
+    shared_after: bool = False
     # on_unavailable: local: the named location holding this proxy's share of the route's limits
     # (the plan's, Plan.shared.local_limits), where njs sends a request the limiter cannot decide
     local_up: str = ""
@@ -558,6 +561,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         check=check,
         websocket=websocket, up=up,
         shared=shared, shared_up=f"{up}_shared" if shared and check is None else "",
+        shared_after=_shared_after(plan, d),
         local_up=f"{up}_local" if own else "",
         local_rate_zone=own_rate.name if own_rate else "",
         local_burst=own.limits.rate.burst if own and own.limits.rate else 0,
@@ -581,6 +585,14 @@ def _shared_spec(plan: Plan, d: Decision) -> str:
         return ""
     zones = plan.shared.route_zones(d)
     return " ".join(("a" if d.auth == "none" else "p", *zones)) if zones else ""
+
+
+def _shared_after(plan: Plan, d: Decision) -> bool:
+    """Does a request of ``d`` hold anything at the limiter after its answer (Block.shared_after)?"""
+    if plan.shared is None:
+        return False
+    kinds = {plan.shared.zones.zones[n].kind for n in plan.shared.route_zones(d)}
+    return bool(kinds & {"concurrency", "tokens"})
 
 
 def _limiter(plan: Plan) -> str:

@@ -25,6 +25,7 @@ at the bucket's size.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -135,15 +136,16 @@ def _retry_after(zone: RateZone | TokenZone, wait_s: float | None) -> int:
 
 async def release(redis: store.Client, config: LimiterConfig, zone_names: Sequence[str], key: str,
                   slot: str) -> bool:
-    """Free ``slot`` in each concurrency zone named; True when every one was held."""
+    """Free ``slot`` in each concurrency zone named; True when every one was held. The ZREMs
+    are sent together (pipelined on the service's client: one round trip)."""
     key, slot = keys.checked("key", key), keys.checked("slot", slot)
-    held = True
+    zones: list[ConcurrencyZone] = []
     for name in zone_names:
         zone = zone_of(config, name)
         if not isinstance(zone, ConcurrencyZone):
             raise LimiterCallError(f"zone {name[:80]!r} is a {zone.kind} zone: only slots are released")
-        held = await store.release(redis, zone, key, slot) and held
-    return held
+        zones.append(zone)
+    return all(await asyncio.gather(*(store.release(redis, z, key, slot) for z in zones)))
 
 
 async def settle(redis: store.Client, config: LimiterConfig, zone_name: str, key: str, refund: object) -> int:

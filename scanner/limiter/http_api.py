@@ -6,6 +6,7 @@
          200 {"allow": true,  "slot": S, "retry_after": 0, "reason": ""}
          200 {"allow": false, "slot": S, "retry_after": 3, "reason": "rate", "zone": Z}
     POST /v1/release {"key": K, "zones": [Z, ...], "slot": S}      200 {"released": true}
+    POST /v1/release {..., "settle": T, "refund": R}                200 {"released": true, "left": N}
     POST /v1/settle  {"key": K, "zone": Z, "refund": R}            200 {"left": N}
     GET  /v1/health                                                200 {"store": "ok"}
 
@@ -13,7 +14,8 @@
 ``cost`` (required with one: never a default charge), a concurrency zone holds the slot
 (``slot``: the caller's id, e.g. ``$request_id`` bound to a variable, which njs otherwise reads
 anew each time; or a new one in the answer), to release with. ``"zone": Z`` is short for
-``"zones": [Z]``. Redis unavailable: **503** ``{"allow": false, "reason":
+``"zones": [Z]``. A release may carry the settlement of the same request's token zone ``T``
+(one call once answered instead of two). Redis unavailable: **503** ``{"allow": false, "reason":
 "shared-store-unavailable"}`` (the proxy's ``on_unavailable`` decides: deny is 503 with that
 reason). A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses). Bodies
 over 16 KiB: 413. Anything else: 404 / 405.
@@ -21,6 +23,7 @@ over 16 KiB: 413. Anything else: 404 / 405.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,8 +61,7 @@ async def handle(redis: store.Client, config: LimiterConfig, method: str, path: 
         if path == "/v1/acquire":
             return await _acquire(redis, config, call)
         if path == "/v1/release":
-            return Answer(200, {"released": await decide.release(
-                redis, config, _zones(call), _str(call, "key"), _str(call, "slot"))})
+            return await _release(redis, config, call)
         refund = call.get("refund", 0)
         return Answer(200, {"left": await decide.settle(redis, config, _str(call, "zone"), _str(call, "key"),
                                                         refund)})
@@ -82,6 +84,18 @@ async def _acquire(redis: store.Client, config: LimiterConfig, call: Mapping[str
         return Answer(200, {"allow": True, "slot": verdict.slot, "retry_after": 0, "reason": ""})
     return Answer(200, {"allow": False, "slot": verdict.slot, "retry_after": refusal.retry_after_s,
                         "reason": refusal.reason, "zone": refusal.zone.name})
+
+
+async def _release(redis: store.Client, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
+    """The slots freed and, with ``settle``, that token zone's refund given back: one call from
+    the proxy, one round trip to Redis (pipelined)."""
+    key, zones, slot = _str(call, "key"), _zones(call), _str(call, "slot")
+    if "settle" not in call:
+        return Answer(200, {"released": await decide.release(redis, config, zones, key, slot)})
+    token_zone = _str(call, "settle")
+    held, left = await asyncio.gather(decide.release(redis, config, zones, key, slot),
+                                      decide.settle(redis, config, token_zone, key, call.get("refund", 0)))
+    return Answer(200, {"released": held, "left": left})
 
 
 def _cost(cost: object) -> int:

@@ -59,7 +59,8 @@ without settlement; concurrency zones have no counterpart (this service keeps th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 
 from scanner.errors import LimiterCallError
 from scanner.limiter import decide, proto, store
@@ -107,13 +108,15 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
         refusal = verdict.refusal
     else:
         refusal = None
+    done: list[Awaitable[object]] = []      # release and settle sent together (one round trip)
     for i, (zone, key, op, slot) in enumerate(parts):
         if op == "release":
-            await decide.release(redis, config, [zone], key, _need_slot(slot))
+            done.append(decide.release(redis, config, [zone], key, _need_slot(slot)))
         elif op == "settle":
-            await decide.settle(redis, config, zone, key, hits[i])
+            done.append(decide.settle(redis, config, zone, key, hits[i]))
         if op != "acquire":
             statuses[i] = proto.DescriptorStatus(proto.CODE_OK, current_limit(decide.zone_of(config, zone)))
+    await _together(done)
     ordered = tuple(statuses[i] for i in range(len(parts)))
     if refusal is None:
         return proto.Response(proto.CODE_OK, ordered)
@@ -151,6 +154,14 @@ def unavailable(request: proto.Request) -> proto.Response:
     local filters (each zone's per-proxy share, counting only requests so marked) decide."""
     statuses = tuple(proto.DescriptorStatus(proto.CODE_OK) for _ in request.descriptors)
     return proto.Response(proto.CODE_OK, statuses, dynamic_metadata=UNAVAILABLE_METADATA)
+
+
+async def _together(calls: Sequence[Awaitable[object]]) -> None:
+    """Await every call; the first failure raised once all have ended (none left running)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
 
 
 def _need_slot(slot: str) -> str:

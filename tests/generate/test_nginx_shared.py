@@ -95,3 +95,28 @@ def test_nginx_takes_it(tmp_path: Path, which: str, mode: str) -> None:
     proxy = NginxProxy(build, which)
     written = proxy.write(plan, tmp_path / "proxy")
     assert proxy.validate(plan, tmp_path / "proxy") == "", written
+
+
+def test_a_route_with_only_a_rate_zone_has_no_release(tmp_path: Path) -> None:
+    """Nothing to give back (no slot, no reservation): no post_action on the route's proxying
+    locations, so no call to the limiter after the answer; a route with a slot keeps it."""
+    from scanner.policy.load import loads
+    from tests.limiter.fleet import DEFAULT
+
+    text = DEFAULT.read_text().replace("      rate: {rps: 10, burst: 20}\n      concurrency: 16\n",
+                                       "      rate: {rps: 10, burst: 20}\n", 1)
+    text += "\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: deny\n"
+    (tmp_path / "r").mkdir()
+    plan = verify.setup(load_ref(CATALOG), loads(text), tmp_path / "r", 18000).plan
+    http = _files(plan)["perimeter-http.conf"]
+    blocks = {b.split("\n", 1)[0]: b for b in re.split(r"\n    location ", http)}
+    seen = {False: 0, True: 0}
+    for block in blocks.values():
+        spec, up = re.search(r'set \$perimeter_shared "([^"]+)";', block), re.search(r"set \$perimeter_up (\S+);", block)
+        if spec is None or up is None:
+            continue
+        holds = "conc:" in spec[1] or "tokens:" in spec[1]
+        named = [b for name, b in blocks.items() if name.split(" ")[0].startswith(up[1])]
+        assert named and all(("post_action @perimeter_after;" in b) is holds for b in named), up[1]
+        seen[holds] += 1
+    assert seen[False] and seen[True]

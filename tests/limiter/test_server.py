@@ -165,6 +165,20 @@ def test_http_concurrency_and_tokens_in_one_call(http: HttpClient) -> None:
     assert e[1]["allow"] is True
 
 
+def test_http_release_carries_the_settlement(http: HttpClient) -> None:
+    """Once answered, one call frees the slot and gives the unused reservation back."""
+    key = fresh()
+    zones = ["conc:2", "tokens:600"]
+    a = http.post("/v1/acquire", {"key": key, "zones": zones, "cost": 600, "slot": "one"})
+    assert a[1]["allow"] is True
+    assert http.post("/v1/acquire", {"key": key, "zones": zones, "cost": 100})[1]["reason"] == "token-budget"
+    done = http.post("/v1/release", {"key": key, "zones": ["conc:2"], "slot": "one", "settle": "tokens:600",
+                                     "refund": 500})
+    assert done[0] == 200 and done[1]["released"] is True and done[1]["left"] >= 500
+    assert http.post("/v1/release", {"key": key, "zones": ["conc:2"], "slot": "one", "settle": "conc:2"})[0] == 400
+    assert http.post("/v1/acquire", {"key": key, "zones": zones, "cost": 400})[1]["allow"] is True
+
+
 @pytest.mark.parametrize(("body", "status", "words"), [
     (b"not json", 400, "JSON"),
     (b"[1]", 400, "object"),

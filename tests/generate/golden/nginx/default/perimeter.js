@@ -946,7 +946,7 @@ function after(r) {
     var v = r.variables;
     var s = sharedOf(r, v);
     var calls = [];
-    var conc, tokens, refund;
+    var conc, tokens, refund, call;
     if (s === null || v.perimeter_held !== '1') {
         r.return(status);
         return;
@@ -954,10 +954,15 @@ function after(r) {
     conc = s.zones.filter(function (z) { return z.indexOf('conc:') === 0; });
     tokens = s.zones.filter(function (z) { return z.indexOf('tokens:') === 0; });
     refund = Math.floor(Number(v.perimeter_refund || '0')) || 0;
+    // one call: the slots released, with the refund settled in the same call when there is one
     if (conc.length) {
-        calls.push(limiterCall(v, '/v1/release', {key: s.key, zones: conc, slot: v.perimeter_slot}));
-    }
-    if (tokens.length && refund > 0) {
+        call = {key: s.key, zones: conc, slot: v.perimeter_slot};
+        if (tokens.length && refund > 0) {
+            call.settle = tokens[0];
+            call.refund = refund;
+        }
+        calls.push(limiterCall(v, '/v1/release', call));
+    } else if (tokens.length && refund > 0) {
         calls.push(limiterCall(v, '/v1/settle', {key: s.key, zone: tokens[0], refund: refund}));
     }
     return Promise.all(calls).then(function () { r.return(status); }, function (e) {
