@@ -3,8 +3,9 @@ policy (rates raised so nothing is refused) for Envoy 1.40 and NGINX 1.31, run o
 local limits and once as a replica of a fleet (the limiter and a redis-server on loopback), the
 same requests through each (GET /v1/models: a rate and a concurrency zone; POST
 /v1/chat/completions: rate, concurrency and a token budget with settlement), one at a time on a
-kept-alive connection. Not a test: ``.venv/bin/python -m tests.limiter.bench_fleet [CALLS]``
-(default 1000 per route and config; about a minute)."""
+kept-alive connection (``--fresh``: a new connection each). Not a test:
+``.venv/bin/python -m tests.limiter.bench_fleet [CALLS] [--fresh]`` (default 1000 per route and
+config; about a minute)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from scanner.standin.serve import StandinThread
 from tests.limiter.fleet import DEFAULT, PUBLIC
 from tests.probe.realproxy import proxy_named
 
+FRESH = "--fresh" in sys.argv     # a new connection per request instead of one kept alive
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16})
 
 
@@ -51,9 +53,15 @@ def timed(calls: int, fn: Callable[[], int]) -> list[float]:
 
 
 def caller(port: int, headers: dict[str, str], method: str, path: str, body: str | None) -> Callable[[], int]:
+    """One request at a time on a kept-alive connection; with FRESH, a new connection each (what
+    the proxy does after an answer, e.g. NGINX's post_action release, then delays no next request)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(PUBLIC, 0))
 
     def call() -> int:
+        nonlocal conn
+        if FRESH:
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(PUBLIC, 0))
         conn.request(method, path, body=body, headers=headers)
         reply = conn.getresponse()
         reply.read()
@@ -105,4 +113,5 @@ def main(calls: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
+    numbers = [a for a in sys.argv[1:] if a.isdigit()]
+    main(int(numbers[0]) if numbers else 1000)
