@@ -185,17 +185,14 @@ def test_per_audience_salt_is_proved(tmp_path: Path) -> None:
     assert salts and all(c.status == "proved" for c in salts)
 
 
-def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path) -> None:
+def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from scanner import verify
     original = verify.probe_options
 
-    def no_secret(s: verify.Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
-        return replace(original(s, base, witness), salt_secret="")
-    verify.probe_options = no_secret   # type: ignore[assignment]
-    try:
-        res = probe_through(tmp_path, proxy_named("envoy"), _salted(), CATALOG, OPTIONS)
-    finally:
-        verify.probe_options = original   # type: ignore[assignment]
+    def no_secret(s: verify.Setup, base: ProbeOptions, witness: str, kind: str = "") -> ProbeOptions:
+        return replace(original(s, base, witness, kind), salt_secret="")
+    monkeypatch.setattr(verify, "probe_options", no_secret)
+    res = probe_through(tmp_path, proxy_named("envoy"), _salted(), CATALOG, OPTIONS)
     assert [f.rule for f in res.findings] == ["VP011"], [(f.rule, f.title) for f in res.findings]
     assert {c.subject.split()[0] for c in res.coverage if c.status == "not-proven"} == {"salt"}
     salts = [c for c in res.coverage if c.subject.startswith("salt ")]
