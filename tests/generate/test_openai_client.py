@@ -244,9 +244,11 @@ def _forwarded(run: Run, name: str) -> tuple[bytes, dict[str, Any]]:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` without None members and the clock's fields (the stand-in's ``created``)."""
+    """``value`` without None members and the clock's fields (the stand-in's ``created``); a stored
+    response's id (the stand-in's store draws a fresh one, as vLLM does) as ``resp_*``."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()
+        return {k: "resp_*" if k == "id" and isinstance(v, str) and v.startswith("resp") else _plain(v)
+                for k, v in value.items()
                 if v is not None and k not in ("created", "created_at", "parsed", "parsed_arguments")}
     if isinstance(value, list):
         return [_plain(v) for v in value]
