@@ -78,6 +78,10 @@ def _terminate(_signum: int, _frame: object) -> None:
     stand-in and temporary directory this run started is stopped and removed: they run in
     sessions of their own and would outlive us."""
     _TERMINATED.append(True)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        # SIGINT ignored by whoever started us (a service manager, a test runner's worker): its
+        # handler would never run; interrupt here (asyncio.run cancels its tasks on the way out)
+        raise KeyboardInterrupt
     signal.raise_signal(signal.SIGINT)
 
 

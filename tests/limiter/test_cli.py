@@ -89,9 +89,11 @@ def test_zones_file_round_trip() -> None:
     assert list(parsed.to_json()["zones"]) == ["a", "b", "c"]                         # type: ignore[call-overload]
 
 
-def test_starts_without_redis_and_stops_quietly(zones: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_starts_without_redis_and_stops_quietly(zones: Path, tmp_path: Path, sigint: str) -> None:
     """Redis not there at start: a warning, then every answer says unavailable; SIGTERM with
-    connections open: exit 143 and no traceback."""
+    connections open: exit 143 and no traceback, also when the parent left SIGINT ignored (a
+    service manager, or pytest-xdist's workers: SIGTERM must not rely on SIGINT's handler)."""
     import signal
     import socket
 
@@ -103,7 +105,9 @@ def test_starts_without_redis_and_stops_quietly(zones: Path, tmp_path: Path) -> 
     proc = subprocess.Popen([sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", f"redis://127.0.0.1:{dead}",
                              "--redis-password-file", str(tmp_path / "pw"), "--zones", str(zones),
                              "--listen", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored"
+                            else None)
     try:
         assert wait_for_port("127.0.0.1", port, 20)
         client = HttpClient("127.0.0.1", port)
