@@ -73,14 +73,47 @@ def _keys(d: Decision) -> tuple[str, str]:
     return f"token refusals {d.method} {d.path}", f"token admitted {d.method} {d.path}"
 
 
+class CredentialCheck(BaseCheck):
+    """A check of one kind of credential on the routes that take it: every credential the route
+    must refuse is refused (:attr:`refused_rule` otherwise), and the admitted one is admitted with
+    what reaches the upstream as the plan says (scanner.probe.checks.upstream.problems)."""
+
+    refused_rule: ClassVar[str] = ""
+    sent: ClassVar[str] = ""        # what the findings say was sent: "Bearer tokens on an auth: jwt route"
+
+    def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
+        if case.expected != "allow" or attempt.verdict != "proved":
+            return attempt
+        found = problems(ctx, case, attempt)
+        if found:
+            return replace(attempt, verdict="failed", why="; ".join(what for _r, what in found))
+        return attempt
+
+    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
+        flagged: list[tuple[str, Attempt]] = []
+        for c, a in results:
+            if a.verdict != "failed":
+                continue
+            if c.expected == "deny":
+                flagged.append((self.refused_rule, a))
+            else:
+                found = problems(ctx, c, a)
+                flagged += [(r, a) for r in dict.fromkeys(r for r, _w in found)] or [("VP006", a)]
+        for (rule, _m, _p, _v), attempts in group(flagged).items():
+            whys = "; ".join(sorted({f"{a.note}: {a.why or a.error or a.status}" for a in attempts}))
+            yield make(rule, attempts, f"{self.sent}: {whys}.", extra=self.id)
+
+
 @register
-class Identity(BaseCheck):
+class Identity(CredentialCheck):
     """Per route of an auth "jwt" audience: every token case refused with its reason, a valid
     token admitted with its principal (the token never reaching the upstream)."""
 
     id: ClassVar[str] = "identity"
     stable: ClassVar[bool] = True
     title: ClassVar[str] = "bearer tokens (auth: jwt): refusals and the admitted principal"
+    refused_rule: ClassVar[str] = "VP019"
+    sent: ClassVar[str] = "Bearer tokens on an auth: jwt route"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
         for d in routes(ctx):
@@ -110,25 +143,3 @@ class Identity(BaseCheck):
                 yield ctx.case(self.id, d.method, d.path, cred, vantage,
                                "witness" if not tc.expect else "variant",
                                subject=admitted if not tc.expect else refused, exp=exp, note=tc.name)
-
-    def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
-        if case.expected != "allow" or attempt.verdict != "proved":
-            return attempt
-        found = problems(ctx, case, attempt)
-        if found:
-            return replace(attempt, verdict="failed", why="; ".join(what for _r, what in found))
-        return attempt
-
-    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        flagged: list[tuple[str, Attempt]] = []
-        for c, a in results:
-            if a.verdict != "failed":
-                continue
-            if c.expected == "deny":
-                flagged.append(("VP019", a))
-            else:
-                found = problems(ctx, c, a)
-                flagged += [(r, a) for r in dict.fromkeys(r for r, _w in found)] or [("VP006", a)]
-        for (rule, _m, _p, _v), attempts in group(flagged).items():
-            whys = "; ".join(sorted({f"{a.note}: {a.why or a.error or a.status}" for a in attempts}))
-            yield make(rule, attempts, f"Bearer tokens on an auth: jwt route: {whys}.", extra=self.id)

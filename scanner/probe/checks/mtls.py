@@ -11,7 +11,7 @@ sent (each where its role is or is not admitted) and what needs the CA is not pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import ClassVar
 
@@ -19,13 +19,11 @@ from scanner.plan.model import Decision
 from scanner.policy.model import CertPrincipal
 from scanner.probe import certs_cases
 from scanner.probe.cases import Case
-from scanner.probe.checks.identity import vantage_for
-from scanner.probe.checks.upstream import problems
+from scanner.probe.checks.identity import CredentialCheck, vantage_for
 from scanner.probe.coverage import Subject
 from scanner.probe.expect import ALLOW, Expectation
-from scanner.probe.findings import group, make
-from scanner.probe.interface import Attempt, Credential, Finding
-from scanner.probe.registry import BaseCheck, CheckContext, Results, register
+from scanner.probe.interface import Credential
+from scanner.probe.registry import CheckContext, register
 
 NO_CA = ("no --cert-ca (the listener's client CA and its key) and no --cert of a role the route admits: "
          "the admitted certificate is not sent")
@@ -79,13 +77,15 @@ def _cases(ctx: CheckContext, d: Decision) -> Iterator[tuple[Credential, Expecta
 
 
 @register
-class Mtls(BaseCheck):
+class Mtls(CredentialCheck):
     """Per route of an auth "cert" audience: every certificate case refused with its reason, a
     certificate principal of an admitted role admitted with its name."""
 
     id: ClassVar[str] = "mtls"
     stable: ClassVar[bool] = True
     title: ClassVar[str] = "client certificates (auth: cert): refusals and the admitted principal"
+    refused_rule: ClassVar[str] = "VP021"
+    sent: ClassVar[str] = "Client certificates on an auth: cert route"
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
         for d in routes(ctx):
@@ -109,25 +109,3 @@ class Mtls(BaseCheck):
                 allow = exp is ALLOW
                 yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness" if allow else "variant",
                                subject=admitted if allow else refused, exp=exp, note=cred.label)
-
-    def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
-        if case.expected != "allow" or attempt.verdict != "proved":
-            return attempt
-        found = problems(ctx, case, attempt)
-        if found:
-            return replace(attempt, verdict="failed", why="; ".join(what for _r, what in found))
-        return attempt
-
-    def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
-        flagged: list[tuple[str, Attempt]] = []
-        for c, a in results:
-            if a.verdict != "failed":
-                continue
-            if c.expected == "deny":
-                flagged.append(("VP021", a))
-            else:
-                found = problems(ctx, c, a)
-                flagged += [(r, a) for r in dict.fromkeys(r for r, _w in found)] or [("VP006", a)]
-        for (rule, _m, _p, _v), attempts in group(flagged).items():
-            whys = "; ".join(sorted({f"{a.note}: {a.why or a.error or a.status}" for a in attempts}))
-            yield make(rule, attempts, f"Client certificates on an auth: cert route: {whys}.", extra=self.id)
