@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scanner import verify
+from scanner import stop, verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -50,7 +50,7 @@ def run(say: Callable[[str], None], options: ProbeOptions = OPTIONS, keys_per_ro
         names = ", ".join(v.name for v in s.vantages)
         say(f"3/4 probing through NGINX from {len(s.vantages)} loopback vantages ({names})")
         proxied = verify.proxy_run(s, proxy, written[0][1], options, witness).result
-        if proxied.reason.startswith("interrupted"):
+        if stop.requested():
             raise KeyboardInterrupt
         say("4/4 the same stand-in with only vLLM's --api-key and no proxy (safe mode)")
         bare_port = free_port()

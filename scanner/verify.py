@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from scanner import mutate
+from scanner import mutate, stop
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
@@ -108,7 +108,7 @@ class ProxyRun:
     seconds: float
 
 
-MutantStatus = Literal["caught", "survived", "invalid", "not-applicable"]
+MutantStatus = Literal["caught", "survived", "invalid", "not-applicable", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -342,6 +342,8 @@ def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options:
             say(f"{proxy.name}: probing {len(s.plan.decisions)} decisions from {len(s.vantages)} "
                 f"vantages through 127.0.0.1:{s.plan.listen.port}")
             out.append(proxy_run(s, proxy, directory, options, witness))
+            if stop.requested():   # Ctrl-C or SIGTERM: keep what was proven, start nothing new
+                break
     return out
 
 
@@ -374,6 +376,8 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
         for proxy, directory in written:
             base = proxy_run(s, proxy, directory, options, witness)
             baselines.append(base)
+            if stop.requested():
+                break
             if base.result.deviations or base.result.unreachable:   # "not proven" alone is no deviation
                 say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.deviations)} "
                     "deviations from the plan): no mutation run")
@@ -386,6 +390,10 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                 fast = mutant_options(options, op.id)
                 out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
+                if stop.requested():
+                    break
+            if stop.requested():
+                break
     return baselines, out
 
 
@@ -410,6 +418,8 @@ def mutant(s: Setup, proxy: Proxy, op: mutate.Operator, directory: Path, options
         run_ = proxy_run(s, proxy, directory, options, witness)
     except InternalError as exc:
         return run_of("invalid", f"{what}: {exc}")
+    if stop.requested():   # its run was cut short by Ctrl-C or SIGTERM: neither caught nor survived
+        return run_of("interrupted", what, seconds=run_.seconds)
     # caught only as a user would see it: probe's exit code with its default flags is not 0
     caught = run_.result.exit_code() != EXIT_OK
     return run_of("caught" if caught else "survived", what, rules=caught_by(run_.result),

@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scanner import mutate, verify
+from scanner import mutate, stop, verify
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
@@ -226,6 +226,8 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
             r = run(s.plan, proxy, directory.parent / f"{proxy.name}-fleet", s.credentials, s.vantages,
                     base_options, replicas)
             runs.append(r)
+            if stop.requested():   # Ctrl-C or SIGTERM: keep what was proven, start nothing new
+                break
             if r.outage is not None:
                 say(f"{proxy.name}: {r.outage.what}: {'holds' if r.outage.holds else 'DOES NOT HOLD'}")
             if not mutants:
@@ -240,6 +242,10 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
                 out.append(_mutant(s.plan, proxy, op, work, s.credentials, s.vantages,
                                    verify.mutant_options(base_options, op.id), replicas))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
+                if stop.requested():
+                    break
+            if stop.requested():
+                break
     return runs, out
 
 
@@ -254,6 +260,8 @@ def _mutant(plan: Plan, proxy: Proxy, op: mutate.Operator, work: Path, credentia
         return run_of("not-applicable", str(exc))
     except InternalError as exc:
         return run_of("invalid", str(exc))
+    if stop.requested():
+        return run_of("interrupted", op.title, seconds=r.seconds)
     caught = r.result.exit_code() != EXIT_OK
     return run_of("caught" if caught else "survived", op.title, rules=verify.caught_by(r.result),
                   seconds=r.seconds, checks=tuple(dict.fromkeys(f.check for f in r.result.deviations)))

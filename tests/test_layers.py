@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "scanner"
-BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "output", "resources",
+BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "stop", "output", "resources",
         "state_changing")
 STAGES = (*BASE, "inventory", "policy", "limiter", "plan", "generate", "runtime", "standin", "probe", "netscan",
           "documents", "evidence", "audit", "mutate", "verify", "verify_fleet", "demo", "report", "cli")

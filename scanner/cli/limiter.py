@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from scanner import stop
 from scanner.errors import StoreUnavailableError, UsageError
 
 if TYPE_CHECKING:   # redis, h2 and h11 are imported when the command runs, not with the CLI
@@ -56,7 +56,7 @@ def command(redis_url: str, redis_password_file: Path | None, redis_ca_file: Pat
         click.echo(f"limiter: {len(config.zones)} zones, domain {config.domain}, "
                    f"gRPC and HTTP/1.1 on {h}:{p}", err=True)
 
-    asyncio.run(_run(server.Service(redis, config), host, port, ready))
+    stop.run(_run(server.Service(redis, config), host, port, ready))
 
 
 async def _run(service: server.Service, host: str, port: int, ready: server.Ready) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import click
 
-from scanner import __version__
+from scanner import __version__, stop
 from scanner.errors import EXIT_UNREACHABLE, EXIT_USAGE, PerimeterError
 
 _EPILOG = """\b
@@ -70,29 +70,14 @@ def _register() -> None:
 _register()
 
 
-_TERMINATED: list[bool] = []
-
-
-def _terminate(_signum: int, _frame: object) -> None:
-    """SIGTERM: stop as on Ctrl-C (which the probe turns into a partial report), so every proxy,
-    stand-in and temporary directory this run started is stopped and removed: they run in
-    sessions of their own and would outlive us."""
-    _TERMINATED.append(True)
-    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-        # SIGINT ignored by whoever started us (a service manager, a test runner's worker): its
-        # handler would never run; interrupt here (asyncio.run cancels its tasks on the way out)
-        raise KeyboardInterrupt
-    signal.raise_signal(signal.SIGINT)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI and exit with the one exit code the run earned."""
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, stop.on_sigterm)
     try:
         rc = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except click.exceptions.Abort:   # click's name for a KeyboardInterrupt
-        click.echo("terminated" if _TERMINATED else "aborted", err=True)
-        rc = 143 if _TERMINATED else 130
+        click.echo("terminated" if stop.terminated() else "aborted", err=True)
+        rc = 143 if stop.terminated() else 130
     except click.ClickException as exc:
         exc.show()
         rc = EXIT_USAGE
@@ -100,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"error: {exc.message}", err=True)
         rc = exc.exit_code
     except KeyboardInterrupt:
-        click.echo("terminated" if _TERMINATED else "interrupted", err=True)
-        rc = 143 if _TERMINATED else 130
+        click.echo("terminated" if stop.terminated() else "interrupted", err=True)
+        rc = 143 if stop.terminated() else 130
     except Exception as exc:  # the one place a bug becomes exit 3 instead of a traceback
         if os.environ.get("VLLM_PERIMETER_DEBUG"):
             raise

@@ -6,7 +6,6 @@ several hosts/vantages. ``command`` is the click object to register.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sys
@@ -14,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import click
 
+from scanner import stop
 from scanner.cli.options import (
     DefaultGroup,
     bound_options,
@@ -119,7 +119,7 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
         creds = (config.credentials(keys) + config.tokens(token_specs, plan)
                  + certs_cases.certs(cert_specs, plan))
         events = run_probe(plan, target, creds, config.vantages(vantage_specs), options)
-        res = asyncio.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
+        res = stop.run(_consume(events, show_progress=not quiet and sys.stderr.isatty()))
     return _finish(res, fmt, output, fail_on, diff_refs, require_proof)
 
 

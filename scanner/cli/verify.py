@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from scanner import verify, verify_fleet
+from scanner import stop, verify, verify_fleet
 from scanner.cli.options import MaxTime, load_diff, report_options
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from scanner.inventory.diff import InventoryDiff
@@ -117,6 +117,8 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     for r in runs:
         if r.result.unreachable:
             click.echo(f"error: {r.proxy}: partial results: {r.result.reason}", err=True)
+    if stop.requested():   # the reports hold what was proven; exit as the signal says (130, 143)
+        raise KeyboardInterrupt
     return max(codes, default=EXIT_OK)
 
 

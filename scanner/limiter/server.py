@@ -49,9 +49,7 @@ class Service:
                 await _serve_http1(self, reader, writer, first)
         except (ConnectionError, asyncio.IncompleteReadError, h2.exceptions.ProtocolError):
             pass
-        except asyncio.CancelledError:
-            # shutting down: end quietly (asyncio 3.11's stream callback asks a cancelled handler
-            # task for its exception, which raises and prints a traceback)
+        except asyncio.CancelledError:   # shutting down: end quietly
             pass
         finally:
             writer.close()
@@ -221,7 +219,17 @@ async def _request(conn: h11.Connection,
 async def serve(service: Service, host: str, port: int,
                 ready: Ready | None = None) -> None:
     """Serve until cancelled; ``ready(host, port)`` once listening (port 0: the one chosen)."""
-    server = await asyncio.start_server(service.connection, host, port, limit=READ)
+    handlers: set[asyncio.Task[None]] = set()
+
+    def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # a plain callback owning its task: asyncio 3.11 asks a coroutine callback's task for
+        # its exception when done, which raises (and prints a traceback) for a task cancelled
+        # before it first ran, as every open connection is on shutdown (SIGTERM, Ctrl-C)
+        task = asyncio.get_running_loop().create_task(service.connection(reader, writer))
+        handlers.add(task)
+        task.add_done_callback(handlers.discard)
+
+    server = await asyncio.start_server(accept, host, port, limit=READ)
     bound = server.sockets[0].getsockname()
     if ready is not None:
         ready(str(bound[0]), int(bound[1]))

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scanner import reasons as R
+from scanner import stop
 from scanner.plan.model import Plan
 from scanner.probe import checks as _builtin_checks  # noqa: F401  (registers the built-in checks)
 from scanner.probe import coverage as cov
@@ -651,7 +652,7 @@ async def collect(stream: AsyncIterator[Event]) -> list[Event]:
 def probe(plan: Plan, target: Target, credentials: Sequence[Credential], vantages: Sequence[Vantage],
           options: ProbeOptions) -> ProbeResult:
     """Synchronous convenience: run the probe and summarise it."""
-    return summarize(asyncio.run(collect(run_probe(plan, target, credentials, vantages, options))))
+    return summarize(stop.run(collect(run_probe(plan, target, credentials, vantages, options))))
 
 
 __all__ = ["Lane", "catalog_paths", "collect", "probe", "run_probe", "summarize"]

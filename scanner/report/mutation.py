@@ -14,9 +14,9 @@ from scanner.verify import MutantRun, ProxyRun
 
 
 def score(mutants: Sequence[MutantRun], proxy: str, family: str = "") -> tuple[int, int]:
-    """(caught, total) for ``proxy`` (and ``family``); operators that do not apply to the plan
-    are not counted."""
-    mine = [m for m in mutants if m.proxy == proxy and m.status != "not-applicable"
+    """(caught, total) for ``proxy`` (and ``family``); operators that do not apply to the plan,
+    and a run cut short by Ctrl-C or SIGTERM, are not counted."""
+    mine = [m for m in mutants if m.proxy == proxy and m.status not in ("not-applicable", "interrupted")
             and (not family or m.family == family)]
     return sum(m.status == "caught" for m in mine), len(mine)
 
