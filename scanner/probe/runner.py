@@ -15,6 +15,7 @@ proven (``Interrupted`` / ``Errored`` events; the result is partial, exit 3).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import secrets
 import time
@@ -86,24 +87,35 @@ PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with 
 RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)
 AHEAD = 256                    # cases looked at past a head that waits for its tokens
 POLL = 0.02                    # a worker with nothing ready looks again after this long
+ETA_EVERY_S = 0.25             # the progress display's ETA is computed again after this long
 # With --stop-on-failure, these checks' allowed requests are compared with the witness at once.
 EARLY_WITNESS = frozenset({"upstream", "limits"})
 
 
 def catalog_paths(directory: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """(path, methods) of exact HTTP routes in the bundled catalogs; none if there are none."""
+    """(path, methods) of exact HTTP routes in the catalogs of ``directory`` (None: the bundled
+    ones, read once per process: about a second); none if there are none."""
+    from scanner.errors import PerimeterError
+
+    if directory is not None:
+        return _catalog_paths(Path(directory))
+    try:
+        from scanner.resources import data_file
+
+        return _bundled_catalog_paths(data_file("policies", "catalog"))
+    except PerimeterError:
+        return ()
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_catalog_paths(base: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return _catalog_paths(base)
+
+
+def _catalog_paths(base: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
     from scanner.errors import PerimeterError
     from scanner.inventory import model
 
-    if directory is None:
-        try:
-            from scanner.resources import data_file
-
-            base = data_file("policies", "catalog")
-        except PerimeterError:
-            return ()
-    else:
-        base = Path(directory)
     out: dict[str, tuple[str, ...]] = {}
     for f in sorted(base.glob("*.json")) if base.is_dir() else ():
         try:
@@ -123,6 +135,7 @@ class _Schedule:
 
     def __init__(self, ctx: CheckContext, cases: Sequence[Case], options: ProbeOptions,
                  start: float, wall_offset: float | None = None) -> None:
+        self._eta: tuple[float, float] | None = None   # (when, value) of the last eta()
         self.ctx, self.cases, self.options = ctx, cases, options
         # token budgets (scanner.probe.token_pace): each case's charge, each budget's model, on
         # the wall clock (njs counts minutes of the epoch): wall = monotonic + offset
@@ -181,11 +194,19 @@ class _Schedule:
         return sum(1 for st in self.lanes.values() if st.lane.rps > 0 and st.pending())
 
     def eta(self, now: float) -> float:
-        """The least time the unsent cases still need (the bound, from ``now``)."""
+        """The least time the unsent cases still need (the bound, from ``now``); computed again
+        at most every ETA_EVERY_S (it walks every unsent case: once per answer was quadratic)."""
+        if self._eta is not None and now - self._eta[0] < ETA_EVERY_S:
+            return max(0.0, self._eta[1] - (now - self._eta[0]))
+        value = self._eta_now(now)
+        self._eta = (now, value)
+        return value
+
+    def _eta_now(self, now: float) -> float:
         rate = self.options.rate
         left = (self.ordinary_left / rate) if rate > 0 else 0.0
         unsent: dict[str, int] = {}
-        for st in self.lanes.values():
+        for st in self.lanes.values() if self.tokens else ():
             for q in st.queues:
                 for i in q:
                     ch = self.charges[i]
