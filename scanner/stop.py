@@ -28,6 +28,19 @@ def requested() -> str:
     return _REQUESTED[0] if _REQUESTED else ""
 
 
+def reset() -> None:
+    """Forget a stop asked for earlier: a new command begins (the CLI's main, run in-process by
+    tests several times)."""
+    _REQUESTED.clear()
+
+
+def interrupted() -> None:
+    """Say a KeyboardInterrupt was caught (Ctrl-C outside an event loop, or SIGTERM's): a stop
+    was asked for, if nothing said so yet."""
+    if not _REQUESTED:
+        _REQUESTED.append("interrupted")
+
+
 def terminated() -> bool:
     """Whether SIGTERM stopped this run (exit 143 rather than 130)."""
     return "terminated" in _REQUESTED
@@ -70,6 +83,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
                 added.append((signum, before))
         except (NotImplementedError, RuntimeError, ValueError):   # not the main thread: as before
             pass
+        if _REQUESTED:   # asked before this run began: it ends at its first wait, as if cut there
+            task.cancel()
         try:
             return await main
         finally:

@@ -341,7 +341,10 @@ def run(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options:
         for proxy, directory in written:
             say(f"{proxy.name}: probing {len(s.plan.decisions)} decisions from {len(s.vantages)} "
                 f"vantages through 127.0.0.1:{s.plan.listen.port}")
-            out.append(proxy_run(s, proxy, directory, options, witness))
+            try:
+                out.append(proxy_run(s, proxy, directory, options, witness))
+            except KeyboardInterrupt:   # outside the probe's loop (a proxy starting): as below
+                stop.interrupted()
             if stop.requested():   # Ctrl-C or SIGTERM: keep what was proven, start nothing new
                 break
     return out
@@ -374,7 +377,11 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
     out: list[MutantRun] = []
     with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
         for proxy, directory in written:
-            base = proxy_run(s, proxy, directory, options, witness)
+            try:
+                base = proxy_run(s, proxy, directory, options, witness)
+            except KeyboardInterrupt:
+                stop.interrupted()
+                break
             baselines.append(base)
             if stop.requested():
                 break
@@ -387,8 +394,13 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                     continue
                 if op.needs == mutate.fleet.NEEDS:   # a fleet's operator: verify --replicas runs it
                     continue
-                fast = mutant_options(options, op.id)
-                out.append(mutant(s, proxy, op, directory.parent / f"{proxy.name}-{op.id}", fast, witness))
+                fast, where = mutant_options(options, op.id), directory.parent / f"{proxy.name}-{op.id}"
+                try:
+                    out.append(mutant(s, proxy, op, where, fast, witness))
+                except KeyboardInterrupt:   # outside the probe's loop (a proxy starting, stopping)
+                    stop.interrupted()
+                    out.append(MutantRun(proxy.name, op.id, op.title, "interrupted", family=op.family,
+                                         catches=op.catches))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
                 if stop.requested():
                     break

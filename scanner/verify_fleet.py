@@ -223,8 +223,12 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
         for proxy, directory in written:
             say(f"{proxy.name}: a fleet of {replicas}, the limiter and redis-server; probing through "
                 f"every replica")
-            r = run(s.plan, proxy, directory.parent / f"{proxy.name}-fleet", s.credentials, s.vantages,
-                    base_options, replicas)
+            try:
+                r = run(s.plan, proxy, directory.parent / f"{proxy.name}-fleet", s.credentials, s.vantages,
+                        base_options, replicas)
+            except KeyboardInterrupt:   # outside the probe's loop (a replica starting): as below
+                stop.interrupted()
+                break
             runs.append(r)
             if stop.requested():   # Ctrl-C or SIGTERM: keep what was proven, start nothing new
                 break
@@ -239,8 +243,13 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
                 if op.needs != mutate.fleet.NEEDS or (only and not {op.id, op.name, op.family} & set(only)):
                     continue
                 work = directory.parent / f"{proxy.name}-{op.id}"
-                out.append(_mutant(s.plan, proxy, op, work, s.credentials, s.vantages,
-                                   verify.mutant_options(base_options, op.id), replicas))
+                try:
+                    out.append(_mutant(s.plan, proxy, op, work, s.credentials, s.vantages,
+                                       verify.mutant_options(base_options, op.id), replicas))
+                except KeyboardInterrupt:
+                    stop.interrupted()
+                    out.append(verify.MutantRun(proxy.name, op.id, op.title, "interrupted", family=op.family,
+                                                catches=op.catches))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
                 if stop.requested():
                     break

@@ -49,6 +49,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=first)   # stable: each module's own order is kept
 
 
+@pytest.fixture(autouse=True)
+def _no_stop_carried_over() -> None:
+    """Each test begins with no stop asked for (scanner.stop's state is per process)."""
+    from scanner import stop
+
+    stop.reset()
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of the real vLLM 0.29.0 venv. Missing under CI=true is a failure, not a skip."""

@@ -17,9 +17,9 @@ from scanner import stop
 @pytest.fixture(autouse=True)
 def fresh() -> Iterator[None]:
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    stop._REQUESTED.clear()
+    stop.reset()
     yield
-    stop._REQUESTED.clear()
+    stop.reset()
     for s, h in before.items():
         signal.signal(s, h)
 
@@ -89,3 +89,18 @@ def test_sigterm_outside_a_loop_interrupts_as_ctrl_c_even_with_sigint_ignored() 
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
     assert stop.terminated()
+
+
+def test_a_run_begun_after_a_stop_was_asked_for_ends_at_its_first_wait() -> None:
+    stop.interrupted()
+
+    async def later() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "cut at once"
+        return "ran"
+
+    t0 = time.monotonic()
+    assert stop.run(later()) == "cut at once" and time.monotonic() - t0 < 5
+    assert stop.requested() == "interrupted" and not stop.terminated()

@@ -73,6 +73,7 @@ _register()
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI and exit with the one exit code the run earned."""
     signal.signal(signal.SIGTERM, stop.on_sigterm)
+    stop.reset()
     try:
         rc = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except click.exceptions.Abort:   # click's name for a KeyboardInterrupt
