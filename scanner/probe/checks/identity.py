@@ -12,7 +12,6 @@ none are proven, and the admission is not: VP011."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import ClassVar
 
 from scanner.errors import UsageError
@@ -21,7 +20,7 @@ from scanner.policy.jwt import JwtAuth
 from scanner.policy.keys import fingerprint
 from scanner.probe import tokens_jwt
 from scanner.probe.cases import Case
-from scanner.probe.checks.upstream import problems
+from scanner.probe.checks.upstream import failed_on_problems, problem_rules
 from scanner.probe.coverage import Subject
 from scanner.probe.expect import ALLOW, Expectation, in_networks
 from scanner.probe.findings import group, make
@@ -84,10 +83,7 @@ class CredentialCheck(BaseCheck):
     def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
         if case.expected != "allow" or attempt.verdict != "proved":
             return attempt
-        found = problems(ctx, case, attempt)
-        if found:
-            return replace(attempt, verdict="failed", why="; ".join(what for _r, what in found))
-        return attempt
+        return failed_on_problems(ctx, case, attempt)
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged: list[tuple[str, Attempt]] = []
@@ -97,8 +93,7 @@ class CredentialCheck(BaseCheck):
             if c.expected == "deny":
                 flagged.append((self.refused_rule, a))
             else:
-                found = problems(ctx, c, a)
-                flagged += [(r, a) for r in dict.fromkeys(r for r, _w in found)] or [("VP006", a)]
+                flagged += [(r, a) for r in problem_rules(ctx, c, a)] or [("VP006", a)]
         for (rule, _m, _p, _v), attempts in group(flagged).items():
             whys = "; ".join(sorted({f"{a.note}: {a.why or a.error or a.status}" for a in attempts}))
             yield make(rule, attempts, f"{self.sent}: {whys}.", extra=self.id)

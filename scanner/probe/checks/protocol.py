@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from scanner.plan.model import Decision
 from scanner.probe.cases import Case
-from scanner.probe.checks.upstream import problems
+from scanner.probe.checks.upstream import failed_on_problems, problem_rules
 from scanner.probe.coverage import Subject, na
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Credential, Finding, Vantage
@@ -76,10 +76,7 @@ class Protocol(BaseCheck):
             yield replace(c, reasons=("upgrade",))
 
     def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
-        found = problems(ctx, case, attempt) if case.note == OFFER else []
-        if found:
-            return replace(attempt, verdict="failed", why="; ".join(what for _r, what in found))
-        return attempt
+        return failed_on_problems(ctx, case, attempt) if case.note == OFFER else attempt
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged: list[tuple[str, Attempt]] = []
@@ -87,8 +84,7 @@ class Protocol(BaseCheck):
             if a.verdict != "failed":
                 continue
             if c.note == OFFER:
-                found = problems(ctx, c, a)
-                flagged += [(r, a) for r in dict.fromkeys(r for r, _w in found)] or [("VP006", a)]
+                flagged += [(r, a) for r in problem_rules(ctx, c, a)] or [("VP006", a)]
             else:
                 flagged.append(("VP017", a))
         for (rule, _m, _p, _v), attempts in group(flagged).items():

@@ -127,6 +127,17 @@ def problems(ctx: CheckContext, case: Case, a: Attempt) -> list[tuple[str, str]]
     return out
 
 
+def failed_on_problems(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
+    """``a`` failed with every :func:`problems` of it, or as it was when there are none."""
+    found = problems(ctx, case, a)
+    return failed(a, "; ".join(what for _r, what in found)) if found else a
+
+
+def problem_rules(ctx: CheckContext, case: Case, a: Attempt) -> list[str]:
+    """The rules of :func:`problems`, each once, in their order."""
+    return list(dict.fromkeys(rule for rule, _what in problems(ctx, case, a)))
+
+
 def identity(ctx: CheckContext, case: Case, seen: Seen, trusted: bool) -> list[tuple[str, str]]:
     """(rule, what) for the proxy's own headers on one forwarded request: Host exactly the plan's
     (:attr:`scanner.plan.model.Plan.host_header`), X-Forwarded-For exactly the client address the
@@ -368,8 +379,7 @@ class Upstream(BaseCheck):
                           "the proxy accepted the upgrade instead of refusing it or serving plain HTTP/1.1")
         if case.note == RAW_LF[0]:
             return self._raw_lf(a)
-        found = problems(ctx, case, a)
-        return failed(a, "; ".join(what for _r, what in found)) if found else a
+        return failed_on_problems(ctx, case, a)
 
     @staticmethod
     def _raw_lf(a: Attempt) -> Attempt:
@@ -395,8 +405,8 @@ class Upstream(BaseCheck):
                     resent_it = a.upstream is not None and a.upstream.arrivals > 1
                     flagged.append(("VP015" if resent_it else "VP018" if c.answer >= 500 else "VP006", a))
                 continue
-            found = problems(ctx, c, a)
-            flagged += [(rule, a) for rule in dict.fromkeys(r for r, _w in found)]
+            found = problem_rules(ctx, c, a)
+            flagged += [(rule, a) for rule in found]
             guessed = (c.role == "variant" and a.upstream is None and a.layer == "upstream"
                        and a.status == 404 and (a.method, a.path, a.vantage) in routed)
             if guessed:
