@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -395,18 +396,27 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                 if op.needs == mutate.fleet.NEEDS:   # a fleet's operator: verify --replicas runs it
                     continue
                 fast, where = mutant_options(options, op.id), directory.parent / f"{proxy.name}-{op.id}"
-                try:
-                    out.append(mutant(s, proxy, op, where, fast, witness))
-                except KeyboardInterrupt:   # outside the probe's loop (a proxy starting, stopping)
-                    stop.interrupted()
-                    out.append(MutantRun(proxy.name, op.id, op.title, "interrupted", family=op.family,
-                                         catches=op.catches))
+                out.append(interruptible(proxy.name, op, partial(mutant, s, proxy, op, where, fast, witness)))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
                 if stop.requested():
                     break
             if stop.requested():
                 break
     return baselines, out
+
+
+def interruptible(proxy: str, op: mutate.Operator, run_it: Callable[[], MutantRun]) -> MutantRun:
+    """``run_it()``, the run of mutation ``op`` against ``proxy``; "interrupted" when Ctrl-C or
+    SIGTERM cut it short (inside the probe's loop: a partial run, which would look caught; or
+    outside it: a proxy starting or stopping): neither caught nor survived."""
+    try:
+        m = run_it()
+    except KeyboardInterrupt:
+        stop.interrupted()
+        return MutantRun(proxy, op.id, op.title, "interrupted", family=op.family, catches=op.catches)
+    if stop.requested() and m.status in ("caught", "survived"):
+        return replace(m, status="interrupted", rules=(), checks=())
+    return m
 
 
 def mutant(s: Setup, proxy: Proxy, op: mutate.Operator, directory: Path, options: ProbeOptions,
@@ -430,8 +440,6 @@ def mutant(s: Setup, proxy: Proxy, op: mutate.Operator, directory: Path, options
         run_ = proxy_run(s, proxy, directory, options, witness)
     except InternalError as exc:
         return run_of("invalid", f"{what}: {exc}")
-    if stop.requested():   # its run was cut short by Ctrl-C or SIGTERM: neither caught nor survived
-        return run_of("interrupted", what, seconds=run_.seconds)
     # caught only as a user would see it: probe's exit code with its default flags is not 0
     caught = run_.result.exit_code() != EXIT_OK
     return run_of("caught" if caught else "survived", what, rules=caught_by(run_.result),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from scanner import mutate, stop, verify
@@ -243,13 +244,9 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
                 if op.needs != mutate.fleet.NEEDS or (only and not {op.id, op.name, op.family} & set(only)):
                     continue
                 work = directory.parent / f"{proxy.name}-{op.id}"
-                try:
-                    out.append(_mutant(s.plan, proxy, op, work, s.credentials, s.vantages,
-                                       verify.mutant_options(base_options, op.id), replicas))
-                except KeyboardInterrupt:
-                    stop.interrupted()
-                    out.append(verify.MutantRun(proxy.name, op.id, op.title, "interrupted", family=op.family,
-                                                catches=op.catches))
+                fast = verify.mutant_options(base_options, op.id)
+                out.append(verify.interruptible(proxy.name, op, partial(
+                    _mutant, s.plan, proxy, op, work, s.credentials, s.vantages, fast, replicas)))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
                 if stop.requested():
                     break
@@ -269,8 +266,6 @@ def _mutant(plan: Plan, proxy: Proxy, op: mutate.Operator, work: Path, credentia
         return run_of("not-applicable", str(exc))
     except InternalError as exc:
         return run_of("invalid", str(exc))
-    if stop.requested():
-        return run_of("interrupted", op.title, seconds=r.seconds)
     caught = r.result.exit_code() != EXIT_OK
     return run_of("caught" if caught else "survived", op.title, rules=verify.caught_by(r.result),
                   seconds=r.seconds, checks=tuple(dict.fromkeys(f.check for f in r.result.deviations)))
