@@ -23,6 +23,8 @@ and carries the process exit code the CLI turns it into::
     │   └── LimiterCallError           exit 2: a limiter call that cannot be read (an unknown zone,
     │                                  a bad key, cost or slot): answered 400 / INVALID_ARGUMENT
     └── InternalError                  exit 3: a bug or an environment failure
+        └── PortInUse                  a process could not bind its loopback port (taken
+                                       after the pick): scanner.net.on_free_port retries
 
 Findings are data, not exceptions: a probe that finds an open route returns
 records, and the exit code (0 clean, 1 findings at or above ``--fail-on``) is
@@ -117,6 +119,12 @@ class LimiterCallError(LimiterError):
 
 class InternalError(PerimeterError):
     exit_code = EXIT_UNREACHABLE
+
+
+class PortInUse(InternalError):
+    """A server we start could not bind its port: another process took it between the pick
+    (scanner.net.free_port) and the bind. :func:`scanner.net.on_free_port` starts it again on
+    another port."""
 
 
 class GrpcInventoryError(InventoryError):

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from scanner import mutate, stop
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
-from scanner.net import free_port
+from scanner.net import free_port, on_free_port
 from scanner.output import write_text
 from scanner.plan.build import build
 from scanner.plan.model import Plan
@@ -41,7 +41,8 @@ from scanner.probe.runner import probe
 from scanner.probe.testca import TestCa
 from scanner.probe.token_pace import TokenModels
 from scanner.probe.tokens_jwt import Issuer, valid_claims
-from scanner.runtime.proxy import Proxy
+from scanner.runtime.process import ManagedProcess
+from scanner.runtime.proxy import Proxy, relisten
 from scanner.secrets import fingerprint
 from scanner.standin.grpc_standin import GrpcStandin
 from scanner.standin.serve import StandinThread
@@ -281,12 +282,30 @@ def probe_options(s: Setup, base: ProbeOptions, witness: str, kind: str = "") ->
                    jwt_signing_key=s.signing_key, cert_ca=s.cert_ca)
 
 
-def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack) -> None:
-    """Validate the written config with the proxy itself, then start it (both or an error)."""
-    problem = proxy.validate(plan, directory)
-    if problem:
-        raise InternalError(f"{proxy.name} rejected the generated config: {problem}")
-    stack.enter_context(proxy.start(plan, directory))
+Rewrite = Callable[[Plan], None]
+
+
+def start_checked(proxy: Proxy, plan: Plan, directory: Path, stack: ExitStack,
+                  rewrite: Rewrite | None = None) -> Plan:
+    """Validate the written config with the proxy itself, then start it (both or an error). When
+    its port was taken after the pick (scanner.net.on_free_port), the plan moves to a fresh port,
+    ``rewrite(plan)`` writes the config again (default: ``proxy.write``; a mutant's writes and
+    weakens it) and the proxy starts there. The plan the proxy runs: ``plan``, or the moved one."""
+    def start(port: int) -> tuple[Plan, ManagedProcess]:
+        now = plan if port == plan.listen.port else relisten(plan, port)
+        if now is not plan:
+            if rewrite is None:
+                proxy.write(now, directory)
+            else:
+                rewrite(now)
+        problem = proxy.validate(now, directory)
+        if problem:
+            raise InternalError(f"{proxy.name} rejected the generated config: {problem}")
+        return now, proxy.start(now, directory).start()
+
+    now, process = on_free_port(start, plan.listen.port, plan.listen.address)
+    stack.callback(process.stop)
+    return now
 
 
 def target_of(s: Setup) -> Target:
@@ -296,11 +315,13 @@ def target_of(s: Setup) -> Target:
     return Target(f"http://127.0.0.1:{s.plan.listen.port}")
 
 
-def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, witness: str) -> ProxyRun:
-    """Validate and start the config written under ``directory``, probe it, stop it."""
+def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, witness: str,
+              rewrite: Rewrite | None = None) -> ProxyRun:
+    """Validate and start the config written under ``directory`` (on another port, written
+    again by ``rewrite``, when its port was taken: start_checked), probe it, stop it."""
     t0 = time.monotonic()
     with ExitStack() as stack:
-        start_checked(proxy, s.plan, directory, stack)
+        s = replace(s, plan=start_checked(proxy, s.plan, directory, stack, rewrite))
         res = probe(s.plan, target_of(s), s.credentials, s.vantages,
                     probe_options(s, options, witness, proxy.kind))
     return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
@@ -311,21 +332,21 @@ def loop(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy],
          keys_per_role: int) -> Iterator[tuple[Setup, str, list[tuple[Proxy, Path]]]]:
     """The setup, the stand-in's (witness) URL, and each proxy's config written in a temporary
     directory; everything is gone when the block ends."""
-    with workdir() as work:
-        upstream_port = free_port()
-        s = setup(inventory, policy, work, upstream_port, keys_per_role)
+    with workdir() as work, ExitStack() as stack:
+        # the stand-in first, on a port it binds and holds (none to take meanwhile), then the plan
+        # naming it; it guards like vLLM's --api-key with the throwaway key setup will use
+        upstream_key = keys.new_key() if policy.upstream.api_key_file else ""
+        standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", 0,
+                                                    api_keys=(upstream_key,) if upstream_key else ()))
+        s = setup(inventory, policy, work, standin.port, keys_per_role, upstream_key)
         written = []
         for proxy in proxies:
             proxy.write(s.plan, work / proxy.name)
             written.append((proxy, work / proxy.name))
-        guard = (s.upstream_key,) if s.upstream_key else ()
-        with ExitStack() as stack:
-            standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", upstream_port,
-                                                        api_keys=guard))
-            if s.plan.grpc is not None and grpc_python():   # else its allowed methods stay unproven
-                methods = tuple(d.path for d in s.plan.grpc.decisions)
-                stack.enter_context(GrpcStandin(grpc_python(), methods, s.plan.grpc.upstream[1]))
-            yield s, standin.url, written
+        if s.plan.grpc is not None and grpc_python():   # else its allowed methods stay unproven
+            methods = tuple(d.path for d in s.plan.grpc.decisions)
+            stack.enter_context(GrpcStandin(grpc_python(), methods, s.plan.grpc.upstream[1]))
+        yield s, standin.url, written
 
 
 def grpc_python() -> str:
@@ -436,8 +457,11 @@ def mutant(s: Setup, proxy: Proxy, op: mutate.Operator, directory: Path, options
     problem = proxy.validate(s.plan, directory)
     if problem:
         return run_of("invalid", f"{what}: {problem}")
+    def rewrite(plan: Plan) -> None:   # the mutant again, on the port it moved to (start_checked)
+        op.apply(proxy.write(plan, directory), plan)
+
     try:
-        run_ = proxy_run(s, proxy, directory, options, witness)
+        run_ = proxy_run(s, proxy, directory, options, witness, rewrite)
     except InternalError as exc:
         return run_of("invalid", f"{what}: {exc}")
     # caught only as a user would see it: probe's exit code with its default flags is not 0

@@ -49,4 +49,4 @@ def start(plan: Plan, directory: Path, concurrency: int = 1, flush_ms: int = 0) 
     if flush_ms:
         argv += ["--file-flush-interval-msec", str(flush_ms)]
     return ManagedProcess("envoy", argv, plan.listen.address, plan.listen.port,
-                          log=directory / "envoy.stderr")
+                          log=directory / "envoy.stderr", logs=(directory / "envoy.log",))

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from scanner.errors import InternalError
-from scanner.net import wait_for_port
+from scanner.errors import InternalError, PortInUse
+from scanner.net import bind_failed, bindable, wait_listening
 
 
 @dataclass
@@ -22,24 +22,53 @@ class ManagedProcess:
     log: Path
     start_timeout: float = 20.0
     env: dict[str, str] | None = None
+    logs: tuple[Path, ...] = ()    # other logs the process writes (Envoy's --log-path)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _seen: dict[Path, int] = field(default_factory=dict, repr=False)
 
     def start(self) -> ManagedProcess:
+        """Start it and wait until it listens; PortInUse when its port is taken (before the
+        start, or as its logs say), so that scanner.net.on_free_port starts it on another."""
+        if not bindable(self.host, self.port, reuse=True):
+            raise PortInUse(f"{self.name}: {self.host}:{self.port} is already in use")
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        # what the other logs hold already is an earlier run's (Envoy appends to its --log-path)
+        self._seen = {p: p.stat().st_size if p.exists() else 0 for p in self.logs}
         with open(self.log, "wb") as fh:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
                                           start_new_session=True, env=self.env)
-        if not wait_for_port(self.host, self.port, self.start_timeout) or self._proc.poll() is not None:
+        # listening itself: a connect would succeed to another process's listener on the port too
+        ready = wait_listening(self._proc.pid, self.host, self.port, self.start_timeout, give_up=self.failed)
+        if not ready or self.failed():
+            taken = self.cannot_bind()
+            tail = self.log_tail()
             self.stop()
-            raise InternalError(f"{self.name} did not start on {self.host}:{self.port}: {self.log_tail()}")
+            if taken:
+                raise PortInUse(f"{self.name} could not bind {self.host}:{self.port}: {tail}")
+            raise InternalError(f"{self.name} did not start on {self.host}:{self.port}: {tail}")
         return self
 
-    def log_tail(self, lines: int = 3) -> str:
+    def failed(self) -> bool:
+        """Has the process exited, or said it cannot bind its port?"""
+        return self._proc is None or self._proc.poll() is not None or self.cannot_bind()
+
+    def cannot_bind(self) -> bool:
+        """Do its logs say a port it listens on was taken?"""
+        return any(bind_failed(self._read(p)) for p in (self.log, *self.logs))
+
+    def _read(self, path: Path) -> str:
+        """What ``path`` holds, from where it ended when this run started."""
         try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
+            with open(path, "rb") as fh:
+                fh.seek(self._seen.get(path, 0))
+                return fh.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
-        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The last ``lines`` of its output, else of its other logs."""
+        text = self._read(self.log).strip() or "\n".join(self._read(p) for p in self.logs).strip()
+        return " | ".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from scanner.errors import UsageError
+from scanner.net import free_port
 from scanner.plan.model import Plan
 from scanner.runtime import envoy, nginx
 from scanner.runtime.process import ManagedProcess
@@ -93,6 +94,13 @@ class EnvoyProxy:
 
 
 PROXIES: tuple[str, ...] = ("nginx", "nginx-debian", "envoy")
+
+
+def relisten(plan: Plan, port: int) -> Plan:
+    """``plan`` with the proxy listening on ``port`` (its gRPC listener, if any, on a fresh port):
+    where a proxy starts again when its port was taken (scanner.net.on_free_port)."""
+    grpc = plan.grpc and replace(plan.grpc, listen=replace(plan.grpc.listen, port=free_port()))
+    return replace(plan, listen=replace(plan.listen, port=port), grpc=grpc or None)
 
 
 def get(name: str, extra: Mapping[str, str] | None = None) -> Proxy:
