@@ -22,9 +22,19 @@ true`` leaves with ``stream_options: {"include_usage": true}`` (the client's oth
 usage event vLLM then sends, ``"choices": []`` with a ``usage`` (:func:`hidden`), is not shown to
 the client: it did not ask for it.
 
-What is not settled keeps its charge: an answer without usage (an error, a stream cut short, an
-upstream that does not report it), and a body that runs sequences vLLM does not report
-(``best_of`` above ``n``: vLLM's usage counts the returned sequences only).
+A stream is settled as soon as its **final** usage event (:func:`final`: the usage-only event,
+or the Responses API's ``response.completed`` / ``response.incomplete`` / ``response.failed``)
+has passed the proxy, before ``data: [DONE]`` and the end of the body, and only then, once: the
+openai SDK (and every library on it) closes the connection at ``[DONE]`` without reading the end
+of the body, so a settlement waiting for the end would be lost whenever the close wins the race.
+A stream without a final event (usage only per event, ``continuous_usage_stats``) is settled by the
+last usage it carried when the body ends.
+
+What is not settled keeps its charge: an answer without usage (an error, a stream cut short before
+its final usage event: a client that leaves early is charged what vLLM reported or, without a
+report, the whole reservation; an upstream that does not report it), and a body that runs
+sequences vLLM does not report (``best_of`` above ``n``: vLLM's usage counts the returned
+sequences only).
 """
 
 from __future__ import annotations
@@ -74,6 +84,32 @@ def stream_usage(events: Iterable[object]) -> Usage | None:
     for event in events:
         found = usage_of(event) or found
     return found
+
+
+# the Responses API's last event of a stream: it carries the response's usage, final
+FINAL_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def final(event: object) -> bool:
+    """Is this stream event (decoded JSON data) one after which the usage cannot change: the
+    usage-only event (:func:`hidden`) or a Responses API ending event carrying ``response.usage``?
+    The proxy settles the stream when it passes (:func:`settled_at`)."""
+    if hidden(event):
+        return True
+    return (isinstance(event, Mapping) and event.get("type") in FINAL_TYPES
+            and isinstance(event.get("response"), Mapping) and usage_of(event) is not None)
+
+
+def settled_at(events: Iterable[object]) -> tuple[int, Usage | None]:
+    """Where a stream is settled: (the index of its first final event carrying a usage, that
+    usage); (-1, the last usage any event reported) when no event is final, settled only when
+    the body ends. A client that leaves before the index keeps the whole charge."""
+    found = None
+    for i, event in enumerate(events):
+        found = usage_of(event) or found
+        if found is not None and final(event):
+            return i, found
+    return -1, found
 
 
 def unreported(body: Mapping[str, object] | None) -> bool:

@@ -94,7 +94,7 @@ CANCEL = "/v1/responses/{response_id}/cancel"
 
 
 def _endpoint(route: InvRoute, counters: Counters, stream_delay: float,  # type: ignore[no-untyped-def]
-              store: stored.Store):
+              store: stored.Store, end_delay: float = 0.0):
     changes_state = is_state_changing(route.path)
     shaped = route.kind == "http" and route.path in openai_answers.ROUTES
     kept = route.kind == "http" and route.path in (RESPONSE, CANCEL)
@@ -116,7 +116,7 @@ def _endpoint(route: InvRoute, counters: Counters, stream_delay: float,  # type:
         if isinstance(answer, stored.Error):
             return JSONResponse(answer.body, status_code=answer.status)
         if answer is not None:
-            return _respond(answer, stream_delay)
+            return _respond(answer, stream_delay, end_delay)
         return JSONResponse({"standin": True, "route": route.path, "method": request.method})
 
     return handler
@@ -137,7 +137,9 @@ def _openai_answer(path: str, request: Request, body: bytes,
     return openai_answers.answer(path, doc, body)
 
 
-def _respond(answer: openai_answers.Answer, delay: float) -> Response:
+def _respond(answer: openai_answers.Answer, delay: float, end_delay: float = 0.0) -> Response:
+    """A JSON answer, or a stream of its steps ``delay`` apart whose body ends ``end_delay``
+    seconds after its last step (``data: [DONE]``), as a slow upstream's may."""
     if isinstance(answer, openai_answers.Json):
         return JSONResponse(answer.body)
     steps = answer.steps
@@ -147,38 +149,45 @@ def _respond(answer: openai_answers.Answer, delay: float) -> Response:
             if i and delay > 0:
                 await asyncio.sleep(delay)
             yield "".join(step)
+        if end_delay > 0:
+            await asyncio.sleep(end_delay)
 
     return StreamingResponse(frames(), media_type="text/event-stream")
 
 
-def _routes(inventory: Inventory, counters: Counters, stream_delay: float) -> list[BaseRoute]:
+def _routes(inventory: Inventory, counters: Counters, stream_delay: float,
+            end_delay: float = 0.0) -> list[BaseRoute]:
     out: list[BaseRoute] = []
     store = stored.Store()
     for r in inventory.routes:
+        handler = _endpoint(r, counters, stream_delay, store, end_delay)
         if r.kind == "http":
-            out.append(Route(r.path, _endpoint(r, counters, stream_delay, store), methods=list(r.methods)))
+            out.append(Route(r.path, handler, methods=list(r.methods)))
         elif r.kind == "mount":
-            sub = Starlette(routes=[Route("/{rest:path}", _endpoint(r, counters, stream_delay, store),
+            sub = Starlette(routes=[Route("/{rest:path}", handler,
                                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"])])
             out.append(Mount(r.path, app=sub))
         # WebSocket routes answer the HTTP upgrade only in the real app; the stand-in
         # serves them as GET so that reachability through a proxy is visible.
         elif r.kind == "websocket":
-            out.append(Route(r.path, _endpoint(r, counters, stream_delay, store), methods=["GET"]))
+            out.append(Route(r.path, handler, methods=["GET"]))
     return out
 
 
 def build_app(inventory: Inventory, api_keys: tuple[str, ...] = (), fetch_media: bool = False,
-              stream_delay: float = openai_answers.STREAM_DELAY_S) -> tuple[ASGIApp, Counters]:
+              stream_delay: float = openai_answers.STREAM_DELAY_S,
+              stream_end_delay: float = 0.0) -> tuple[ASGIApp, Counters]:
     """The stand-in app behind its upstream witness (scanner.standin._witness), which records
     every request that reaches it, vLLM's key check included, as the real app would be wrapped
     (``fetch_media``: and fetches a body's media URLs first, as vLLM does). ``stream_delay``:
-    the seconds between a stream's steps (scanner.standin.openai_answers)."""
-    app, counters = _app(inventory, api_keys, stream_delay)
+    the seconds between a stream's steps (scanner.standin.openai_answers); ``stream_end_delay``:
+    the seconds a stream's body stays open after its last event (``[DONE]``)."""
+    app, counters = _app(inventory, api_keys, stream_delay, stream_end_delay)
     return cast(ASGIApp, Witness(app, fetch_media=fetch_media)), counters
 
 
-def _app(inventory: Inventory, api_keys: tuple[str, ...], stream_delay: float) -> tuple[ASGIApp, Counters]:
+def _app(inventory: Inventory, api_keys: tuple[str, ...], stream_delay: float,
+         end_delay: float = 0.0) -> tuple[ASGIApp, Counters]:
     counters = Counters()
 
     async def stats(_: Request) -> Response:
@@ -190,7 +199,7 @@ def _app(inventory: Inventory, api_keys: tuple[str, ...], stream_delay: float) -
         return JSONResponse({"detail": detail}, status_code=status)
 
     app = Starlette(routes=[Route(STATS_PATH, stats, methods=["GET"]),
-                            *_routes(inventory, counters, stream_delay)],
+                            *_routes(inventory, counters, stream_delay, end_delay)],
                     exception_handlers={404: fastapi_style, 405: fastapi_style})
     if not api_keys:
         return app, counters

