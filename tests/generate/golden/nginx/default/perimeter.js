@@ -1079,6 +1079,15 @@ function hiddenEvent(doc) {
         !Array.isArray(doc.usage);
 }
 
+// settle.final: an event after which the usage cannot change (the usage-only event, or a Responses
+// API ending event carrying response.usage): the stream is settled as soon as it passes.
+var FINAL_TYPES = ',response.completed,response.incomplete,response.failed,';
+function finalEvent(doc) {
+    return hiddenEvent(doc) || (doc !== null && typeof doc === 'object' && typeof doc.type === 'string' &&
+        FINAL_TYPES.indexOf(',' + doc.type + ',') >= 0 && doc.type.indexOf(',') < 0 &&
+        doc.response !== null && typeof doc.response === 'object' && usageOf(doc) !== null);
+}
+
 // The refund goes back to the window the charge was put in (its key), floored at 0, never to the
 // current one: the counts then equal those of a budget that had charged the usage at admission
 // (usage <= charge), so the sliding minute never lets through more than the plan's capacity. Taken
@@ -1131,7 +1140,7 @@ function settleHeaders(r) {
     answer = {key: settled ? spec.substring(0, a) : '', cost: settled ? Number(spec.substring(a + 1, b)) : 0,
               asked: settled && spec.substring(b + 1) === 'a', settled: settled, own: own, drop: false,
               stream: /^\s*text\/event-stream/i.test(type),
-              parts: [], size: 0, held: null, skip: false, usage: null};
+              parts: [], size: 0, held: null, skip: false, usage: null, final: false, done: false};
     if (answer.stream && answer.asked) {
         delete r.headersOut['Content-Length'];   // an event may be dropped: the length changes
     }
@@ -1157,6 +1166,9 @@ function streamLine(s, line) {
         return true;
     }
     s.usage = usageOf(doc) || s.usage;
+    if (s.usage !== null && finalEvent(doc)) {
+        s.final = true;                 // settled before this event leaves (settle)
+    }
     if (s.asked && hiddenEvent(doc)) {
         s.skip = true;
         return false;
@@ -1195,12 +1207,29 @@ function streamPart(s, data, last) {
     return out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
 }
 
+// The charge less the usage returned (settle.refund), once per answer: to the limiter's reservation
+// ($perimeter_refund, post_action settles it) or to the window of the charge (giveBack). Usage
+// noted in $perimeter_usage ("INPUT+OUTPUT") for the access log.
+function settleOnce(r, s) {
+    if (s.done || s.usage === null || !s.settled) {
+        return;
+    }
+    s.done = true;
+    r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
+    if (r.variables.perimeter_shared && r.variables.perimeter_fallback !== '1') {
+        r.variables.perimeter_refund = String(Math.max(0, s.cost - s.usage[0] - s.usage[1]));
+    } else {
+        giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
+    }
+}
+
 // js_body_filter on token-budget locations: every byte passes on at once (a stream's usage-only
 // event excepted when the proxy asked); the answer's usage is read (a JSON answer's, a stream's
-// last event reporting one) and, once the answer is complete (a stream cut short never is), the
-// charge less the usage is returned (settle.refund) before its last bytes leave: a client that
-// has the whole answer finds the budget settled. Usage noted in $perimeter_usage ("INPUT+OUTPUT")
-// for the access log. No usage: the charge stands.
+// events reporting one) and the charge settled (settleOnce) before the bytes that complete it
+// leave: a stream as soon as its final usage event passed (settle.final: before [DONE], which a
+// client such as the openai SDK closes the connection at, without waiting for the body's end),
+// a JSON answer (or a stream without a final event) once it is complete; a stream cut short
+// before its final event keeps the whole charge. No usage: the charge stands.
 function settle(r, data, flags) {
     var s = answer;
     var out = data;
@@ -1241,17 +1270,11 @@ function settle(r, data, flags) {
             r.error('perimeter: an answer carrying response ids over ' + SETTLE_JSON_MAX + ' bytes: not sent');
         }
     }
+    if (s.final || flags.last) {
+        settleOnce(r, s);
+    }
     if (flags.last) {
         answer = null;
-        if (s.usage !== null && s.settled) {
-            r.variables.perimeter_usage = s.usage[0] + '+' + s.usage[1];
-            if (r.variables.perimeter_shared && r.variables.perimeter_fallback !== '1') {
-                // the limiter's reservation: post_action settles it
-                r.variables.perimeter_refund = String(Math.max(0, s.cost - s.usage[0] - s.usage[1]));
-            } else {
-                giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
-            }
-        }
     }
     r.sendBuffer(out, flags);
 }
