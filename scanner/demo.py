@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from scanner import stop, verify
 from scanner.inventory.catalog import load_ref
-from scanner.net import free_port
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
 from scanner.policy import keys
@@ -53,8 +52,7 @@ def run(say: Callable[[str], None], options: ProbeOptions = OPTIONS, keys_per_ro
         if stop.requested():
             raise KeyboardInterrupt
         say("4/4 the same stand-in with only vLLM's --api-key and no proxy (safe mode)")
-        bare_port = free_port()
-        with StandinThread(inventory, "127.0.0.1", bare_port, (keys.new_key(),)) as bare_standin:
+        with StandinThread(inventory, "127.0.0.1", 0, (keys.new_key(),)) as bare_standin:   # its own port
             bare = probe(s.plan, Target(bare_standin.url), s.credentials, s.vantages[:1], options)
             bare_changes = bare_standin.counters.total_state_changes()
     return DemoResult(s.plan, proxied, bare, bare_changes, build_.name)

@@ -24,7 +24,7 @@ from pathlib import Path
 from scanner import mutate, stop, verify
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
-from scanner.net import free_port
+from scanner.net import free_port, on_free_port
 from scanner.plan.model import Decision, Plan
 from scanner.policy.model import Policy
 from scanner.probe import findings
@@ -89,21 +89,29 @@ def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential],
     """Write, validate and start the fleet (the second replica weakened by ``mutant``), probe it
     through every replica, then (not for a mutant) stop Redis and try the failure policy."""
     t0 = time.monotonic()
-    fp = fleet_plan(plan, check_replicas(replicas))
-    ports = (plan.listen.port, *(free_port() for _ in range(replicas - 1)))
-    f = fleet.Fleet(fp, proxy, work, ports)
-    dirs = f.write()
-    if mutant:
-        op = mutate.OPERATORS[f"{proxy.kind}.{mutant}"]
-        op.apply(dirs[1], fleet.replica(fp, ports[1]))
-    for port, d in zip(ports, f.dirs, strict=True):
-        problem = proxy.validate(fleet.replica(fp, port), d)
-        if problem:
-            raise InternalError(f"{proxy.name} rejected the generated config of a replica: {problem}")
+    check_replicas(replicas)
+
+    def started(first: int) -> tuple[Plan, fleet.Fleet]:
+        # every port of the fleet fresh when one was taken (scanner.net.on_free_port): the
+        # limiter's and each replica's are in every replica's config
+        fp = fleet_plan(fleet.replica(plan, first), replicas)
+        ports = (first, *(free_port() for _ in range(replicas - 1)))
+        f = fleet.Fleet(fp, proxy, work, ports)
+        dirs = f.write()
+        if mutant:
+            op = mutate.OPERATORS[f"{proxy.kind}.{mutant}"]
+            op.apply(dirs[1], fleet.replica(fp, ports[1]))
+        for port, d in zip(ports, f.dirs, strict=True):
+            problem = proxy.validate(fleet.replica(fp, port), d)
+            if problem:
+                raise InternalError(f"{proxy.name} rejected the generated config of a replica: {problem}")
+        return fp, f.start()
+
     result: ProbeResult
     down: Outage | None = None
     with ExitStack() as stack:
-        stack.enter_context(f)
+        fp, f = on_free_port(started, plan.listen.port)
+        stack.callback(f.stop)
         urls = f.urls
         result = probe(fp, Target(urls[0]), credentials, vantages, replace(options, replicas=urls[1:]))
         if outage_too and not mutant:

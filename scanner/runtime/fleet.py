@@ -103,16 +103,23 @@ class Fleet:
         (self.directory / ZONES_FILE).write_text(text, encoding="utf-8")
 
     def start(self) -> Fleet:
+        """Redis, the limiter, the replicas; all stopped again when one cannot start (its port
+        taken: PortInUse, and the caller starts a fleet on fresh ports, scanner.net.on_free_port)."""
         self.zones()
-        self.redis.start()
-        self.limiter.start()
-        for port, d in zip(self.ports, self.dirs, strict=True):
-            self.replicas.append(self.proxy.start(replica(self.plan, port), d).start())
+        try:
+            self.redis.start()
+            self.limiter.start()
+            for port, d in zip(self.ports, self.dirs, strict=True):
+                self.replicas.append(self.proxy.start(replica(self.plan, port), d).start())
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
         for proc in (*self.replicas, self.limiter, self.redis):
             proc.stop()
+        self.replicas = []
 
     def __enter__(self) -> Fleet:
         return self.start()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from scanner.errors import InternalError, PortInUse
-from scanner.net import bind_failed, bindable, wait_listening
+from scanner.net import bind_failed, bindable, on_free_port, wait_listening
 
 
 @dataclass
@@ -23,12 +24,27 @@ class ManagedProcess:
     start_timeout: float = 20.0
     env: dict[str, str] | None = None
     logs: tuple[Path, ...] = ()    # other logs the process writes (Envoy's --log-path)
+    # the argv for a port: a process nothing else names the port of (a test's redis-server) then
+    # moves to a fresh port when its port was taken (scanner.net.on_free_port)
+    argv_for: Callable[[int], list[str]] | None = field(default=None, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _seen: dict[Path, int] = field(default_factory=dict, repr=False)
 
     def start(self) -> ManagedProcess:
         """Start it and wait until it listens; PortInUse when its port is taken (before the
-        start, or as its logs say), so that scanner.net.on_free_port starts it on another."""
+        start, or as its logs say), so that scanner.net.on_free_port starts it on another; with
+        ``argv_for``, it does so itself."""
+        argv_for = self.argv_for
+        if argv_for is None:
+            return self._start()
+
+        def at(port: int) -> ManagedProcess:
+            self.port, self.argv = port, argv_for(port)
+            return self._start()
+
+        return on_free_port(at, self.port, self.host)
+
+    def _start(self) -> ManagedProcess:
         if not bindable(self.host, self.port, reuse=True):
             raise PortInUse(f"{self.name}: {self.host}:{self.port} is already in use")
         self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from scanner.errors import InternalError
+from scanner.errors import InternalError, PortInUse
 from scanner.inventory._runner import WORKER
 from scanner.inventory.vllm_app import VllmExtraction, worker_request
-from scanner.net import free_port, wait_for_port
+from scanner.net import bind_failed, on_free_port, wait_listening
 from scanner.runtime.process import stop_group
 
 
@@ -42,7 +42,18 @@ class RealVllmServer:
         return f"{scheme}://{self.host}:{self.port}"
 
     def start(self) -> RealVllmServer:
-        self.port = self.port or free_port(self.host)
+        """On ``port``; else on a free port, another when it was taken before uvicorn bound it
+        (scanner.net.on_free_port)."""
+        if self.port:
+            return self._start()
+
+        def at(port: int) -> RealVllmServer:
+            self.port = port
+            return self._start()
+
+        return on_free_port(at, 0, self.host)
+
+    def _start(self) -> RealVllmServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="vllm-perimeter-real-")
         req = Path(self._tmp.name, "request.json")
         res = Path(self._tmp.name, "result.json")
@@ -64,8 +75,18 @@ class RealVllmServer:
                 raise InternalError(f"real vLLM app failed to build: {result['error']['message']}")
             self.facts = result["data"]
         remaining = max(1.0, deadline - time.monotonic())
-        if self._proc.poll() is not None or not wait_for_port(self.host, self.port, remaining):
+        log_file = Path(self._tmp.name, "server.log")
+        proc = self._proc
+
+        def ended() -> bool:
+            return proc.poll() is not None
+
+        # uvicorn runs in the worker itself: listening there, not a connect another's listener answers
+        if ended() or not wait_listening(proc.pid, self.host, self.port, remaining, give_up=ended) or ended():
+            taken = bind_failed(log_file.read_text(encoding="utf-8", errors="replace"))
             self.stop()
+            if taken:   # uvicorn: "[Errno 98] error while attempting to bind ...: address already in use"
+                raise PortInUse(f"real vLLM app: {self.host}:{self.port} is already in use")
             raise InternalError(f"real vLLM app did not start on {self.host}:{self.port}")
         return self
 

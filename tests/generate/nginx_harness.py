@@ -13,13 +13,14 @@ from types import TracebackType
 import pytest
 
 from scanner.inventory.model import Inventory
-from scanner.net import free_port
+from scanner.net import free_port, on_free_port
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
 from scanner.policy.load import loads
 from scanner.runtime import nginx as runtime_nginx
 from scanner.runtime.process import ManagedProcess
+from scanner.runtime.proxy import relisten
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden" / "nginx"
@@ -121,7 +122,13 @@ class RunningNginx:
                                "-c", str(main)], capture_output=True, text=True, timeout=60, check=False)
 
     def start(self) -> RunningNginx:
-        self.proc = runtime_nginx.process(self.plan, self.build, self.directory, self.options_extra).start()
+        """Write and start; on another port (the plan moved) when its port was taken meanwhile."""
+        def at(port: int) -> ManagedProcess:
+            if port != self.plan.listen.port:
+                self.plan = relisten(self.plan, port)
+            return runtime_nginx.process(self.plan, self.build, self.directory, self.options_extra).start()
+
+        self.proc = on_free_port(at, self.plan.listen.port, self.host)
         return self
 
     def stop(self) -> str:

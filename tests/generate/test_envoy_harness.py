@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 
 from scanner.inventory.model import Inventory, Route, Source
-from scanner.net import free_port, wait_for_port
+from scanner.net import free_port, on_free_port, wait_for_port
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
 from scanner.policy.load import loads
 from scanner.runtime import envoy as runtime_envoy
 from scanner.runtime.process import ManagedProcess
+from scanner.runtime.proxy import relisten
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden" / "envoy"
@@ -107,8 +108,15 @@ class RunningEnvoy:
         return runtime_envoy.write(self.plan, self.directory, self.extra)
 
     def start(self) -> RunningEnvoy:
+        """Write and start; on another port (the plan moved) when its port was taken meanwhile."""
         envoy_binary()  # skip, or fail under CI, when Envoy is missing
-        self.proc = runtime_envoy.process(self.plan, self.directory, self.extra, flush_ms=50).start()
+
+        def at(port: int) -> ManagedProcess:
+            if port != self.plan.listen.port:
+                self.plan = relisten(self.plan, port)
+            return runtime_envoy.process(self.plan, self.directory, self.extra, flush_ms=50).start()
+
+        self.proc = on_free_port(at, self.plan.listen.port, self.plan.listen.address)
         return self
 
     def stop(self) -> None:

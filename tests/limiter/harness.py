@@ -29,10 +29,16 @@ def redis_binary() -> str:
 
 
 def redis_process(directory: Path, extra: tuple[str, ...] = ()) -> ManagedProcess:
+    """redis-server on a free port; started on another when that one was taken meanwhile."""
+    binary = redis_binary()
+
+    def argv(port: int) -> list[str]:
+        return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(directory), *extra]
+
     port = free_port()
-    argv = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(directory), *extra]
-    return ManagedProcess("redis-server", argv, "127.0.0.1", port, log=directory / "redis.log")
+    return ManagedProcess("redis-server", argv(port), "127.0.0.1", port, log=directory / "redis.log",
+                          argv_for=argv)
 
 
 def url(proc: ManagedProcess) -> str:
@@ -69,10 +75,13 @@ def limiter_process(directory: Path, redis_url: str, zones: dict[str, object] | 
 
     zones_file = directory / "limiter.json"
     zones_file.write_text(json.dumps(zones or ZONES))
+
+    def argv(port: int) -> list[str]:   # on another port when this one was taken meanwhile
+        return [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url,
+                "--zones", str(zones_file), "--listen", f"127.0.0.1:{port}"]
+
     port = free_port()
-    argv = [sys.executable, "-m", "scanner.cli.main", "limiter", "--redis", redis_url, "--zones", str(zones_file),
-            "--listen", f"127.0.0.1:{port}"]
-    return ManagedProcess("limiter", argv, "127.0.0.1", port, log=directory / "limiter.log")
+    return ManagedProcess("limiter", argv(port), "127.0.0.1", port, log=directory / "limiter.log", argv_for=argv)
 
 
 def get(port: int, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:

@@ -12,8 +12,8 @@ import pytest
 
 from scanner import mutate, verify
 from scanner.inventory.catalog import load_ref
-from scanner.net import free_port
 from scanner.plan.inputs import load_policy
+from scanner.plan.model import Plan
 from scanner.policy.model import Limits, Policy, Rate
 from scanner.probe.interface import Attempt, ProbeOptions, ProbeResult
 from scanner.runtime import nginx
@@ -63,15 +63,19 @@ def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, op
     stand-in (``fetch_media``: fetching media URLs as vLLM does) and probed; ``paced``: under the
     policy's own rate limits, else under unpaced()."""
     inventory = load_ref(catalog)
-    port = free_port()
-    s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, port,
-                     keys_per_role=keys_per_role)
     directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if mutant:
-        mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(written, s.plan)
-    with StandinThread(inventory, "127.0.0.1", port, fetch_media=fetch_media) as standin:
-        return verify.proxy_run(s, proxy, directory, options, standin.url).result
+
+    def written(plan: Plan) -> None:   # again on another port, when the proxy's was taken
+        files = proxy.write(plan, directory)
+        if mutant:
+            mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(files, plan)
+
+    # the stand-in on a port it binds itself, then the plan naming it (as verify.loop)
+    with StandinThread(inventory, "127.0.0.1", 0, fetch_media=fetch_media) as standin:
+        s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, standin.port,
+                         keys_per_role=keys_per_role)
+        written(s.plan)
+        return verify.proxy_run(s, proxy, directory, options, standin.url, written).result
 
 
 def decided(attempts: Sequence[Attempt]) -> list[Attempt]:
@@ -105,11 +109,14 @@ def probe_edited(tmp_path: Path, proxy: Proxy, options: ProbeOptions, edit: Edit
     (``edit`` gets the written config directory), started in front of the stand-in and probed with
     ``options`` (with the stand-in's witness unless ``witness`` is false)."""
     inventory = load_ref(catalog)
-    port = free_port()
-    s = verify.setup(inventory, unpaced(policy or load_policy(None)), tmp_path, port)
     directory = tmp_path / "proxy"
-    written = proxy.write(s.plan, directory)
-    if edit is not None:
-        edit(written)
-    with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "").result
+
+    def written(plan: Plan) -> None:   # again on another port, when the proxy's was taken
+        files = proxy.write(plan, directory)
+        if edit is not None:
+            edit(files)
+
+    with StandinThread(inventory, "127.0.0.1", 0) as standin:
+        s = verify.setup(inventory, unpaced(policy or load_policy(None)), tmp_path, standin.port)
+        written(s.plan)
+        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
