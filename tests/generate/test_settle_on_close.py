@@ -120,24 +120,7 @@ def test_the_openai_client_closing_at_done_is_settled(stand: Stand) -> None:
 
 
 def _raw_stream(stand: Stand, body: dict[str, Any], query: str = "") -> tuple[int, bytes]:
-    """A stream read up to ``data: [DONE]`` (or the end), the connection then closed (status,
-    bytes read)."""
-    raw = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in stand.user.headers().items())
-    sock = socket.create_connection(stand.address, timeout=20, source_address=(stand.source, 0))
-    try:
-        sock.sendall(f"POST {CHAT}{query} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
-                     f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
-        data = b""
-        deadline = time.monotonic() + 10
-        while b"[DONE]" not in data and b"\r\n0\r\n" not in data and time.monotonic() < deadline:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        sock.close()
-    return int(data.split(b" ", 2)[1]), data
+    return _raw_stream_to(stand.address, stand.user, stand.source, body, query)
 
 
 @pytest.mark.parametrize("asks", [False, True])
@@ -177,3 +160,59 @@ def assert_settled_once(stand: Stand, body: dict[str, Any], lines: list[access_l
           f"{cost} admitted (settled once: at most {once:.0f}; twice: {twice})")
     assert admitted <= once < twice, (admitted, once, twice)
     assert admitted >= (LIMIT - usage) // cost - 1, (admitted, usage, cost)
+
+
+# --- a fleet (policy shared:): the refund goes to the limiter's reservation --------------------------
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_a_fleet_settles_a_client_closing_at_done(name: str) -> None:
+    """Two replicas, the limiter and Redis (tests/limiter/fleet.py: 2,000 tokens a minute shared);
+    each stream reserves about 700 (two fit unsettled), its client closes at [DONE], the upstream
+    ends the body 0.4 s later: every one admitted, through either replica, is settled at the
+    limiter (NGINX: post_action after the client left; Envoy: the refund in the metadata the
+    rate limit filter reads at the stream's end)."""
+    from tests.limiter.fleet import PUBLIC, TOKENS, FleetStack, chat
+    from tests.probe.realproxy import proxy_named
+
+    stack = FleetStack(proxy_named(name), stream_delay=0.01)
+    up = stack.setup.plan.upstream.servers[0][1]
+    stack.standin = StandinThread(load_ref(CATALOG), "127.0.0.1", up, stream_delay=0.01,
+                                  stream_end_delay=END_DELAY)
+    try:
+        stack.start()
+        got = []
+        for i in range(6):
+            time.sleep(0.3)                 # under the fleet's rate (4 r/s)
+            got.append(_raw_stream_to(("127.0.0.1", stack.fleet.ports[i % 2]), stack.user, PUBLIC,
+                                      chat(600, stream=True)))
+            time.sleep(END_DELAY)           # the limiter has the refund before the next reservation
+        assert [g[0] for g in got] == [200] * 6, [g[1][:200] for g in got]
+        assert all(b"[DONE]" in data for _s, data in got)
+        d = stack.setup.plan.decision("POST", CHAT)
+        assert d is not None
+        # the precondition that makes it a proof: unsettled, the third would have been refused
+        assert 3 * d.token_cost(json.dumps(chat(600, stream=True)).encode()) > TOKENS
+    finally:
+        stack.stop()
+
+
+def _raw_stream_to(address: tuple[str, int], user: Credential, source: str, body: dict[str, Any],
+                   query: str = "") -> tuple[int, bytes]:
+    """A stream read up to ``data: [DONE]`` (or the end of a chunked answer), the connection then
+    closed (status, bytes read)."""
+    raw = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in user.headers().items())
+    sock = socket.create_connection(address, timeout=20, source_address=(source, 0))
+    try:
+        sock.sendall(f"POST {CHAT}{query} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+                     f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
+        data = b""
+        deadline = time.monotonic() + 10
+        while b"[DONE]" not in data and b"\r\n0\r\n" not in data and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    return int(data.split(b" ", 2)[1]), data
