@@ -887,13 +887,16 @@ function acquire(r, v, cost) {
         call.cost = cost;
     }
     return limiterCall(v, '/v1/acquire', call).then(function (reply) {
-        return reply.status === 200 ? reply.json() : null;
+        return reply.status === 200 || reply.status === 503 ? reply.json() : null;
     }).then(null, function (e) {
         r.error('perimeter limiter: ' + e);
         return null;
     }).then(function (a) {
-        if (a === null || typeof a !== 'object' || typeof a.allow !== 'boolean') {
-            if (v.perimeter_local_up) {     // on_unavailable: local: this proxy's share decides
+        var down = a === null || typeof a !== 'object' || typeof a.allow !== 'boolean';
+        if (down || (!a.allow && a.reason === 'shared-store-unavailable')) {
+            // on_unavailable: local: this proxy's share decides when the limiter says so (its
+            // store down long enough: "local": true) or does not answer at all
+            if (v.perimeter_local_up && (down || a.local === true)) {
                 v.perimeter_fallback = '1';
                 r.internalRedirect(v.perimeter_local_up);
                 return false;

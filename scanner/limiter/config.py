@@ -17,6 +17,10 @@ at start. YAML or JSON (JSON is YAML)::
       "inference:tokens:200000":
         kind: tokens
         per_minute: 200000            # bucket size, refilled continuously at per_minute / 60 a second
+    slot_lease_s: 10                  # optional: a slot's lease, renewed while its request runs
+    on_unavailable: local             # optional (deny): Envoy's local shares decide without Redis
+    local_after_s:                    # optional, with local: seconds of an outage before a zone's
+      "inference:key:10/20": 1.5      #   requests go to the local shares (503 before; the plan's)
 
 Zone names are the plan's zone names: 1 to 200 printable ASCII characters without spaces or
 braces (braces would break the Redis hash tag, scanner.limiter.keys). Every value is checked
@@ -28,8 +32,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +50,8 @@ DEFAULT_DOMAIN = "vllm-perimeter"
 NAME = re.compile(r"^[!-z|~]{1,200}$")
 MAX_VALUE = (1 << 31) - 1     # Envoy counts hits in 32 bits; njs in doubles
 MAX_SLOT_TTL_S = 24 * 3600.0
+# a concurrency slot is a lease this long, renewed by the limiter while its request is in flight
+SLOT_LEASE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,24 @@ class LimiterConfig:
     # without Redis OK with {shared: unavailable} in Envoy's metadata (its local share decides);
     # "deny" (and the HTTP door always) answers unavailable
     on_unavailable: OnUnavailable = "deny"
+    # a slot's lease (scanner.limiter.store.renew): a slot not renewed comes back after this long
+    slot_lease_s: float = SLOT_LEASE_S
+    # on_unavailable: local: how long an outage lasts before a zone's requests are sent to the
+    # proxies' local shares (503 until then), so shares that start full hand out only what the
+    # policy refilled meanwhile (scanner.plan.zones.local_after); zones not named: at once
+    local_after_s: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         """The file's content (what ``generate`` writes): sorted, deterministic."""
         return {"version": self.version, "domain": self.domain,
                 **({"on_unavailable": self.on_unavailable} if self.on_unavailable != "deny" else {}),
+                **({"slot_lease_s": self.slot_lease_s} if self.slot_lease_s != SLOT_LEASE_S else {}),
+                **({"local_after_s": dict(sorted(self.local_after_s.items()))} if self.local_after_s else {}),
                 "zones": {n: zone_json(z) for n, z in sorted(self.zones.items())}}
+
+    def local_after(self, zone_names: Iterable[str]) -> float:
+        """Seconds of an outage before a request of these zones goes to the local shares."""
+        return max((self.local_after_s.get(z, 0.0) for z in zone_names), default=0.0)
 
 
 def per_unit(zone: Zone) -> tuple[int, Literal["second", "minute"]] | None:
@@ -158,9 +176,10 @@ def dumps(config: LimiterConfig) -> str:
 def parse(data: object, where: str = "zones file") -> LimiterConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping with version, domain and zones")
-    unknown = sorted(set(map(str, data)) - {"version", "domain", "zones", "on_unavailable"})
+    top = {"version", "domain", "zones", "on_unavailable", "slot_lease_s", "local_after_s"}
+    unknown = sorted(set(map(str, data)) - top)
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (version, domain, on_unavailable, zones)")
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r} ({', '.join(sorted(top))})")
     on_unavailable = data.get("on_unavailable", "deny")
     if on_unavailable not in ("deny", "local"):
         raise ConfigError(f"{where}: on_unavailable {on_unavailable!r} is not deny or local")
@@ -172,8 +191,16 @@ def parse(data: object, where: str = "zones file") -> LimiterConfig:
     zones = data.get("zones")
     if not isinstance(zones, dict) or not zones:
         raise ConfigError(f"{where}: zones must be a non-empty mapping of zone name -> limits")
-    return LimiterConfig(zones={str(n): _zone(str(n), z, where) for n, z in zones.items()}, domain=domain,
-                         on_unavailable=on_unavailable)
+    parsed = {str(n): _zone(str(n), z, where) for n, z in zones.items()}
+    lease = SLOT_LEASE_S
+    if "slot_lease_s" in data:
+        lease = _number(data, "slot_lease_s", where, 1.0, MAX_SLOT_TTL_S)
+    after = data.get("local_after_s", {})
+    if not isinstance(after, dict) or not all(str(n) in parsed for n in after):
+        raise ConfigError(f"{where}: local_after_s must map zone names of zones to seconds")
+    return LimiterConfig(zones=parsed, domain=domain, on_unavailable=on_unavailable, slot_lease_s=lease,
+                         local_after_s={str(n): _number(after, n, f"{where}: local_after_s", 0.0, 3600.0)
+                                        for n in after})
 
 
 def _zone(name: str, raw: object, where: str) -> Zone:

@@ -10,7 +10,8 @@ reservation given back (the request will not run: it is neither running nor char
 
 * rate: take ``cost`` (1 per request) from the bucket of burst + 1 refilled at rps;
 * concurrency: hold the request's slot (its id: the caller's, e.g. Envoy's x-request-id, or a
-  new random one), expiring after the zone's ``slot_ttl_s`` unless released;
+  new random one): a lease of ``slot_lease_s`` renewed by this process (scanner.limiter.store.
+  renew, the service's loop) until released or the zone's ``slot_ttl_s`` has passed;
 * tokens: reserve ``cost`` (the request's admitted envelope, Decision.token_cost), clamped to
   ``per_minute + 1`` (a cost over the whole budget never fits: Retry-After 60, as the proxies).
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scanner import reasons
@@ -83,6 +85,26 @@ class Verdict:
         return next((s for s in self.statuses if not s.admitted), None)
 
 
+@dataclass
+class Outage:
+    """Since when this process finds the store unavailable (None: it answers). Under
+    ``on_unavailable: local`` a request goes to the proxies' local shares only once the outage
+    is as old as its zones' ``local_after_s`` (the plan's: what those shares, which start full,
+    may hand out at once, refilled at the policy's rate); before, it is 503."""
+
+    began: float | None = None
+
+    def answered(self) -> None:
+        self.began = None
+
+    def local(self, config: LimiterConfig, zone_names: Iterable[str]) -> bool:
+        """The store failed a call now: may the proxy decide ``zone_names`` with its own share?"""
+        now = time.monotonic()
+        if self.began is None:
+            self.began = now
+        return config.on_unavailable == "local" and now - self.began >= config.local_after(zone_names)
+
+
 def zone_of(config: LimiterConfig, name: str) -> Zone:
     zone = config.zones.get(name)
     if zone is None:
@@ -107,7 +129,8 @@ async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Ca
     zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
              for c in calls]
     slot = keys.checked("slot", slot) if slot else new_slot()
-    reserved = await store.reserve(redis, zones, slot)
+    reserved = await store.reserve(redis, zones, slot, config.slot_lease_s,
+                                   floor=config.on_unavailable == "local")
     done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
     done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
     return Verdict(tuple(done), slot)

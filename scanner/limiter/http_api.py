@@ -16,9 +16,10 @@
 anew each time; or a new one in the answer), to release with. ``"zone": Z`` is short for
 ``"zones": [Z]``. A release may carry the settlement of the same request's token zone ``T``
 (one call once answered instead of two). Redis unavailable: **503** ``{"allow": false, "reason":
-"shared-store-unavailable"}`` (the proxy's ``on_unavailable`` decides: deny is 503 with that
-reason). A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses). Bodies
-over 16 KiB: 413. Anything else: 404 / 405.
+"shared-store-unavailable"}``: the proxy answers 503 with that reason; under ``on_unavailable:
+local``, once the outage is as old as the zones' ``local_after_s`` (decide.Outage), an acquire's
+503 adds ``"local": true``: the proxy decides with its local share. A call that cannot be read:
+**400** ``{"error": ...}`` (the proxy refuses). Bodies over 16 KiB: 413. Anything else: 404 / 405.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ class Answer:
         return json.dumps(self.body, separators=(",", ":")).encode()
 
 
-async def handle(redis: store.Client, config: LimiterConfig, method: str, path: str, body: bytes) -> Answer:
-    """The answer to one request; never raises for what a caller sends."""
+async def handle(redis: store.Client, config: LimiterConfig, method: str, path: str, body: bytes,
+                 outage: decide.Outage | None = None) -> Answer:
+    """The answer to one request; never raises for what a caller sends. ``outage``: the
+    service's (an acquire without Redis may send the proxy to its local share, ``"local": true``,
+    under on_unavailable: local once the outage is old enough; decide.Outage)."""
+    outage = outage if outage is not None else decide.Outage()
+    zones: list[str] = []
     want = ROUTES.get(path)
     if want is None:
         return Answer(404, {"error": "not found"})
@@ -59,13 +65,18 @@ async def handle(redis: store.Client, config: LimiterConfig, method: str, path: 
             return Answer(200, {"store": "ok"})
         call = _json(body)
         if path == "/v1/acquire":
-            return await _acquire(redis, config, call)
+            zones = _zones(call)
+            answer = await _acquire(redis, config, call)
+            outage.answered()
+            return answer
         if path == "/v1/release":
             return await _release(redis, config, call)
         refund = call.get("refund", 0)
         return Answer(200, {"left": await decide.settle(redis, config, _str(call, "zone"), _str(call, "key"),
                                                         refund)})
     except StoreUnavailableError:
+        if zones and outage.local(config, zones):
+            return Answer(503, {"allow": False, "reason": decide.UNAVAILABLE, "local": True})
         return Answer(503, {"allow": False, "reason": decide.UNAVAILABLE})
     except LimiterCallError as exc:
         return Answer(400, {"error": exc.message})

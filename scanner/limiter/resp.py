@@ -7,7 +7,7 @@ writes each command at once on one connection and a reader task hands the answer
 (Redis answers a connection's commands in the order sent), so any number of calls are in flight
 together with no pool, no lock and no per-call task.
 
-It speaks only what the limiter sends (``EVALSHA``, ``EVAL``, ``ZREM``, ``PING``; ``AUTH`` and
+It speaks only what the limiter sends (``EVALSHA``, ``EVAL``, ``ZREM``, ``PING``, ``TIME``; ``AUTH`` and
 ``SELECT`` on connect) and raises redis-py's exception classes, so scanner.limiter.store maps its
 failures exactly as it maps redis-py's: ``ConnectionError`` (refused, reset, closed),
 ``TimeoutError`` (no answer within the timeout: the connection is dropped, every call waiting on it
@@ -116,6 +116,8 @@ class Client:
         self.target = target
         self._link: _Link | None = None
         self._opening: asyncio.Future[_Link] | None = None
+        # connections tried so far: more than one follows a failure (scanner.limiter.store.synced)
+        self.connections = 0
 
     async def _connected(self) -> _Link:
         if self._link is not None and not self._link.closed:
@@ -132,6 +134,7 @@ class Client:
 
     async def _open(self) -> _Link:
         t = self.target
+        self.connections += 1
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(t.host, t.port, ssl=t.tls, limit=1 << 20), t.timeout_s)
@@ -175,6 +178,11 @@ class Client:
 
     async def zrem(self, name: str, *values: object) -> Reply:
         return await self.execute("ZREM", name, *values)
+
+    async def time(self) -> tuple[int, int]:
+        """Redis's clock: (seconds, microseconds), as redis-py's ``time()``."""
+        sec, usec = await self.execute("TIME")
+        return int(sec), int(usec)
 
     async def ping(self) -> bool:
         return bool(await self.execute("PING") == b"PONG")

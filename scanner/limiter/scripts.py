@@ -21,15 +21,35 @@ Release is one ``ZREM`` (atomic without a script).
 
 ``ACQUIRE`` (one request, every zone it touches, ONE round trip): the buckets and slots above,
 walked in the request's order (rate, concurrency, tokens) inside one script, so the reservation
-across zones is atomic and costs one ``EVALSHA`` however many zones a route has. Per zone
-``KEYS[i]`` and four ``ARGV`` after ``ARGV[1]`` (the slot id): ``r|t per_second capacity n`` (a
-rate or token bucket) or ``s limit ttl_ms 0`` (slots). Nothing is written until the walk ends:
-all admitted, every zone takes; the first refusal at zone ``f`` and only the rate zones before it
-take (NGINX's ``limit_req`` counted the request; a request that will not run holds no slot and is
-charged no tokens); zones after ``f`` are not evaluated. Answer: ``{f (0: all admitted), then per
+across zones is atomic and costs one ``EVALSHA`` however many zones a route has. ``ARGV[1]`` is
+the slot id, ``ARGV[2]`` the caller's **deadline** and ``ARGV[3]`` the **outage floor** (both µs
+of Redis time, 0: none); per zone ``KEYS[i]`` and four ``ARGV`` from ``ARGV[4]``: ``r|t
+per_second capacity n`` (a rate or token bucket) or ``s limit lease_ms 0`` (slots).
+
+* Deadline: Redis runs a command it received even when its sender has given up (a Redis stopped
+  with SIGSTOP runs its queue on SIGCONT). A call whose deadline has passed by Redis's ``TIME``
+  writes nothing and answers ``{-1, now}``: a reservation the limiter already answered 503 for
+  takes no slot and no token (scanner.limiter.store.Clock makes the deadline).
+* Floor: a bucket last written before the floor (the Redis time the limiter reconnected after
+  an outage, under ``on_unavailable: local``) is not refilled for the time before it: it holds
+  what it held (at most its size) at the floor, and an absent one (expired, or a restarted Redis
+  that lost it) is empty there; both refill from the floor. The proxies' local shares admitted
+  the outage's refill already.
+* Slots are leases: their score is now + ``lease_ms`` (seconds), renewed by ``RENEW`` while the
+  request runs (scanner.limiter.store.Leases), so a slot nobody renews (its limiter killed, its
+  proxy gone) comes back within the lease.
+
+Nothing is written until the walk ends: all admitted, every zone takes; the first refusal at
+zone ``f`` and only the rate zones before it take (NGINX's ``limit_req`` counted the request; a
+request that will not run holds no slot and is charged no tokens); zones after ``f`` are not
+evaluated. Answer: ``{f (0: all admitted, -1: past the deadline), Redis's TIME in µs, then per
 evaluated zone: admitted, left (bucket: whole tokens after the take; slots: live with this one),
 wait (bucket: µs, -1 never; slots: ms until the oldest expires)}``. All keys of one request share
 one Redis Cluster hash slot (scanner.limiter.keys: the tag is the key, not the zone).
+
+``RENEW`` (one slots key, ``ARGV[1]`` the lease in ms, then slot ids): each slot still held gets
+now + lease (``ZADD XX``: a released or expired slot is never brought back); answers the
+1-based positions of the ids no longer held (the limiter stops renewing them).
 """
 
 from __future__ import annotations
@@ -98,20 +118,28 @@ local t = redis.call('TIME')
 local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ms = math.floor(us / 1000)
 local slot = ARGV[1]
-local out = {0}
+local deadline, since = tonumber(ARGV[2]), tonumber(ARGV[3])
+if deadline > 0 and us > deadline then
+  return {-1, us}
+end
+local out = {0, us}
 local writes = {}
 local refused = 0
 for i = 1, #KEYS do
-  local kind, a = ARGV[i * 4 - 2], tonumber(ARGV[i * 4 - 1])
-  local b, n = tonumber(ARGV[i * 4]), tonumber(ARGV[i * 4 + 1])
+  local kind, a = ARGV[i * 4], tonumber(ARGV[i * 4 + 1])
+  local b, n = tonumber(ARGV[i * 4 + 2]), tonumber(ARGV[i * 4 + 3])
   if kind ~= 's' then
     local h = redis.call('HMGET', KEYS[i], 't', 'v')
-    local v = b
+    local t0, v0 = since, 0
     if h[1] then
-      local dt = us - tonumber(h[1])
-      if dt < 0 then dt = 0 end
-      v = math.min(b, tonumber(h[2]) + dt * a / 1000000)
+      t0, v0 = tonumber(h[1]), math.min(b, tonumber(h[2]))
+      if t0 < since then t0 = since end
+    elseif since == 0 then
+      t0, v0 = us, b
     end
+    local dt = us - t0
+    if dt < 0 then dt = 0 end
+    local v = math.min(b, v0 + dt * a / 1000000)
     if v >= n then
       writes[i] = v - n
       out[#out + 1] = 1; out[#out + 1] = math.floor(v - n); out[#out + 1] = 0
@@ -141,9 +169,9 @@ end
 out[1] = refused
 for i = 1, #KEYS do
   local w = writes[i]
-  local kind = ARGV[i * 4 - 2]
+  local kind = ARGV[i * 4]
   if w ~= nil and (refused == 0 or (i < refused and kind == 'r')) then
-    local a, b = tonumber(ARGV[i * 4 - 1]), tonumber(ARGV[i * 4])
+    local a, b = tonumber(ARGV[i * 4 + 1]), tonumber(ARGV[i * 4 + 2])
     if kind ~= 's' then
       redis.call('HSET', KEYS[i], 't', us, 'v', w)
       redis.call('PEXPIRE', KEYS[i], math.ceil(b * 1000 / a) + 1000)
@@ -155,6 +183,25 @@ for i = 1, #KEYS do
   end
 end
 return out
+"""
+
+RENEW_LUA = """
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+local gone = {}
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', ms + lease, ARGV[i])
+  else
+    gone[#gone + 1] = i - 1
+  end
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1)
+end
+return gone
 """
 
 
@@ -170,6 +217,7 @@ class Script:
 BUCKET = Script(BUCKET_LUA)
 SLOT = Script(SLOT_LUA)
 ACQUIRE = Script(ACQUIRE_LUA)
+RENEW = Script(RENEW_LUA)
 
 
 async def run(redis: Client, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
@@ -39,6 +39,7 @@ Ready = Callable[[str, int], None]
 class Service:
     redis: store.Client
     config: LimiterConfig
+    outage: decide.Outage = field(default_factory=decide.Outage)
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -148,9 +149,12 @@ class _Grpc:
         try:
             request = proto.decode_request(bytes(body[5:]))
             answer = await rls.should_rate_limit(self.service.redis, self.service.config, request)
+            self.service.outage.answered()
             return GRPC_OK, "", proto.encode_response(answer)
         except StoreUnavailableError:
-            if self.service.config.on_unavailable == "local":   # the proxy's own share decides
+            # the proxy's own share decides (on_unavailable: local, the outage old enough)
+            zones = [d.get("zone") or "" for d in request.descriptors]
+            if self.service.outage.local(self.service.config, zones):
                 return GRPC_OK, "", proto.encode_response(rls.unavailable(request))
             return GRPC_UNAVAILABLE, decide.UNAVAILABLE, b""
         except (LimiterCallError, proto.ProtoError) as exc:
@@ -173,7 +177,7 @@ async def _serve_http1(service: Service, reader: asyncio.StreamReader, writer: a
         elif body is None:
             answer = http_api.Answer(413, {"error": f"bodies are at most {http_api.MAX_BODY} bytes"})
         else:
-            answer = await http_api.handle(service.redis, service.config, method, path, body)
+            answer = await http_api.handle(service.redis, service.config, method, path, body, service.outage)
         data = answer.encoded()
         last = not method or body is None
         headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
@@ -233,5 +237,20 @@ async def serve(service: Service, host: str, port: int,
     bound = server.sockets[0].getsockname()
     if ready is not None:
         ready(str(bound[0]), int(bound[1]))
-    async with server:
-        await server.serve_forever()
+    renewer = asyncio.get_running_loop().create_task(renew_leases(service))
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        renewer.cancel()
+
+
+async def renew_leases(service: Service) -> None:
+    """The leases of the slots this service reserved for requests in flight, renewed every third
+    of a lease until released (scanner.limiter.store.renew): a slot outlives its lease only while
+    this process lives and its request has not ended; a Redis failure is retried next time."""
+    lease = service.config.slot_lease_s
+    while True:
+        await asyncio.sleep(lease / 3)
+        with contextlib.suppress(StoreUnavailableError):
+            await store.renew(service.redis, lease)

@@ -7,9 +7,12 @@ URL, never the password. Nothing is decided without an answer from Redis.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+import time
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -26,6 +29,10 @@ from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
 # that is not there (the proxy turns the answer into 503 shared-store-unavailable).
 TIMEOUT_S = 0.5
+# a reservation's deadline is this much before the caller gives up: the answer's way back
+DEADLINE_MARGIN_S = 0.1
+# the offset to Redis's clock: the largest sample of this long (each a lower bound of the true one)
+OFFSET_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Client(Protocol):
     def zrem(self, name: Any, *values: Any) -> Any: ...
 
     def ping(self) -> Any: ...
+
+    def time(self) -> Any: ...
 
     def aclose(self) -> Any: ...
 
@@ -176,15 +185,101 @@ class Reserved:
     answers: tuple[Taken | Held, ...]
 
 
-async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: str) -> Reserved:
+@dataclass
+class Clock:
+    """Redis's clock seen from this process (scripts.ACQUIRE's deadline and floor, in Redis µs).
+
+    ``offset_us`` is Redis's ``TIME`` minus this process's monotonic clock, learned from every
+    answer that carries Redis's time: a sample taken when the answer arrives is a lower bound
+    (Redis read its clock before), so the largest of the last OFFSET_WINDOW_S is kept and a
+    deadline made from it falls at or before the caller's real give-up time (a script never runs
+    after it; one may be refused up to a round trip early). Clock skew between hosts does not
+    matter; a Redis clock stepped backwards weakens the deadline for at most the window.
+    ``floor_us`` is Redis's time when this client last reconnected after a failure (``synced``;
+    0 after its first connection: nothing was admitted without Redis before it)."""
+
+    offset_us: int | None = None
+    sampled_at: float = 0.0
+    floor_us: int = 0
+    connections: int = -1
+
+    def learn(self, redis_us: int, received: float) -> None:
+        sample = redis_us - round(received * 1e6)
+        stale = received - self.sampled_at > OFFSET_WINDOW_S
+        if self.offset_us is None or sample >= self.offset_us or stale:
+            self.offset_us, self.sampled_at = sample, received
+
+    def deadline_us(self, timeout_s: float) -> int:
+        assert self.offset_us is not None
+        return int(round((time.monotonic() + timeout_s - DEADLINE_MARGIN_S) * 1e6) + self.offset_us)
+
+
+@dataclass
+class Leases:
+    """The slots this process reserved for requests still in flight (admitted, not released):
+    ``(slots key, slot id) -> monotonic time`` after which they are no longer renewed (the zone's
+    ``slot_ttl_s``: the longest its requests may run). ``renew`` extends each by the lease."""
+
+    held: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+@dataclass
+class Session:
+    clock: Clock = field(default_factory=Clock)
+    leases: Leases = field(default_factory=Leases)
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Client, Session] = weakref.WeakKeyDictionary()
+
+
+def session(redis: Client) -> Session:
+    """The clock and the leases of ``redis`` (one per client: the service has one)."""
+    found = _SESSIONS.get(redis)
+    if found is None:
+        found = _SESSIONS[redis] = Session()
+    return found
+
+
+def _timeout_s(redis: Client) -> float:
+    target = getattr(redis, "target", None)
+    return float(getattr(target, "timeout_s", TIMEOUT_S))
+
+
+async def synced(redis: Client) -> Clock:
+    """The client's clock, read from Redis (``TIME``) first when it has no offset yet or the
+    client connected anew since (its ``connections`` count; a Redis restarted, stopped, frozen or
+    unreachable in between): the floor is then that time."""
+    clock = session(redis).clock
+    if clock.offset_us is not None and clock.connections == getattr(redis, "connections", 0):
+        return clock
+    try:
+        sec, usec = await redis.time()
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+    now_us = int(sec) * 1_000_000 + int(usec)
+    clock.offset_us = None
+    clock.learn(now_us, time.monotonic())
+    clock.connections = getattr(redis, "connections", 0)
+    # a reconnection (a connection tried before) follows a failure: the outage's floor
+    clock.floor_us = now_us if clock.connections > 1 else 0
+    return clock
+
+
+async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: str, lease_s: float,
+                  floor: bool = False) -> Reserved:
     """Take every ``(zone, key, cost)`` in order in ONE script call (scripts.ACQUIRE): all, or on
-    the first refusal only the rate zones before it (see scanner.limiter.scripts)."""
+    the first refusal only the rate zones before it (see scanner.limiter.scripts). The call
+    carries its deadline (past it Redis writes nothing: StoreUnavailableError); slots are leases
+    of ``lease_s`` (at most the zone's slot_ttl_s), renewed by ``renew`` until released; ``floor``
+    (on_unavailable: local): buckets are not refilled for the time before the last reconnection."""
+    clock = await synced(redis)
     names: list[str] = []
-    args: list[str | int | float] = [slot]
+    deadline = clock.deadline_us(_timeout_s(redis))
+    args: list[str | int | float] = [slot, deadline, clock.floor_us if floor else 0]
     for zone, key, cost in zones:
         if isinstance(zone, ConcurrencyZone):
             names.append(keys.slots(zone.name, key))
-            args += ("s", zone.limit, round(zone.slot_ttl_s * 1000), 0)
+            args += ("s", zone.limit, round(min(zone.slot_ttl_s, lease_s) * 1000), 0)
         else:
             names.append(keys.bucket(zone.name, key))
             args += ("r" if isinstance(zone, RateZone) else "t", zone.per_second, zone.capacity, cost)
@@ -192,16 +287,52 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
         out = await scripts.run_keys(redis, scripts.ACQUIRE, names, args)
     except (RedisError, OSError) as exc:
         raise _unavailable(exc) from None
+    clock.learn(out[1], time.monotonic())
+    if out[0] < 0:      # Redis ran it after its deadline: nothing written
+        raise StoreUnavailableError("shared store unavailable (late)")
     answers: list[Taken | Held] = []
-    for i, (zone, _key, _cost) in enumerate(zones[:(len(out) - 1) // 3]):
-        ok, left, wait = out[1 + 3 * i:4 + 3 * i]
+    for i, (zone, _key, _cost) in enumerate(zones[:(len(out) - 2) // 3]):
+        ok, left, wait = out[2 + 3 * i:5 + 3 * i]
         answers.append(Held(ok == 1, left, wait / 1000) if isinstance(zone, ConcurrencyZone)
                        else Taken(ok == 1, left, None if wait < 0 else wait / 1e6))
-    return Reserved(out[0] - 1 if out[0] else None, tuple(answers))
+    refused = out[0] - 1 if out[0] else None
+    if refused is None:
+        held = session(redis).leases.held
+        until = time.monotonic()
+        for zone, key, _cost in zones:
+            if isinstance(zone, ConcurrencyZone):
+                held[(keys.slots(zone.name, key), slot)] = until + zone.slot_ttl_s
+    return Reserved(refused, tuple(answers))
+
+
+async def renew(redis: Client, lease_s: float) -> int:
+    """Extend every slot this client holds for a request in flight by ``lease_s`` (one RENEW per
+    slots key, sent together); forget those released elsewhere, expired, or past their zone's
+    slot_ttl_s. The number renewed. A Redis failure: StoreUnavailableError (kept for next time)."""
+    held = session(redis).leases.held
+    now = time.monotonic()
+    for entry in [e for e, until in held.items() if until <= now]:
+        del held[entry]
+    by_key: dict[str, list[str]] = {}
+    for key, slot in held:
+        by_key.setdefault(key, []).append(slot)
+    lease_ms = round(lease_s * 1000)
+    try:
+        answers = await asyncio.gather(*(scripts.run(redis, scripts.RENEW, key, (lease_ms, *slots))
+                                         for key, slots in by_key.items()))
+    except (RedisError, OSError) as exc:
+        raise _unavailable(exc) from None
+    renewed = 0
+    for (key, slots), gone in zip(by_key.items(), answers, strict=True):
+        for i in gone:
+            held.pop((key, slots[i - 1]), None)
+        renewed += len(slots) - len(gone)
+    return renewed
 
 
 async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> bool:
     """Free ``slot``; False when it was not held (released already, or expired)."""
+    session(redis).leases.held.pop((keys.slots(zone.name, key), slot), None)
     try:
         return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
     except (RedisError, OSError) as exc:

@@ -84,6 +84,9 @@ def shared_plan(plan: Plan, s: Shared, source: str) -> SharedPlan:
     admit more than the policy) under ``local``: a plan error naming it."""
     config = replace(limiter_zones.from_plan(plan), on_unavailable=s.on_unavailable)
     local = {name: limiter_zones.local_share(z, s.replicas) for name, z in config.zones.items()}
+    if s.on_unavailable == "local":   # the outage the shares wait for (they start full)
+        after = {name: limiter_zones.local_after(z, s.replicas) for name, z in config.zones.items()}
+        config = replace(config, local_after_s={name: a for name, a in after.items() if a > 0})
     if s.on_unavailable == "local":
         for name, zone in config.zones.items():
             whole = _whole_value(zone)

@@ -81,3 +81,21 @@ def local_share(zone: Zone, replicas: int) -> Zone:
     if isinstance(zone, ConcurrencyZone):
         return ConcurrencyZone(zone.name, limit=max(1, zone.limit // n), slot_ttl_s=zone.slot_ttl_s)
     return TokenZone(zone.name, per_minute=max(1, math.floor(zone.per_minute / n)))
+
+
+def local_after(zone: Zone, replicas: int) -> float:
+    """How long an outage must last before ``zone``'s requests go to the local shares: what the
+    ``replicas`` shares hand out at once (each starts full: NGINX's limit_req and njs dict, Envoy's
+    local_ratelimit cannot start empty) over the policy's rate, so the fleet's local burst is no
+    more than the policy refilled meanwhile (rate: ``N * floor((burst + 1) / N) / rps``; tokens:
+    ``N * floor(per_minute / N) / (per_minute / 60)``, about 60 s). 0 for concurrency (slots are
+    not a rate). Rounded up to the millisecond."""
+    share = local_share(zone, replicas)
+    n = max(1, replicas)
+    if isinstance(zone, RateZone) and isinstance(share, RateZone):
+        at_once = n * (share.burst + 1)
+    elif isinstance(zone, TokenZone) and isinstance(share, TokenZone):
+        at_once = n * share.per_minute
+    else:
+        return 0.0
+    return math.ceil(at_once / zone.per_second * 1000) / 1000

@@ -42,7 +42,7 @@ class FleetStack:
     """The stand-in, Redis, the limiter and two replicas of ``proxy``; ``call`` sends through one."""
 
     def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
-                 tokens: bool = True) -> None:
+                 tokens: bool = True, local_after_s: dict[str, float] | None = None) -> None:
         redis_binary()    # skipped (or failed on CI) without redis-server
         self.proxy = proxy.kind
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
@@ -51,6 +51,10 @@ class FleetStack:
         self.tokens = tokens
         self.setup = verify.setup(inventory, fleet_policy(on_unavailable, tokens), self.tmp, up)
         self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
+        if local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
+            assert self.plan.shared is not None
+            after = {**self.plan.shared.zones.local_after_s, **local_after_s}
+            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, local_after_s=after))
         self.fleet = fleet.Fleet(self.plan, proxy, self.tmp, (free_port(), free_port()))
         self.written = self.fleet.write()
         self.standin = StandinThread(inventory, "127.0.0.1", up, stream_delay=stream_delay)

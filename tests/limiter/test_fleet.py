@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.limiter.fleet import BURST, CONCURRENCY, TOKENS, FleetStack, chat
+from tests.limiter.fleet import BURST, CONCURRENCY, RPS, TOKENS, FleetStack, chat
 from tests.probe.realproxy import proxy_named
 
 
@@ -85,10 +85,17 @@ def test_redis_stopped_the_fleet_denies_503(stack: FleetStack) -> None:
     assert stack.call(1)[:2] == (503, "shared-store-unavailable")
 
 
+RATE_AFTER_S = (BURST + 1) / RPS    # the plan's local_after_s of the inference rate zone (N = 2)
+TOKEN_AFTER_S = 2.0
+
+
 @pytest.fixture(scope="module", params=[pytest.param("envoy", marks=pytest.mark.envoy),
                                         pytest.param("nginx", marks=pytest.mark.nginx)])
 def local_stack(request: pytest.FixtureRequest) -> Iterator[FleetStack]:
-    s = FleetStack(proxy_named(request.param), on_unavailable="local")
+    # the token zone's outage before its local share (the plan's: 60 s, a minute's budget at
+    # once from the two shares) shortened to keep the test short; the rate zones' are the plan's
+    s = FleetStack(proxy_named(request.param), on_unavailable="local",
+                   local_after_s={f"tokens:inference:key:{TOKENS}t/m": TOKEN_AFTER_S})
     try:
         yield s.start()
     finally:
@@ -102,14 +109,16 @@ def test_redis_stopped_each_replica_keeps_its_share(local_stack: FleetStack) -> 
     stack = local_stack
     assert stack.call(0)[0] == 200                    # shared while Redis is up
     stack.fleet.redis.stop()
-    time.sleep(1.5)                                   # the local buckets are full again
+    # the outage's first 1.5 s (the plan's local_after_s: 6 at once from the shares / 4 r/s): 503
+    assert stack.call(1)[:2] == (503, "shared-store-unavailable")
+    time.sleep(RATE_AFTER_S)
     answers = [stack.call(i % 2) for i in range(10)]
     admitted = [i % 2 for i, a in enumerate(answers) if a[0] == 200]
     assert {0, 1} <= set(admitted), answers           # each replica admits its share
     assert len(admitted) <= BURST + 1, answers        # the fleet never more than the policy
     assert {a[:2] for a in answers if a[0] != 200} == {(429, "rate")}, answers
     # a token route decided alone too: its body checked again, charged to the local share
-    time.sleep(1.0)
+    time.sleep(max(1.0, TOKEN_AFTER_S - RATE_AFTER_S))
     assert stack.call(1, "POST", "/v1/chat/completions", chat(10))[0] == 200
     if stack.proxy == "nginx":   # (Envoy's share is a circuit breaker: a second request waits)
         held = [stack.open(0, "POST", "/v1/chat/completions", chat(300, stream=True)) for _ in range(2)]
@@ -118,3 +127,49 @@ def test_redis_stopped_each_replica_keeps_its_share(local_stack: FleetStack) -> 
         for h in held:
             h.read()
             h.close()
+
+
+def test_failover_and_recovery_admit_at_most_the_policy(local_stack: FleetStack) -> None:
+    """on_unavailable: local (issue 27 B): a principal spends its burst through Redis, Redis is
+    killed, then started again empty (no persistence): over the whole window the requests that
+    reach the upstream stay within the policy, burst + 1 + rps x window (the local shares start
+    full, so they are used only after the plan's local_after_s; a bucket the limiter finds after
+    its reconnection starts empty at it)."""
+    stack = local_stack
+    stack.fleet.redis.stop()                # (if the test before has not) and started empty
+    stack.fleet.redis.start()
+    for _ in range(50):                     # the limiter answers through Redis again
+        if stack.call(0)[0] != 503:
+            break
+        time.sleep(0.1)
+    time.sleep((BURST + 1) / RPS + 0.5)     # every bucket (Redis's and the local shares') full
+    seen: list[tuple[float, int, int]] = []
+    start = time.monotonic()
+
+    def send_until(t: float) -> None:
+        for _ in range(1000):
+            if time.monotonic() - start >= t:
+                return
+            i = len(seen) % 2
+            seen.append((time.monotonic() - start, i, stack.call(i)[0]))
+            time.sleep(0.05)
+
+    for _ in range(BURST + 1):               # the burst, through Redis
+        seen.append((time.monotonic() - start, len(seen) % 2, stack.call(len(seen) % 2)[0]))
+    assert [s[2] for s in seen] == [200] * (BURST + 1), seen
+    stack.fleet.redis.stop()                 # failover
+    failed_at = time.monotonic() - start
+    send_until(failed_at + 4.0)
+    stack.fleet.redis.start()                # recovery: a Redis without the principal's state
+    recovered_at = time.monotonic() - start
+    send_until(recovered_at + 3.0)
+    window = seen[-1][0] - seen[0][0]
+    admitted = sum(1 for s in seen if s[2] == 200)
+    bound = BURST + 1 + RPS * window
+    local = {s[1] for s in seen if failed_at < s[0] < recovered_at and s[2] == 200}
+    after = [s for s in seen if s[0] > recovered_at + 0.5]
+    print(f"{stack.proxy}: {admitted} admitted in {window:.2f} s, policy {bound:.1f} "
+          f"(burst + 1 + {RPS} r/s x window), {len(seen)} sent")
+    assert admitted <= bound, (admitted, bound, seen)
+    assert local == {0, 1}, seen             # both replicas admitted on their own meanwhile
+    assert any(s[2] == 200 for s in after) and {s[2] for s in seen} <= {200, 429, 503}, seen
