@@ -165,6 +165,40 @@ def assert_settled_once(stand: Stand, body: dict[str, Any], lines: list[access_l
     assert admitted >= (LIMIT - usage) // cost - 1, (admitted, usage, cost)
 
 
+def test_a_responses_stream_is_settled_at_response_completed(stand: Stand) -> None:
+    """The Responses API streams no [DONE]: its response.completed event (response.usage) is
+    final; the client here closes as soon as it has that event, before the body ends."""
+    body = {"model": "m", "input": "hi", "max_output_tokens": MAX_TOKENS, "stream": True}
+    raw = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in stand.user.headers().items())
+    sock = socket.create_connection(stand.address, timeout=20, source_address=(stand.source, 0))
+    try:
+        sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+                     f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
+        data = b""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b"\n\n" not in data.partition(b"response.completed")[2]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    assert data.startswith(b"HTTP/1.1 200") and b"response.completed" in data, data[:300]
+    assert b"\r\n0\r\n\r\n" not in data       # the client left before the body's end
+    path = next(stand.directory.rglob("access.log"))
+    entry = None
+    for _ in range(150):
+        got = [e for e in access_log.read(path)[0] if e.path == "/v1/responses"]
+        if got:
+            entry = got[-1]
+            break
+        time.sleep(0.1)
+    assert entry is not None and entry.usage and entry.tokens_charged, entry
+    used = sum(int(x) for x in entry.usage.split("+"))
+    assert used < MAX_TOKENS < entry.tokens_charged, entry
+
+
 # --- a fleet (policy shared:): the refund goes to the limiter's reservation --------------------------
 
 @pytest.mark.parametrize("name", ["nginx", "envoy"])
@@ -200,14 +234,14 @@ def test_a_fleet_settles_a_client_closing_at_done(name: str) -> None:
 
 
 def _raw_stream_to(address: tuple[str, int], user: Credential, source: str, body: dict[str, Any],
-                   query: str = "") -> tuple[int, bytes]:
+                   query: str = "", path: str = CHAT) -> tuple[int, bytes]:
     """A stream read up to ``data: [DONE]`` (or the end of a chunked answer), the connection then
     closed (status, bytes read)."""
     raw = json.dumps(body).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in user.headers().items())
     sock = socket.create_connection(address, timeout=20, source_address=(source, 0))
     try:
-        sock.sendall(f"POST {CHAT}{query} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
+        sock.sendall(f"POST {path}{query} HTTP/1.1\r\nHost: x\r\n{head}Content-Type: application/json\r\n"
                      f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode() + raw)
         data = b""
         deadline = time.monotonic() + 10
