@@ -99,16 +99,14 @@ def test_a_start_that_fails_otherwise_is_not_retried(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
-def test_a_proxy_that_finds_its_port_taken_as_it_binds_moves(name: str, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The port taken between the check before the start and the proxy's bind: the proxy's own
-    log says so (NGINX "bind() ... (98: Address [already] in use)", Envoy "cannot bind"), it is
+def test_a_proxy_that_finds_its_port_taken_as_it_binds_moves(name: str, tmp_path: Path) -> None:
+    """The port taken between the pick and the proxy's bind (a connect to it succeeds: another's
+    listener answers, no HTTP): the proxy's own log says so (NGINX "bind() ... (98: Address [already] in use)", Envoy "cannot bind"), it is
     stopped at once (NGINX would try for 2.5 s) and started on another port."""
     import http.client
 
-    from scanner.runtime import fleet, process
+    from scanner.runtime import fleet
 
-    monkeypatch.setattr(process, "bindable", lambda *_a, **_k: True)
     proxy = Recording(proxy_named(name))
     s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
     with held() as taken, ExitStack() as stack:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 
 from scanner.errors import InternalError, PortInUse
-from scanner.net import bind_failed, bindable, on_free_port, wait_listening
+from scanner.net import bind_failed, on_free_port, wait_listening
 
 
 @dataclass
@@ -31,8 +31,8 @@ class ManagedProcess:
     _seen: dict[Path, int] = field(default_factory=dict, repr=False)
 
     def start(self) -> ManagedProcess:
-        """Start it and wait until it listens; PortInUse when its port is taken (before the
-        start, or as its logs say), so that scanner.net.on_free_port starts it on another; with
+        """Start it and wait until it listens itself; PortInUse when its logs say its port is
+        taken, so that scanner.net.on_free_port starts it on another; with
         ``argv_for``, it does so itself."""
         argv_for = self.argv_for
         if argv_for is None:
@@ -45,8 +45,7 @@ class ManagedProcess:
         return on_free_port(at, self.port, self.host)
 
     def _start(self) -> ManagedProcess:
-        if not bindable(self.host, self.port, reuse=True):
-            raise PortInUse(f"{self.name}: {self.host}:{self.port} is already in use")
+        # no check that the port is free first: an Envoy hot restart binds its parent's listener
         self.log.parent.mkdir(parents=True, exist_ok=True)
         # what the other logs hold already is an earlier run's (Envoy appends to its --log-path)
         self._seen = {p: p.stat().st_size if p.exists() else 0 for p in self.logs}
