@@ -40,6 +40,7 @@ from scanner.generate.common import (
     upstream_tls,
 )
 from scanner.generate.interface import GenerateOptions
+from scanner.plan import jwt as plan_jwt
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
@@ -135,7 +136,7 @@ class LuaJwt:
     """What Lua checks of a verified token (Decision.jwt)."""
 
     provider: str
-    issuers: tuple[str, ...]
+    issuers: tuple[tuple[str, str], ...]    # (issuer, its token principals' prefix: scanner.plan.jwt)
     algorithms: tuple[str, ...]
     required: tuple[tuple[str, tuple[str, ...]], ...]
     principal_claim: str
@@ -475,7 +476,8 @@ class _Registry:
         t = d.jwt
         if t is None:
             return None
-        return LuaJwt(provider=self.jwt_provider(d), issuers=t.issuers, algorithms=verified(d, "envoy"),
+        return LuaJwt(provider=self.jwt_provider(d), algorithms=verified(d, "envoy"),
+                      issuers=tuple(zip(t.issuers, plan_jwt.prefixes(t), strict=True)),
                       required=tuple((k, v) for k, v in t.required_claims.items()),
                       principal_claim=t.principal_claim, role_claim=t.role_claim,
                       roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes,

@@ -63,6 +63,7 @@ from scanner.generate.common import (
 )
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
+from scanner.plan import jwt as plan_jwt
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
@@ -273,6 +274,7 @@ class Model:
     forward: str = FORWARD
     notes: tuple[str, ...] = field(default_factory=tuple)
     jwt: tuple[JwtAudience, ...] = ()   # auth "jwt" audiences: njs verifies their tokens
+    jwt_principal_max: int = plan_jwt.PRINCIPAL_MAX   # the longest token principal (jwt:ID:CLAIM)
     limiter: str = ""           # the fleet's limiter's HTTP door (policy shared:); "" none
     fetch_keepalive: bool = False   # njs >= 0.9: js_fetch_keepalive
 
@@ -366,7 +368,7 @@ class _Registry:
             config = {"iss": list(t.issuers), "aud": list(t.audiences), "algs": list(algs),
                       "skew": t.clock_skew_s, "req": [[k, list(v)] for k, v in t.required_claims.items()],
                       "sub": t.principal_claim, "rc": t.role_claim, "roles": dict(t.roles), "role": t.role,
-                      "max": t.max_token_bytes}
+                      "max": t.max_token_bytes, "pfx": list(plan_jwt.prefixes(t))}
             text = json.dumps(config, sort_keys=True, separators=(",", ":"))
             if len(text) > 3000 or "'" in text or "$" in text or "\\" in text:
                 raise GenerateError(f"nginx generator: audience {d.audience!r}: its jwt rules do not fit one "

@@ -48,6 +48,9 @@ CONFIG_VERSION = 1
 DEFAULT_DOMAIN = "vllm-perimeter"
 # a zone name or a key: printable ASCII, no space, no braces (the Redis hash tag)
 NAME = re.compile(r"^[!-z|~]{1,200}$")
+# a key (a principal or a client address): as a name, up to 300 (a token principal is up to 269:
+# scanner.plan.jwt.PRINCIPAL_MAX)
+KEY = re.compile(r"^[!-z|~]{1,300}$")
 MAX_VALUE = (1 << 31) - 1     # Envoy counts hits in 32 bits; njs in doubles
 MAX_SLOT_TTL_S = 24 * 3600.0
 # a concurrency slot is a lease this long, renewed by the limiter while its request is in flight

@@ -10,15 +10,16 @@ hold no braces (scanner.limiter.config.NAME), so the tag is exactly ``<key>``.
 from __future__ import annotations
 
 from scanner.errors import LimiterCallError
-from scanner.limiter.config import NAME
+from scanner.limiter.config import KEY, NAME
 
 PREFIX = "vp"
 
 
 def checked(kind: str, value: str) -> str:
     """``value`` when it is a valid zone name or key; LimiterCallError otherwise."""
-    if not NAME.match(value):
-        raise LimiterCallError(f"bad {kind}: 1-200 printable ASCII characters, no space or braces")
+    most = 300 if kind == "key" else 200
+    if not (KEY if kind == "key" else NAME).match(value):
+        raise LimiterCallError(f"bad {kind}: 1-{most} printable ASCII characters, no space or braces")
     return value
 
 

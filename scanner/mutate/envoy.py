@@ -601,9 +601,21 @@ def _e_jwt_expiry(env: _Envoy, plan: Plan) -> str:
     "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
 def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:
     d = core.token_checked(plan)
-    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then""",
-              "  if false then")
+    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
+    return "401", "jwt-issuer"
+  end""", """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
+    payload.iss = next(t.issuers)   -- any issuer taken for the policy's (its principal prefix)
+  end""")
     return f"{where(d)} (every auth: jwt route): the issuer check removed"
+
+
+@_e("principal-namespace-collision", "source", "the token principal's kind",
+    "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
+    "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)
+def _e_principal_namespace(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, "  who = t.issuers[payload.iss] .. who", "")
+    return f"{where(d)} (every auth: jwt route): the token principal's jwt:ID: prefix dropped"
 
 
 # --- client certificates (auth: cert): the listener's validation and the Lua name check -------

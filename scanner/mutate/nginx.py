@@ -583,6 +583,14 @@ def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
                 "if (false) {", "the issuer check removed")
 
 
+@_op("principal-namespace-collision", "source", "the token principal's kind",
+     "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
+     "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)
+def _n_principal_namespace(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "    who = cfg.pfx[cfg.iss.indexOf(p.iss)] + who;", "",
+                "the token principal's jwt:ID: prefix dropped")
+
+
 # --- client certificates (auth: cert): the listener's verification and the njs name check -----
 
 CERT_NEEDS = "auth: cert"

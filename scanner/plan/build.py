@@ -13,6 +13,7 @@ from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
 from scanner.limiter.config import ConcurrencyZone, RateZone, Zone
+from scanner.plan import jwt as plan_jwt
 from scanner.plan import output_default, owner
 from scanner.plan import zones as limiter_zones
 from scanner.plan.envelope import EnvelopeSpec, named_at
@@ -55,6 +56,9 @@ def build(inventory: Inventory, policy: Policy,
             decisions.append(replace(decided, output_default=default) if decided.allowed else decided)
     unused = tuple(f"line {r.line}: {r.path}" for r in policy.rules if r.line not in used)
     _misnamed(inventory, policy)
+    clash = plan_jwt.clash(a.jwt for a in policy.audiences.values() if a.jwt is not None)
+    if clash:
+        raise PlanError(f"{policy.source}: {clash}")
     plan = Plan(
         decisions=tuple(sorted(decisions, key=lambda d: (d.path, d.kind, d.method))),
         principals=policy.principals,

@@ -7,14 +7,61 @@ on crypto.subtle crashes 0.7's worker: the njs code uses ``.then`` on both); nei
 Envoy's ``jwt_authn`` verifies all four. The proxies count rates, concurrency and token budgets
 per principal; where a token's principal (known only at request time) cannot be counted, the
 plan is refused for that proxy (exit 2), never rendered without the limit.
+
+One principal namespace (docs/identity.md): a token principal is named
+``jwt:<issuer id>:<claim value>``, the issuer id being 8 hex digits of SHA-256 over the issuer
+and the principal claim's name (:func:`prefix`), decided here once and handed to both
+generators; njs and Lua only prepend the prefix of the token's (checked) issuer. Key and
+certificate principal names never hold ``:`` (the policy loader's rule), so no token principal
+equals one, and two issuers (or two principal claims of one issuer) never share a prefix (the
+plan refuses a clash of ids: :func:`clash`).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 from scanner.plan.model import Decision, Plan
+from scanner.policy.jwt import JwtAuth
 
 NJS_ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256")
 ENVOY_ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256", "EdDSA")
+KIND = "jwt"                 # a token principal's kind, the first part of its name
+ISSUER_ID_CHARS = 8          # hex digits of the issuer id
+CLAIM_MAX = 256              # a principal claim value (scanner.policy.jwt.CLAIM_VALUE)
+# the longest token principal: "jwt:" + issuer id + ":" + claim value
+PRINCIPAL_MAX = len(KIND) + 1 + ISSUER_ID_CHARS + 1 + CLAIM_MAX
+
+
+def prefix(issuer: str, claim: str) -> str:
+    """What a token principal's name starts with for tokens of ``issuer`` named by its ``claim``:
+    ``jwt:`` + 8 hex digits of SHA-256(issuer + newline + claim) + ``:`` (stable across policy
+    edits: seals and buckets survive adding an issuer)."""
+    digest = hashlib.sha256(f"{issuer}\n{claim}".encode()).hexdigest()[:ISSUER_ID_CHARS]
+    return f"{KIND}:{digest}:"
+
+
+def prefixes(t: JwtAuth) -> tuple[str, ...]:
+    """The prefix of each of ``t.issuers``, in their order."""
+    return tuple(prefix(i, t.principal_claim) for i in t.issuers)
+
+
+def principal(t: JwtAuth, issuer: str, value: str) -> str:
+    """The principal a verified token of ``issuer`` whose principal claim is ``value`` names."""
+    return prefix(issuer, t.principal_claim) + value
+
+
+def clash(auths: Iterable[JwtAuth]) -> str:
+    """Two (issuer, principal claim) pairs with one issuer id: one line ("" none)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for t in auths:
+        for issuer in t.issuers:
+            p, pair = prefix(issuer, t.principal_claim), (issuer, t.principal_claim)
+            if seen.setdefault(p, pair) != pair:
+                return (f"issuers {seen[p][0]!r} ({seen[p][1]}) and {issuer!r} ({t.principal_claim}) share "
+                        f"the token principal prefix {p!r}: rename one issuer's principal claim")
+    return ""
 
 
 def verified(d: Decision, proxy: str) -> tuple[str, ...]:

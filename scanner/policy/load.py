@@ -317,6 +317,9 @@ def _audiences(node: Node, networks: dict[str, tuple[str, ...]], base_dir: Path)
 _JWT_KEYS = ("issuers", "audiences", "jwks_file", "remote_jwks", "algorithms", "clock_skew_s",
              "required_claims", "principal_claim", "role_claim", "roles", "role", "max_token_bytes")
 _ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# a key or certificate principal's name: what both generators write (scanner.generate.common.NAME),
+# never a ':', so no token principal (scanner.plan.jwt: jwt:ID:CLAIM) can be named like one
+_PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
 def _jwt(node: Node, base_dir: Path) -> JwtAuth:
@@ -493,6 +496,9 @@ def _principals(
     for item in nodes:
         m = item.mapping(("name", "role", "key_sha256", "san", "subject"), required=("name", "role"))
         name = m["name"].text()
+        if not _PRINCIPAL.match(name):   # never ':' (token principals are jwt:ISSUER-ID:CLAIM)
+            raise m["name"].fail(f"principal {name!r}: use letters, digits, '_', '.', '@' or '-' (at most "
+                                 "64, starting with a letter or digit)")
         if name in seen:
             raise m["name"].fail(f"duplicate principal {name!r}")
         seen.add(name)

@@ -11,6 +11,7 @@ import jwt as pyjwt
 
 from scanner.errors import UsageError
 from scanner.output import read_text
+from scanner.plan import jwt as plan_jwt
 from scanner.plan.model import Plan
 from scanner.policy.keys import fingerprint, new_key
 from scanner.probe.interface import Credential, Vantage
@@ -99,7 +100,8 @@ def token_credential(role: str, token: str, plan: Plan, label: str = "") -> Cred
         t = d.jwt
         if t is not None and claims.get("iss") in t.issuers and any(a in t.audiences for a in auds):
             who = claims.get(t.principal_claim)
-            found.setdefault(d.audience, who if isinstance(who, str) else "")
+            named = plan_jwt.principal(t, str(claims["iss"]), who) if isinstance(who, str) else ""
+            found.setdefault(d.audience, named)
     return Credential(label=label or f"token:{role}", kind="token", role=role, secret=token,
                       fingerprint=fingerprint(token), audiences=tuple(sorted(found)),
                       principal=next(iter(found.values()), ""))

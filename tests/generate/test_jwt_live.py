@@ -18,6 +18,7 @@ import pytest
 from scanner import reasons, verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan import jwt as plan_jwt
 from scanner.plan.model import PRINCIPAL_HEADER, REASON_HEADER
 from scanner.policy.load import loads
 from scanner.probe import tokens_jwt
@@ -143,7 +144,9 @@ def test_valid_token_reaches_upstream_without_token(live: Live) -> None:
         (record,) = _witnessed(live, probe)
         headers = {k.lower(): v for k, v in dict(record["headers"]).items()}   # type: ignore[call-overload]
         assert "authorization" not in headers
-        assert headers[PRINCIPAL_HEADER.lower()] == "bob@example.com"
+        # one principal namespace: the token's kind and issuer, then its subject
+        assert headers[PRINCIPAL_HEADER.lower()] == plan_jwt.principal(t, t.issuers[0], "bob@example.com")
+        assert headers[PRINCIPAL_HEADER.lower()].startswith("jwt:")
 
 
 def test_admin_role_not_admitted_where_only_users_are(live: Live) -> None:

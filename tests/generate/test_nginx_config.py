@@ -3,6 +3,7 @@ and the native JSON fast-path regex against Python's own reading of bodies."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner.errors import GenerateError
+from scanner.errors import GenerateError, PolicyError
 from scanner.generate import interface
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
@@ -170,8 +171,13 @@ def _plan_with(tmp: Path, extra: str, principals: str = GOLDEN_PRINCIPALS) -> Pl
 
 def test_rejects_unsafe_names_and_options(tmp_path: Path) -> None:
     bad = GOLDEN_PRINCIPALS.replace("name: alice", 'name: "ali ce$x"')
-    with pytest.raises(GenerateError, match="not a safe name"):
-        NginxGenerator().render(_plan_with(tmp_path, "", bad), GOLDEN_OPTIONS)
+    with pytest.raises(PolicyError, match="use letters, digits"):   # the loader's rule first
+        _plan_with(tmp_path, "", bad)
+    good = _plan_with(tmp_path, "")
+    unsafe = dataclasses.replace(good, principals=tuple(
+        dataclasses.replace(p, name="ali ce$x") if p.name == "alice" else p for p in good.principals))
+    with pytest.raises(GenerateError, match="not a safe name"):     # and the generator's, still
+        NginxGenerator().render(unsafe, GOLDEN_OPTIONS)
     dup = GOLDEN_PRINCIPALS.replace(key_sha256("golden-ops"), key_sha256("golden-alice"))
     with pytest.raises(GenerateError, match="share one key"):
         NginxGenerator().render(_plan_with(tmp_path, "", dup), GOLDEN_OPTIONS)

@@ -52,6 +52,32 @@ def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: st
 
 
 @pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_principal_namespace_collision_caught_by_verify_mutate(tmp_path: Path, proxy: str) -> None:
+    """``verify --mutate`` with the operator that drops the token principal's ``jwt:ID:`` prefix:
+    the identity check's token whose subject is a key principal's name reaches the upstream named
+    as that principal (VP014): caught, by the check the operator names."""
+    from scanner import verify
+    from scanner.inventory.catalog import load_ref
+    from scanner.policy.load import load
+
+    (tmp_path / "policy.yaml").write_text((Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text())
+    Issuer.new().write_jwks(tmp_path / "jwks.json")
+    p = proxy_named(proxy)
+    runs, mutants = verify.mutants(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [p],
+                                   replace(OPTIONS, checks=("identity",)), keys_per_role=1,
+                                   only=(f"{p.kind}.principal-namespace-collision",))
+    assert runs[0].result.exit_code() == 0, [(f.rule, f.title) for f in runs[0].result.findings]
+    (m,) = mutants
+    assert m.status == "caught" and m.expected and "VP014" in m.rules, (m.status, m.rules, m.what)
+    # the token named as a key principal is one of what catches it (its note in the finding)
+    (tmp_path / "probe").mkdir()
+    res = _run(tmp_path / "probe", proxy, "principal-namespace-collision", checks=("identity",))
+    found = [f for f in res.findings if f.check == "identity" and f.rule == "VP014"]
+    assert res.exit_code() == 1 and any("a subject named as the principal 'verify-service-1'" in f.detail
+                                        for f in found), [(f.rule, f.detail[:300]) for f in res.findings]
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
 def test_verify_keys_tokens_and_open_side_by_side(tmp_path: Path, proxy: str) -> None:
     """Every check through the real proxy (verify's loop): keys, tokens and an open audience in
     one policy; the plan holds (exit 0, every applicable subject proved)."""

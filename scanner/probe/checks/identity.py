@@ -3,7 +3,9 @@ vantage inside its networks, each token case (scanner/probe/tokens_jwt.py) is re
 reason (no token, expired, not yet valid, another issuer, another audience, ``alg: none``, HS256
 keyed with the RSA public key, a kid not in the JWKS, a tampered payload, an oversized token, a
 missing required claim, a role not mapped), and a valid one is admitted: the upstream answers,
-the witness sees the token's principal in the principal header and never the token itself.
+the witness sees the token's principal (``jwt:ID:CLAIM``, scanner/plan/jwt.py) in the principal
+header and never the token itself; so does a valid token whose principal claim is a key or
+certificate principal's name (one principal namespace: never named as that principal).
 
 The cases that need a signature (the valid token among them) need the issuer's private key
 (``probe --jwt-signing-key``; verify: its test issuer's). Without it the refusals that need
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from scanner.errors import UsageError
+from scanner.plan import jwt as plan_jwt
 from scanner.plan.model import Decision
 from scanner.policy.jwt import JwtAuth
 from scanner.policy.keys import fingerprint
@@ -130,11 +133,28 @@ class Identity(CredentialCheck):
             refused, admitted = _keys(d)
             role = role_for(d)
             who = f"{SUBJECT}-{role}"
+            named = plan_jwt.principal(t, t.issuers[0], who)
             for tc in tokens_jwt.cases(t, role, signer(ctx, d), who):
                 cred = Credential(label=f"jwt:{tc.name}", kind="token" if tc.token else "none", role=role,
                                   secret=tc.token, fingerprint=fingerprint(tc.token) if tc.token else "",
-                                  audiences=(d.audience,) if not tc.expect else (), principal=who)
+                                  audiences=(d.audience,) if not tc.expect else (), principal=named)
                 exp = ALLOW if not tc.expect else Expectation("deny", (tc.expect,))
                 yield ctx.case(self.id, d.method, d.path, cred, vantage,
                                "witness" if not tc.expect else "variant",
                                subject=admitted if not tc.expect else refused, exp=exp, note=tc.name)
+            yield from self._namesake(ctx, d, vantage, role)
+
+    def _namesake(self, ctx: CheckContext, d: Decision, vantage: Vantage, role: str) -> Iterator[Case]:
+        """One principal namespace: a valid token whose principal claim is a key (or certificate)
+        principal's name is admitted as its own principal (jwt:ID:NAME), never as that one: the
+        witness must see the token principal in the principal header (VP014 otherwise)."""
+        sign, t = signer(ctx, d), d.jwt
+        name = min([p.name for p in ctx.plan.principals] + [c.name for c in ctx.plan.certs], default="")
+        if sign is None or t is None or not name:
+            return
+        token = sign.sign(tokens_jwt.valid_claims(t, role, name))
+        cred = Credential(label="jwt:namesake", kind="token", role=role, secret=token,
+                          fingerprint=fingerprint(token), audiences=(d.audience,),
+                          principal=plan_jwt.principal(t, t.issuers[0], name))
+        yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=_keys(d)[1], exp=ALLOW,
+                       note=f"a subject named as the principal {name!r}")

@@ -1501,6 +1501,7 @@ function jwtClaims(v, cfg, p) {
     if (typeof who !== 'string' || !JWT_CLAIM_VALUE.test(who)) {
         return [403, 'jwt-claim:' + cfg.sub];
     }
+    who = cfg.pfx[cfg.iss.indexOf(p.iss)] + who;    // its kind and issuer: the plan's "jwt:ID:"
     role = jwtRole(cfg, cfg.rc ? p[cfg.rc] : null);
     if (!role) {
         return [403, 'jwt-role'];
