@@ -67,13 +67,14 @@ class Credential:
     # refusal is part of the handshake (TLS 1.3 sends it after the client's Finished, racing the
     # request's write: a broken pipe proves nothing)
     refused_in_handshake: bool = False
+    scheme: str = "Bearer"            # the Authorization scheme (a token may be sent as "bearer")
 
     def headers(self) -> dict[str, str]:
         if self.kind in ("none", "cert"):
             return {}
         if self.kind == "malformed":
             return {"Authorization": "Bearer"}
-        return {"Authorization": f"Bearer {self.secret}"}
+        return {"Authorization": f"{self.scheme} {self.secret}"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class ProbeOptions:
     max_body_bytes: int = 32 * 1024 * 1024  # body-limit checks above this are skipped
     max_tries: int = 3             # sends per case while its answer is inconclusive
     witness: str | None = None     # base URL of the upstream witness (stand-in), if any
+    # the witness secret (probe --witness-secret): the witness is then the middleware inside vLLM
+    # (scanner/witness_asgi.py): each request is tagged with it, the records read back sealed
+    witness_secret: str = field(default="", repr=False, compare=False)
     upstream_key: str = ""         # fingerprint of vLLM's own key, when known (verify): the one the
                                    # witness must see with the plan's upstream.api_key_file
     stop_on_failure: bool = False  # stop sending at the first failed case (mutation runs)

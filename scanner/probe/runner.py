@@ -81,6 +81,8 @@ from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
 from scanner.severity import severity_rank
 from scanner.standin._witness import ANSWER_PARAM, HOLD_GROUP_PARAM, HOLD_PARAM, PROBE_PARAM
+from scanner.witness_asgi import TAG_PARAM
+from scanner.witness_asgi import tag as witness_tag
 
 PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with their last attempts
 
@@ -399,14 +401,17 @@ class _Run:
             return case, ""
         self.counter += 1
         pid = f"{self.run_id}-{self.counter}"
-        query = f"{PROBE_PARAM}={pid}"
+        params = {PROBE_PARAM: pid}
         if case.answer:
-            query += f"&{ANSWER_PARAM}={case.answer}"
+            params[ANSWER_PARAM] = str(case.answer)
         if case.hold_ms:
-            query += f"&{HOLD_PARAM}={case.hold_ms}"
+            params[HOLD_PARAM] = str(case.hold_ms)
             if case.hold_group:   # one hold for the group, fresh for each retry of a case
                 group = hashlib.sha256(f"{case.hold_group} {tries}".encode()).hexdigest()[:12]
-                query += f"&{HOLD_GROUP_PARAM}={self.run_id}-{group}"
+                params[HOLD_GROUP_PARAM] = f"{self.run_id}-{group}"
+        if self.options.witness_secret:   # the witness inside vLLM records tagged requests only
+            params[TAG_PARAM] = witness_tag(self.options.witness_secret.encode(), params)
+        query = "&".join(f"{k}={v}" for k, v in params.items())
         return replace(case, target=with_query(case.target, query)), pid
 
     async def execute(self) -> AsyncIterator[Attempt]:
@@ -490,7 +495,8 @@ class _Run:
         chk, case = self.items[i]
         assert self.options.witness is not None
         try:
-            seen = await fetch(self.options.witness, a.probe_id, self.options.timeout, exact=True)
+            seen = await fetch(self.options.witness, a.probe_id, self.options.timeout, exact=True,
+                               secret=self.options.witness_secret)
         except WitnessError:
             return a
         return chk.review(self.ctx, case, seen_verdict(case, a, seen.get(a.probe_id)))
@@ -571,7 +577,8 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
                 reason = "nothing answered: every request failed"
         if options.witness and run.sent and not run.unanswered:
             # also after a cut-short run: what was sent is judged with the witness's view
-            records = await fetch(options.witness, f"{run.run_id}-", options.timeout)
+            records = await fetch(options.witness, f"{run.run_id}-", options.timeout,
+                                  secret=options.witness_secret)
     except WitnessError as exc:
         reason = str(exc)
         yield Errored("witness", reason)

@@ -9,10 +9,12 @@ or lost its probe id on the way: neither is proven.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import replace
 
 import httpx
 
+from scanner import witness_asgi
 from scanner.plan.model import (
     DECISION_HEADER,
     PRINCIPAL_HEADER,
@@ -44,14 +46,32 @@ class WitnessError(Exception):
     """The witness could not be read."""
 
 
-async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False) -> dict[str, Upstream]:
+async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False,
+                secret: str = "") -> dict[str, Upstream]:
     """probe id -> what the upstream saw, for the requests whose id starts with ``prefix`` (a
-    run: ``"<run>-"``), or (``exact``) for the one request of that id."""
-    url = base_url.rstrip("/") + WITNESS_PATH
+    run: ``"<run>-"``), or (``exact``) for the one request of that id. With ``secret``: from the
+    witness inside vLLM (scanner/witness_asgi.py), a read MAC'd with it whose answer must carry
+    the seal of this read (else nothing it says is taken)."""
+    if secret:
+        key = secret.encode()
+        params = witness_asgi.read_params(key, prefix, exact)
+        url = base_url.rstrip("/") + witness_asgi.READ_PATH
+    else:
+        params = {"id" if exact else "prefix": prefix}
+        url = base_url.rstrip("/") + WITNESS_PATH
     async with httpx.AsyncClient(timeout=max(timeout, 10.0), trust_env=False) as client:
         try:
-            resp = await client.get(url, params={"id" if exact else "prefix": prefix})
+            resp = await client.get(url, params=params)
+            if secret and resp.status_code == 404:
+                raise WitnessError(f"witness {base_url}: no witness answered at {witness_asgi.READ_PATH} "
+                                   "(is vLLM started with --middleware vllm_perimeter_witness.Witness and "
+                                   "this secret?)")
             resp.raise_for_status()
+            if secret and not hmac.compare_digest(
+                    resp.headers.get(witness_asgi.SEAL_HEADER, ""),
+                    witness_asgi.seal(key, params["nonce"], resp.content)):
+                raise WitnessError(f"witness {base_url}: its records are not sealed with the witness "
+                                   "secret: not taken")
             records = resp.json()["records"]
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise WitnessError(f"witness {base_url}: cannot read its records: {exc}") from None
