@@ -24,7 +24,9 @@ def _listen(text: str) -> tuple[str, int]:
 
 @click.command("limiter")
 @click.option("--redis", "redis_url", required=True, metavar="URL",
-              help="redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB] (TLS). No password in the URL.")
+              help="redis://HOST:PORT[/DB] (rediss://: TLS); Sentinel: redis+sentinel://HOST:PORT"
+                   "[,HOST:PORT...]/MASTER[/DB]; Redis Cluster: redis+cluster://HOST:PORT[,HOST:PORT...]. "
+                   "No password in the URL.")
 @click.option("--redis-password-file", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="A file holding the Redis password (AUTH); never printed.")
 @click.option("--redis-ca-file", type=click.Path(path_type=Path), default=None, metavar="FILE",
@@ -50,7 +52,7 @@ def command(redis_url: str, redis_password_file: Path | None, redis_ca_file: Pat
     host, port = _listen(listen)
     config = zones_config.load(zones_file)
     spec = store.StoreSpec(redis_url, redis_password_file, redis_ca_file)
-    redis = store.connect_fast(spec)   # one pipelined connection (scanner.limiter.resp)
+    redis = store.connect(spec)
 
     def ready(h: str, p: int) -> None:
         click.echo(f"limiter: {len(config.zones)} zones, domain {config.domain}, "

@@ -10,9 +10,10 @@ Modules, one concept each:
 * ``config``   the zones file (kind rate | concurrency | tokens and their values), frozen models;
 * ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
 * ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
-* ``store``    the Redis client (URL, password file, TLS) and one typed call per decision;
+* ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS) and
+               one typed call per decision;
 * ``decide``   one request's zones: acquire in order, release, settle; reasons, Retry-After;
-* ``proto``    the protobuf codec of Envoy's rate limit service messages (field numbers cited);
+* ``proto``    Envoy's rate limit service messages (the generated classes of xds-protos);
 * ``rls``      ShouldRateLimit: the descriptor scheme (and its envoyproxy/ratelimit mapping);
 * ``http_api`` the JSON door for njs (``/v1/acquire``, ``/v1/release``, ``/v1/settle``);
 * ``server``   one port, both doors (gRPC over h2c, sniffed by its preface; HTTP/1.1 with h11);

@@ -160,7 +160,7 @@ def _retry_after(zone: RateZone | TokenZone, wait_s: float | None) -> int:
 async def release(redis: store.Client, config: LimiterConfig, zone_names: Sequence[str], key: str,
                   slot: str) -> bool:
     """Free ``slot`` in each concurrency zone named; True when every one was held. The ZREMs
-    are sent together (pipelined on the service's client: one round trip)."""
+    are sent together (concurrently, each on its own pooled connection)."""
     key, slot = keys.checked("key", key), keys.checked("slot", slot)
     zones: list[ConcurrencyZone] = []
     for name in zone_names:

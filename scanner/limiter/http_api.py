@@ -99,7 +99,7 @@ async def _acquire(redis: store.Client, config: LimiterConfig, call: Mapping[str
 
 async def _release(redis: store.Client, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
     """The slots freed and, with ``settle``, that token zone's refund given back: one call from
-    the proxy, one round trip to Redis (pipelined)."""
+    the proxy, both Redis calls sent together."""
     key, zones, slot = _str(call, "key"), _zones(call), _str(call, "slot")
     if "settle" not in call:
         return Answer(200, {"released": await decide.release(redis, config, zones, key, slot)})

@@ -74,21 +74,23 @@ OPS: tuple[str, ...] = ("acquire", "release", "settle")
 def current_limit(zone: Zone) -> proto.CurrentLimit:
     unit = per_unit(zone)
     if unit is None:   # a concurrency zone: its slots, no time unit
-        return proto.CurrentLimit(zone.limit if isinstance(zone, ConcurrencyZone) else 0, 0, zone.name)
+        return proto.CurrentLimit(requests_per_unit=zone.limit if isinstance(zone, ConcurrencyZone) else 0,
+                                  name=zone.name)
     count, per = unit
-    return proto.CurrentLimit(count, proto.UNIT_SECOND if per == "second" else proto.UNIT_MINUTE, zone.name)
+    return proto.CurrentLimit(requests_per_unit=count, name=zone.name,
+                              unit=proto.UNIT_SECOND if per == "second" else proto.UNIT_MINUTE)
 
 
 def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
     """(zone, key, op, slot) of a descriptor; LimiterCallError when it is not in the scheme."""
-    zone = d.get("zone")
-    key = next((v for k, v in d.entries if k in KEY_ENTRIES), None)
-    op = d.get("op") or "acquire"
+    zone = proto.entry(d, "zone")
+    key = next((e.value for e in d.entries if e.key in KEY_ENTRIES), None)
+    op = proto.entry(d, "op") or "acquire"
     if zone is None or key is None:
         raise LimiterCallError("a descriptor needs a zone entry and a principal or remote_address entry")
     if op not in OPS:
         raise LimiterCallError(f"op must be one of {', '.join(OPS)}")
-    return zone, key, op, d.get("slot") or ""
+    return zone, key, op, proto.entry(d, "slot") or ""
 
 
 async def should_rate_limit(redis: store.Client, config: LimiterConfig,
@@ -115,13 +117,16 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
         elif op == "settle":
             done.append(decide.settle(redis, config, zone, key, hits[i]))
         if op != "acquire":
-            statuses[i] = proto.DescriptorStatus(proto.CODE_OK, current_limit(decide.zone_of(config, zone)))
+            statuses[i] = proto.DescriptorStatus(code=proto.CODE_OK,
+                                                 current_limit=current_limit(decide.zone_of(config, zone)))
     await _together(done)
-    ordered = tuple(statuses[i] for i in range(len(parts)))
+    ordered = [statuses[i] for i in range(len(parts))]
     if refusal is None:
-        return proto.Response(proto.CODE_OK, ordered)
-    headers = (("retry-after", str(refusal.retry_after_s)), ("x-perimeter-reason", refusal.reason))
-    return proto.Response(proto.CODE_OVER_LIMIT, ordered, headers)
+        return proto.Response(overall_code=proto.CODE_OK, statuses=ordered)
+    headers = [proto.HeaderValue(key="retry-after", value=str(refusal.retry_after_s)),
+               proto.HeaderValue(key="x-perimeter-reason", value=refusal.reason)]
+    return proto.Response(overall_code=proto.CODE_OVER_LIMIT, statuses=ordered,
+                          response_headers_to_add=headers)
 
 
 async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
@@ -137,23 +142,25 @@ async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[t
 def _hits(config: LimiterConfig, request: proto.Request, d: proto.Descriptor,
           part: tuple[str, str, str, str]) -> int:
     zone, _key, op, _slot = part
-    given = request.given_hits(d)
+    given = proto.given_hits(request, d)
     if op == "settle":
         return given or 0
     if given is None and op == "acquire" and isinstance(decide.zone_of(config, zone), TokenZone):
         raise LimiterCallError("a token zone needs the request's cost in hits_addend")
-    return request.hits(d)
+    return proto.hits(request, d)
 
 
-UNAVAILABLE_METADATA: tuple[tuple[str, str], ...] = (("shared", "unavailable"),)
+UNAVAILABLE_METADATA: dict[str, str] = {"shared": "unavailable"}
 
 
 def unavailable(request: proto.Request) -> proto.Response:
     """The answer while the store is down under ``on_unavailable: local``: OK for every
     descriptor, with ``{shared: unavailable}`` in the filter's dynamic metadata, so the proxy's
     local filters (each zone's per-proxy share, counting only requests so marked) decide."""
-    statuses = tuple(proto.DescriptorStatus(proto.CODE_OK) for _ in request.descriptors)
-    return proto.Response(proto.CODE_OK, statuses, dynamic_metadata=UNAVAILABLE_METADATA)
+    ok = [proto.DescriptorStatus(code=proto.CODE_OK) for _ in request.descriptors]
+    answer = proto.Response(overall_code=proto.CODE_OK, statuses=ok)
+    answer.dynamic_metadata.update(UNAVAILABLE_METADATA)
+    return answer
 
 
 async def _together(calls: Sequence[Awaitable[object]]) -> None:
@@ -171,6 +178,9 @@ def _need_slot(slot: str) -> str:
 
 
 def _status(s: decide.Status) -> proto.DescriptorStatus:
-    code = proto.CODE_OK if s.admitted else proto.CODE_OVER_LIMIT
-    return proto.DescriptorStatus(code, current_limit(s.zone), min(max(0, s.remaining), 0xFFFFFFFF),
-                                  s.retry_after_s)
+    status = proto.DescriptorStatus(code=proto.CODE_OK if s.admitted else proto.CODE_OVER_LIMIT,
+                                    current_limit=current_limit(s.zone),
+                                    limit_remaining=min(max(0, s.remaining), 0xFFFFFFFF))
+    if s.retry_after_s:
+        status.duration_until_reset.seconds = s.retry_after_s
+    return status

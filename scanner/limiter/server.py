@@ -3,7 +3,10 @@
 A connection that opens with the HTTP/2 preface (``PRI * HTTP/2.0``: Envoy's gRPC client, h2c
 with prior knowledge) is served as gRPC (scanner.limiter.rls) with the ``h2`` library; any other
 is HTTP/1.1 (scanner.limiter.http_api) with ``h11``. One asyncio loop, one Redis client (a pool
-of connections); many streams of one HTTP/2 connection are answered concurrently.
+of connections); many streams of one HTTP/2 connection are answered concurrently. The messages
+are the generated protobuf classes (scanner.limiter.proto); the framing is here, not grpcio's
+server, because one port serves both doors (the plan's one ``shared.limiter`` address for Envoy
+and njs): grpcio's server owns its port and would need a second address in every layout.
 
 gRPC framing: each message is 1 byte (compressed: 0 only, the service announces no encoding),
 a 4-byte big-endian length and the protobuf bytes. An answer is HEADERS (``:status 200``,
@@ -150,12 +153,12 @@ class _Grpc:
             request = proto.decode_request(bytes(body[5:]))
             answer = await rls.should_rate_limit(self.service.redis, self.service.config, request)
             self.service.outage.answered()
-            return GRPC_OK, "", proto.encode_response(answer)
+            return GRPC_OK, "", answer.SerializeToString()
         except StoreUnavailableError:
             # the proxy's own share decides (on_unavailable: local, the outage old enough)
-            zones = [d.get("zone") or "" for d in request.descriptors]
+            zones = [proto.entry(d, "zone") or "" for d in request.descriptors]
             if self.service.outage.local(self.service.config, zones):
-                return GRPC_OK, "", proto.encode_response(rls.unavailable(request))
+                return GRPC_OK, "", rls.unavailable(request).SerializeToString()
             return GRPC_UNAVAILABLE, decide.UNAVAILABLE, b""
         except (LimiterCallError, proto.ProtoError) as exc:
             return GRPC_INVALID_ARGUMENT, str(exc)[:200], b""

@@ -1,4 +1,19 @@
-"""The shared store: Redis, reached with redis-py's asyncio client; one typed call per decision.
+"""The shared store: Redis, reached with redis-py's asyncio client (with hiredis's parser); one
+typed call per decision.
+
+Three layouts, one URL (``--redis``, the policy's ``shared.redis``)::
+
+    redis://HOST:PORT[/DB]                               one Redis (rediss://: TLS)
+    redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]  Sentinel: the sentinels and the master's
+                                                         name (rediss+sentinel://: TLS to both)
+    redis+cluster://HOST:PORT[,HOST:PORT...]             Redis Cluster: some of its nodes (the rest
+                                                         are found); rediss+cluster://: TLS
+
+Sentinel: redis-py asks the sentinels for the master and asks them again after a failure (a
+master demoted answers READONLY: the connection is dropped). Cluster: a call goes to the node of
+its keys' slot (one request's keys share it: the hash tag ``{key}``, scanner.limiter.keys); a
+node that does not know a script answers NOSCRIPT and gets it by EVAL (scanner.limiter.scripts),
+so scripts are loaded per node as they are used.
 
 Every Redis failure (refused, reset, timed out, an error answer such as ``LOADING`` or
 ``READONLY``) becomes :class:`StoreUnavailableError` naming only the error's class: never the
@@ -14,16 +29,18 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
-from scanner.limiter import keys, resp, scripts
+from scanner.limiter import keys, scripts
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
@@ -37,7 +54,7 @@ OFFSET_WINDOW_S = 10.0
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """How to reach Redis: ``redis://host:port/db`` or ``rediss://`` (TLS), a password file
+    """How to reach Redis: a URL (URL_FORMS: one Redis, Sentinel or Cluster), a password file
     (the password is never on the command line), a CA file for TLS."""
 
     url: str
@@ -67,73 +84,103 @@ class Held:
     wait_s: float
 
 
-class Client(Protocol):
-    """What the limiter asks of a Redis client: redis-py's ``Redis`` (tests, tools) or the
-    pipelined scanner.limiter.resp.Client (the service's hot path)."""
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any: ...
-
-    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any: ...
-
-    def zrem(self, name: Any, *values: Any) -> Any: ...
-
-    def ping(self) -> Any: ...
-
-    def time(self) -> Any: ...
-
-    def aclose(self) -> Any: ...
+# the one Redis client of the limiter: redis-py's (one Redis, or its master through Sentinel; or
+# a Redis Cluster)
+Client = Redis | RedisCluster
+Layout = Literal["single", "sentinel", "cluster"]
+URL_FORMS = ("redis://HOST:PORT[/DB], redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] or "
+             "redis+cluster://HOST:PORT[,HOST:PORT...] (rediss...: TLS)")
+SCHEMES: dict[str, tuple[Layout, bool]] = {
+    "redis": ("single", False), "rediss": ("single", True),
+    "redis+sentinel": ("sentinel", False), "rediss+sentinel": ("sentinel", True),
+    "redis+cluster": ("cluster", False), "rediss+cluster": ("cluster", True)}
 
 
 @dataclass(frozen=True)
-class _Parsed:
-    host: str
-    port: int
+class Parsed:
+    """A store URL read: its layout, the addresses (one Redis, the sentinels, or cluster nodes),
+    the Sentinel master's name, the database, the user, TLS."""
+
+    layout: Layout
+    hosts: tuple[tuple[str, int], ...]
     db: int
     username: str | None
-    password: str | None
     tls: bool
+    master: str = ""
 
 
-def _parse(spec: StoreSpec) -> _Parsed:
-    parts = urlsplit(spec.url)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise UsageError("--redis: expected redis://HOST:PORT[/DB] or rediss://HOST:PORT[/DB]")
-    if parts.password:
+def parse_url(url: str) -> Parsed:
+    """``url`` read (UsageError, one line, naming no secret, when it is not one of URL_FORMS)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise UsageError(f"--redis: expected {URL_FORMS}")
+    layout, tls = SCHEMES[scheme]
+    netloc, _slash, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    if at and ":" in userinfo:
         raise UsageError("--redis: no password in the URL; give --redis-password-file")
-    if spec.ca_file is not None and parts.scheme != "rediss":
-        raise UsageError("--redis-ca-file needs a rediss:// URL")
+    hosts = tuple(_host_port(h, 26379 if layout == "sentinel" else 6379) for h in hostlist.split(","))
+    segments = [x for x in path.split("/") if x]
+    master = segments.pop(0) if layout == "sentinel" and segments else ""
+    if layout == "sentinel" and not master:
+        raise UsageError("--redis: a redis+sentinel:// URL names its master: .../MASTER[/DB]")
+    if len(segments) > 1 or (segments and not segments[0].isdigit()):
+        raise UsageError("--redis: the database must be a number")
+    db = int(segments[0]) if segments else 0
+    if layout == "cluster" and db:
+        raise UsageError("--redis: a Redis Cluster has database 0 only")
+    if layout == "single" and len(hosts) > 1:
+        raise UsageError("--redis: one Redis in redis://; several addresses: redis+sentinel:// or "
+                         "redis+cluster://")
+    return Parsed(layout, hosts, db, userinfo or None, tls, master)
+
+
+def _host_port(text: str, default: int) -> tuple[str, int]:
+    parts = urlsplit(f"//{text}")
     try:
-        port = parts.port or 6379
-        db = int(parts.path.lstrip("/") or 0)
+        port = parts.port or default
     except ValueError:
-        raise UsageError("--redis: the port and database must be numbers") from None
+        port = -1
+    if not parts.hostname or port <= 0:
+        raise UsageError(f"--redis: {text[:80]!r} is not HOST[:PORT] (the port a number)")
+    return parts.hostname, port
+
+
+def connect(spec: StoreSpec) -> Client:
+    """The client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
+    p = parse_url(spec.url)
+    if spec.ca_file is not None and not p.tls:
+        raise UsageError("--redis-ca-file needs a rediss:// URL")
     password = _password(spec.password_file) if spec.password_file else None
-    return _Parsed(parts.hostname, port, db, parts.username or None, password, parts.scheme == "rediss")
-
-
-def connect(spec: StoreSpec) -> Redis:
-    """A redis-py client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
-    p = _parse(spec)
+    # a failed call is answered at once (the proxy decides what "unavailable" means), not retried
     options: dict[str, Any] = {
-        "host": p.host, "port": p.port, "db": p.db, "username": p.username,
-        "password": p.password, "socket_timeout": spec.timeout_s, "socket_connect_timeout": spec.timeout_s,
-        "retry": Retry(NoBackoff(), 0), "health_check_interval": 0}
-    if p.tls:
-        options.update(connection_class=SSLConnection, ssl_cert_reqs=ssl.CERT_REQUIRED,
-                       ssl_check_hostname=True, ssl_ca_certs=str(spec.ca_file) if spec.ca_file else None)
-    # more calls in flight than connections wait for one (up to the timeout), not fail at once
-    pool = BlockingConnectionPool(max_connections=spec.max_connections, timeout=spec.timeout_s, **options)
-    return Redis.from_pool(pool)
-
-
-def connect_fast(spec: StoreSpec) -> resp.Client:
-    """The service's client for ``spec``: one pipelined connection (scanner.limiter.resp), the same
-    URL, password file, TLS (the CA file, the host name checked) and timeout as ``connect``."""
-    p = _parse(spec)
-    tls = None
-    if p.tls:
-        tls = ssl.create_default_context(cafile=str(spec.ca_file) if spec.ca_file else None)
-    return resp.Client(resp.Target(p.host, p.port, p.db, p.username, p.password, spec.timeout_s, tls))
+        "username": p.username, "password": password, "socket_timeout": spec.timeout_s,
+        "socket_connect_timeout": spec.timeout_s, "retry": Retry(NoBackoff(), 0)}
+    tls: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True,
+                           "ssl_ca_certs": str(spec.ca_file) if spec.ca_file else None} if p.tls else {}
+    client: Client
+    if p.layout == "cluster":
+        client = RedisCluster(startup_nodes=[ClusterNode(h, port) for h, port in p.hosts],
+                              max_connections=spec.max_connections, ssl=p.tls, **tls, **options)
+    elif p.layout == "sentinel":
+        # the sentinels' own connections: the same timeouts and TLS, no password (a sentinel's
+        # AUTH is its own; give none here)
+        sentinel = Sentinel(list(p.hosts), sentinel_kwargs={
+            "socket_timeout": spec.timeout_s, "socket_connect_timeout": spec.timeout_s,
+            **({"ssl": True, **tls} if p.tls else {})}, **({"ssl": True, **tls} if p.tls else {}),
+            db=p.db, **options)
+        client = sentinel.master_for(p.master, max_connections=spec.max_connections)
+    else:
+        host, port = p.hosts[0]
+        single: dict[str, Any] = {"host": host, "port": port, "db": p.db, "health_check_interval": 0,
+                                  **options}
+        if p.tls:
+            single.update(connection_class=SSLConnection, **tls)
+        # more calls in flight than connections wait for one (up to the timeout), not fail at once
+        pool = BlockingConnectionPool(max_connections=spec.max_connections, timeout=spec.timeout_s, **single)
+        client = Redis.from_pool(pool)
+    session(client).timeout_s = spec.timeout_s
+    return client
 
 
 def _password(path: Path) -> str:
@@ -152,7 +199,7 @@ async def ping(redis: Client) -> None:
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
 
 
 async def take(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
@@ -201,7 +248,7 @@ class Clock:
     offset_us: int | None = None
     sampled_at: float = 0.0
     floor_us: int = 0
-    connections: int = -1
+    failures: int = -1      # the client's failures when the clock was last read (Session.failures)
 
     def learn(self, redis_us: int, received: float) -> None:
         sample = redis_us - round(received * 1e6)
@@ -225,8 +272,14 @@ class Leases:
 
 @dataclass
 class Session:
+    """What this process keeps beside its client: Redis's clock, the slots it leases, the call
+    timeout, and how many calls failed so far (a failure is followed by a reconnection: Redis
+    restarted, failed over, stopped, frozen or unreachable in between)."""
+
     clock: Clock = field(default_factory=Clock)
     leases: Leases = field(default_factory=Leases)
+    timeout_s: float = TIMEOUT_S
+    failures: int = 0
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Client, Session] = weakref.WeakKeyDictionary()
@@ -240,28 +293,23 @@ def session(redis: Client) -> Session:
     return found
 
 
-def _timeout_s(redis: Client) -> float:
-    target = getattr(redis, "target", None)
-    return float(getattr(target, "timeout_s", TIMEOUT_S))
-
-
 async def synced(redis: Client) -> Clock:
-    """The client's clock, read from Redis (``TIME``) first when it has no offset yet or the
-    client connected anew since (its ``connections`` count; a Redis restarted, stopped, frozen or
-    unreachable in between): the floor is then that time."""
-    clock = session(redis).clock
-    if clock.offset_us is not None and clock.connections == getattr(redis, "connections", 0):
+    """The client's clock, read from Redis (``TIME``) first when it has no offset yet or a call
+    failed since (Session.failures): the floor is then that time (0 when nothing ever failed:
+    nothing was admitted without Redis before)."""
+    own = session(redis)
+    clock = own.clock
+    if clock.offset_us is not None and clock.failures == own.failures:
         return clock
     try:
         sec, usec = await redis.time()
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
     now_us = int(sec) * 1_000_000 + int(usec)
     clock.offset_us = None
     clock.learn(now_us, time.monotonic())
-    clock.connections = getattr(redis, "connections", 0)
-    # a reconnection (a connection tried before) follows a failure: the outage's floor
-    clock.floor_us = now_us if clock.connections > 1 else 0
+    clock.failures = own.failures
+    clock.floor_us = now_us if own.failures else 0
     return clock
 
 
@@ -274,7 +322,7 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
     (on_unavailable: local): buckets are not refilled for the time before the last reconnection."""
     clock = await synced(redis)
     names: list[str] = []
-    deadline = clock.deadline_us(_timeout_s(redis))
+    deadline = clock.deadline_us(session(redis).timeout_s)
     args: list[str | int | float] = [slot, deadline, clock.floor_us if floor else 0]
     for zone, key, cost in zones:
         if isinstance(zone, ConcurrencyZone):
@@ -286,9 +334,10 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
     try:
         out = await scripts.run_keys(redis, scripts.ACQUIRE, names, args)
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
     clock.learn(out[1], time.monotonic())
     if out[0] < 0:      # Redis ran it after its deadline: nothing written
+        session(redis).failures += 1
         raise StoreUnavailableError("shared store unavailable (late)")
     answers: list[Taken | Held] = []
     for i, (zone, _key, _cost) in enumerate(zones[:(len(out) - 2) // 3]):
@@ -321,7 +370,7 @@ async def renew(redis: Client, lease_s: float) -> int:
         answers = await asyncio.gather(*(scripts.run(redis, scripts.RENEW, key, (lease_ms, *slots))
                                          for key, slots in by_key.items()))
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
     renewed = 0
     for (key, slots), gone in zip(by_key.items(), answers, strict=True):
         for i in gone:
@@ -336,7 +385,7 @@ async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> 
     try:
         return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
 
 
 async def _run(redis: Client, script: scripts.Script, key: str,
@@ -344,8 +393,10 @@ async def _run(redis: Client, script: scripts.Script, key: str,
     try:
         return await scripts.run(redis, script, key, args)
     except (RedisError, OSError) as exc:
-        raise _unavailable(exc) from None
+        raise _unavailable(redis, exc) from None
 
 
-def _unavailable(exc: BaseException) -> StoreUnavailableError:
+def _unavailable(redis: Client, exc: BaseException) -> StoreUnavailableError:
+    """The failure of a call (counted: the next call reads Redis's clock anew, Session.failures)."""
+    session(redis).failures += 1
     return StoreUnavailableError(f"shared store unavailable ({exc.__class__.__name__})")

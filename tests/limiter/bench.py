@@ -51,7 +51,7 @@ def throughput(port: int, pid: int, redis_pid: int, calls: int, threads: int, do
     def work(n: int) -> None:
         if door == "grpc":
             g = GrpcClient("127.0.0.1", port)
-            req = proto.Request("vllm-perimeter", (descriptor("wide", f"t{n}"),))
+            req = proto.request("vllm-perimeter", (descriptor("wide", f"t{n}"),))
             for _ in range(calls):
                 g.call(req)
             g.close()
@@ -80,7 +80,7 @@ def main() -> None:
             stack.start(Path(tmp))
             port = stack.limiter.port
             g, h = GrpcClient("127.0.0.1", port), HttpClient("127.0.0.1", port)
-            req = proto.Request("vllm-perimeter", (descriptor("wide", "bench"),))
+            req = proto.request("vllm-perimeter", (descriptor("wide", "bench"),))
             three = {"key": "bench3", "zones": ["wide", "tokens:600", "conc:2"], "cost": 0}
             print(line("gRPC ShouldRateLimit (1 rate descriptor)", timed(calls, lambda: g.call(req))))
             print(line("HTTP /v1/acquire (1 rate zone)", timed(calls, lambda: h.post(

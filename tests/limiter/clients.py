@@ -61,7 +61,7 @@ class GrpcClient:
                 elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
                     self.sock.sendall(self.conn.data_to_send())
                     status = int(headers.get("grpc-status", "-1"))
-                    response = proto.decode_response(bytes(data[5:])) if status == 0 else None
+                    response = proto.Response.FromString(bytes(data[5:])) if status == 0 else None
                     return GrpcAnswer(status, headers.get("grpc-message", ""), response)
             self.sock.sendall(self.conn.data_to_send())
         raise TimeoutError("no answer")
@@ -71,7 +71,7 @@ class GrpcClient:
         streams = []
         for request in requests:
             stream = self.conn.get_next_available_stream_id()
-            message = proto.encode_request(request)
+            message = request.SerializeToString()
             self.conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", rls.SERVICE_PATH),
                                             (":authority", f"{self.host}:{self.port}"),
                                             ("content-type", "application/grpc"), ("te", "trailers")])
@@ -94,11 +94,11 @@ class GrpcClient:
                     done.add(event.stream_id)
             self.sock.sendall(self.conn.data_to_send())
         return [GrpcAnswer(int(headers[s].get("grpc-status", "-1")), headers[s].get("grpc-message", ""),
-                           proto.decode_response(bytes(data[s][5:])) if headers[s].get("grpc-status") == "0"
+                           proto.Response.FromString(bytes(data[s][5:])) if headers[s].get("grpc-status") == "0"
                            else None) for s in streams]
 
     def call(self, request: proto.Request) -> GrpcAnswer:
-        message = proto.encode_request(request)
+        message = request.SerializeToString()
         return self.raw(rls.SERVICE_PATH, b"\x00" + len(message).to_bytes(4, "big") + message)
 
     def close(self) -> None:
@@ -133,4 +133,4 @@ class HttpClient:
 
 def descriptor(zone: str, key: str, *extra: tuple[str, str], hits: int | None = None,
                key_name: str = "principal") -> proto.Descriptor:
-    return proto.Descriptor((("zone", zone), (key_name, key), *extra), hits)
+    return proto.descriptor((("zone", zone), (key_name, key), *extra), hits)

@@ -1,4 +1,5 @@
-"""The protobuf codec of Envoy's rate limit service messages (scanner/limiter/proto.py)."""
+"""Envoy's rate limit service messages (scanner/limiter/proto.py: the generated classes of
+xds-protos) and the readings rls.py takes of them."""
 
 from __future__ import annotations
 
@@ -7,25 +8,27 @@ import pytest
 from scanner.limiter import proto
 
 
-def test_request_round_trip() -> None:
-    request = proto.Request("vllm-perimeter", (
-        proto.Descriptor((("zone", "inference:key:10/20"), ("principal", "alice"))),
-        proto.Descriptor((("zone", "tok"), ("remote_address", "2001:db8::1"), ("op", "settle")), 123456),
-        proto.Descriptor((("zone", "tok"), ("principal", "é")), 0),   # an explicit 0 is kept
+def test_hits_follow_envoys_protocol() -> None:
+    """A descriptor's own hits_addend (an explicit 0 kept), else the request's, else 1."""
+    request = proto.request("vllm-perimeter", (
+        proto.descriptor((("zone", "inference:key:10/20"), ("principal", "alice"))),
+        proto.descriptor((("zone", "tok"), ("remote_address", "2001:db8::1"), ("op", "settle")), 123456),
+        proto.descriptor((("zone", "tok"), ("principal", "é")), 0),
     ), hits_addend=7)
-    back = proto.decode_request(proto.encode_request(request))
+    back = proto.decode_request(request.SerializeToString())
     assert back == request
-    assert [back.hits(d) for d in back.descriptors] == [7, 123456, 0]
-    assert proto.Request("d", (proto.Descriptor((("a", "b"),)),)).hits(proto.Descriptor((("a", "b"),))) == 1
+    assert [proto.hits(back, d) for d in back.descriptors] == [7, 123456, 0]
+    alone = proto.request("d", (proto.descriptor((("a", "b"),)),))
+    assert proto.hits(alone, alone.descriptors[0]) == 1 and proto.given_hits(alone, alone.descriptors[0]) is None
+    assert proto.entry(back.descriptors[1], "op") == "settle" and proto.entry(back.descriptors[0], "op") is None
 
 
-def test_request_bytes_are_protobufs() -> None:
-    """Known bytes: the protobuf encoding of domain "d", one descriptor {entries [{k: v}],
+def test_request_bytes_are_envoys() -> None:
+    """Known bytes (as protoc encodes them): domain "d", one descriptor {entries [{k: v}],
     hits_addend {value: 300}}, hits_addend 2."""
     data = bytes.fromhex("0a0164" "120d" "0a06" "0a016b" "120176" "1a03" "08ac02" "1802")
-    assert proto.decode_request(data) == proto.Request(
-        "d", (proto.Descriptor((("k", "v"),), 300),), 2)
-    assert proto.encode_request(proto.decode_request(data)) == data
+    assert proto.decode_request(data) == proto.request("d", (proto.descriptor((("k", "v"),), 300),), 2)
+    assert proto.decode_request(data).SerializeToString() == data
 
 
 def test_unknown_fields_are_skipped() -> None:
@@ -34,34 +37,25 @@ def test_unknown_fields_are_skipped() -> None:
     assert proto.decode_request(data).domain == "d"
 
 
-def test_response_round_trip() -> None:
-    response = proto.Response(proto.CODE_OVER_LIMIT, (
-        proto.DescriptorStatus(proto.CODE_OK, proto.CurrentLimit(10, proto.UNIT_SECOND, "z"), 4, 0),
-        proto.DescriptorStatus(proto.CODE_OVER_LIMIT, proto.CurrentLimit(600, proto.UNIT_MINUTE, "t"), 0, 9),
-    ), (("retry-after", "9"), ("x-perimeter-reason", "token-budget")))
-    assert proto.decode_response(proto.encode_response(response)) == response
-    # overall_code OVER_LIMIT is field 1 varint 2
-    assert proto.encode_response(proto.Response(proto.CODE_OVER_LIMIT)) == b"\x08\x02"
-
-
 @pytest.mark.parametrize("bad", [
     b"\x0a\x05ab",                 # truncated string
     b"\x0a",                       # truncated length
     b"\x08" + b"\xff" * 11,        # varint over 10 bytes
-    b"\x0b",                       # wire type 3 (group)
+    b"\x0b",                       # wire type 3 (group) never closed
     b"\x00\x01",                   # field 0
     b"\x0a\x02\xff\xfe",           # domain not UTF-8
-    b"\x12\x02\x08\x01",           # descriptor: entries as a number
 ])
 def test_bad_bytes_are_proto_errors(bad: bytes) -> None:
     with pytest.raises(proto.ProtoError):
         proto.decode_request(bad)
 
 
-def test_response_dynamic_metadata_is_a_struct_of_strings() -> None:
-    """Field 6, google.protobuf.Struct {fields: {"shared": Value {string_value: "unavailable"}}}:
-    known bytes (as protoc encodes them)."""
-    data = proto.encode_response(proto.Response(proto.CODE_OK, dynamic_metadata=(("shared", "unavailable"),)))
+def test_response_bytes_are_envoys() -> None:
+    """overall_code OVER_LIMIT is field 1 varint 2; dynamic_metadata (field 6) the Struct
+    {fields: {"shared": Value {string_value: "unavailable"}}}: known bytes."""
+    assert proto.Response(overall_code=proto.CODE_OVER_LIMIT).SerializeToString() == b"\x08\x02"
+    answer = proto.Response(overall_code=proto.CODE_OK)
+    answer.dynamic_metadata.update({"shared": "unavailable"})
     entry = b"\x0a\x06shared" + b"\x12\x0d" + b"\x1a\x0bunavailable"
-    assert proto.decode_response(data).dynamic_metadata == (("shared", "unavailable"),)
-    assert data == b"\x08\x01" + b"\x32" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
+    assert answer.SerializeToString() == (b"\x08\x01" + b"\x32" + bytes([len(entry) + 2]) + b"\x0a"
+                                          + bytes([len(entry)]) + entry)

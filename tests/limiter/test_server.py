@@ -36,37 +36,41 @@ def fresh() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def headers(response: proto.Response) -> dict[str, str]:
+    return {h.key: h.value for h in response.response_headers_to_add}
+
+
 # --- gRPC: envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit --------------------------
 
 def test_grpc_rate_burst_then_over_limit(grpc: GrpcClient) -> None:
     key = fresh()
-    answers = [grpc.call(proto.Request(DOMAIN, (descriptor("rate:2/3", key),))) for _ in range(5)]
+    answers = [grpc.call(proto.request(DOMAIN, (descriptor("rate:2/3", key),))) for _ in range(5)]
     assert all(a.grpc_status == 0 and a.response for a in answers)
     codes = [a.response.overall_code for a in answers if a.response]
     assert codes == [proto.CODE_OK] * 4 + [proto.CODE_OVER_LIMIT]          # burst 3 + 1
     last = answers[-1].response
     assert last is not None
-    assert dict(last.response_headers) == {"retry-after": "1", "x-perimeter-reason": "rate"}
+    assert headers(last) == {"retry-after": "1", "x-perimeter-reason": "rate"}
     status = last.statuses[0]
-    assert status.current_limit == proto.CurrentLimit(2, proto.UNIT_SECOND, "rate:2/3")
-    assert status.code == proto.CODE_OVER_LIMIT and status.duration_until_reset_s == 1
+    assert status.current_limit == proto.CurrentLimit(requests_per_unit=2, unit=proto.UNIT_SECOND, name="rate:2/3")
+    assert status.code == proto.CODE_OVER_LIMIT and status.duration_until_reset.seconds == 1
 
 
 def test_grpc_tokens_charge_hits_addend_and_settle(grpc: GrpcClient) -> None:
     key = fresh()
-    first = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, hits=500),)))
-    over = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, hits=200),)))
-    settled = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle"), hits=300),)))
-    again = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, hits=200),)))
+    first = grpc.call(proto.request(DOMAIN, (descriptor("tokens:600", key, hits=500),)))
+    over = grpc.call(proto.request(DOMAIN, (descriptor("tokens:600", key, hits=200),)))
+    settled = grpc.call(proto.request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle"), hits=300),)))
+    again = grpc.call(proto.request(DOMAIN, (descriptor("tokens:600", key, hits=200),)))
     assert first.response and first.response.overall_code == proto.CODE_OK
     assert first.response.statuses[0].limit_remaining == 100
     assert over.response and over.response.overall_code == proto.CODE_OVER_LIMIT
-    assert dict(over.response.response_headers) == {"retry-after": "10", "x-perimeter-reason": "token-budget"}
+    assert headers(over.response) == {"retry-after": "10", "x-perimeter-reason": "token-budget"}
     assert settled.response and settled.response.overall_code == proto.CODE_OK
     # a settle without a refund given returns nothing (not Envoy's default hit of 1)
-    nothing = grpc.call(proto.Request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),)))
+    nothing = grpc.call(proto.request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),)))
     assert nothing.response and nothing.response.overall_code == proto.CODE_OK
-    settle = proto.Request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),))
+    settle = proto.request(DOMAIN, (descriptor("tokens:600", key, ("op", "settle")),))
     cfg = config.parse(ZONES)
     assert rls._hits(cfg, settle, settle.descriptors[0], ("tokens:600", key, "settle", "")) == 0
     assert again.response and again.response.overall_code == proto.CODE_OK
@@ -76,40 +80,40 @@ def test_grpc_concurrency_needs_and_releases_slots(grpc: GrpcClient) -> None:
     key = fresh()
 
     def acquire(slot: str) -> int:
-        a = grpc.call(proto.Request(DOMAIN, (descriptor("conc:2", key, ("slot", slot)),)))
+        a = grpc.call(proto.request(DOMAIN, (descriptor("conc:2", key, ("slot", slot)),)))
         assert a.response is not None
         return a.response.overall_code
 
     assert [acquire("r1"), acquire("r2"), acquire("r3")] == [1, 1, 2]
-    released = grpc.call(proto.Request(DOMAIN, (descriptor("conc:2", key, ("op", "release"), ("slot", "r1")),)))
+    released = grpc.call(proto.request(DOMAIN, (descriptor("conc:2", key, ("op", "release"), ("slot", "r1")),)))
     assert released.response and released.response.overall_code == proto.CODE_OK
     assert acquire("r3") == proto.CODE_OK
-    no_slot = grpc.call(proto.Request(DOMAIN, (descriptor("conc:2", key),)))
+    no_slot = grpc.call(proto.request(DOMAIN, (descriptor("conc:2", key),)))
     assert no_slot.grpc_status == 3 and "slot" in no_slot.message
 
 
 def test_grpc_refusal_undoes_earlier_slots_and_tokens(grpc: GrpcClient) -> None:
     """rate spent, then tokens refused: the concurrency slot taken before is released."""
     key = fresh()
-    request = proto.Request(DOMAIN, (descriptor("conc:2", key, ("slot", "a")),
+    request = proto.request(DOMAIN, (descriptor("conc:2", key, ("slot", "a")),
                                      descriptor("tokens:600", key, hits=700)))
     refused = grpc.call(request)
     assert refused.response and refused.response.overall_code == proto.CODE_OVER_LIMIT
     assert [s.code for s in refused.response.statuses] == [proto.CODE_OK, proto.CODE_OVER_LIMIT]
-    assert dict(refused.response.response_headers)["retry-after"] == "60"     # never fits
-    both = [grpc.call(proto.Request(DOMAIN, (descriptor("conc:2", key, ("slot", s)),))) for s in "bc"]
+    assert headers(refused.response)["retry-after"] == "60"     # never fits
+    both = [grpc.call(proto.request(DOMAIN, (descriptor("conc:2", key, ("slot", s)),))) for s in "bc"]
     assert all(b.response and b.response.overall_code == proto.CODE_OK for b in both)
 
 
 @pytest.mark.parametrize(("request_", "status", "words"), [
-    (proto.Request("other", (descriptor("rate:2/3", "k"),)), 3, "domain"),
-    (proto.Request(DOMAIN, ()), 3, "descriptors"),
-    (proto.Request(DOMAIN, (proto.Descriptor((("zone", "rate:2/3"),)),)), 3, "principal"),
-    (proto.Request(DOMAIN, (descriptor("nope", "k"),)), 3, "unknown zone"),
-    (proto.Request(DOMAIN, (descriptor("rate:2/3", "a{b}"),)), 3, "bad key"),
-    (proto.Request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "delete")),)), 3, "op"),
-    (proto.Request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "settle")),)), 3, "rate zone"),
-    (proto.Request(DOMAIN, (descriptor("tokens:600", "k"),)), 3, "needs the request's cost"),
+    (proto.request("other", (descriptor("rate:2/3", "k"),)), 3, "domain"),
+    (proto.request(DOMAIN, ()), 3, "descriptors"),
+    (proto.request(DOMAIN, (proto.descriptor((("zone", "rate:2/3"),)),)), 3, "principal"),
+    (proto.request(DOMAIN, (descriptor("nope", "k"),)), 3, "unknown zone"),
+    (proto.request(DOMAIN, (descriptor("rate:2/3", "a{b}"),)), 3, "bad key"),
+    (proto.request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "delete")),)), 3, "op"),
+    (proto.request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "settle")),)), 3, "rate zone"),
+    (proto.request(DOMAIN, (descriptor("tokens:600", "k"),)), 3, "needs the request's cost"),
 ])
 def test_grpc_bad_calls_are_invalid_argument(grpc: GrpcClient, request_: proto.Request, status: int,
                                              words: str) -> None:
@@ -118,7 +122,7 @@ def test_grpc_bad_calls_are_invalid_argument(grpc: GrpcClient, request_: proto.R
 
 
 def test_grpc_message_is_percent_encoded(grpc: GrpcClient) -> None:
-    answer = grpc.call(proto.Request(DOMAIN, (descriptor("zoné\n%", "k"),)))
+    answer = grpc.call(proto.request(DOMAIN, (descriptor("zoné\n%", "k"),)))
     assert answer.grpc_status == 3 and answer.message == "unknown zone 'zon%C3%A9\\n%25'"
 
 
@@ -127,13 +131,13 @@ def test_grpc_bad_frames(grpc: GrpcClient) -> None:
     assert grpc.raw("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", b"\x01\x00\x00\x00\x00").grpc_status == 3
     assert grpc.raw("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", b"\x00\x00\x00\x00\x03\x0a\x05a").grpc_status == 3
     # the connection still serves
-    assert grpc.call(proto.Request(DOMAIN, (descriptor("wide", "k"),))).grpc_status == 0
+    assert grpc.call(proto.request(DOMAIN, (descriptor("wide", "k"),))).grpc_status == 0
 
 
 def test_grpc_streams_multiplexed_on_one_connection(grpc: GrpcClient) -> None:
     """40 calls in flight on one connection (Envoy's way): each answered, the limit exact in sum."""
     key = fresh()
-    answers = grpc.many([proto.Request(DOMAIN, (descriptor("rate:2/3", key),))] * 40)
+    answers = grpc.many([proto.request(DOMAIN, (descriptor("rate:2/3", key),))] * 40)
     codes = [a.response.overall_code for a in answers if a.response]
     assert len(codes) == 40 and codes.count(proto.CODE_OK) == 4
 
@@ -213,7 +217,7 @@ def test_two_proxies_over_both_doors_share_the_limit(limiter: ManagedProcess) ->
     try:
         admitted = 0
         for _ in range(6):
-            g = grpc.call(proto.Request(DOMAIN, (descriptor("rate:2/3", key),)))
+            g = grpc.call(proto.request(DOMAIN, (descriptor("rate:2/3", key),)))
             admitted += bool(g.response and g.response.overall_code == proto.CODE_OK)
             admitted += bool(http.post("/v1/acquire", {"key": key, "zone": "rate:2/3"})[1]["allow"])
     finally:
@@ -229,7 +233,7 @@ def test_added_latency_on_loopback(limiter: ManagedProcess) -> None:
         times: dict[str, list[float]] = {"grpc": [], "http": []}
         for _ in range(200):
             t = time.perf_counter()
-            grpc.call(proto.Request(DOMAIN, (descriptor("wide", "lat"),)))
+            grpc.call(proto.request(DOMAIN, (descriptor("wide", "lat"),)))
             times["grpc"].append(time.perf_counter() - t)
             t = time.perf_counter()
             http.post("/v1/acquire", {"key": "lat", "zone": "wide"})

@@ -171,11 +171,58 @@ def test_store_down_is_unavailable_without_secrets(tmp_path: Path) -> None:
     assert message.startswith("shared store unavailable (") and "127.0.0.1" not in message
 
 
-@pytest.mark.parametrize("bad", ["http://h:1", "redis://:pw@h:1", "redis://h:x", "redis:///0"])
+@pytest.mark.parametrize("bad", ["http://h:1", "redis://:pw@h:1", "redis://h:x", "redis:///0",
+                                 "redis://a:1,b:2/0", "redis+sentinel://s:26379", "redis+sentinel://:pw@s:1/m",
+                                 "redis+cluster://a:1/3", "redis+cluster://a:1,:2", "redis://h:1/x"])
 def test_bad_redis_url_is_a_usage_error(bad: str) -> None:
     with pytest.raises(UsageError) as err:
         store.connect(store.StoreSpec(bad))
     assert "pw" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("redis://127.0.0.1:6380/2", store.Parsed("single", (("127.0.0.1", 6380),), 2, None, False)),
+    ("rediss://user@redis.internal/0", store.Parsed("single", (("redis.internal", 6379),), 0, "user", True)),
+    ("redis+sentinel://10.0.0.1,10.0.0.2:26380/mymaster/1",
+     store.Parsed("sentinel", (("10.0.0.1", 26379), ("10.0.0.2", 26380)), 1, None, False, "mymaster")),
+    ("rediss+cluster://n1:7000,n2:7001", store.Parsed("cluster", (("n1", 7000), ("n2", 7001)), 0, None, True)),
+])
+def test_store_urls(text: str, parsed: store.Parsed) -> None:
+    assert store.parse_url(text) == parsed
+
+
+def test_a_frozen_store_times_out_then_recovers(tmp_path: Path) -> None:
+    """Redis stopped with SIGSTOP: every call waiting fails within the timeout (never admitted);
+    continued, the next call is answered on a fresh connection."""
+    import os
+    import signal
+
+    proc = redis_process(tmp_path).start()
+    zone = RateZone("frozen", rps=1000, burst=1000)
+    pid = proc._proc.pid if proc._proc else 0
+
+    async def go() -> tuple[int, float, bool]:
+        client = store.connect(store.StoreSpec(url(proc), timeout_s=0.3))
+        try:
+            assert (await store.take(client, zone, "k", 1)).admitted
+            os.kill(pid, signal.SIGSTOP)
+            t = time.monotonic()
+            try:
+                answers = await asyncio.gather(*(store.take(client, zone, "k", 1) for _ in range(5)),
+                                               return_exceptions=True)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            waited = time.monotonic() - t
+            failed = sum(isinstance(a, StoreUnavailableError) for a in answers)
+            return failed, waited, (await store.take(client, zone, "k", 1)).admitted
+        finally:
+            await client.aclose()
+
+    try:
+        failed, waited, after = asyncio.run(go())
+    finally:
+        proc.stop()
+    assert failed == 5 and waited < 2.0 and after
 
 
 def test_password_file(tmp_path: Path) -> None:

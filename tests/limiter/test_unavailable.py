@@ -16,12 +16,12 @@ def test_redis_stopped_mid_run(tmp_path: Path) -> None:
     try:
         service.start()
         grpc, http = GrpcClient("127.0.0.1", service.port), HttpClient("127.0.0.1", service.port)
-        ok = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),)))
+        ok = grpc.call(proto.request("vllm-perimeter", (descriptor("wide", "k"),)))
         assert ok.response and ok.response.overall_code == proto.CODE_OK
         assert http.post("/v1/acquire", {"key": "k", "zone": "wide"})[1]["allow"] is True
 
         redis.stop()
-        down = [grpc.call(proto.Request("vllm-perimeter", (descriptor(z, "k", ("slot", "s"), hits=1),)))
+        down = [grpc.call(proto.request("vllm-perimeter", (descriptor(z, "k", ("slot", "s"), hits=1),)))
                 for z in ("wide", "conc:2", "tokens:600")]
         assert [(d.grpc_status, d.message) for d in down] == [(14, "shared-store-unavailable")] * 3
         for zone in ("wide", "conc:2", "tokens:600"):
@@ -31,7 +31,7 @@ def test_redis_stopped_mid_run(tmp_path: Path) -> None:
         assert http.get("/v1/health") == (503, {"allow": False, "reason": "shared-store-unavailable"})
 
         redis.start()                      # the same port: the service reconnects by itself
-        back = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),)))
+        back = grpc.call(proto.request("vllm-perimeter", (descriptor("wide", "k"),)))
         assert back.response and back.response.overall_code == proto.CODE_OK
         assert http.get("/v1/health") == (200, {"store": "ok"})
         grpc.close()
@@ -52,11 +52,11 @@ def test_redis_stopped_under_local_envoy_is_told_to_decide_itself(tmp_path: Path
     try:
         service.start()
         grpc, http = GrpcClient("127.0.0.1", service.port), HttpClient("127.0.0.1", service.port)
-        down = grpc.call(proto.Request("vllm-perimeter", (descriptor("wide", "k"),
+        down = grpc.call(proto.request("vllm-perimeter", (descriptor("wide", "k"),
                                                           descriptor("conc:2", "k", ("slot", "s")))))
         assert down.grpc_status == 0 and down.response is not None
         assert down.response.overall_code == proto.CODE_OK and len(down.response.statuses) == 2
-        assert down.response.dynamic_metadata == (("shared", "unavailable"),)
+        assert dict(down.response.dynamic_metadata) == {"shared": "unavailable"}
         assert http.post("/v1/acquire", {"key": "k", "zone": "wide"})[0] == 503
         grpc.close()
         http.close()
