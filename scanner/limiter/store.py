@@ -23,6 +23,7 @@ URL, never the password. Nothing is decided without an answer from Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 import weakref
@@ -179,7 +180,8 @@ def connect(spec: StoreSpec) -> Client:
         # more calls in flight than connections wait for one (up to the timeout), not fail at once
         pool = BlockingConnectionPool(max_connections=spec.max_connections, timeout=spec.timeout_s, **single)
         client = Redis.from_pool(pool)
-    session(client).timeout_s = spec.timeout_s
+    own = session(client)
+    own.timeout_s, own.layout = spec.timeout_s, p.layout
     return client
 
 
@@ -199,7 +201,7 @@ async def ping(redis: Client) -> None:
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
 
 
 async def take(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
@@ -280,6 +282,7 @@ class Session:
     leases: Leases = field(default_factory=Leases)
     timeout_s: float = TIMEOUT_S
     failures: int = 0
+    layout: Layout = "single"
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Client, Session] = weakref.WeakKeyDictionary()
@@ -304,7 +307,7 @@ async def synced(redis: Client) -> Clock:
     try:
         sec, usec = await redis.time()
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
     now_us = int(sec) * 1_000_000 + int(usec)
     clock.offset_us = None
     clock.learn(now_us, time.monotonic())
@@ -334,7 +337,7 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
     try:
         out = await scripts.run_keys(redis, scripts.ACQUIRE, names, args)
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
     clock.learn(out[1], time.monotonic())
     if out[0] < 0:      # Redis ran it after its deadline: nothing written
         session(redis).failures += 1
@@ -370,7 +373,7 @@ async def renew(redis: Client, lease_s: float) -> int:
         answers = await asyncio.gather(*(scripts.run(redis, scripts.RENEW, key, (lease_ms, *slots))
                                          for key, slots in by_key.items()))
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
     renewed = 0
     for (key, slots), gone in zip(by_key.items(), answers, strict=True):
         for i in gone:
@@ -385,7 +388,7 @@ async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> 
     try:
         return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
 
 
 async def _run(redis: Client, script: scripts.Script, key: str,
@@ -393,10 +396,17 @@ async def _run(redis: Client, script: scripts.Script, key: str,
     try:
         return await scripts.run(redis, script, key, args)
     except (RedisError, OSError) as exc:
-        raise _unavailable(redis, exc) from None
+        raise await _unavailable(redis, exc) from None
 
 
-def _unavailable(redis: Client, exc: BaseException) -> StoreUnavailableError:
-    """The failure of a call (counted: the next call reads Redis's clock anew, Session.failures)."""
-    session(redis).failures += 1
+async def _unavailable(redis: Client, exc: BaseException) -> StoreUnavailableError:
+    """The failure of a call, counted (the next call reads Redis's clock anew, Session.failures).
+    Through Sentinel the client's connections are dropped too: a master demoted or cut off from
+    its replica keeps them open and answers every write with an error (READONLY, NOREPLICAS), so
+    the next call asks the sentinels for the master again."""
+    own = session(redis)
+    own.failures += 1
+    if own.layout == "sentinel" and isinstance(redis, Redis):
+        with contextlib.suppress(RedisError, OSError):
+            await redis.connection_pool.disconnect()
     return StoreUnavailableError(f"shared store unavailable ({exc.__class__.__name__})")
