@@ -407,6 +407,9 @@ def _fleet_files(ctx: _Context, digest: str) -> list[GeneratedFile]:
                                                                          " (yours: restrict who reaches it)"))
                 + dump(fleet.limiter_deployment(f, meta, limiter_labels, ctx.settings.audit_image,
                                                 ctx.names.configmap, digest))),
+            GeneratedFile(f"{SUBDIR}/limiter-pdb.yaml", ctx.header(
+                "the limiter's replicas: at most one evicted at a time (drains, upgrades)")
+                + dump(fleet.limiter_disruption_budget(f, meta, limiter_labels))),
             GeneratedFile(f"{SUBDIR}/limiter-service.yaml",
                           ctx.header("the limiter's Service (gRPC and HTTP)")
                           + dump(fleet.limiter_service(f, meta, limiter_labels))),

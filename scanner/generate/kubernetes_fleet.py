@@ -8,7 +8,8 @@ Where the limiter runs (the proxies reach it at the plan's ``shared.limiter``):
 * ``127.0.0.1:PORT`` (or ``::1``, ``localhost``): a **sidecar** in every proxy pod (one limiter
   per proxy, all on one Redis; nothing else can reach it: it listens on the pod's loopback). The
   only layout NGINX can take, whose njs needs the limiter's IP address.
-* ``NAME-limiter[.NS.svc[.cluster.local]]:PORT``: its own **Deployment** (2 replicas) and
+* ``NAME-limiter[.NS.svc[.cluster.local]]:PORT``: its own **Deployment** (2 replicas, a
+  **PodDisruptionBudget** keeping one of them through voluntary evictions) and
   **Service**, and a NetworkPolicy letting only the proxy pods reach its port (the limiter has
   no authentication of its own).
 
@@ -193,6 +194,14 @@ def limiter_deployment(f: Fleet, meta: Meta, labels: dict[str, str], image: str,
             },
         },
     }
+
+
+def limiter_disruption_budget(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+    """At most one of the limiter's replicas evicted at a time (a node drained, a cluster
+    upgraded): the proxies keep one limiter to ask (each replica is stateless: the state is in
+    Redis)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": meta(f.limiter_name, "limiter"), "spec": {"minAvailable": LIMITER_REPLICAS - 1, "selector": {"matchLabels": labels}}}
 
 
 def limiter_service(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:

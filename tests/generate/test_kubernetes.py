@@ -109,7 +109,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 IANA_SVC_NAME = re.compile(r"^(?=.{1,15}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 NAME_RULES = {"Service": DNS_LABEL, "NetworkPolicy": DNS_SUBDOMAIN, "Deployment": DNS_SUBDOMAIN,
-              "ConfigMap": DNS_SUBDOMAIN, "Secret": DNS_SUBDOMAIN, "CronJob": DNS_SUBDOMAIN}
+              "ConfigMap": DNS_SUBDOMAIN, "Secret": DNS_SUBDOMAIN, "CronJob": DNS_SUBDOMAIN,
+              "PodDisruptionBudget": DNS_SUBDOMAIN}
 
 
 def validate(doc: dict[str, Any]) -> list[str]:

@@ -53,6 +53,10 @@ def test_a_limiter_service_and_the_bundled_redis(tmp_path: Path) -> None:
     assert "--requirepass" in redis["args"] and redis["env"][0]["valueFrom"]["secretKeyRef"]["name"] == \
         "vllm-perimeter-redis"
     assert d["limiter-service.yaml"]["metadata"]["name"] == "vllm-perimeter-limiter"
+    # two limiters, at most one evicted at a time (a drain keeps the proxies a limiter to ask)
+    pdb = d["limiter-pdb.yaml"]
+    assert limiter["spec"]["replicas"] >= 2 and pdb["kind"] == "PodDisruptionBudget"
+    assert pdb["spec"] == {"minAvailable": limiter["spec"]["replicas"] - 1, "selector": {"matchLabels": limiter_labels}}
     head = next(f.content for f in bundle.files if f.name == "kubernetes/deployment.yaml")
     assert "N times" not in head and "2 replicas share every rate" in head
     again = render("envoy", policy(tmp_path, UPSTREAM + SERVICE_FLEET))[1]
@@ -62,7 +66,8 @@ def test_a_limiter_service_and_the_bundled_redis(tmp_path: Path) -> None:
 def test_a_limiter_sidecar_and_a_redis_of_yours(tmp_path: Path) -> None:
     _config, bundle = render("nginx", policy(tmp_path, UPSTREAM + SIDECAR_FLEET))
     d = docs(bundle)
-    assert not {"limiter-deployment.yaml", "redis-deployment.yaml", "networkpolicy-redis.yaml"} & set(d)
+    assert not {"limiter-deployment.yaml", "limiter-pdb.yaml", "redis-deployment.yaml",
+                "networkpolicy-redis.yaml"} & set(d)
     for name, doc in d.items():
         assert validate(doc) == [], name
     spec = pod_spec(d["deployment.yaml"])
