@@ -73,7 +73,8 @@ def _surface(baseline: Baseline, req: AuditRequest, current: ProbeResult, url: s
     error = ""
     if req.upstream_url is not None:
         upstream = Target(req.upstream_url.rstrip("/"), ca_bundle=req.target.ca_bundle)
-        options = dataclasses.replace(req.options, checks=("sweep",))
+        # vLLM's own surface: what answers, not what the proxy let through (no witness)
+        options = dataclasses.replace(req.options, checks=("sweep",), witness=None, witness_secret="")
         swept = probe(baseline.plan, upstream, req.credentials[:1], (Vantage(),), options)
         attempts, error = swept.attempts, swept.reason if swept.unreachable else ""
     declared = dict(catalog_paths(req.options.catalog_dir))

@@ -22,6 +22,7 @@ from scanner.cli.options import (
     network_option,
     report_options,
 )
+from scanner.cli.probe import read_witness_secret
 from scanner.errors import UsageError
 from scanner.netscan import ports as port_sets
 from scanner.output import write_text
@@ -56,6 +57,11 @@ def command() -> None:
 @click.option("--netscan-host", default=None, metavar="HOST", help="Also sweep this host's TCP ports.")
 @click.option("--netscan-ports", default=None, metavar="LIST", help="Ports for --netscan-host.")
 @click.option("--ca-bundle", default=None, metavar="FILE", help="CA bundle for an HTTPS target.")
+@click.option("--witness", default=None, metavar="URL",
+              help="vLLM's own address, where the witness inside it serves its records (with "
+                   "--witness-secret): the re-probe then also checks what reached vLLM.")
+@click.option("--witness-secret", default=None, metavar="FILE",
+              help="The secret of the witness inside vLLM (see `vllm-perimeter witness`).")
 @bound_options(max_time=300.0)
 @checks_option
 @report_options(writers.FORMATS, require_proof=None,
@@ -66,11 +72,12 @@ def command() -> None:
 def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_specs: tuple[str, ...],
             networks: tuple[str, ...], public_key: str | None, upstream_url: str | None,
             nginx_config: str | None, netscan_host: str | None, netscan_ports: str | None,
-            ca_bundle: str | None, concurrency: int, rate: float, timeout: float, max_time: float,
+            ca_bundle: str | None, witness: str | None, witness_secret: str | None,
+            concurrency: int, rate: float, timeout: float, max_time: float,
             checks: tuple[str, ...], fail_on: Severity, fmt: str, output: str | None,
             metrics_file: str | None, diff_refs: tuple[str, str] | None, quiet: bool) -> int:
     """Re-probe TARGET_URL with the baseline's plan and report drift: routes, config, findings, ports."""
-    for url in (target_url, upstream_url):
+    for url in (target_url, upstream_url, witness):
         if url is not None and not url.startswith(("http://", "https://")):
             raise UsageError(f"{url!r}: a URL must start with http:// or https://")
     base = baselines.load_or_exit(baseline_dir, public_key, inputs.parse_networks(networks))
@@ -78,7 +85,8 @@ def run_cmd(baseline_dir: str, target_url: str, keys: tuple[str, ...], vantage_s
         target=Target(target_url.rstrip("/"), ca_bundle=ca_bundle),
         credentials=config.credentials(keys), vantages=config.vantages(vantage_specs),
         options=ProbeOptions(concurrency=concurrency, rate=rate, timeout=timeout, max_time=max_time,
-                             checks=checks),
+                             checks=checks, witness=witness.rstrip("/") if witness else None,
+                             witness_secret=read_witness_secret(witness_secret, witness)),
         upstream_url=upstream_url, nginx_config=Path(nginx_config) if nginx_config else None,
         netscan_host=netscan_host,
         netscan_ports=port_sets.parse_ports(netscan_ports) if netscan_ports else ())

@@ -50,6 +50,7 @@ def _register() -> None:
         schema,
         standin,
         verify,
+        witness,
     )
 
     cli.add_command(demo.command)
@@ -65,6 +66,7 @@ def _register() -> None:
     cli.add_command(keys.keys_group)
     cli.add_command(schema.command)
     cli.add_command(limiter.command)
+    cli.add_command(witness.group)
 
 
 _register()

@@ -61,9 +61,13 @@ def command() -> None:
                    "go over streams: httpx normalises paths).")
 @checks_option
 @click.option("--witness", default=None, metavar="URL",
-              help="Base URL of the upstream witness (the stand-in's own address, not the proxy's): "
-                   "what reached the upstream is then checked too (headers, path, key, bodies, "
-                   "concurrency).")
+              help="Base URL of the upstream witness (the stand-in's own address, or with "
+                   "--witness-secret vLLM's own; not the proxy's): what reached the upstream is then "
+                   "checked too (headers, path, key, bodies, concurrency).")
+@click.option("--witness-secret", default=None, metavar="FILE",
+              help="The secret of the witness inside vLLM (`vllm-perimeter witness export`, vLLM started "
+                   "with --middleware vllm_perimeter_witness.Witness): every request is tagged with it and "
+                   "--witness (then vLLM's own address, never the proxy's) is read with it, sealed.")
 @click.option("--salt-secret-file", default=None, metavar="FILE",
               help="The policy's cache_salt_secret_file (cache_salt: per-principal / per-audience): "
                    "with a witness, the salt each request must carry upstream is then checked exactly "
@@ -98,7 +102,8 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
             keys: tuple[str, ...], vantage_specs: tuple[str, ...], ca_bundle: str | None,
             client_cert: str | None, client_key: str | None, concurrency: int, rate: float,
             pipeline: int, client: str, timeout: float, max_time: float | None, checks: tuple[str, ...],
-            witness: str | None, salt_secret_file: str | None, responses_secret_file: str | None,
+            witness: str | None, witness_secret: str | None, salt_secret_file: str | None,
+            responses_secret_file: str | None,
             token_specs: tuple[str, ...],
             jwt_signing_key: str | None, cert_specs: tuple[str, ...], cert_ca: str | None,
             allow_state_changes: bool,
@@ -112,6 +117,7 @@ def run_cmd(base_url: str, inventory: str, policy: str | None, networks: tuple[s
                                client="httpx" if client == "httpx" else "stream", max_time=max_time,
                                allow_state_changes=allow_state_changes, checks=checks,
                                witness=_base_url("--witness", witness) if witness else None,
+                               witness_secret=read_witness_secret(witness_secret, witness),
                                salt_secret=read_secret(salt_secret_file).decode() if salt_secret_file else "",
                                owner_secret=_owner_secret(responses_secret_file),
                                canary=canary, jwt_signing_key=_signing_key(jwt_signing_key),
@@ -129,6 +135,16 @@ def _cert_ca(spec: str | None) -> str:
         return ""
     certs_cases.listener_ca(spec)
     return spec
+
+
+def read_witness_secret(path: str | None, witness: str | None) -> str:
+    """``--witness-secret FILE`` (0600, at least 32 characters), "" none; never echoed."""
+    if not path:
+        return ""
+    if not witness:
+        raise UsageError("--witness-secret needs --witness URL (vLLM's own address, where the witness "
+                         "inside it serves its records)")
+    return read_secret(path, "witness secret file").decode()
 
 
 def _owner_secret(path: str | None) -> str:
