@@ -353,7 +353,8 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
     for route in d_of.values():
         if route.token_zone and route.token_zone not in zones:
             limit = route.limits.tokens_per_minute or 0
-            zones[route.token_zone] = ZoneFigures(route.token_zone, limit, took, budget_capacity(limit, took))
+            zones[route.token_zone] = ZoneFigures(route.token_zone, limit, took,
+                                                  budget_capacity(route.token_capacity, limit, took))
     by_id = {x.id: x for x in sent}
     for pid, rec in seen.items():
         x = by_id.get(pid)

@@ -52,6 +52,12 @@ class LimitsDoc(_Doc):
         "minute, charged at admission: the request's admitted envelope (sequences x output budget per "
         "sequence, as sent or the cap written in, plus its body bytes); over it: 429 token-budget with "
         "Retry-After")
+    tokens_burst: int | None = Field(
+        default=None, ge=1, le=2147483647, description="the most of tokens_per_minute one principal may "
+        "spend at once (the budget's bucket capacity, refilled at tokens_per_minute / 60 a second; at most "
+        "tokens_per_minute): any 60 s window admits at most tokens_burst + tokens_per_minute; default "
+        "ceil(tokens_per_minute / 4) (1.25 x the minute). A request costing more than the capacity is "
+        "refused 400 envelope-tokens")
     max_sequences: int | None = Field(
         default=None, ge=1, le=2147483647, description="the most sequences one request may run (its "
         "prompts, conversations, inputs or pairs x n / best_of); over it: 400 envelope-sequences")
@@ -389,11 +395,16 @@ class PlanLimitsDoc(_Doc):
     concurrency: int | None
     timeout_s: float | None
     tokens_per_minute: int | None = None
+    tokens_burst: int | None = Field(
+        default=None, description="the token budget's capacity the plan decided (tokens_burst, default "
+        "ceil(tokens_per_minute / 4); at least the policy's own max_request_tokens when that is within "
+        "tokens_per_minute): at most tokens_burst + tokens_per_minute x t / 60 in any t seconds")
     max_sequences: int | None = None
     max_request_tokens: int | None = None
-    max_request_tokens_by: Literal["tokens_per_minute"] | None = Field(
-        default=None, description="tokens_per_minute: the token budget set max_request_tokens (a request "
-        "whose envelope is over the whole budget can never be admitted: refused 400 envelope-tokens)")
+    max_request_tokens_by: Literal["tokens_burst"] | None = Field(
+        default=None, description="tokens_burst: the token budget's capacity set max_request_tokens (a "
+        "request whose envelope is over the bucket's capacity can never be admitted: refused 400 "
+        "envelope-tokens)")
 
 
 class EnvelopeDoc(_Doc):

@@ -39,7 +39,6 @@ from scanner.probe.certs_cases import cert_credential
 from scanner.probe.interface import Credential, ProbeOptions, ProbeResult, Target, Vantage
 from scanner.probe.runner import probe
 from scanner.probe.testca import TestCa
-from scanner.probe.token_pace import TokenModels
 from scanner.probe.tokens_jwt import Issuer, valid_claims
 from scanner.runtime.process import ManagedProcess
 from scanner.runtime.proxy import Proxy, relisten
@@ -48,9 +47,6 @@ from scanner.standin.grpc_standin import GrpcStandin
 from scanner.standin.serve import StandinThread
 
 OUTSIDE = "outside"
-# How each proxy counts a token budget (scanner/probe/token_pace.py): njs's sliding minute, Envoy's
-# local_ratelimit bucket
-TOKEN_MODELS: dict[str, TokenModels] = {"nginx": "window", "envoy": "bucket"}
 DEFAULT_ROLE = "user"
 
 
@@ -272,11 +268,9 @@ def workdir() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def probe_options(s: Setup, base: ProbeOptions, witness: str, kind: str = "") -> ProbeOptions:
-    """The stand-in has no state to change and records what reaches it (vLLM's key included); the
-    token budgets are paced as the proxy of ``kind`` counts them (a fleet's limiter: both ways)."""
-    models: TokenModels = "both" if s.plan.shared is not None else TOKEN_MODELS.get(kind, "both")
-    return replace(base, allow_state_changes=True, witness=witness, token_models=models,
+def probe_options(s: Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
+    """The stand-in has no state to change and records what reaches it (vLLM's key included)."""
+    return replace(base, allow_state_changes=True, witness=witness,
                    upstream_key=fingerprint(s.upstream_key) if s.upstream_key else "",
                    salt_secret=s.salt_secret, owner_secret=s.owner_secret,
                    jwt_signing_key=s.signing_key, cert_ca=s.cert_ca)
@@ -323,7 +317,7 @@ def proxy_run(s: Setup, proxy: Proxy, directory: Path, options: ProbeOptions, wi
     with ExitStack() as stack:
         s = replace(s, plan=start_checked(proxy, s.plan, directory, stack, rewrite))
         res = probe(s.plan, target_of(s), s.credentials, s.vantages,
-                    probe_options(s, options, witness, proxy.kind))
+                    probe_options(s, options, witness))
     return ProxyRun(proxy.name, res, round(time.monotonic() - t0, 2))
 
 

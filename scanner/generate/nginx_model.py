@@ -123,6 +123,7 @@ class Zone:
     rate: str = ""      # "10r/s" for limit_req zones
     note: str = ""
     tokens: int = 0     # token zones: tokens per minute
+    burst: int = 0      # token zones: the bucket's capacity (Decision.token_capacity)
 
 
 @dataclass(frozen=True)
@@ -421,9 +422,9 @@ class _Registry:
             who = {"key": "principal", "jwt": "token", "cert": "cert"}.get(d.auth, "address")
             self.tokens[d.token_zone] = Zone(
                 name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
-                note=f"audience {d.audience}, per {who}")
+                burst=d.token_capacity, note=f"audience {d.audience}, per {who}")
         z = self.tokens[d.token_zone]
-        return f"{z.name} {z.tokens} {z.key}"
+        return f"{z.name} {z.tokens} {z.key} {z.burst}"
 
     def check(self, caps: tuple[tuple[str, int], ...], rules: FieldRules, budget: Budget | None,
               salt: str = "", media: MediaRules | None = None, tokens: str = "",

@@ -16,7 +16,8 @@ at start. YAML or JSON (JSON is YAML)::
         slot_ttl_s: 330               # a slot not released lives this long (the route's timeout + margin)
       "inference:tokens:200000":
         kind: tokens
-        per_minute: 200000            # bucket size, refilled continuously at per_minute / 60 a second
+        per_minute: 200000            # refilled continuously at per_minute / 60 a second
+        burst: 50000                  # bucket size (the plan's; optional: per_minute; at most per_minute)
     slot_lease_s: 10                  # optional: a slot's lease, renewed while its request runs
     on_unavailable: local             # optional (deny): Envoy's local shares decide without Redis
     local_after_s:                    # optional, with local: seconds of an outage before a zone's
@@ -88,16 +89,24 @@ class ConcurrencyZone:
 
 @dataclass(frozen=True)
 class TokenZone:
-    """A bucket of ``per_minute`` tokens refilled continuously at ``per_minute / 60`` a second
-    (Envoy's local_ratelimit bucket with max_tokens = tokens_per_fill = N, fill_interval 60 s)."""
+    """A bucket of ``burst`` tokens refilled continuously at ``per_minute / 60`` a second (Envoy's
+    local_ratelimit bucket with max_tokens = burst, tokens_per_fill = per_minute, fill_interval
+    60 s): at most burst + per_minute x t / 60 in any t seconds. ``burst`` is the plan's decided
+    capacity (Decision.token_capacity, always written by ``generate``); 0 (a hand-written zones
+    file without one): per_minute."""
 
     name: str
     per_minute: int
+    burst: int = 0
     kind: Literal["tokens"] = "tokens"
+
+    def __post_init__(self) -> None:
+        if self.burst <= 0:
+            object.__setattr__(self, "burst", self.per_minute)
 
     @property
     def capacity(self) -> float:
-        return float(self.per_minute)
+        return float(self.burst)
 
     @property
     def per_second(self) -> float:
@@ -154,7 +163,7 @@ def zone_json(z: Zone) -> dict[str, object]:
         return {"kind": z.kind, "rps": z.rps, "burst": z.burst}
     if isinstance(z, ConcurrencyZone):
         return {"kind": z.kind, "limit": z.limit, "slot_ttl_s": z.slot_ttl_s}
-    return {"kind": z.kind, "per_minute": z.per_minute}
+    return {"kind": z.kind, "per_minute": z.per_minute, "burst": z.burst}
 
 
 def load(path: Path) -> LimiterConfig:
@@ -214,7 +223,7 @@ def _zone(name: str, raw: object, where: str) -> Zone:
         raise ConfigError(f"{at}: expected a mapping with kind and its values")
     kind = raw.get("kind")
     fields = {"rate": {"kind", "rps", "burst"}, "concurrency": {"kind", "limit", "slot_ttl_s"},
-              "tokens": {"kind", "per_minute"}}
+              "tokens": {"kind", "per_minute", "burst"}}
     if kind not in fields:
         raise ConfigError(f"{at}: kind {kind!r} is not one of {', '.join(ZONE_KINDS)}")
     extra = sorted(set(map(str, raw)) - fields[kind])
@@ -225,7 +234,11 @@ def _zone(name: str, raw: object, where: str) -> Zone:
     if kind == "concurrency":
         return ConcurrencyZone(name, limit=_int(raw, "limit", at, 1),
                                slot_ttl_s=_number(raw, "slot_ttl_s", at, 1.0, MAX_SLOT_TTL_S))
-    return TokenZone(name, per_minute=_int(raw, "per_minute", at, 1))
+    per_minute = _int(raw, "per_minute", at, 1)
+    burst = _int(raw, "burst", at, 1) if "burst" in raw else 0
+    if burst > per_minute:
+        raise ConfigError(f"{at}: burst {burst} is more than per_minute {per_minute}")
+    return TokenZone(name, per_minute=per_minute, burst=burst)
 
 
 def _int(raw: Mapping[str, object], key: str, at: str, low: int) -> int:

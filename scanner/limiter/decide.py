@@ -13,7 +13,7 @@ reservation given back (the request will not run: it is neither running nor char
   new random one): a lease of ``slot_lease_s`` renewed by this process (scanner.limiter.store.
   renew, the service's loop) until released or the zone's ``slot_ttl_s`` has passed;
 * tokens: reserve ``cost`` (the request's admitted envelope, Decision.token_cost), clamped to
-  ``per_minute + 1`` (a cost over the whole budget never fits: Retry-After 60, as the proxies).
+  the bucket's capacity (``burst``) + 1 (a cost over it never fits: Retry-After 60, as the proxies).
 
 A refusal carries its reason (scanner.reasons: ``rate``, ``concurrency``, ``token-budget``)
 and Retry-After in whole seconds (at least 1): when the bucket will hold the cost (rate,
@@ -137,8 +137,8 @@ async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Ca
 
 
 def _zone_cost(zone: Zone, key: str, cost: int) -> tuple[Zone, str, int]:
-    """A token zone's cost clamped to ``per_minute + 1`` (more never fits: refused, Retry-After 60)."""
-    return zone, key, min(cost, zone.per_minute + 1) if isinstance(zone, TokenZone) else cost
+    """A token zone's cost clamped to its capacity + 1 (more never fits: refused, Retry-After 60)."""
+    return zone, key, min(cost, zone.burst + 1) if isinstance(zone, TokenZone) else cost
 
 
 def _status(zone: Zone, answer: store.Taken | store.Held) -> Status:
@@ -176,5 +176,5 @@ async def settle(redis: store.Client, config: LimiterConfig, zone_name: str, key
     zone = zone_of(config, zone_name)
     if not isinstance(zone, TokenZone):
         raise LimiterCallError(f"zone {zone_name[:80]!r} is a {zone.kind} zone: only tokens are settled")
-    refund = min(check_cost(refund), zone.per_minute)
+    refund = min(check_cost(refund), zone.burst)
     return (await store.give(redis, zone, keys.checked("key", key), refund)).left

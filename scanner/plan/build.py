@@ -21,7 +21,16 @@ from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
 from scanner.policy.media import MediaRules
 from scanner.policy.media import positions as media_positions
-from scanner.policy.model import Audience, BodyPolicy, FieldRules, Limits, Policy, RouteRule, Shared
+from scanner.policy.model import (
+    Audience,
+    BodyPolicy,
+    FieldRules,
+    Limits,
+    Policy,
+    RouteRule,
+    Shared,
+    default_tokens_burst,
+)
 from scanner.state_changing import is_state_changing
 
 # The upgrade request of a WebSocket route is a GET; a mount answers any method,
@@ -302,7 +311,7 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
     cidrs = tuple(sorted({c for n in audience.networks for c in networks[n]}))
     changes, by = _state_changing(route, rule)
     media, media_at = _media(route, method, audience)
-    limits, by_budget = request_token_cap(route, method, audience.limits.merged(rule.limits))
+    limits, by_budget = request_token_cap(route, method, audience.limits.merged(rule.limits), where)
     return Decision(
         method=method, path=route.path, kind=route.kind, action="allow",
         reason=f"{where}: audience {audience.name!r}",
@@ -317,16 +326,25 @@ def _decide(route: Route, method: str, rule: RouteRule, audience: Audience,
     )
 
 
-def request_token_cap(route: Route, method: str, limits: Limits) -> tuple[Limits, bool]:
-    """The route's limits with its per-request token cap decided: a request charged to a token
-    budget (an HTTP route with a body method and ``tokens_per_minute``) whose envelope is over the
-    whole budget can never be admitted, so ``max_request_tokens`` is at most ``tokens_per_minute``
-    there (refused 400 envelope-tokens, permanent, rather than 429 token-budget for ever); and
-    whether the budget set it (True: lowered from the policy's value, or set where it had none)."""
+def request_token_cap(route: Route, method: str, limits: Limits, where: str = "") -> tuple[Limits, bool]:
+    """The route's limits with its token budget's capacity and per-request token cap decided, on a
+    route charged to a budget (an HTTP route with a body method and ``tokens_per_minute`` N). The
+    capacity (``tokens_burst`` in the result) bounds what any t seconds admit: capacity + N x t / 60.
+    With B the policy's ``tokens_burst`` (default ceil(N / 4), at most N) and M its own
+    ``max_request_tokens``: M <= N keeps the cap M and the capacity max(B, M) (every request the
+    cap admits fits a full bucket); otherwise (none, or over N) cap = capacity = B, since a request
+    over the capacity can never be admitted (refused 400 envelope-tokens, permanent, rather than
+    429 token-budget for ever). Also whether the budget set the cap (True: from B)."""
     tpm, cap = limits.tokens_per_minute, limits.max_request_tokens
-    if not tpm or route.kind != "http" or method not in BODY_METHODS or (cap is not None and cap <= tpm):
+    if not tpm or route.kind != "http" or method not in BODY_METHODS:
         return limits, False
-    return replace(limits, max_request_tokens=tpm), True
+    burst = limits.tokens_burst if limits.tokens_burst is not None else default_tokens_burst(tpm)
+    if burst > tpm:
+        raise PlanError(f"{where or f'{method} {route.path}'}: tokens_burst {burst} is more than "
+                        f"tokens_per_minute {tpm} (the budget's capacity is at most one minute of it)")
+    if cap is not None and cap <= tpm:
+        return replace(limits, tokens_burst=max(burst, cap)), False
+    return replace(limits, tokens_burst=burst, max_request_tokens=burst), True
 
 
 def _response_ids(route: Route, method: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:

@@ -35,6 +35,7 @@ from scanner.policy.model import (
     Rate,
     Upstream,
     WhenAbsent,
+    default_tokens_burst,
 )
 
 Action = Literal["allow", "deny"]
@@ -260,7 +261,8 @@ class Decision:
     def owner_dict(self) -> dict[str, Any]:
         return {"param": self.owner_param, "fields": list(self.owner_fields), "seal": self.owner_seal}
     # limits.max_request_tokens was set by the token budget (scanner/plan/build.py
-    # request_token_cap): lowered to tokens_per_minute, or set to it where the policy had none
+    # request_token_cap): to its capacity (limits.tokens_burst), lowered from the policy's value
+    # over tokens_per_minute, or set where the policy had none
     request_tokens_by_budget: bool = False
 
     @property
@@ -299,13 +301,24 @@ class Decision:
 
     @property
     def token_zone(self) -> str:
-        """The token budget family (``limits.tokens_per_minute``), one budget per principal (auth
-        "key") or client address (auth "none") in it: "" when the route has none. Only requests
-        with a body are charged (an allowed HTTP route and a body method)."""
+        """The token budget family (``limits.tokens_per_minute`` N and the capacity the plan
+        decided, ``limits.tokens_burst`` C), one budget per principal (auth "key") or client address
+        (auth "none") in it: "" when the route has none. Only requests with a body are charged (an
+        allowed HTTP route and a body method)."""
         tpm = self.limits.tokens_per_minute
         if not tpm or not self.allowed or self.kind != "http" or self.method not in BODY_METHODS:
             return ""
-        return f"{self.audience}:{self.auth}:{tpm}t/m"
+        return f"{self.audience}:{self.auth}:{tpm}t/m/{self.token_capacity}"
+
+    @property
+    def token_capacity(self) -> int:
+        """The token budget's bucket: at most this many tokens at once, refilled at N / 60 a second
+        (any t seconds admit at most C + N x t / 60); 0 on a route without a budget."""
+        tpm = self.limits.tokens_per_minute
+        if not tpm:
+            return 0
+        burst = self.limits.tokens_burst
+        return burst if burst is not None else default_tokens_burst(tpm)
 
     def envelope(self, body: bytes) -> Envelope:
         """The admitted envelope of a request with ``body`` (scanner/plan/envelope.py): the
@@ -397,10 +410,11 @@ class Decision:
                 "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
                 "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
                 **({"tokens_per_minute": lim.tokens_per_minute} if lim.tokens_per_minute else {}),
+                **({"tokens_burst": lim.tokens_burst} if self.token_zone else {}),
                 **({"max_sequences": lim.max_sequences} if lim.max_sequences is not None else {}),
                 **({"max_request_tokens": lim.max_request_tokens}
                    if lim.max_request_tokens is not None else {}),
-                **({"max_request_tokens_by": "tokens_per_minute"} if self.request_tokens_by_budget else {}),
+                **({"max_request_tokens_by": "tokens_burst"} if self.request_tokens_by_budget else {}),
             },
             **({"envelope": self.envelope_spec.to_dict()}
                if self.envelope_capped or self.token_zone else {}),
@@ -489,7 +503,7 @@ class SharedPlan:
             elif isinstance(share, ConcurrencyZone):
                 lim = replace(lim, concurrency=share.limit)
             elif isinstance(share, TokenZone):
-                lim = replace(lim, tokens_per_minute=share.per_minute)
+                lim = replace(lim, tokens_per_minute=share.per_minute, tokens_burst=share.burst)
         return lim
 
     def to_dict(self) -> dict[str, Any]:

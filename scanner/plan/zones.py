@@ -54,7 +54,8 @@ def from_plan(plan: Plan, domain: str = DEFAULT_DOMAIN) -> LimiterConfig:
         if rate is not None and d.rate_zone:
             zones[rate_name(d)] = RateZone(rate_name(d), rps=rate.rps, burst=rate.burst)
         if d.limits.tokens_per_minute and d.token_zone:
-            zones[tokens_name(d)] = TokenZone(tokens_name(d), per_minute=d.limits.tokens_per_minute)
+            zones[tokens_name(d)] = TokenZone(tokens_name(d), per_minute=d.limits.tokens_per_minute,
+                                              burst=d.token_capacity)
     for name in sorted({conc_name(d) for d in allowed if d.conn_zone}):
         members = [d for d in allowed if conc_name(d) == name]
         zones[name] = ConcurrencyZone(name, limit=members[0].limits.concurrency or 1,
@@ -72,15 +73,17 @@ def slot_ttl(timeouts: Iterable[float | None]) -> float:
 def local_share(zone: Zone, replicas: int) -> Zone:
     """What one of ``replicas`` proxies enforces on its own under ``on_unavailable: local``: each
     value divided by the replica count and rounded down, so the fleet admits no more than the
-    policy: rps / N; burst + 1 at once becomes floor((burst + 1) / N); concurrency and
-    tokens_per_minute floor(x / N). Each is at least what one proxy can express (1 request at
-    once, 1 slot, 1 token): only a policy value below N gives the fleet more than the policy."""
+    policy: rps / N; burst + 1 at once becomes floor((burst + 1) / N); concurrency,
+    tokens_per_minute and the token bucket's capacity floor(x / N). Each is at least what one
+    proxy can express (1 request at once, 1 slot, 1 token): only a policy value below N gives the
+    fleet more than the policy."""
     n = max(1, replicas)
     if isinstance(zone, RateZone):
         return RateZone(zone.name, rps=zone.rps / n, burst=max(0, (zone.burst + 1) // n - 1))
     if isinstance(zone, ConcurrencyZone):
         return ConcurrencyZone(zone.name, limit=max(1, zone.limit // n), slot_ttl_s=zone.slot_ttl_s)
-    return TokenZone(zone.name, per_minute=max(1, math.floor(zone.per_minute / n)))
+    return TokenZone(zone.name, per_minute=max(1, math.floor(zone.per_minute / n)),
+                     burst=max(1, math.floor(zone.burst / n)))
 
 
 def local_after(zone: Zone, replicas: int) -> float:
@@ -88,14 +91,14 @@ def local_after(zone: Zone, replicas: int) -> float:
     ``replicas`` shares hand out at once (each starts full: NGINX's limit_req and njs dict, Envoy's
     local_ratelimit cannot start empty) over the policy's rate, so the fleet's local burst is no
     more than the policy refilled meanwhile (rate: ``N * floor((burst + 1) / N) / rps``; tokens:
-    ``N * floor(per_minute / N) / (per_minute / 60)``, about 60 s). 0 for concurrency (slots are
-    not a rate). Rounded up to the millisecond."""
+    ``N * floor(burst / N) / (per_minute / 60)``, about 60 x burst / per_minute s). 0 for
+    concurrency (slots are not a rate). Rounded up to the millisecond."""
     share = local_share(zone, replicas)
     n = max(1, replicas)
     if isinstance(zone, RateZone) and isinstance(share, RateZone):
         at_once = n * (share.burst + 1)
     elif isinstance(zone, TokenZone) and isinstance(share, TokenZone):
-        at_once = n * share.per_minute
+        at_once = n * share.burst
     else:
         return 0.0
     return math.ceil(at_once / zone.per_second * 1000) / 1000

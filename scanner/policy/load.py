@@ -237,7 +237,7 @@ def _networks(node: Node) -> dict[str, tuple[str, ...]]:
 
 def _limits(node: Node) -> Limits:
     m = node.mapping(("body_bytes", "json_caps", "rate", "concurrency", "timeout_s", "when_absent",
-                      "tokens_per_minute", "max_sequences", "max_request_tokens"))
+                      "tokens_per_minute", "tokens_burst", "max_sequences", "max_request_tokens"))
     caps: dict[str, int] = {}
     if "json_caps" in m:
         for field_name, value in m["json_caps"].entries():
@@ -260,6 +260,7 @@ def _limits(node: Node) -> Limits:
         timeout_s=m["timeout_s"].number() if "timeout_s" in m else None,
         when_absent=cast(Any, m["when_absent"].choice(WHEN_ABSENT_CHOICES)) if "when_absent" in m else None,
         tokens_per_minute=m["tokens_per_minute"].whole(minimum=1) if "tokens_per_minute" in m else None,
+        tokens_burst=_count(m["tokens_burst"]) if "tokens_burst" in m else None,
         max_sequences=_count(m["max_sequences"]) if "max_sequences" in m else None,
         max_request_tokens=_count(m["max_request_tokens"]) if "max_request_tokens" in m else None,
     )

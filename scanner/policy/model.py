@@ -46,6 +46,12 @@ METHODS: tuple[str, ...] = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OP
 SCHEMA_VERSION = 1
 
 
+def default_tokens_burst(tokens_per_minute: int) -> int:
+    """A token budget's capacity when the policy names none: a quarter of the minute, rounded up,
+    so any 60 s window admits at most 1.25 x tokens_per_minute (the bucket full, then its refill)."""
+    return -(-tokens_per_minute // 4)
+
+
 @dataclass(frozen=True)
 class Rate:
     rps: float
@@ -65,6 +71,11 @@ class Limits:
     # per principal (per client address on auth "none"), charged at admission: the request's
     # output budget + body bytes / 4 (Decision.token_cost); None: no token budget
     tokens_per_minute: int | None = None
+    # the most of that budget one principal may spend at once (the bucket's capacity, refilled at
+    # tokens_per_minute / 60 a second): None here means the default, ceil(tokens_per_minute / 4)
+    # (default_tokens_burst); in a plan's Decision.limits, the capacity the plan decided
+    # (scanner/plan/build.py request_token_cap)
+    tokens_burst: int | None = None
     # per request, the admitted envelope (scanner/plan/envelope.py): the most sequences one body
     # may run, and the most tokens (sequences x output budget per sequence + input estimate)
     max_sequences: int | None = None
@@ -82,6 +93,7 @@ class Limits:
             when_absent=override.when_absent or self.when_absent,
             tokens_per_minute=(override.tokens_per_minute if override.tokens_per_minute is not None
                                else self.tokens_per_minute),
+            tokens_burst=override.tokens_burst if override.tokens_burst is not None else self.tokens_burst,
             max_sequences=(override.max_sequences if override.max_sequences is not None
                            else self.max_sequences),
             max_request_tokens=(override.max_request_tokens if override.max_request_tokens is not None

@@ -110,9 +110,6 @@ class ProbeOptions:
     max_time: float | None = 120.0  # whole run; None: derived from the plan's lower bound
                                     # (scanner.probe.pace.time_limit: probe --max-time auto)
     auto_floor_s: float = 0.0      # ... and then at least this long (verify --max-time auto: 300)
-    # whose token budget counting the schedule follows (scanner.probe.token_pace): "both" unless
-    # the proxy is known (verify: "window" for NGINX's njs, "bucket" for Envoy)
-    token_models: Literal["both", "bucket", "window"] = "both"
     allow_state_changes: bool = False
     checks: tuple[str, ...] = ()   # empty: every registered check
     catalog_dir: str | None = None  # known-route sweep: directory of catalog JSON files

@@ -143,7 +143,7 @@ class _Schedule:
         # the wall clock (njs counts minutes of the epoch): wall = monotonic + offset
         self.wall_offset = time.time() - time.monotonic() if wall_offset is None else wall_offset
         self.charges: list[Charge] = [charge_of(ctx.plan, c, ctx.source_address(c.vantage)) for c in cases]
-        self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit, options.token_models)
+        self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit, ch.capacity)
                                               for ch in self.charges if ch.key}
         self.sent_wall = [0.0] * len(cases)
         self.phase_started: set[tuple[str, int]] = set()   # (lane, phase 1 or 2) already sent from
@@ -166,7 +166,8 @@ class _Schedule:
         spend = planned_spend(cases, self.charges)
         self.bound: Bound = bound(options.rate, [(st.lane, [cases[i] for q in st.queues for i in q])
                                                  for st in self.lanes.values()],
-                                  [token_bound(k, self.tokens[k].limit, n) for k, n in sorted(spend.items())])
+                                  [token_bound(k, self.tokens[k].limit, self.tokens[k].capacity, n)
+                                   for k, n in sorted(spend.items())])
         self.max_time = options.max_time if options.max_time is not None else \
             max(options.auto_floor_s, time_limit(self.bound))
         self.deadline = start + self.max_time
@@ -244,7 +245,7 @@ class _Schedule:
         for i in st.queues[phase]:
             c = self.charges[i]
             if c.key:
-                need[c.key] = min(self.tokens[c.key].limit, need.get(c.key, 0) + c.cost)
+                need[c.key] = min(self.tokens[c.key].capacity, need.get(c.key, 0) + c.cost)
         return now + max((self.tokens[k].wait(n, wall) for k, n in need.items()), default=0.0)
 
     def pick(self, now: float) -> tuple[list[int], float]:

@@ -6,15 +6,14 @@ A request is charged at admission (the proxies: once every other check passed) t
 (:meth:`Decision.token_cost`, its admitted envelope's tokens) against one budget per
 :attr:`Decision.token_zone` and principal (``auth: key``) or source address (``auth: none``):
 :func:`charge_of` says which budget and how much, from the plan alone. The plan caps that cost at
-the whole budget (``max_request_tokens`` <= ``tokens_per_minute``, scanner/plan/build.py): a body
+the budget's capacity (``max_request_tokens`` <= ``tokens_burst``, scanner/plan/build.py): a body
 over it is refused with its envelope reason, never charged.
 
 :class:`TokenModel` holds what the run has charged to one budget and answers "when does a request
-of this cost fit", conservatively for both generated proxies: Envoy's bucket (``limit`` tokens,
-refilled continuously with ``limit`` per minute) and njs's sliding minute (the previous
-wall-clock minute's total weighted by what is left of it, plus this minute's); a request waits
-for the later of the two (one of them when the run knows its proxy: ``ProbeOptions.token_models``,
-set by verify). Refunds from usage (settlement) are not counted: the model never holds
+of this cost fit", with the one counting every enforcer shares (Envoy's local_ratelimit, njs's
+bucket, the fleet's limiter): a bucket of the budget's capacity (Decision.token_capacity)
+refilled continuously with ``limit`` per minute, of which the model counts on a share
+(:data:`REFILL_SHARE`). Refunds from usage (settlement) are not counted: the model never holds
 more than the proxies. A request refused before admission gives its charge back; a case paced by
 the model and still refused for ``token-budget`` means the budget held less than the model (it
 is then counted as spent, and the case waits again: scanner/probe/runner.py).
@@ -32,11 +31,9 @@ budget (caps at their value) and cases marked ``Case.as_sent`` are sent as they 
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, replace
 
 from scanner.plan import settle
 from scanner.plan.model import Decision, Plan
@@ -47,11 +44,8 @@ from scanner.probe.interface import Attempt, Credential, Vantage
 # Checks whose cases prove nothing by which of the keys a route admits sends them (the plan
 # expects the same of each): :func:`balance` may move them.
 MOVABLE = frozenset({"limits", "media", "upstream"})
-# Which proxy's counting the model follows: "bucket" (Envoy's local_ratelimit), "window" (njs's
-# sliding minute), "both" (the target's proxy is not known, or a fleet's limiter counts).
-TokenModels = Literal["both", "bucket", "window"]
 REFILL_SHARE = 0.95      # of a budget's refill the bucket model counts on
-WINDOW_S = 60.0          # both proxies count a budget over one minute
+WINDOW_S = 60.0          # a budget's refill: limit per minute
 MARGIN_S = 0.25          # the proxy charges when the request arrives: a little after it was sent
 LIGHT = 1                # the output budget written into a body the case does not prove it by
 
@@ -70,6 +64,7 @@ class Charge:
     key: str = ""                  # the budget: token zone | principal or address ("" none)
     cost: int = 0
     limit: int = 0                 # its tokens per minute
+    capacity: int = 0              # its bucket (Decision.token_capacity)
 
 
 def charge_of(plan: Plan, case: Case, source_address: str | None) -> Charge:
@@ -84,8 +79,9 @@ def charge_of(plan: Plan, case: Case, source_address: str | None) -> Charge:
     body = case.body or b""
     if d.envelope_capped and d.envelope_reason(d.envelope(body)):
         return Charge()
-    limit = d.limits.tokens_per_minute or 0
-    return Charge(token_key(d, case, source_address), min(d.token_cost(body), limit), limit)
+    capacity = d.token_capacity
+    return Charge(token_key(d, case, source_address), min(d.token_cost(body), capacity),
+                  d.limits.tokens_per_minute or 0, capacity)
 
 
 def about_budget(case: Case) -> bool:
@@ -96,14 +92,13 @@ def about_budget(case: Case) -> bool:
 
 @dataclass
 class TokenModel:
-    """One budget of ``limit`` tokens a minute as the run has spent it (times: wall-clock seconds,
-    njs counts minutes of the epoch)."""
+    """One budget of ``capacity`` tokens refilled with ``limit`` a minute, as the run has spent it
+    (times: wall-clock seconds)."""
 
     limit: int
-    models: TokenModels = "both"   # whose counting to follow: Envoy's bucket, njs's window or both
-    level: float | None = None     # Envoy's bucket (None: full, not used yet; below 0: overdrawn)
+    capacity: int
+    level: float | None = None     # the bucket (None: full, not used yet; below 0: overdrawn)
     at: float = 0.0                # ... at this time
-    windows: dict[int, float] = field(default_factory=lambda: defaultdict(float))   # njs: minute -> charged
     hold: float = 0.0              # nothing before this time (the proxy's Retry-After)
 
     @property
@@ -113,56 +108,27 @@ class TokenModel:
 
     def bucket(self, t: float) -> float:
         if self.level is None:
-            return float(self.limit)
-        return min(float(self.limit), self.level + max(0.0, t - self.at) * self.rate)
-
-    def _bucket_wait(self, cost: float, t: float) -> float:
-        short = cost - self.bucket(t)
-        return max(0.0, short / self.rate) if short > 0 else 0.0
-
-    def _window_wait(self, cost: float, t: float) -> float:
-        """Seconds from ``t`` until njs's estimate (previous minute x what is left of it + this
-        minute) has room for ``cost`` (its retryAfter, in seconds)."""
-        w = math.floor(t / WINDOW_S)
-        f = t / WINDOW_S - w
-        prev, cur, limit = self.windows.get(w - 1, 0.0), self.windows.get(w, 0.0), self.limit
-        if prev * (1 - f) + cur + cost <= limit:
-            return 0.0
-        if cur + cost <= limit and prev > 0:      # later in this minute, as the previous one weighs less
-            return max(0.0, (1 - (limit - cur - cost) / prev) - f) * WINDOW_S
-        # the next minute: this one's total weighs (1 - f') there
-        later = self.windows.get(w + 1, 0.0)
-        need = 1 - (limit - later - cost) / cur if cur > 0 else 0.0
-        return ((1 - f) + max(0.0, need)) * WINDOW_S
+            return float(self.capacity)
+        return min(float(self.capacity), self.level + max(0.0, t - self.at) * self.rate)
 
     def wait(self, cost: float, t: float) -> float:
-        """Seconds from ``t`` until a request of ``cost`` fits both models (0: now)."""
+        """Seconds from ``t`` until a request of ``cost`` fits (0: now)."""
         if cost <= 0:
             return 0.0
-        cost = min(cost, self.limit)
-        bucket = self._bucket_wait(cost, t) if self.models != "window" else 0.0
-        window = self._window_wait(cost, t) if self.models != "bucket" else 0.0
-        out = max(bucket, window, self.hold - t)
+        short = min(cost, self.capacity) - self.bucket(t)
+        out = max(short / self.rate if short > 0 else 0.0, self.hold - t)
         return out + MARGIN_S if out > 0 else 0.0
-
-    def _minutes(self, t: float) -> set[int]:
-        """The minutes a request sent at ``t`` may be counted in (near a boundary: both)."""
-        return {math.floor(t / WINDOW_S), math.floor((t + MARGIN_S) / WINDOW_S)}
 
     def charge(self, cost: float, t: float) -> None:
         if cost <= 0:
             return
         self.level, self.at = self.bucket(t) - cost, t
-        for m in self._minutes(t):
-            self.windows[m] += cost
 
     def give_back(self, cost: float, t: float, sent: float) -> None:
         """A request of ``cost`` sent at ``sent`` was not admitted: it was never charged."""
         if cost <= 0:
             return
-        self.level, self.at = min(float(self.limit), self.bucket(t) + cost), t
-        for m in self._minutes(sent):
-            self.windows[m] = max(0.0, self.windows[m] - cost)
+        self.level, self.at = min(float(self.capacity), self.bucket(t) + cost), t
 
     def spent(self, t: float, cost: float = 0.0, retry: float | None = None) -> None:
         """The proxy refused a request of ``cost`` the model had room for: the budget holds less.
@@ -173,16 +139,12 @@ class TokenModel:
             self.level, self.at = min(self.bucket(t), cost - retry * self.rate), t
             return
         self.level, self.at = 0.0, t
-        w = math.floor(t / WINDOW_S)
-        f = t / WINDOW_S - w
-        est = self.windows.get(w - 1, 0.0) * (1 - f) + self.windows.get(w, 0.0)
-        self.windows[w] += max(0.0, self.limit - est)
 
 
 @dataclass(frozen=True)
 class TokenBound:
-    """The least time one budget's cases need: what they cost beyond the full budget, at the refill
-    rate (and a minute more: njs's window may free nothing until the next minute starts)."""
+    """The least time one budget's cases need: what they cost beyond the full bucket, at the refill
+    rate."""
 
     key: str
     limit: int
@@ -190,9 +152,9 @@ class TokenBound:
     seconds: float
 
 
-def token_bound(key: str, limit: int, tokens: int) -> TokenBound:
-    over = tokens - limit
-    seconds = over / (limit / WINDOW_S) + WINDOW_S if over > 0 and limit > 0 else 0.0
+def token_bound(key: str, limit: int, capacity: int, tokens: int) -> TokenBound:
+    over = tokens - capacity
+    seconds = over / (limit / WINDOW_S) if over > 0 and limit > 0 else 0.0
     return TokenBound(key, limit, tokens, round(seconds, 1))
 
 
@@ -246,7 +208,7 @@ def light(plan: Plan, case: Case) -> Case:
 
 def planned_spend(cases: Sequence[Case], charges: Sequence[Charge]) -> dict[str, int]:
     """The tokens ``cases`` spend of each budget, as planned: their costs, where the cases about
-    the budget (:func:`about_budget`) count the whole budget at most (they spend it once: the rest
+    the budget (:func:`about_budget`) count its capacity at most (they spend it once: the rest
     is refused, or given back by their answers' usage)."""
     spend: dict[str, int] = defaultdict(int)
     meet: dict[str, int] = defaultdict(int)
@@ -254,7 +216,7 @@ def planned_spend(cases: Sequence[Case], charges: Sequence[Charge]) -> dict[str,
     for c, ch in zip(cases, charges, strict=True):
         if ch.key:
             (meet if about_budget(c) else spend)[ch.key] += ch.cost
-            limits[ch.key] = ch.limit
+            limits[ch.key] = ch.capacity
     for k, n in meet.items():
         spend[k] += min(n, limits[k])
     return dict(spend)

@@ -47,10 +47,10 @@ def _limits(d: Decision) -> str:
     if d.envelope_capped:
         parts.append("request:" + ",".join(
             ([f"seq<={lim.max_sequences}"] if lim.max_sequences is not None else [])
-            + ([f"tokens<={lim.max_request_tokens}" + ("(=tokens/min)" if d.request_tokens_by_budget else "")]
+            + ([f"tokens<={lim.max_request_tokens}" + ("(=burst)" if d.request_tokens_by_budget else "")]
                if lim.max_request_tokens is not None else [])))
     if d.token_zone:
-        parts.append(f"tokens<={lim.tokens_per_minute}/min")
+        parts.append(f"tokens<={lim.tokens_per_minute}/min,burst<={d.token_capacity}")
     return " ".join(parts)
 
 

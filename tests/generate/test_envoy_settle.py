@@ -39,7 +39,7 @@ DELAY = 0.15     # the stand-in's spacing of a stream's steps
 
 def _plan(tmp: Path) -> verify.Setup:
     tmp.mkdir(parents=True, exist_ok=True)
-    return verify.setup(load_ref(CATALOG), token_policy(LIMIT), tmp, free_port())
+    return verify.setup(load_ref(CATALOG), token_policy(LIMIT, LIMIT), tmp, free_port())
 
 
 def _rendered(plan: Plan, tmp: Path, extra: dict[str, str] | None = None) -> str:
@@ -296,7 +296,7 @@ def test_settlement_removed_by_hand_fails_the_probe(tmp_path: Path) -> None:
     from tests.probe.test_load_values import rules, run
 
     t0 = time.monotonic()
-    result = run(tmp_path, "envoy", ProbeOptions(checks=("token-budget",)), _unsettled, token_policy(LIMIT))
+    result = run(tmp_path, "envoy", ProbeOptions(checks=("token-budget",)), _unsettled, token_policy(LIMIT, LIMIT))
     print(f"token-budget probe of the unsettled Envoy: {time.monotonic() - t0:.1f} s")
     assert result.exit_code() == 1, [c for c in result.coverage if c.check == "token-budget"]
     assert ("VP005", "token-budget", "token budget not settled") in rules(result), rules(result)
@@ -334,7 +334,7 @@ def test_the_settlement_skipped_mutant_is_caught(tmp_path: Path) -> None:
     from tests.probe.realproxy import probe_through, proxy_named
     from tests.probe.test_token_budget import OPTIONS
 
-    result = probe_through(tmp_path, proxy_named("envoy"), token_policy(LIMIT), CATALOG, OPTIONS,
+    result = probe_through(tmp_path, proxy_named("envoy"), token_policy(LIMIT, LIMIT), CATALOG, OPTIONS,
                            mutant="settlement-skipped", paced=True)
     assert result.exit_code() == 1
     assert any(f.rule == "VP005" and f.check == "token-budget" and "not settled" in f.title
@@ -358,10 +358,10 @@ def test_two_workers_settle_and_prove_the_budget(tmp_path: Path) -> None:
     from tests.probe.realproxy import probe_through
     from tests.probe.test_token_budget import OPTIONS
 
-    result = probe_through(tmp_path, EnvoyProxy(extra={"workers": "2"}), token_policy(LIMIT), CATALOG, OPTIONS,
+    result = probe_through(tmp_path, EnvoyProxy(extra={"workers": "2"}), token_policy(LIMIT, LIMIT), CATALOG, OPTIONS,
                            paced=True, keys_per_role=2)
     assert "--concurrency 2 " in " ".join(p.read_text() for p in tmp_path.rglob("envoy.yaml"))
-    zone = f"token-budget inference:key:{LIMIT}t/m"
+    zone = f"token-budget inference:key:{LIMIT}t/m/{LIMIT}"
     cov = {c.subject: c.status for c in result.coverage if c.check == "token-budget"}
     assert cov[zone] == cov[f"{zone} settled"] == cov[f"{zone} other principal"] == "proved", cov
     assert result.exit_code() == 0, result.findings

@@ -65,7 +65,7 @@ def stand(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
     tmp = tmp_path_factory.mktemp("settle")
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, unpaced(token_policy(LIMIT)), tmp, port, keys_per_role=6)
+    s = verify.setup(inventory, unpaced(token_policy(LIMIT, LIMIT)), tmp, port, keys_per_role=6)
     proxy = NginxProxy(build, "nginx")
     proxy.write(s.plan, tmp / "proxy")
     users = [c for c in s.credentials if c.role == "user"]

@@ -83,7 +83,7 @@ def _proxy(name: str) -> Proxy:
 def stand(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stand]:
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, token_policy(LIMIT), tmp_path, port)
+    s = verify.setup(inventory, token_policy(LIMIT, LIMIT), tmp_path, port)
     proxy = _proxy(request.param)
     directory = tmp_path / proxy.name
     proxy.write(s.plan, directory)

@@ -27,13 +27,16 @@ CATALOG = "vllm-0.29.0-default"
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "vllm-default.yaml"
 PUBLIC = "127.0.0.12"     # verify.loopback's address of the policy's public network
 RPS, BURST, CONCURRENCY, TOKENS = 4, 5, 2, 2000
+# the token bucket: the whole minute at once (tokens_burst = TOKENS), as the fleet's tests count
+TOKEN_BURST = TOKENS
 
 
-def fleet_policy(on_unavailable: str = "deny", tokens: bool = True) -> Policy:
+def fleet_policy(on_unavailable: str = "deny", tokens: bool = True, burst: int = TOKEN_BURST,
+                 tpm: int = TOKENS) -> Policy:
     text = DEFAULT.read_text().replace(
         "      rate: {rps: 10, burst: 20}\n      concurrency: 16\n",
         f"      rate: {{rps: {RPS}, burst: {BURST}}}\n      concurrency: {CONCURRENCY}\n"
-        + (f"      tokens_per_minute: {TOKENS}\n" if tokens else ""), 1)
+        + (f"      tokens_per_minute: {tpm}\n      tokens_burst: {burst}\n" if tokens else ""), 1)
     text += f"\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: {on_unavailable}\n"
     return loads(text)
 
@@ -42,14 +45,15 @@ class FleetStack:
     """The stand-in, Redis, the limiter and two replicas of ``proxy``; ``call`` sends through one."""
 
     def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
-                 tokens: bool = True, local_after_s: dict[str, float] | None = None) -> None:
+                 tokens: bool = True, local_after_s: dict[str, float] | None = None,
+                 policy: Policy | None = None) -> None:
         redis_binary()    # skipped (or failed on CI) without redis-server
         self.proxy = proxy.kind
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
         inventory = load_ref(CATALOG)
         up = free_port()
         self.tokens = tokens
-        self.setup = verify.setup(inventory, fleet_policy(on_unavailable, tokens), self.tmp, up)
+        self.setup = verify.setup(inventory, policy or fleet_policy(on_unavailable, tokens), self.tmp, up)
         self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
         if local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
             assert self.plan.shared is not None

@@ -58,7 +58,7 @@ def test_bad_flags_one_line_exit_2(zones: Path, args: tuple[str, ...], words: st
     ("zones:\n  z: {kind: rate, rps: 1, burst: 1.5}\n", "burst must be"),
     ("zones:\n  z: {kind: concurrency, limit: 2}\n", "slot_ttl_s must be"),
     ("zones:\n  z: {kind: tokens, per_minute: true}\n", "per_minute must be"),
-    ("zones:\n  z: {kind: tokens, per_minute: 5, burst: 1}\n", "unknown field 'burst'"),
+    ("zones:\n  z: {kind: tokens, per_minute: 5, burst: 6}\n", "burst 6 is more than per_minute 5"),
     ("zones:\n  '{z}': {kind: tokens, per_minute: 5}\n", "no space or braces"),
     ("version: 2\nzones:\n  z: {kind: tokens, per_minute: 5}\n", "version 2"),
     ("zones: {z: [", "not YAML or JSON"),
@@ -82,7 +82,7 @@ def test_zones_file_round_trip() -> None:
     data = {"version": 1, "domain": "d", "zones": {
         "b": {"kind": "concurrency", "limit": 4, "slot_ttl_s": 330.0},
         "a": {"kind": "rate", "rps": 0.5, "burst": 2},
-        "c": {"kind": "tokens", "per_minute": 200000}}}
+        "c": {"kind": "tokens", "per_minute": 200000, "burst": 50000}}}
     parsed = config.parse(data)
     assert parsed.to_json() == {**data, "zones": dict(sorted(data["zones"].items()))}   # type: ignore[attr-defined]
     assert config.parse(parsed.to_json()) == parsed

@@ -95,7 +95,7 @@ def local_stack(request: pytest.FixtureRequest) -> Iterator[FleetStack]:
     # the token zone's outage before its local share (the plan's: 60 s, a minute's budget at
     # once from the two shares) shortened to keep the test short; the rate zones' are the plan's
     s = FleetStack(proxy_named(request.param), on_unavailable="local",
-                   local_after_s={f"tokens:inference:key:{TOKENS}t/m": TOKEN_AFTER_S})
+                   local_after_s={f"tokens:inference:key:{TOKENS}t/m/{TOKENS}": TOKEN_AFTER_S})
     try:
         yield s.start()
     finally:

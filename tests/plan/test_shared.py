@@ -34,7 +34,7 @@ def test_every_zone_of_the_plan_is_shared_with_its_local_share() -> None:
     zones = s.zones.zones
     assert zones["rate:inference:key:10/20"] == RateZone("rate:inference:key:10/20", rps=10, burst=20)
     assert zones["conc:inference:key:16"].kind == "concurrency"
-    assert zones["tokens:inference:key:60000t/m"] == TokenZone("tokens:inference:key:60000t/m", 60000)
+    assert zones["tokens:inference:key:60000t/m/15000"] == TokenZone("tokens:inference:key:60000t/m/15000", 60000, 15000)
     assert "rate:monitoring:none:20/40" in zones and "rate:operator:key:2/5" in zones
     # every zone a decision names is in the limiter's file; nothing else is
     named = {z for d in plan.allowed for z in s.route_zones(d)}
@@ -42,14 +42,14 @@ def test_every_zone_of_the_plan_is_shared_with_its_local_share() -> None:
     chat = plan.decision("POST", "/v1/chat/completions")
     assert chat is not None
     assert s.route_zones(chat) == ("rate:inference:key:10/20", "conc:inference:key:16",
-                                   "tokens:inference:key:60000t/m")
+                                   "tokens:inference:key:60000t/m/15000")
     # the local share: each value divided by the replicas (rate: burst + 1 at once, halved)
     assert s.local["rate:inference:key:10/20"] == RateZone("rate:inference:key:10/20", rps=5, burst=9)
     assert s.local["conc:inference:key:16"] == ConcurrencyZone("conc:inference:key:16", 8,
                                                                zones["conc:inference:key:16"].slot_ttl_s)  # type: ignore[union-attr]
     local = s.local_limits(chat)
-    assert (local.rate and (local.rate.rps, local.rate.burst), local.concurrency, local.tokens_per_minute) == (
-        (5, 9), 8, 30000)
+    assert (local.rate and (local.rate.rps, local.rate.burst), local.concurrency, local.tokens_per_minute,
+            local.tokens_burst) == ((5, 9), 8, 30000, 7500)
     assert local.json_caps == chat.limits.json_caps   # only the shared limits change
     doc = plan.body_dict()["shared"]
     assert doc["zones"]["conc:inference:key:16"]["local"]["limit"] == 8

@@ -62,7 +62,9 @@ def test_slot_ttl() -> None:
     (RateZone("r", 10, 20), 3, RateZone("r", 10 / 3, 6)),     # 7 each, 21 in sum
     (RateZone("r", 1, 0), 2, RateZone("r", 0.5, 0)),          # 1 at once each: below N, 2 > 1
     (ConcurrencyZone("c", 5, 30), 2, ConcurrencyZone("c", 2, 30)),
-    (TokenZone("t", 200001), 2, TokenZone("t", 100000)),
+    (TokenZone("t", 200001), 2, TokenZone("t", 100000)),    # no burst: per_minute, halved
+    (TokenZone("t", 200001, 50001), 2, TokenZone("t", 100000, 25000)),
+    (TokenZone("t", 60000, 60000), 3, TokenZone("t", 20000, 20000)),
     (TokenZone("t", 1), 4, TokenZone("t", 1)),
 ])
 def test_local_share(zone: config.Zone, n: int, share: config.Zone) -> None:

@@ -146,12 +146,14 @@ def test_a_weakened_concurrency_limit_fails_the_probe(tmp_path: Path, proxy: str
 # --- token budgets -------------------------------------------------------------------------------------
 
 def token_policy() -> Policy:
+    """8000 a minute, the default bucket of 2000 (the probe's requests of 166 are whole requests)."""
     return loads(DEFAULT.read_text().replace("      concurrency: 16\n",
-                                             "      concurrency: 16\n      tokens_per_minute: 2000\n", 1))
+                                             "      concurrency: 16\n      tokens_per_minute: 8000\n", 1))
 
 
 TOKEN_EDITS: dict[str, Edit] = {
-    "nginx": times(10, r'"t\d+ (\d+) principal'),
+    # the bucket's capacity and its refill ("t1 8000 principal 2000")
+    "nginx": lambda t: times(10, r'"t\d+ (\d+) principal')(times(10, r'"t\d+ \d+ principal (\d+)')(t)),
     "envoy": times(10, r"token_bucket: \{max_tokens: (\d+), tokens_per_fill: \d+, fill_interval: 60s\}"),
 }
 

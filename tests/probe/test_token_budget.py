@@ -38,13 +38,22 @@ OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=(
 WITH_RATE = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("rate", "token-budget"))
 
 
-def token_policy_text(tpm: int = 2000) -> str:
+def token_policy_text(tpm: int = 2000, burst: int | None = None) -> str:
+    """The bundled policy with a token budget on the inference audience: ``tpm`` a minute, its
+    bucket ``burst`` (tokens_burst; None: the default, a quarter of the minute)."""
     text = DEFAULT.read_text()
-    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n", 1)
+    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n"
+                        + (f"      tokens_burst: {burst}\n" if burst else ""), 1)
 
 
-def token_policy(tpm: int = 2000) -> Policy:
-    return loads(token_policy_text(tpm))
+def token_policy(tpm: int = 2000, burst: int | None = None) -> Policy:
+    return loads(token_policy_text(tpm, burst))
+
+
+# the live probes' budget: 8000 a minute, the default bucket of 2000 (the probe's requests of cost
+# 2000 // 12 multipliers = 166 are whole requests the stand-in answers with their usage)
+LIVE_TPM = 8000
+LIVE_ZONE = "token-budget inference:key:8000t/m/2000"
 
 
 def decisions(tmp_path: Path, policy: Policy) -> dict[tuple[str, str], Decision]:
@@ -58,7 +67,7 @@ def decisions(tmp_path: Path, policy: Policy) -> dict[tuple[str, str], Decision]
 def test_the_plan_puts_body_routes_of_the_audience_in_one_token_zone(tmp_path: Path) -> None:
     ds = decisions(tmp_path, token_policy())
     chat, comp = ds[("POST", "/v1/chat/completions")], ds[("POST", "/v1/completions")]
-    assert chat.token_zone == comp.token_zone == "inference:key:2000t/m"
+    assert chat.token_zone == comp.token_zone == "inference:key:2000t/m/500"    # the default bucket: N / 4
     assert ds[("GET", "/v1/models")].token_zone == ""        # no body: not charged
     doc = next(d for d in chat.to_dict().items() if d[0] == "limits")[1]
     assert doc["tokens_per_minute"] == 2000
@@ -114,7 +123,7 @@ def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
             body = body_of_cost(d, cost, {}, 1 << 20)
             assert body is not None and d.token_cost(body) == cost and isinstance(json.loads(body), dict)
     cost, fit, _ = plan_zone(ds[("POST", "/v1/completions")], 1 << 20)
-    assert (cost, fit) == (666, 3)
+    assert (cost, fit) == (166, 3)          # three fit the bucket of 500
     cost, why, _ = plan_zone(decisions(tmp_path / "b", token_policy(10**8))[("POST", "/v1/completions")], 1 << 20)
     assert cost is None and "requests" in str(why)
 
@@ -147,12 +156,12 @@ def test_the_settlement_is_judged_on_the_usage_the_answers_reported(answer: str,
                                                                     status: str) -> None:
     sent = [_sent(f"cost 600 {i + 1}/3 (3 fit, {SETTLED_NOTE})", i, 200, answer) for i in range(3)]
     sent += [_sent(f"cost 600 {i + 1}/4 (3 fit, kept)", 10 + i, code) for i, code in enumerate(kept)]
-    got, why, _n = TokenBudget._assess_settled(sent, 600, 2000)
+    got, why, _n = TokenBudget._assess_settled(sent, 600, 2000, 2000)
     assert got == status, why
     if answer == "":
         assert "reported no usage" in why
     # the zone itself: tokens counted at their settled charge, then refused
-    zone, _why, _n = TokenBudget._assess(sent, 3, 600, 2000)
+    zone, _why, _n = TokenBudget._assess(sent, 3, 600, 2000, 2000)
     assert zone == ("failed" if answer.startswith("data:") else "proved")   # 5 x 600 reached, none settled
 
 
@@ -213,9 +222,9 @@ def test_the_budget_refuses_once_spent_and_not_another_principal(tmp_path: Path,
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = probe_through(tmp_path, p, token_policy(), CATALOG, WITH_RATE, paced=True, keys_per_role=2)
+    result = probe_through(tmp_path, p, token_policy(LIVE_TPM), CATALOG, WITH_RATE, paced=True, keys_per_role=2)
     cov = _coverage(result)
-    zone = "token-budget inference:key:2000t/m"
+    zone = LIVE_ZONE
     assert cov[zone][0] == "proved", cov
     assert cov[f"{zone} other principal"][0] == "proved", cov
     assert not result.findings, result.findings
@@ -240,7 +249,7 @@ def test_the_mutant_without_its_budget_is_caught(tmp_path: Path, proxy: str) -> 
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="token-budget-removed",
+    result = probe_through(tmp_path, p, token_policy(LIVE_TPM), CATALOG, OPTIONS, mutant="token-budget-removed",
                            paced=True)
     assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
 
@@ -250,7 +259,7 @@ def test_the_mutant_whose_answers_settle_nothing_is_caught(tmp_path: Path, proxy
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = probe_through(tmp_path, p, token_policy(), CATALOG, OPTIONS, mutant="settlement-skipped", paced=True)
+    result = probe_through(tmp_path, p, token_policy(LIVE_TPM), CATALOG, OPTIONS, mutant="settlement-skipped", paced=True)
     assert any(f.rule == "VP005" and "token budget not settled" in f.title for f in result.findings), \
         _coverage(result)
     assert result.exit_code() == 1
@@ -265,12 +274,12 @@ def test_nginx_without_its_body_filter_fails_the_probe_and_with_it_passes(tmp_pa
     (tmp_path / "edited").mkdir()
     (tmp_path / "plain").mkdir()
     edited = probe_edited(tmp_path / "edited", p, OPTIONS, sub(HTTP, r"\n *js_body_filter perimeter\.settle[^\n]*", ""),
-                          policy=token_policy())
+                          policy=token_policy(LIVE_TPM))
     cov = _coverage(edited)
-    assert cov["token-budget inference:key:2000t/m settled"][0] == "failed", cov
+    assert cov[f"{LIVE_ZONE} settled"][0] == "failed", cov
     assert edited.exit_code() == 1
-    plain = probe_edited(tmp_path / "plain", p, OPTIONS, policy=token_policy())
-    assert _coverage(plain)["token-budget inference:key:2000t/m settled"][0] == "proved", _coverage(plain)
+    plain = probe_edited(tmp_path / "plain", p, OPTIONS, policy=token_policy(LIVE_TPM))
+    assert _coverage(plain)[f"{LIVE_ZONE} settled"][0] == "proved", _coverage(plain)
     assert plain.exit_code() == 0, plain.findings
 
 
@@ -286,7 +295,7 @@ def test_an_auth_none_zone_counts_per_client_address(tmp_path: Path, proxy: str)
         "  - {path: /tokenize, methods: [POST], audience: monitoring}")
     result = probe_through(tmp_path, p, loads(text), CATALOG, OPTIONS, paced=True)
     cov = _coverage(result)
-    assert cov["token-budget monitoring:none:900t/m"][0] == "proved", cov
+    assert cov["token-budget monitoring:none:900t/m/225"][0] == "proved", cov
     # verify gives the monitoring network two addresses: each has a budget of its own
-    assert cov["token-budget monitoring:none:900t/m other address"][0] == "proved", cov
+    assert cov["token-budget monitoring:none:900t/m/225 other address"][0] == "proved", cov
     assert not result.findings, result.findings

@@ -1,6 +1,6 @@
 """Token pacing (scanner/probe/token_pace.py) and the plan's per-request token cap under a budget
 (scanner/plan/build.py request_token_cap): what each case costs the budget the plan charges it
-to, the model of that budget (Envoy's bucket and njs's sliding minute), lighter bodies where the
+to, the model of that budget (the one bucket every enforcer keeps), lighter bodies where the
 output budget proves nothing, cases spread over a role's keys, and the schedule that holds
 ordinary cases back until their tokens are there. No proxy: the plan and made-up answers."""
 
@@ -27,9 +27,12 @@ DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
 CHAT = ("POST", "/v1/chat/completions")
 
 
-def policy_text(tpm: int, request_tokens: str = "1114112") -> str:
+def policy_text(tpm: int, request_tokens: str = "1114112", burst: int | None = None) -> str:
+    """The bundled policy with a token budget on the inference audience (``burst``: its
+    tokens_burst, else the default bucket of a quarter of the minute)."""
     text = DEFAULT.read_text().replace("      max_request_tokens: 1114112", f"      max_request_tokens: {request_tokens}")
-    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n", 1)
+    return text.replace("      concurrency: 16\n", f"      concurrency: 16\n      tokens_per_minute: {tpm}\n"
+                        + (f"      tokens_burst: {burst}\n" if burst else ""), 1)
 
 
 def plan_of(tmp_path: Path, text: str, keys: int = 2) -> tuple[verify.Setup, Plan]:
@@ -38,20 +41,24 @@ def plan_of(tmp_path: Path, text: str, keys: int = 2) -> tuple[verify.Setup, Pla
     return s, s.plan
 
 
-# --- the plan: a request over the whole budget is refused for its envelope ---------------------------
+# --- the plan: a request over the budget's bucket is refused for its envelope ------------------------
 
 def test_the_budget_caps_the_request_tokens(tmp_path: Path) -> None:
     _s, plan = plan_of(tmp_path, policy_text(60000))
     chat = plan.decision(*CHAT)
-    assert chat is not None and chat.token_zone
-    assert chat.limits.max_request_tokens == 60000 and chat.request_tokens_by_budget
+    assert chat is not None and chat.token_zone == "inference:key:60000t/m/15000"
+    # the default bucket: a quarter of the minute; the policy's cap (over the minute) lowered to it
+    assert chat.token_capacity == chat.limits.tokens_burst == 15000
+    assert chat.limits.max_request_tokens == 15000 and chat.request_tokens_by_budget
     doc = chat.to_dict()["limits"]
-    assert doc["max_request_tokens"] == 60000 and doc["max_request_tokens_by"] == "tokens_per_minute"
-    assert "request:seq<=16,tokens<=60000(=tokens/min)" in to_table(plan, width=400)
-    over = json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 4, "max_tokens": 4096,
-                       "pad": "a" * 60000}).encode()
-    assert chat.envelope(over).tokens > 60000
-    assert chat.envelope_reason(chat.envelope(over)) == "envelope-tokens:over-60000"   # 400, not 429 for ever
+    assert doc["max_request_tokens"] == 15000 and doc["max_request_tokens_by"] == "tokens_burst"
+    assert doc["tokens_burst"] == 15000
+    table = to_table(plan, width=400)
+    assert "request:seq<=16,tokens<=15000(=burst)" in table and "tokens<=60000/min,burst<=15000" in table
+    over = json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2, "max_tokens": 4096,
+                       "pad": "a" * 7000}).encode()
+    assert 15000 < chat.envelope(over).tokens < 60000
+    assert chat.envelope_reason(chat.envelope(over)) == "envelope-tokens:over-15000"   # 400, not 429 for ever
     # a route without a body is not charged: its limits are the policy's
     models = plan.decision("GET", "/v1/models")
     assert models is not None and models.limits.max_request_tokens == 1114112 and not models.request_tokens_by_budget
@@ -62,6 +69,10 @@ def test_a_lower_cap_and_no_budget_stay_as_the_policy_says(tmp_path: Path) -> No
     chat = plan.decision(*CHAT)
     assert chat is not None and chat.limits.max_request_tokens == 50000 and not chat.request_tokens_by_budget
     assert "max_request_tokens_by" not in chat.to_dict()["limits"]
+    assert chat.token_capacity == 50000          # the bucket holds every request the cap admits
+    _s, small = plan_of(tmp_path / "c", policy_text(60000, "5000"))
+    chat = small.decision(*CHAT)
+    assert chat is not None and chat.limits.max_request_tokens == 5000 and chat.token_capacity == 15000
     _s, plain = plan_of(tmp_path / "b", DEFAULT.read_text())
     chat = plain.decision(*CHAT)
     assert chat is not None and chat.limits.max_request_tokens == 1114112 and not chat.request_tokens_by_budget
@@ -73,50 +84,51 @@ def test_a_budget_without_a_request_cap_sets_one(tmp_path: Path) -> None:
     assert "max_request_tokens" not in text.split("fields:")[0].split("inference:")[1]
     _s, plan = plan_of(tmp_path, text)
     chat = plan.decision(*CHAT)
-    assert chat is not None and chat.limits.max_request_tokens == 60000 and chat.request_tokens_by_budget
+    assert chat is not None and chat.limits.max_request_tokens == 15000 and chat.request_tokens_by_budget
     assert chat.envelope_capped
+
+
+def test_tokens_burst_sets_the_bucket_and_is_at_most_the_minute(tmp_path: Path) -> None:
+    from scanner.errors import PlanError
+
+    _s, plan = plan_of(tmp_path / "a", policy_text(60000, burst=60000))
+    chat = plan.decision(*CHAT)
+    assert chat is not None and chat.token_capacity == 60000 and chat.limits.max_request_tokens == 60000
+    assert chat.token_zone == "inference:key:60000t/m/60000"
+    with pytest.raises(PlanError, match="tokens_burst 60001 is more than tokens_per_minute 60000"):
+        plan_of(tmp_path / "b", policy_text(60000, burst=60001))
 
 
 # --- the model of one budget ---------------------------------------------------------------------
 
 def test_the_bucket_refills_at_the_budget_per_minute() -> None:
-    m = tp.TokenModel(6000)
-    t = 600.0                                   # the start of a minute of the epoch
-    assert m.wait(6000, t) == 0.0               # full at first
-    m.charge(6000, t)
+    m = tp.TokenModel(6000, 1500)
+    t = 600.0
+    assert m.wait(1500, t) == 0.0               # full at first: the capacity, not the minute
+    m.charge(1500, t)
     assert m.bucket(t) == 0.0
-    assert m.bucket(t + 30) == pytest.approx(3000 * tp.REFILL_SHARE)   # a share of the refill counted
-    # njs: the minute's 6000 weigh until the next minute starts, then fade over it
-    assert m.wait(1000, t + 1) == pytest.approx(59 + 10 + tp.MARGIN_S)
-    assert m.wait(6000, t + 1) == pytest.approx(59 + 60 + tp.MARGIN_S)   # the whole budget: a clean minute
-    m.give_back(6000, t + 1, t)                 # refused: never charged
-    assert m.wait(6000, t + 1) == 0.0
-
-
-def test_the_sliding_minute_is_slower_than_the_bucket_after_a_mid_minute_spend() -> None:
-    m = tp.TokenModel(6000)
-    m.charge(6000, 630.0)                       # half-way through minute 10
-    assert m.bucket(660.0) == pytest.approx(3000 * tp.REFILL_SHARE)   # Envoy: half refilled by then
-    assert m.wait(3000, 660.0) == pytest.approx(30 + tp.MARGIN_S)    # njs: half of the next minute
-    m2 = tp.TokenModel(6000)
-    m2.charge(1000, 600.0)
-    assert m2.wait(5000, 600.0) == 0.0          # fits both
+    assert m.bucket(t + 10) == pytest.approx(1000 * tp.REFILL_SHARE)   # a share of the refill counted
+    assert m.bucket(t + 60) == 1500.0           # never more than the capacity
+    assert m.wait(1000, t + 1) == pytest.approx((1000 - 100 * tp.REFILL_SHARE) / m.rate + tp.MARGIN_S)
+    assert m.wait(6000, t) == pytest.approx(1500 / m.rate + tp.MARGIN_S)   # more than the bucket: a full one
+    m.give_back(1500, t + 1, t)                 # refused: never charged
+    assert m.wait(1500, t + 1) == 0.0
 
 
 def test_a_refusal_the_model_had_room_for_counts_the_budget_spent() -> None:
-    m = tp.TokenModel(6000)
+    m = tp.TokenModel(6000, 6000)
     assert m.wait(100, 600.0) == 0.0
     m.spent(600.0)
-    assert m.wait(100, 600.0) > 60 and m.bucket(600.0) == 0.0
-    told = tp.TokenModel(6000, "bucket")           # the proxy said when: then, and no sooner
+    assert m.wait(100, 600.0) > 1 and m.bucket(600.0) == 0.0
+    told = tp.TokenModel(6000, 6000)               # the proxy said when: then, and no sooner
     told.spent(600.0, 100, 2.0)
     assert told.wait(100, 600.0) == pytest.approx(2.0 + tp.MARGIN_S)
     assert told.wait(100, 602.5) == 0.0
 
 
 def test_a_token_bound() -> None:
-    assert tp.token_bound("k", 60000, 50000).seconds == 0.0
-    assert tp.token_bound("k", 60000, 120000).seconds == pytest.approx(60 + 60)
+    assert tp.token_bound("k", 60000, 15000, 15000).seconds == 0.0
+    assert tp.token_bound("k", 60000, 15000, 135000).seconds == pytest.approx(120)
 
 
 # --- cases: their charge, lighter bodies, spread over a role's keys -------------------------------
@@ -146,7 +158,7 @@ def test_a_case_is_charged_what_the_plan_says_and_only_when_admitted(tmp_path: P
     assert chat is not None
     body = b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 100}'
     ch = tp.charge_of(plan, chat_case(ctx, body), PUBLIC(ctx))
-    assert ch == tp.Charge("inference:key:60000t/m|role:user", chat.token_cost(body), 60000)
+    assert ch == tp.Charge("inference:key:60000t/m/15000|role:user", chat.token_cost(body), 60000, 15000)
     assert ch.cost == 2 * 100 + len(body)
     assert tp.charge_of(plan, chat_case(ctx, body, expected="deny"), PUBLIC(ctx)) == tp.Charge()
     over = json.dumps({"max_tokens": 4096, "n": 4, "pad": "a" * 50000}).encode()
@@ -178,7 +190,7 @@ def test_a_body_is_made_light_only_where_its_budget_proves_nothing(tmp_path: Pat
 
 
 def test_costly_cases_are_spread_over_the_keys_the_route_admits(tmp_path: Path) -> None:
-    s, plan = plan_of(tmp_path, policy_text(60000))
+    s, plan = plan_of(tmp_path, policy_text(60000, burst=60000))
     ctx = ctx_of(s)
     user = next(c for c in ctx.credentials if c.label == "role:user")
     big = json.dumps({"max_tokens": 4096, "n": 4, "pad": "a" * 30000}).encode()      # ~46k tokens each
@@ -206,7 +218,7 @@ def answered(case: Case, status: int, reason: str = "") -> Attempt:
 
 
 def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> None:
-    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, plan = plan_of(tmp_path, policy_text(6000, burst=6000), keys=1)
     ctx = ctx_of(s)
     chat = plan.decision(*CHAT)
     assert chat is not None
@@ -215,14 +227,14 @@ def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> 
     cases = [chat_case(ctx, body) for _ in range(2)]
     sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
     assert [t.tokens for t in sched.bound.tokens] == [2 * cost]
-    assert sched.bound.seconds == pytest.approx(tp.token_bound("k", 6000, 2 * cost).seconds)
+    assert sched.bound.seconds == pytest.approx(tp.token_bound("k", 6000, 6000, 2 * cost).seconds)
     first, wait = sched.pick(0.0)
     assert first == [0] and wait == 0.0
     assert sched.pick(0.01) == ([], 0.25)                     # no room: waits (polled, at most 0.25 s)
     assert not sched.settle(0, answered(cases[0], 200), 0.5)
-    # the sliding minute: 4000+ of 6000 spent in minute 10 leave room only well into minute 11
+    # the bucket: 4000+ of 6000 spent leave room once it refilled the rest (at a share of 100 a second)
     t = sched.token_ready(sched.lanes[sched.lane_key[1]], 0, 1, 0.5)
-    assert 60.0 < t < 120.0
+    assert t == pytest.approx((2 * cost - 6000) / (100 * tp.REFILL_SHARE) + tp.MARGIN_S, abs=0.3)
     assert sched.pick(t)[0] == [1]
 
 
@@ -243,7 +255,7 @@ def test_an_unexpected_token_refusal_is_sent_again_when_the_budget_has_room_and_
 
 
 def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
-    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, _plan = plan_of(tmp_path, policy_text(6000, burst=6000), keys=1)
     ctx = ctx_of(s)
     body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
     cases = [chat_case(ctx, body, check="token-budget", reasons=("token-budget",)) for _ in range(3)]
@@ -254,7 +266,7 @@ def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
 
 
 def test_a_case_no_budget_charges_does_not_wait_behind_one_that_waits_for_its_tokens(tmp_path: Path) -> None:
-    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    s, _plan = plan_of(tmp_path, policy_text(6000, burst=6000), keys=1)
     ctx = ctx_of(s)
     body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()
     over = json.dumps({"max_tokens": 4096, "n": 4}).encode()                   # refused for its envelope
@@ -279,20 +291,20 @@ def test_a_body_over_the_envelope_caps_refused_for_its_token_budget_fails() -> N
     assert verdict("allow", (), limited)[0] == "inconclusive"
 
 
-def test_a_known_proxy_is_paced_by_its_own_counting(tmp_path: Path) -> None:
-    for models, full in (("bucket", 60.0 / tp.REFILL_SHARE), ("window", 90.0), ("both", 90.0)):   # spent at :30
-        m = tp.TokenModel(6000, models)  # type: ignore[arg-type]
-        m.charge(6000, 630.0)
-        assert m.wait(6000, 630.0) == pytest.approx(full + tp.MARGIN_S), models
-    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
-    opts = ProbeOptions()
-    assert verify.probe_options(s, opts, "w", "nginx").token_models == "window"
-    assert verify.probe_options(s, opts, "w", "envoy").token_models == "bucket"
-    assert verify.probe_options(s, opts, "w").token_models == "both"
+def test_every_proxy_is_paced_by_the_one_bucket(tmp_path: Path) -> None:
+    s, plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    chat = plan.decision(*CHAT)
+    assert chat is not None
+    ctx = ctx_of(s)
+    ch = tp.charge_of(plan, chat_case(ctx, b'{"messages":[],"max_tokens":10}'), PUBLIC(ctx))
+    assert (ch.limit, ch.capacity) == (6000, 1500)    # the plan's bucket, as NGINX, Envoy and the limiter
+    m = tp.TokenModel(ch.limit, ch.capacity)
+    m.charge(1500, 630.0)
+    assert m.wait(1500, 630.0) == pytest.approx(15.0 / tp.REFILL_SHARE + tp.MARGIN_S)
 
 
 def test_an_overdrawn_bucket_is_not_full() -> None:
-    m = tp.TokenModel(6000, "bucket")
+    m = tp.TokenModel(6000, 6000)
     for _ in range(3):                          # cases about the budget charge past it
         m.charge(3000, 600.0)
     assert m.bucket(600.0) == pytest.approx(-3000)

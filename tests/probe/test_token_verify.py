@@ -27,7 +27,7 @@ CATALOG = "vllm-0.29.0-default"
 DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
 ROUTE = "  - {path: /v1/completions, methods: [POST], audience: inference}\n"
 CHECKS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=None, checks=("token-budget", "limits"))
-ZONE = "token-budget inference:key:60000t/m"
+ZONE = "token-budget inference:key:60000t/m/15000"
 
 
 def one_route() -> Policy:

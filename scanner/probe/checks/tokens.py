@@ -33,7 +33,9 @@ What is judged, per zone (``token-budget <zone>``): the tokens let through, each
 counted at its settled charge (its cost less the refund its answer's usage gives, the whole cost
 when the answer reported none), are at most the budget plus what it refills while they are sent
 (:func:`budget_capacity`), else VP005 (an answer without usage refunded counts at its whole cost);
-then the budget refuses (429 ``token-budget`` with ``Retry-After``). The settlement
+then the budget refuses (429 ``token-budget`` with ``Retry-After``). The budget is its bucket
+(Decision.token_capacity C, refilled with tokens_per_minute N a minute): at most C + N x t / 60 in
+t seconds. The settlement
 (``token-budget <zone> settled``): more requests of the cost reached than the budget lets through
 unsettled within that time: proved; the first request sent after the settled answers refused
 although the usage they reported left room for it on a budget spent by these requests only, or the
@@ -86,12 +88,13 @@ KEPT_ANSWER = 400    # the witness's own answer to a kept request: an error, no 
 Sent = tuple[Case, Attempt]
 
 
-def budget_capacity(limit: int, window: float) -> float:
-    """The most tokens a budget of ``limit`` per minute lets through within ``window`` seconds from
-    a full budget, on either generated proxy: Envoy's bucket (max_tokens = limit, refilled with
-    limit per 60 s, continuously) and njs's sliding minute (the previous minute's count weighted
-    by what is left of it: it frees at most limit / 60 a second); plus one token of rounding."""
-    return limit * (1 + window / 60) + 1
+def budget_capacity(capacity: int, limit: int, window: float) -> float:
+    """The most tokens a budget of ``limit`` per minute with a bucket of ``capacity``
+    (Decision.token_capacity) lets through within ``window`` seconds from a full bucket, on every
+    enforcer (Envoy's local_ratelimit: max_tokens = capacity, refilled with limit per 60 s
+    continuously; njs's bucket and the fleet's limiter the same): the full bucket plus its refill;
+    plus one token of rounding."""
+    return capacity + limit * window / 60 + 1
 
 
 def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
@@ -103,13 +106,14 @@ def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int
 def plan_zone(d: Decision, max_bytes: int,
               kinds: int = FIT) -> tuple[int, int, bytes] | tuple[None, str, None]:
     """(cost, how many fit, body) for ``d``'s budget, or (None, why not, None). The cost lets
-    ``kinds`` requests (at least three: one per multiplier of the zone) fit the budget, or is the
-    route's max_request_tokens when that is less (a body over it is refused before it is charged)."""
-    limit = d.limits.tokens_per_minute or 0
-    cost = max(1, min(limit // max(FIT, kinds), d.limits.max_request_tokens or limit))
-    fit = limit // cost
+    ``kinds`` requests (at least three: one per multiplier of the zone) fit the budget's full
+    bucket (Decision.token_capacity), or is the route's max_request_tokens when that is less (a
+    body over it is refused before it is charged)."""
+    capacity = d.token_capacity
+    cost = max(1, min(capacity // max(FIT, kinds), d.limits.max_request_tokens or capacity))
+    fit = capacity // cost
     if 2 * fit + EXTRA > MAX_REQUESTS:
-        return None, (f"a budget of {limit} tokens needs {2 * fit + EXTRA} requests of the largest cost a "
+        return None, (f"a bucket of {capacity} tokens needs {2 * fit + EXTRA} requests of the largest cost a "
                       f"body may have here ({cost}; more than {MAX_REQUESTS})"), None
     body = body_of_cost(d, cost, {}, max_bytes)
     if body is None:
@@ -252,9 +256,8 @@ class TokenBudget(BaseCheck):
             cost, fit, body = plan_zone(d, self._max_bytes(ctx, d), kinds(ctx, z.decisions, cell))
             if cost is None or body is None or not isinstance(fit, int):
                 continue
-            limit = d.limits.tokens_per_minute
             n = fit + EXTRA
-            where = f"{fit} fit {limit} tokens per minute"
+            where = f"{fit} fit a bucket of {d.token_capacity}, {d.limits.tokens_per_minute} a minute"
             # the same cost through each multiplier of the zone's routes in turn (same principal)
             sent = shapes(ctx, z.decisions, cost, cell, lambda x: self._max_bytes(ctx, x)) or [(d, "", body)]
             # settled: bodies whose sequences vLLM's usage counts, on the generation routes (their
@@ -317,19 +320,19 @@ class TokenBudget(BaseCheck):
             if z.rep is None or not mine:
                 continue
             cost, fit, _ = plan_zone(z.rep, self._max_bytes(ctx, z.rep), kinds(ctx, z.decisions, z.cell))
-            limit = z.rep.limits.tokens_per_minute
+            limit, capacity = z.rep.limits.tokens_per_minute, z.rep.token_capacity
             if cost is None or not isinstance(fit, int) or limit is None:
                 continue
             attempts = [a for _c, a in mine]
-            out[z.key] = (self._assess(mine, fit, cost, limit), attempts)
+            out[z.key] = (self._assess(mine, fit, cost, limit, capacity), attempts)
             if any(d.envelope_spec.ask_usage for d in z.decisions):
-                out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit), attempts)
+                out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit, capacity), attempts)
             if theirs:
                 out[other] = (self._assess_other(attempts, theirs, fit), theirs)
         return out
 
     @staticmethod
-    def _assess(sent: Sequence[Sent], fit: int, cost: int, limit: int) -> Assessment:
+    def _assess(sent: Sequence[Sent], fit: int, cost: int, limit: int, capacity: int) -> Assessment:
         attempts = [a for _c, a in sent]
         n = len(attempts)
         reached = [(c, a) for c, a in sent if _reached(a)]
@@ -339,13 +342,14 @@ class TokenBudget(BaseCheck):
             return "failed", bad.why, n
         start = min(a.sent_at for a in attempts)
         took = (max(answered_at(a) for _c, a in reached) - start) if reached else 0.0
-        most = budget_capacity(limit, took)
+        most = budget_capacity(capacity, limit, took)
         spent = sum(settled_charge(cost, c, a, 0) for c, a in reached)
         if spent > most:
             return "failed", (f"{len(reached)} of {n} requests of cost {cost} reached the upstream within "
                               f"{took:.1f}s ({spent} tokens once settled by the usage their answers "
                               "reported) "
-                              f"where a budget of {limit} per minute lets through at most {most:.0f}: the "
+                              f"where a budget of {limit} per minute with a bucket of {capacity} lets "
+                              f"through at most {most:.0f}: the "
                               "token budget is above the plan, not enforced, or refunds answers without "
                               "usage"), n
         if not refused:
@@ -364,7 +368,7 @@ class TokenBudget(BaseCheck):
                           "Retry-After"), n
 
     @staticmethod
-    def _assess_settled(sent: Sequence[Sent], cost: int, limit: int) -> Assessment:
+    def _assess_settled(sent: Sequence[Sent], cost: int, limit: int, capacity: int) -> Assessment:
         """Did the usage the settled requests' answers reported go back to the budget?"""
         n = len(sent)
         first = [(c, a) for c, a in sent if SETTLED_NOTE in c.note]
@@ -389,7 +393,7 @@ class TokenBudget(BaseCheck):
             return "not-proven", "the answers reported as much usage as their charge: nothing to return", n
         reached = [a for _c, a in sent if _reached(a)]
         took = max(answered_at(a) for a in reached) - min(a.sent_at for _c, a in sent)
-        most = budget_capacity(limit, took)
+        most = budget_capacity(capacity, limit, took)
         if len(reached) * cost > most:
             return "proved", (f"{len(reached)} requests of cost {cost} reached within {took:.1f}s where the "
                               f"budget unsettled lets through at most {most:.0f} tokens: the {refund} tokens "
@@ -397,10 +401,10 @@ class TokenBudget(BaseCheck):
         end = max(answered_at(a) for _c, a in first)
         after = [(c, a) for c, a in later if a.sent_at >= end]
         spent = sum(settled_charge(cost, c, a, cost) for c, a in first)
-        if after and _refused(after[0][1]) and spent + cost <= limit:
+        if after and _refused(after[0][1]) and spent + cost <= capacity:
             return "failed", (f"not settled: {len(first)} requests charged {len(first) * cost} tokens "
                               f"weigh {spent} once the usage their answers reported is counted, yet the next "
-                              f"request of cost {cost} was refused for token-budget (a budget of {limit} "
+                              f"request of cost {cost} was refused for token-budget (a bucket of {capacity} "
                               "settled from usage has room for it)"), n
         return "not-proven", (f"{len(reached)} requests of cost {cost} reached: no more than the budget lets "
                               "through unsettled"), n
