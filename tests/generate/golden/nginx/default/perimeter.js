@@ -793,64 +793,86 @@ function envelopeReason(env, e) {
     return '';
 }
 
-// Token budgets: "t1 2000 principal" (zone, tokens per minute, counted per principal or address).
-// The cost is the envelope's tokens (Decision.token_cost), at least 1.
-var TOKEN_WINDOW = 60000;
+// Token budgets: "t1 2000 principal 500" (zone, tokens per minute N, counted per principal or
+// address, the bucket's capacity C: Decision.token_capacity). The cost is the envelope's tokens
+// (Decision.token_cost), at least 1. One token bucket per key, as the fleet's limiter keeps it
+// (scanner/limiter/scripts.py BUCKET): the level and when it was seen, refilled continuously at
+// N / 60000 a ms up to C, so any t seconds admit at most C + N x t / 60. The shared dict has no
+// compare-and-set and several workers use it: a key's two numbers are read and written under a
+// per-key lock (dict.add of KEY:l, which fails while another worker holds it; it expires after
+// TOKEN_LOCK_MS should its holder die). Entries expire 120 s after their last write: a bucket
+// unseen that long is full again anyway (C <= N refills in at most 60 s).
+var TOKEN_LOCK_MS = 1000;
+var TOKEN_LOCK_TRIES = 100000;
 
-// Seconds until `cost` more tokens fit, from the window's totals after the refund.
-function retryAfter(now, prev, used, cost, limit) {
-    var off = now % TOKEN_WINDOW;
-    var t;
-    if (cost > limit) {
-        return TOKEN_WINDOW / 1000;     // never fits: a whole window
+// Runs f(level, now) with `key`'s bucket locked and stores the level it returns (null: nothing
+// stored); returns f's answer as [level, result]. Throws when the dict is full or the lock stays
+// taken (a worker died holding it: refused until it expires).
+function withBucket(key, limit, cap, f) {
+    var dict = ngx.shared.perimeter_tokens;
+    var lock = key + ':l';
+    var i, now, seen, level, out;
+    for (i = 0; !dict.add(lock, 1, TOKEN_LOCK_MS); i++) {
+        if (i >= TOKEN_LOCK_TRIES) {
+            throw new Error('token bucket ' + key + ' locked');
+        }
     }
-    if (prev > 0 && limit - used - cost >= 0) {
-        t = TOKEN_WINDOW * (1 - (limit - used - cost) / prev) - off;
-    } else {
-        t = (TOKEN_WINDOW - off) + (used > 0 ? TOKEN_WINDOW * (1 - (limit - cost) / used) : 0);
+    try {
+        now = Date.now();
+        level = dict.get(key + ':v');
+        seen = dict.get(key + ':t');
+        level = typeof level === 'number' && typeof seen === 'number'
+            ? Math.min(cap, level + Math.max(0, now - seen) * limit / 60000) : cap;
+        out = f(level, now);
+        if (out[0] !== null) {
+            dict.set(key + ':v', out[0]);
+            dict.set(key + ':t', now);
+        }
+        return out;
+    } finally {
+        dict.delete(lock);
     }
-    return Math.max(1, Math.ceil(t / 1000));
 }
 
-// Charge the request's cost to its principal's (or address's) budget: one atomic incr in the
-// shared dict, kept when the sliding-window estimate (previous minute's total weighted by what is
-// left of it, plus this minute's) stays within the limit, else refunded and refused (429). true:
-// admitted; false: answered.
+// Charge the request's cost to its principal's (or address's) bucket: admitted (the level less the
+// cost stored) when the bucket holds the cost, else refused (429) with Retry-After, the seconds
+// until it will (a cost over the capacity never fits: 60). true: admitted; false: answered.
 function chargeTokens(r, v, env) {
     // a fleet's replica deciding alone (on_unavailable: local): its share of the budget
     var spec = v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
-    var parts, limit, who, cost, dict, now, win, key, prev, used;
+    var parts, limit, cap, who, cost, key, out;
     if (!spec) {
         return true;
     }
     parts = spec.split(' ');
     limit = Number(parts[1]);
+    cap = Number(parts[3]);
     who = parts[2] === 'principal' ? v.perimeter_principal
         : (parts[2] === 'token' ? v.perimeter_jwt_principal : r.remoteAddress);
-    // over the whole budget never fits: counted as limit + 1 (a finite, exact increment)
-    cost = Math.min(Math.max(1, env.tokens), limit + 1);
+    // over the capacity never fits: counted as cap + 1 (a finite, exact amount)
+    cost = Math.min(Math.max(1, env.tokens), cap + 1);
     v.perimeter_charged = String(cost);
-    dict = ngx.shared.perimeter_tokens;
-    now = Date.now();
-    win = Math.floor(now / TOKEN_WINDOW);
-    key = parts[0] + ':' + who + ':';
+    key = parts[0] + ':' + who;
     try {
-        prev = dict.get(key + (win - 1)) || 0;
-        used = dict.incr(key + win, cost, 0);
-    } catch (e) {                       // the dict is full: fail closed
+        out = withBucket(key, limit, cap, function (level) {
+            if (cost <= level) {
+                return [level - cost, 0];
+            }
+            return [null, cost > cap ? 60 : Math.max(1, Math.ceil((cost - level) * 60 / limit))];
+        });
+    } catch (e) {                       // the dict is full (or the bucket stays locked): fail closed
         r.error('perimeter_tokens: ' + e);
         v.perimeter_reason = 'token-budget-store-full';
         r.internalRedirect('@perimeter_503');
         return false;
     }
-    if (cost > limit || prev * (1 - (now % TOKEN_WINDOW) / TOKEN_WINDOW) + used > limit) {
-        used = dict.incr(key + win, -cost);
-        v.perimeter_retry_after = String(retryAfter(now, prev, used, cost, limit));
+    if (out[1] > 0) {
+        v.perimeter_retry_after = String(out[1]);
         r.internalRedirect('@perimeter_token_budget');
         return false;
     }
-    // what the answer settles (settle, js_body_filter): the window's key, the refundable charge
-    v.perimeter_settle = key + win + ' ' + cost + ' -';
+    // what the answer settles (settle, js_body_filter): the bucket's key, the refundable charge
+    v.perimeter_settle = key + ' ' + cost + ' -';
     return true;
 }
 
@@ -1091,22 +1113,23 @@ function finalEvent(doc) {
         doc.response !== null && typeof doc.response === 'object' && usageOf(doc) !== null);
 }
 
-// The refund goes back to the window the charge was put in (its key), floored at 0, never to the
-// current one: the counts then equal those of a budget that had charged the usage at admission
-// (usage <= charge), so the sliding minute never lets through more than the plan's capacity. Taken
-// from the current window instead, a charge still weighing (1 - elapsed) in the previous minute
-// would be refunded at full weight: more let through than the usage justifies. A window older than
-// the previous minute no longer counts: nothing to return.
-function giveBack(key, n) {
-    var dict = ngx.shared.perimeter_tokens;
-    var win = Number(key.substring(key.lastIndexOf(':') + 1));
-    var left;
-    if (n <= 0 || Math.floor(Date.now() / TOKEN_WINDOW) - win > 1 || !dict.has(key)) {
+// The refund goes back into the bucket the charge was taken from (`key`; its budget the spec
+// chargeTokens read), up to its capacity (as the fleet's limiter gives: scanner/limiter/scripts.py),
+// so the bucket never holds more than C and any t seconds still admit at most C + N x t / 60. A
+// failure (the dict full) keeps the charge.
+function giveBack(r, key, n) {
+    var v = r.variables;
+    var parts = ((v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens) || '').split(' ');
+    var limit = Number(parts[1]), cap = Number(parts[3]);
+    if (n <= 0 || !(limit > 0) || !(cap > 0)) {
         return;
     }
-    left = dict.incr(key, -n, 0);
-    if (left < 0) {                     // another writer raced the expiry: never below zero
-        dict.incr(key, -left, 0);
+    try {
+        withBucket(key, limit, cap, function (level) {
+            return [Math.min(cap, level + n), 0];
+        });
+    } catch (e) {
+        r.error('perimeter_tokens: ' + e);
     }
 }
 
@@ -1211,7 +1234,7 @@ function streamPart(s, data, last) {
 }
 
 // The charge less the usage returned (settle.refund), once per answer: to the limiter's reservation
-// ($perimeter_refund, post_action settles it) or to the window of the charge (giveBack). Usage
+// ($perimeter_refund, post_action settles it) or to the bucket of the charge (giveBack). Usage
 // noted in $perimeter_usage ("INPUT+OUTPUT") for the access log.
 function settleOnce(r, s) {
     if (s.done || s.usage === null || !s.settled) {
@@ -1222,7 +1245,7 @@ function settleOnce(r, s) {
     if (r.variables.perimeter_shared && r.variables.perimeter_fallback !== '1') {
         r.variables.perimeter_refund = String(Math.max(0, s.cost - s.usage[0] - s.usage[1]));
     } else {
-        giveBack(s.key, s.cost - s.usage[0] - s.usage[1]);
+        giveBack(r, s.key, s.cost - s.usage[0] - s.usage[1]);
     }
 }
 
