@@ -13,7 +13,8 @@ from typing import Literal
 
 Kind = Literal[
     "not-allowlisted", "method-not-allowed", "missing-key", "unknown-key", "role", "network",
-    "body-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json", "bad-request", "upgrade",
+    "body-too-large", "headers-too-large", "json-cap", "forbidden-field", "unknown-field", "bad-json",
+    "bad-request", "upgrade",
     "grpc", "rate", "concurrency", "token-budget", "media-url", "media-data", "media-items", "media-embeds",
     "envelope-sequences", "envelope-tokens", "shared-store-unavailable",
     "jwt-missing", "jwt-invalid", "jwt-expired", "jwt-not-yet-valid", "jwt-issuer", "jwt-audience",
@@ -33,7 +34,11 @@ STATUS: dict[str, int] = {
     "forbidden-field": 400,      # a field the route's rules reject by name
     "unknown-field": 400,        # a field they do not name, with unknown: reject
     "bad-json": 400,
-    "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash)
+    "bad-request": 400,          # a request the proxy cannot parse or will not route (encoded slash; two
+                                 # Authorization headers)
+    # request headers over the proxy's own limit (with bearer tokens: a 32 KiB header line on
+    # NGINX, 32 KiB of headers on Envoy), answered before any route's check
+    "headers-too-large": 431,
     "upgrade": 403,              # a protocol upgrade (WebSocket) on a route that is not one
     "grpc": 415,                 # gRPC (content-type application/grpc*) on the HTTP/1.1 listener
     "media-url": 400,            # a media URL the route's media rules refuse (denied, scheme, host, ...)
@@ -47,7 +52,8 @@ STATUS: dict[str, int] = {
     "envelope-tokens": 400,
     # a bearer token on an audience with ``auth: jwt`` (scanner/policy/jwt.py): none sent; one that
     # does not verify (its form, size, alg, kid or signature: ``jwt-invalid:DETAIL``); expired or not
-    # yet valid (exp / nbf beyond the clock skew); another issuer; another audience: 401. A verified
+    # yet valid (exp / nbf beyond the clock skew); another issuer; another audience: 401 (details:
+    # size, format, crit, alg, kid, exp, nbf, iat, signature: scanner/plan/credential.py). A verified
     # token without a required claim value (or a principal claim the perimeter can name), or whose
     # role claim maps to no role: 403
     "jwt-missing": 401,

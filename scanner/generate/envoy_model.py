@@ -118,8 +118,9 @@ class RouteView:
 @dataclass(frozen=True)
 class JwtProvider:
     """One jwt_authn provider per audience with ``auth: jwt``: it verifies the signature (kid and
-    alg against the JWKS), exp / nbf with the skew and the audiences, and writes the token's
-    header and payload (or why it failed) to dynamic metadata; Lua decides with them."""
+    alg against the JWKS) only, and writes the token's header and payload (or why it failed) to
+    dynamic metadata; Lua judges the token's text before and its claims after (its clock skew
+    the largest jwt_authn takes, no audiences: ``audiences`` and ``clock_skew_s`` are Lua's)."""
 
     name: str                          # provider, requirement and metadata key prefix
     jwks_file: str
@@ -145,6 +146,11 @@ class LuaJwt:
     role: str
     max_bytes: int
     skew: int = 60
+    # the policy's audiences (Lua checks them: jwt_authn holds none); the JWKS keys Lua checks a
+    # token's kid and alg against (kid, algorithms verified), known only with a local JWKS
+    audiences: tuple[str, ...] = ()
+    keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    local_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -349,7 +355,7 @@ class Model:
     # mTLS (auth "cert"): the CA bundle client certificates are verified against, the chain depth;
     # a certificate is asked for, not required (key and token routes share the listener)
     listen_client_ca: str
-    listen_verify_depth: int
+    listen_verify_depth: int      # max_verify_depth: verify_depth + 1 (Envoy counts the trust anchor)
     upstream_endpoints: tuple[tuple[str, int], ...]   # every replica (host, port)
     upstream_ip: bool                                  # all are IP addresses: a STATIC cluster
     balance: Balance | None                            # None: one vLLM
@@ -476,12 +482,15 @@ class _Registry:
         t = d.jwt
         if t is None:
             return None
+        algs = verified(d, "envoy")
         return LuaJwt(provider=self.jwt_provider(d), algorithms=verified(d, "envoy"),
                       issuers=tuple(zip(t.issuers, plan_jwt.prefixes(t), strict=True)),
                       required=tuple((k, v) for k, v in t.required_claims.items()),
                       principal_claim=t.principal_claim, role_claim=t.role_claim,
                       roles=tuple(t.roles.items()), role=t.role, max_bytes=t.max_token_bytes,
-                      skew=t.clock_skew_s)
+                      skew=t.clock_skew_s, audiences=t.audiences, local_keys=not t.remote_jwks,
+                      keys=tuple((k.kid, tuple(a for a in k.algorithms if a in algs)) for k in t.keys
+                                 if any(a in algs for a in k.algorithms)))
 
     def local(self, d: Decision) -> Decision | None:
         """``d`` as this proxy limits it on its own: itself without a fleet; with one, its
@@ -803,7 +812,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,
         listen_client_ca=(tls.client_ca or "") if tls else "",
-        listen_verify_depth=tls.verify_depth if tls else 0,
+        listen_verify_depth=tls.verify_depth + 1 if tls else 0,   # max_verify_depth counts the trust anchor
         upstream_endpoints=plan.upstream.servers,
         upstream_ip=all(_is_ip(host) for host, _ in plan.upstream.servers),
         balance=_balance(plan), upstream_tls=_upstream_tls(plan, opts),

@@ -542,18 +542,9 @@ def _e_exact_prefix(env: _Envoy, plan: Plan) -> str:
     return f"{where(d)}: path -> prefix"
 
 
-# --- bearer tokens (auth: jwt): jwt_authn's provider and the Lua token checks weakened ---------
+# --- bearer tokens (auth: jwt): the Lua token checks weakened (jwt_authn verifies the signature only)
 
 JWT_NEEDS = "auth: jwt"
-JWT_FILTER = "envoy.filters.http.jwt_authn"
-
-
-def _providers(env: _Envoy, plan: Plan) -> tuple[Decision, list[dict[str, Any]]]:
-    d = core.token_checked(plan)
-    f = next((f for f in env.hcm["http_filters"] if f["name"] == JWT_FILTER), None)
-    if f is None:
-        raise NotApplicable("no jwt_authn filter")
-    return d, list(f["typed_config"]["providers"].values())
 
 
 def _lua_text(env: _Envoy, old: str, new: str) -> None:
@@ -580,21 +571,27 @@ def _e_jwt_signature(env: _Envoy, plan: Plan) -> str:
 
 
 @_e("jwt-audience-unchecked", "remove", "the token's audience",
-    "jwt_authn accepts any audience", ("identity",), needs=JWT_NEEDS)
+    "a token for another audience is admitted (Lua's audience check removed; jwt_authn holds none)",
+    ("identity",), needs=JWT_NEEDS)
 def _e_jwt_audience(env: _Envoy, plan: Plan) -> str:
-    d, providers = _providers(env, plan)
-    for p in providers:
-        p.pop("audiences", None)
-    return f"{where(d)} (every auth: jwt route): the providers' audiences removed"
+    d = core.token_checked(plan)
+    _lua_text(env, """  if not claim_has(claims.aud, t.audiences) then
+    return "401", "jwt-audience"
+  end
+""", "")
+    return f"{where(d)} (every auth: jwt route): the audience check removed"
 
 
 @_e("jwt-expiry-unchecked", "remove", "the token's expiry",
-    "jwt_authn accepts expired tokens (a ten-year clock skew)", ("identity",), needs=JWT_NEEDS)
+    "an expired token is admitted (Lua's exp check removed; jwt_authn's skew is its largest)",
+    ("identity",), needs=JWT_NEEDS)
 def _e_jwt_expiry(env: _Envoy, plan: Plan) -> str:
-    d, providers = _providers(env, plan)
-    for p in providers:
-        p["clock_skew_seconds"] = 315360000
-    return f"{where(d)} (every auth: jwt route): clock_skew_seconds ten years"
+    d = core.token_checked(plan)
+    _lua_text(env, """  if now > claims.exp + t.skew then
+    return "401", "jwt-expired"
+  end
+""", "")
+    return f"{where(d)} (every auth: jwt route): the expiry check removed"
 
 
 @_e("jwt-issuer-unchecked", "remove", "the token's issuer",

@@ -15,6 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from scanner.errors import UsageError
+from scanner.plan.credential import cert_principal
 from scanner.plan.model import Plan
 from scanner.policy.model import CertPrincipal
 from scanner.probe.interface import Credential
@@ -36,12 +37,10 @@ def names_of(pem: bytes) -> tuple[tuple[str, ...], str]:
 
 
 def principal_of(plan: Plan, sans: tuple[str, ...], subject: str) -> CertPrincipal | None:
-    """The certificate principal a certificate names, as both proxies decide it: its one URI SAN,
-    else its subject."""
-    by = {c.identity: c for c in plan.certs}
-    if len(sans) == 1 and f"san:{sans[0]}" in by:
-        return by[f"san:{sans[0]}"]
-    return by.get(f"subject:{subject}")
+    """The certificate principal a certificate names, as both proxies decide it (the reference,
+    scanner/plan/credential.py): with any URI SAN its one SAN (several, or one not listed:
+    nobody), without its subject."""
+    return cert_principal(plan.certs, sans, subject)
 
 
 def cert_credential(role: str, cert: str, key: str, plan: Plan, label: str = "") -> Credential:

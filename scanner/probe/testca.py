@@ -29,9 +29,22 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
+def _ca_cert(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
+             signer: ec.EllipticCurvePrivateKey, path_length: int | None) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _DAY).not_valid_after(now + 30 * _DAY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                           critical=True)
+            .sign(signer, hashes.SHA256()))
+
+
 @dataclass(frozen=True)
 class Leaf:
-    """A client (or server) certificate and its key, PEM."""
+    """A client (or server) certificate and its key, PEM (the certificate followed by its
+    issuer's intermediates, if any: the chain a client presents)."""
 
     cert_pem: bytes
     key_pem: bytes = field(repr=False)
@@ -53,20 +66,23 @@ class TestCa:
     name: str
     cert: x509.Certificate
     key: ec.EllipticCurvePrivateKey = field(repr=False)
+    # an intermediate CA: its certificate and those of the intermediates above it (PEM, nearest
+    # first), which a leaf it issues carries after its own; a root: none
+    chain: bytes = b""
 
     @classmethod
-    def new(cls, name: str = "vllm-perimeter test CA") -> TestCa:
+    def new(cls, name: str = "vllm-perimeter test CA", path_length: int | None = 0) -> TestCa:
+        """A root CA; ``path_length``: the intermediates it may have below it (None: any)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - _DAY).not_valid_after(now + 30 * _DAY)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-                               critical=True)
-                .sign(key, hashes.SHA256()))
-        return cls(name, cert, key)
+        return cls(name, _ca_cert(subject, subject, key, key, path_length), key)
+
+    def intermediate(self, name: str) -> TestCa:
+        """An intermediate CA issued by this one (which needs a path length allowing it)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        cert = _ca_cert(subject, self.cert.subject, key, self.key, None)
+        return TestCa(name, cert, key, cert.public_bytes(serialization.Encoding.PEM) + self.chain)
 
     @property
     def pem(self) -> bytes:
@@ -99,4 +115,4 @@ class TestCa:
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
-        return Leaf(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+        return Leaf(cert.public_bytes(serialization.Encoding.PEM) + self.chain, _key_pem(key))

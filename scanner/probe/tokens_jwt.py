@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jwt as pyjwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from scanner.errors import UsageError
@@ -41,6 +41,22 @@ class Signer:
     def sign(self, claims: Mapping[str, object], kid: str | None = None, alg: str | None = None) -> str:
         return pyjwt.encode(dict(claims), self.key, algorithm=alg or self.alg,  # type: ignore[arg-type]
                             headers={"kid": self.kid if kid is None else kid})
+
+    def sign_text(self, header: str, claims: str) -> str:
+        """A token over exactly these JSON texts (which may name a member twice: no library
+        writes that), signed under the signer's algorithm."""
+        signing = f"{_b64(header.encode())}.{_b64(claims.encode())}"
+        key = self.key
+        if isinstance(key, rsa.RSAPrivateKey):
+            pad = (padding.PSS(padding.MGF1(hashes.SHA256()), 32) if self.alg == "PS256"
+                   else padding.PKCS1v15())
+            signature = key.sign(signing.encode(), pad, hashes.SHA256())
+        elif isinstance(key, ec.EllipticCurvePrivateKey):
+            r, s = utils.decode_dss_signature(key.sign(signing.encode(), ec.ECDSA(hashes.SHA256())))
+            signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
+        else:
+            raise UsageError(f"cannot sign a token with a {type(key).__name__}")
+        return f"{signing}.{_b64(signature)}"
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,8 @@ def unmapped(t: JwtAuth) -> str:
 class TokenCase:
     name: str
     token: str = field(repr=False)
-    expect: str        # the reason kind (reasons.py) it must be refused with; "" admitted
+    expect: str        # the reason (reasons.py: KIND or KIND:DETAIL) it must be refused with; "" admitted
+    scheme: str = "Bearer"     # the Authorization scheme it is sent under (any letter case is Bearer)
 
 
 def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[TokenCase, ...]:
@@ -161,6 +178,7 @@ def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[T
            TokenCase("alg none", forge_none(good, kid), "jwt-invalid"),
            TokenCase("oversized", "x" * (t.max_token_bytes + 1), "jwt-invalid"),
            TokenCase("not a JWT", "not.a.jwt", "jwt-invalid")]
+    out += _form_cases(t, signer, good, kid)
     if pem:
         out.append(TokenCase("HS256 keyed with the RSA public key", forge_hs256(good, kid, pem),
                              "jwt-invalid"))
@@ -186,4 +204,35 @@ def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[T
                              sign({k: v for k, v in good.items() if k != name}), "jwt-claim"))
     if t.role_claim:
         out.append(TokenCase("role not mapped", sign({**good, t.role_claim: [unmapped(t)]}), "jwt-role"))
+    out.append(TokenCase("lower-case scheme", sign(good), "", scheme="bearer"))
     return tuple(out)
+
+
+def _form_cases(t: JwtAuth, signer: Signer | None, good: Mapping[str, object], kid: str) -> list[TokenCase]:
+    """The token's form, judged before its signature (scanner/plan/credential.py), so proven with
+    or without the issuer's key (signed when there is one, as an attacker holding a valid token
+    would send them): trailing characters, a member named twice in the claims or the header
+    (JSON parsers keep the last), a crit extension, a time claim out of range."""
+    alg = signer.alg if signer else next((a for k in t.keys for a in k.algorithms), "RS256")
+    head = {"alg": alg, "typ": "JWT", "kid": kid}
+
+    def token(header: str, claims: str) -> str:
+        if signer is not None:
+            return signer.sign_text(header, claims)
+        return f"{_b64(header.encode())}.{_b64(claims.encode())}.{_b64(b'no signature')}"
+
+    h, c = json.dumps(head), json.dumps(dict(good))
+    valid = token(h, c)
+    other = json.dumps("perimeter-someone-else")
+    return [
+        TokenCase("trailing dot", valid + ".", "jwt-invalid:format"),
+        TokenCase("trailing dots", valid + "..", "jwt-invalid:format"),
+        TokenCase("trailing padding", valid + "==", "jwt-invalid:format"),
+        TokenCase(f"claim {t.principal_claim} twice",
+                  token(h, f'{c[:-1]}, {json.dumps(t.principal_claim)}: {other}}}'), "jwt-invalid:format"),
+        TokenCase("header alg twice", token('{"alg": "none", ' + h[1:], c), "jwt-invalid:format"),
+        TokenCase("crit naming an unknown extension",
+                  token(json.dumps({**head, "crit": ["perimeter-unknown"], "perimeter-unknown": True}), c),
+                  "jwt-invalid:crit"),
+        TokenCase("exp 1e300", token(h, json.dumps({**good, "exp": 1e300})), "jwt-invalid:exp"),
+    ]

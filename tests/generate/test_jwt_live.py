@@ -90,8 +90,8 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _send(live: Live, token: str | None, probe: str, method: str = "GET", path: str = "/v1/models",
-          body: object = None) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+          body: object = None, scheme: str = "Bearer") -> httpx.Response:
+    headers = {"Authorization": f"{scheme} {token}"} if token is not None else {}
     if body is not None:
         headers["Content-Type"] = "application/json"
     transport = httpx.HTTPTransport(local_address=live.source)
@@ -120,7 +120,7 @@ def test_every_token_case_is_decided(live: Live) -> None:
     t = _audience(live)
     wrong = []
     for i, case in enumerate(tokens_jwt.cases(t, "user", issuer.rsa, "alice")):
-        r = _send(live, case.token if case.name != "no token" else None, f"jwt-{i}")
+        r = _send(live, case.token if case.name != "no token" else None, f"jwt-{i}", scheme=case.scheme)
         got = r.headers.get(REASON_HEADER, "")
         if case.expect:
             if not reasons.proves(case.expect, r.status_code, got):

@@ -40,7 +40,7 @@ def test_envoy_config_shape(tmp_path: Path) -> None:
     yaml_text = a["envoy.yaml"]
     assert "require_client_certificate: false" in yaml_text
     assert f"trusted_ca: {{filename: \"{tmp_path / 'ca.pem'}\"}}" in yaml_text
-    assert "max_verify_depth: 2" in yaml_text
+    assert "max_verify_depth: 3" in yaml_text   # verify_depth 2 intermediates + the trust anchor
     tsv = a["envoy-principals.tsv"]
     assert "cert\tsan:spiffe://example.org/ns/app/sa/worker\tworker-a\tworker\n" in tsv
     assert "cert\tsubject:CN=batch,O=Example\tbatch\tworker\n" in tsv

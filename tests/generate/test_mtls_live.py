@@ -162,16 +162,18 @@ def test_certificate_refusals(live: Live) -> None:
                   more_sans=("spiffe://example.org/ns/app/sa/other",))
     r = _send(live, two, "two-sans")
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "cert-unknown")
-    # ... while its subject may still name one
+    # ... nor by its subject, even one naming a subject principal: a certificate with any URI SAN is
+    # named by it alone (a revoked SPIFFE ID never falls back to its subject)
     two_batch = _issued(live, "two-sans-batch", subject="CN=batch,O=Example",
                         san="spiffe://example.org/ns/app/sa/worker", more_sans=("spiffe://x/y",))
-    assert _send(live, two_batch, "two-sans-batch").status_code == 200
+    r = _send(live, two_batch, "two-sans-batch")
+    assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "cert-unknown")
     r = _send(live, _client(live, "ops"), "wrong-role")
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "role")
     r = _send(live, _client(live, "worker-a"), "admin-route", "POST", "/v1/chat/completions",
               {"model": "m", "messages": []})
     assert (r.status_code, r.headers.get(REASON_HEADER)) == (403, "role")
-    for probe in ("no-cert", "unknown", "two-sans", "wrong-role", "admin-route"):
+    for probe in ("no-cert", "unknown", "two-sans", "two-sans-batch", "wrong-role", "admin-route"):
         assert not _witnessed(live, probe), probe
 
 

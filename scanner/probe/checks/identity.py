@@ -137,7 +137,8 @@ class Identity(CredentialCheck):
             for tc in tokens_jwt.cases(t, role, signer(ctx, d), who):
                 cred = Credential(label=f"jwt:{tc.name}", kind="token" if tc.token else "none", role=role,
                                   secret=tc.token, fingerprint=fingerprint(tc.token) if tc.token else "",
-                                  audiences=(d.audience,) if not tc.expect else (), principal=named)
+                                  audiences=(d.audience,) if not tc.expect else (), principal=named,
+                                  scheme=tc.scheme)
                 exp = ALLOW if not tc.expect else Expectation("deny", (tc.expect,))
                 yield ctx.case(self.id, d.method, d.path, cred, vantage,
                                "witness" if not tc.expect else "variant",

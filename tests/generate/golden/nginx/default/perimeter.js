@@ -61,8 +61,9 @@ function keyHash(r) {
 // auth "cert": the client certificate's principal, "name role" ('' none). NGINX verified the
 // certificate (the config reads this only when $ssl_client_verify is SUCCESS); its URI SANs are
 // read from $ssl_client_raw_cert (PEM) by a minimal DER walk to the subjectAltName extension
-// (2.5.29.17): exactly one URI SAN (as a SPIFFE X.509-SVID has) names a principal as "san:URI",
-// else the subject ($ssl_client_s_dn, RFC 2253) as "subject:DN"; the table is $perimeter_certs.
+// (2.5.29.17): exactly one URI SAN (as a SPIFFE X.509-SVID has) names a principal as "san:URI"
+// (several, or one not listed: nobody); a certificate without any URI SAN is named by its subject
+// ($ssl_client_s_dn, RFC 2253) as "subject:DN"; the table is $perimeter_certs.
 function derAt(b, i, end) {
     if (i + 2 > end) {
         return null;
@@ -150,9 +151,11 @@ function certWho(r) {
     if (sans === null) {
         return '';
     }
+    // a certificate with any URI SAN is named by it alone (a revoked SPIFFE ID never falls back
+    // to its subject); only one without a URI SAN by its subject
     var p = sans.length === 1 && has(table, 'san:' + sans[0]) ? table['san:' + sans[0]] : null;
     var dn = 'subject:' + (r.variables.ssl_client_s_dn || '');
-    if (p === null && has(table, dn)) {
+    if (sans.length === 0 && has(table, dn)) {
         p = table[dn];
     }
     return p === null ? '' : p[0] + ' ' + p[1];
@@ -1439,8 +1442,17 @@ function direct(r) {
 }
 
 // --- bearer tokens (auth "jwt") -------------------------------------------------------------
-var JWT_BEARER = /^[Bb][Ee][Aa][Rr][Ee][Rr] +([\x21-\x7e]+)$/;
+// The token's text is judged before its signature as scanner/plan/credential.py (the reference)
+// and Envoy's Lua judge it: the scheme in any letter case; three canonical unpadded base64url
+// parts; UTF-8 JSON objects with no member name twice, nesting at most JWT_DEPTH, finite
+// numbers; registered claims of their types; no crit; exp / nbf / iat integers 0..2^32-1.
+var JWT_BEARER = /^[Bb][Ee][Aa][Rr][Ee][Rr] +(.+)$/;
+var JWT_TOKEN = /^[\x21-\x7e]+$/;
 var JWT_PART = /^[A-Za-z0-9_-]+$/;
+var JWT_NUMBER = /^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$/;
+var JWT_B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_';
+var JWT_TIME_MAX = 4294967295;
+var JWT_DEPTH = 16;     // within njs JSON.parse's own limit (32)
 var JWT_CLAIM_VALUE = /^[A-Za-z0-9_.@:+\/=|-]{1,256}$/;
 // alg -> [importKey algorithm, verify algorithm]
 var JWT_ALGS = {
@@ -1454,12 +1466,136 @@ function jwtDeny(r, status, reason) {
     r.internalRedirect('@perimeter_' + status);
 }
 
+// A token part's bytes: canonical unpadded base64url only (no length of 1 mod 4, no bits past
+// the last byte); else null.
+function jwtBytes(part) {
+    var n = part.length % 4, last;
+    if (!JWT_PART.test(part) || n === 1) {
+        return null;
+    }
+    last = JWT_B64.indexOf(part.charAt(part.length - 1));
+    if ((n === 2 && (last & 15)) || (n === 3 && (last & 3))) {
+        return null;
+    }
+    return Buffer.from(part, 'base64url');
+}
+
+// What njs's JSON.parse (which has read s) does not check: no member name twice in any object,
+// every number as JSON writes it, no \u escape of a lone surrogate (a high one not followed by a
+// low one, or a low one alone).
+function jwtUnique(s) {
+    var stack = [], i, j, c, top, key, u, high;
+    for (i = 0; i < s.length; i++) {
+        c = s.charCodeAt(i);
+        if (c === 34) {
+            high = false;
+            for (j = i + 1; s.charCodeAt(j) !== 34; j++) {
+                u = s.charCodeAt(j) === 92 && s.charAt(j + 1) === 'u' ? parseInt(s.substr(j + 2, 4), 16) : -1;
+                if ((u >= 0xdc00 && u <= 0xdfff) !== high) {
+                    return false;
+                }
+                high = u >= 0xd800 && u <= 0xdbff;
+                if (s.charCodeAt(j) === 92) {
+                    j += u >= 0 ? 5 : 1;
+                }
+            }
+            if (high) {
+                return false;
+            }
+            top = stack[stack.length - 1];
+            if (top && top.k) {
+                key = 'k' + JSON.parse(s.slice(i, j + 1));
+                if (has(top.seen, key)) {
+                    return false;
+                }
+                top.seen[key] = true;
+                top.k = false;
+            }
+            i = j;
+        } else if (c === 43 || c === 45 || c === 46 || (c >= 48 && c <= 57)) {
+            // a number as JSON writes it (njs's JSON.parse also takes 010, .5, +1)
+            for (j = i + 1; j < s.length && /[0-9.eE+-]/.test(s.charAt(j)); j++) {
+            }
+            if (!JWT_NUMBER.test(s.slice(i, j))) {
+                return false;
+            }
+            i = j - 1;
+        } else if (c === 123 || c === 91) {
+            stack.push({k: c === 123, o: c === 123, seen: {}});
+        } else if (c === 125 || c === 93) {
+            stack.pop();
+        } else if (c === 44 && stack.length && stack[stack.length - 1].o) {
+            stack[stack.length - 1].k = true;
+        }
+    }
+    return true;
+}
+
+// Nesting within JWT_DEPTH and every number finite.
+function jwtSound(v, depth) {
+    var k;
+    if (typeof v === 'number') {
+        return isFinite(v);
+    }
+    if (v === null || typeof v !== 'object') {
+        return true;
+    }
+    if (depth > JWT_DEPTH) {
+        return false;
+    }
+    for (k in v) {
+        if (has(v, k) && !jwtSound(v[k], depth + 1)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 function jwtJson(part) {
-    var v = JSON.parse(Buffer.from(part, 'base64url').toString());
-    if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+    var b = jwtBytes(part), s, v;
+    if (b === null) {
+        throw new Error('not base64url');
+    }
+    s = b.toString();
+    if (!Buffer.from(s).equals(b)) {
+        throw new Error('not UTF-8');
+    }
+    v = JSON.parse(s);
+    if (v === null || typeof v !== 'object' || Array.isArray(v) || !jwtUnique(s) || !jwtSound(v, 1)) {
         throw new Error('not an object');
     }
     return v;
+}
+
+// The registered claims' types and the header's crit: a refusal reason, or ''.
+function jwtForm(h, p) {
+    var names = ['iss', 'sub', 'jti'], i;
+    for (i = 0; i < names.length; i++) {
+        if (has(p, names[i]) && typeof p[names[i]] !== 'string') {
+            return 'jwt-invalid:format';
+        }
+    }
+    if (has(p, 'aud') && typeof p.aud !== 'string'
+        && !(Array.isArray(p.aud) && p.aud.every(function (a) { return typeof a === 'string'; }))) {
+        return 'jwt-invalid:format';
+    }
+    return has(h, 'crit') ? 'jwt-invalid:crit' : '';
+}
+
+// exp present; exp, nbf, iat integers 0..2^32-1: a refusal reason, or ''.
+function jwtTimes(p) {
+    var names = ['exp', 'nbf', 'iat'], i, x;
+    if (!has(p, 'exp')) {
+        return 'jwt-invalid:exp';
+    }
+    for (i = 0; i < names.length; i++) {
+        x = p[names[i]];
+        if (has(p, names[i])
+            && !(typeof x === 'number' && Math.floor(x) === x && x >= 0 && x <= JWT_TIME_MAX)) {
+            return 'jwt-invalid:' + names[i];
+        }
+    }
+    return '';
 }
 
 // Does a claim (a string, or a list of strings) hold one of the values?
@@ -1540,9 +1676,12 @@ function jwtClaims(v, cfg, p) {
 
 function jwt(r) {
     var v = r.variables;
-    var cfg, m, token, parts, header, payload, alg, key, algs;
+    var cfg, m, token, parts, header, payload, alg, key, algs, why;
     try {
         cfg = JSON.parse(v['perimeter_jwt_cfg_' + v.perimeter_jwt]);
+        if ((v.http_authorization || '').indexOf(',') >= 0) {
+            return jwtDeny(r, 400, 'bad-request');   // a list of credentials (NGINX refuses two headers)
+        }
         m = JWT_BEARER.exec(v.http_authorization || '');
         if (!m) {
             return jwtDeny(r, 401, 'jwt-missing');
@@ -1552,8 +1691,7 @@ function jwt(r) {
             return jwtDeny(r, 401, 'jwt-invalid:size');
         }
         parts = token.split('.');
-        if (parts.length !== 3 || !JWT_PART.test(parts[0]) || !JWT_PART.test(parts[1])
-            || !JWT_PART.test(parts[2])) {
+        if (!JWT_TOKEN.test(token) || parts.length !== 3 || jwtBytes(parts[2]) === null) {
             return jwtDeny(r, 401, 'jwt-invalid:format');
         }
         header = jwtJson(parts[0]);
@@ -1561,11 +1699,18 @@ function jwt(r) {
     } catch (e) {
         return jwtDeny(r, 401, 'jwt-invalid:format');
     }
+    why = jwtForm(header, payload);
+    if (why) {
+        return jwtDeny(r, 401, why);
+    }
     alg = header.alg;
     if (typeof alg !== 'string' || cfg.algs.indexOf(alg) < 0 || !JWT_ALGS[alg]) {
         return jwtDeny(r, 401, 'jwt-invalid:alg');
     }
-    v.perimeter_jwt_kid = typeof header.kid === 'string' ? header.kid : '';
+    if (has(header, 'kid') && (typeof header.kid !== 'string' || header.kid === '')) {
+        return jwtDeny(r, 401, 'jwt-invalid:kid');
+    }
+    v.perimeter_jwt_kid = has(header, 'kid') ? header.kid : '';
     key = v['perimeter_jwk_' + v.perimeter_jwt] || '';
     if (!key) {
         return jwtDeny(r, 401, 'jwt-invalid:kid');
@@ -1573,6 +1718,10 @@ function jwt(r) {
     algs = key.split(' ');
     if (algs[0].split(',').indexOf(alg) < 0) {
         return jwtDeny(r, 401, 'jwt-invalid:alg');
+    }
+    why = jwtTimes(payload);
+    if (why) {
+        return jwtDeny(r, 401, why);
     }
     globalThis.crypto.subtle.importKey('spki', Buffer.from(algs[1], 'base64'), JWT_ALGS[alg][0], false,
                                        ['verify'])
