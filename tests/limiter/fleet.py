@@ -31,12 +31,14 @@ RPS, BURST, CONCURRENCY, TOKENS = 4, 5, 2, 2000
 TOKEN_BURST = TOKENS
 
 
-def fleet_policy(on_unavailable: str = "deny", tokens: bool = True, burst: int = TOKEN_BURST,
+def fleet_policy(on_unavailable: str = "deny", tokens: bool = True, burst: int | None = TOKEN_BURST,
                  tpm: int = TOKENS) -> Policy:
+    """The bundled policy with the fleet's limits and ``shared:`` (``burst`` None: the default bucket)."""
     text = DEFAULT.read_text().replace(
         "      rate: {rps: 10, burst: 20}\n      concurrency: 16\n",
         f"      rate: {{rps: {RPS}, burst: {BURST}}}\n      concurrency: {CONCURRENCY}\n"
-        + (f"      tokens_per_minute: {tpm}\n      tokens_burst: {burst}\n" if tokens else ""), 1)
+        + (f"      tokens_per_minute: {tpm}\n" if tokens else "")
+        + (f"      tokens_burst: {burst}\n" if tokens and burst else ""), 1)
     text += f"\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: {on_unavailable}\n"
     return loads(text)
 
