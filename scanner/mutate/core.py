@@ -243,6 +243,27 @@ def media_checked(plan: Plan) -> Decision:
     return pick(plan, "with media rules", lambda d: d.media.active)
 
 
+def media_listed(plan: Plan) -> Decision:
+    """A route whose media rules list an exact host of three labels or more (a wildcard of its
+    parent is then wider and still not everything)."""
+    return pick(plan, "with an exact media domain under a parent domain",
+                lambda d: d.media.active and any(exact_child(e) for e in d.media.domains))
+
+
+def exact_child(entry: str) -> bool:
+    return not entry.startswith("*.") and entry.partition(":")[0].count(".") >= 2
+
+
+def domain_widened(d: Decision) -> tuple[Decision, str]:
+    """The route's first exact media domain (``media.example.com``) -> a wildcard of its parent
+    (``*.example.com``): every sibling host passes the proxy."""
+    entry = next(e for e in d.media.domains if exact_child(e))
+    name, _, port = entry.partition(":")
+    wide = "*." + name.partition(".")[2] + (f":{port}" if port else "")
+    domains = tuple(wide if e == entry else e for e in d.media.domains)
+    return replace(d, media=replace(d.media, domains=domains)), f"media domain {entry} -> {wide}"
+
+
 def where(d: Decision) -> str:
     return f"{d.method} {d.path}"
 
@@ -310,6 +331,17 @@ def raised(limit: str, factor: int) -> Callable[[Decision], tuple[Decision, str]
         assert isinstance(value, int)
         return limits(d, **{limit: value * factor}), f"{limit} {value} -> {value * factor}"
     return change
+
+
+def bucket_doubled(plan: Plan) -> tuple[Plan, str]:
+    """Every route of one token zone with its bucket's capacity doubled (limits.tokens_burst), the
+    refill (tokens_per_minute) and the per-request cap as planned: any minute then admits up to
+    2 C + N instead of C + N."""
+    d = token_budgeted(plan)
+    zone, capacity = d.token_zone, d.token_capacity
+    decisions = tuple(limits(x, tokens_burst=2 * x.token_capacity) if x.token_zone == zone else x
+                      for x in plan.decisions)
+    return replace(plan, decisions=decisions), f"{zone}: bucket {capacity} -> {2 * capacity}"
 
 
 def multiplier_dropped(d: Decision) -> tuple[Decision, str]:
@@ -515,9 +547,15 @@ def plan_operators() -> tuple[PlanOperator, ...]:
         PlanOperator("token-budget-raised-x1000", "raise", "a route with a token budget",
                      "one route's token budget x1000", ("token-budget",),
                      on(token_budgeted, raised("tokens_per_minute", 1000)), needs="limits.tokens_per_minute"),
+        PlanOperator("bucket-two-minutes", "raise", "a token zone",
+                     "one token zone's bucket holds twice its capacity (the refill unchanged: up to 2 C + N "
+                     "a minute)", ("token-budget",), bucket_doubled, needs="limits.tokens_per_minute"),
         PlanOperator("envelope-cap-raised", "raise", "a route with envelope caps and a list multiplier",
                      "one route's max_sequences and max_request_tokens x10", ("limits",),
                      on(envelope_capped, envelope_caps_raised(10))),
+        PlanOperator("media-domain-widened", "widen", "a route's exact media domain",
+                     "one route's listed media domain widened to a wildcard of its parent", ("media",),
+                     on(media_listed, domain_widened), needs="media.domains"),
         PlanOperator("network-widened-24", "widen", "a route on the first network set",
                      "one route's network widened to its /24",
                      ("matrix",), on(on_network_set(0), widened(24))),

@@ -58,10 +58,11 @@ def but_rates(options: ProbeOptions) -> ProbeOptions:
 
 def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, options: ProbeOptions,
                   mutant: str = "", keys_per_role: int = 1, paced: bool = False,
-                  fetch_media: bool = False) -> ProbeResult:
+                  fetch_media: bool = False, witness: bool = True) -> ProbeResult:
     """``policy``'s plan generated for ``proxy`` (weakened by ``mutant``), started in front of the
-    stand-in (``fetch_media``: fetching media URLs as vLLM does) and probed; ``paced``: under the
-    policy's own rate limits, else under unpaced()."""
+    stand-in (``fetch_media``: fetching media URLs as vLLM does) and probed (with the stand-in's
+    witness unless ``witness`` is false); ``paced``: under the policy's own rate limits, else under
+    unpaced()."""
     inventory = load_ref(catalog)
     directory = tmp_path / "proxy"
 
@@ -75,7 +76,7 @@ def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, op
         s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, standin.port,
                          keys_per_role=keys_per_role)
         written(s.plan)
-        return verify.proxy_run(s, proxy, directory, options, standin.url, written).result
+        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
 
 
 def decided(attempts: Sequence[Attempt]) -> list[Attempt]:

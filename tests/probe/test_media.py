@@ -87,3 +87,31 @@ def test_a_route_without_its_media_check_is_caught(tmp_path: Path, name: str) ->
                         mutant="media-check-removed")
     assert any(f.rule == "VP005" and "media" in (f.title + f.detail) for f in res.findings), \
         [(f.rule, f.title) for f in res.findings]
+
+
+# --- neighbours of the listed domains, without a witness (issue 30, item 5) ------------------------
+
+NO_WITNESS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("media",))
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_a_listed_domain_widened_to_its_parent_is_caught_without_a_witness(tmp_path: Path, name: str) -> None:
+    """img.example.org:8443 -> *.example.org:8443 (the first exact entry; scanner/mutate
+    core.domain_widened): its siblings and its subdomain now pass the proxy; the probe without
+    --witness sees them reach vLLM."""
+    res = probe_through(tmp_path, proxy_named(name), _with_media(RULES), CATALOG, NO_WITNESS,
+                        mutant="media-domain-widened", witness=False)
+    assert res.exit_code() == 1, [(c.subject, c.status, c.why) for c in res.coverage]
+    leaked = {a.note.split(" at ")[0] for a in res.attempts if a.verdict == "failed"}
+    assert {"neighbour of img.example.org:8443: a sibling", "neighbour of img.example.org:8443: a look-alike "
+            "with a prefix"} <= leaked, leaked
+    assert "neighbour of img.example.org:8443: its parent" not in leaked, leaked   # a wildcard: not the apex
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_the_neighbours_of_listed_domains_are_refused_without_a_witness(tmp_path: Path, name: str) -> None:
+    res = probe_through(tmp_path, proxy_named(name), _with_media(RULES), CATALOG, NO_WITNESS, witness=False)
+    assert res.exit_code() == 0 and not res.findings, [(f.rule, f.title) for f in res.findings]
+    near = decided([a for a in res.attempts if a.note.startswith("neighbour of ")])
+    assert len({a.note for a in near}) >= 20 and all(a.verdict == "proved" and a.reason == "media-url:host"
+                                                     for a in near), near[:3]

@@ -80,6 +80,42 @@ def listed_url(rules: MediaRules) -> str:
     return ""
 
 
+MAX_NEIGHBOURS = 48   # neighbour URLs per route at most (8 per entry: a long list stays bounded)
+
+
+def neighbours(entry: str) -> list[tuple[str, str]]:
+    """(note, host[:port]) of the hosts around one ``domains`` entry that a match looser than the
+    entry's would admit: a suffix without the dot, the entry inside a longer name, its parent and
+    a sibling, a dot read as any character, a subdomain of an exact entry, the apex of a ``*.`` entry, the
+    entry with another port (or without its port). What each is expected to do is
+    ``media.url_reason``'s: another entry may list it."""
+    name, _, port = entry.partition(":")
+    wild = name.startswith("*.")
+    host = name[2:] if wild else name
+    first = host.split(".")[0]
+    parent = host.partition(".")[2]
+    at = f":{port}" if port else ""
+    out = [("a look-alike with a prefix", f"evil-{host}{at}" if not wild else f"evil{host}{at}"),
+           ("the entry inside a longer name", f"{'probe.' if wild else ''}{host}.evil.net{at}"),
+           ("a dot read as any character", f"{'probe.' if wild else ''}{host.replace('.', 'x', 1)}{at}")]
+    if parent and "." in parent:   # never a bare top-level domain
+        out += [("its parent", parent + at), ("a sibling", f"other-{first}.{parent}{at}")]
+    out.append(("its apex (a wildcard lists subdomains only)", host + at) if wild
+               else ("a subdomain of an exact entry", f"sub.{host}{at}"))
+    if port:
+        out.append(("without its port", host))
+    else:
+        out.append(("with a port", f"{'probe.' if wild else ''}{host}:8443"))
+    return out
+
+
+def neighbour_cases(rules: MediaRules) -> list[tuple[str, str]]:
+    """(note, URL) of every listed entry's neighbours (:func:`neighbours`), at most MAX_NEIGHBOURS."""
+    out = [(f"neighbour of {entry}: {note}", f"https://{host}/probe.png")
+           for entry in rules.domains for note, host in neighbours(entry)]
+    return list(dict.fromkeys(out))[:MAX_NEIGHBOURS]
+
+
 def url_cases(rules: MediaRules) -> list[tuple[str, str]]:
     """(note, URL) for the URL rules: what each is expected to do is ``media.url_reason``'s."""
     if rules.urls == "pass":
@@ -99,7 +135,8 @@ def url_cases(rules: MediaRules) -> list[tuple[str, str]]:
             ("octal IP host", "http://0251.0376.0251.0376/"),
             ("IPv6 literal", "http://[::ffff:a9fe:a9fe]/"),
             ("trailing dot", f"https://{host.split(':')[0]}./probe.png"),
-            ("percent-encoded host", "https://" + host.replace(".", "%2e", 1) + "/probe.png")]
+            ("percent-encoded host", "https://" + host.replace(".", "%2e", 1) + "/probe.png"),
+            *neighbour_cases(rules)]
 
 
 def _many(place: str, n: int) -> tuple[dict[str, object], str] | None:
