@@ -59,6 +59,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa, utils
 
+from scanner.plan import jwt as plan_jwt
 from scanner.policy.jwt import CLAIM_VALUE, Jwk, JwtAuth
 from scanner.policy.model import CertPrincipal
 
@@ -79,14 +80,16 @@ _SURROGATE = re.compile("[\ud800-\udfff]")   # a lone surrogate escape (a pair d
 @dataclass(frozen=True)
 class Verdict:
     """What the perimeter answers a credential: admitted (status 0, reason ""), or the status and
-    reason token (scanner/reasons.py) of its refusal. ``subject`` is what names the principal (a
-    token's principal claim value, a certificate's principal name); ``issuer`` the token's."""
+    reason token (scanner/reasons.py) of its refusal. ``principal`` is the name the upstream and
+    the logs see (a token's ``jwt:ID:CLAIM``, scanner/plan/jwt.py; a certificate principal's
+    name), ``subject`` what named it (the principal claim's value), ``issuer`` the token's."""
 
     status: int = 0
     reason: str = ""
     subject: str = ""
     issuer: str = ""
     role: str = ""
+    principal: str = ""
 
     @property
     def admitted(self) -> bool:
@@ -286,9 +289,10 @@ def judge_claims(t: JwtAuth, claims: Mapping[str, object], now: int,
     role = t.role_of(claims.get(t.role_claim)) if t.role_claim else t.role
     if not role:
         return _refused(403, "jwt-role")
+    named = plan_jwt.principal(t, iss, who)
     if route_roles and role not in route_roles:
-        return Verdict(403, "role", who, iss, role)
-    return Verdict(0, "", who, iss, role)
+        return Verdict(403, "role", who, iss, role, named)
+    return Verdict(0, "", who, iss, role, named)
 
 
 def cert_principal(principals: Sequence[CertPrincipal], sans: Sequence[str],
@@ -313,8 +317,8 @@ def judge_certificate(principals: Sequence[CertPrincipal], presented: bool, veri
     if p is None:
         return _refused(403, "cert-unknown")
     if route_roles and p.role not in route_roles:
-        return Verdict(403, "role", p.name, "", p.role)
-    return Verdict(0, "", p.name, "", p.role)
+        return Verdict(403, "role", p.name, "", p.role, p.name)
+    return Verdict(0, "", p.name, "", p.role, p.name)
 
 
 def chain_within(intermediates: int, verify_depth: int) -> bool:
