@@ -231,3 +231,75 @@ def test_the_sentinel_url_reaches_the_master(tmp_path: Path) -> None:
 
         assert asyncio.run(go()) is True
         assert cli(master.port, "exists", keys.bucket(RATE_ZONE, "via-sentinel")) == "1"
+
+
+# --- two limiters behind Envoy -------------------------------------------------------------------
+
+# the ratelimit filter's gRPC service on a cluster of two limiters: a call whose limiter is gone
+# (refused, reset) is sent again to the other one (previous_hosts), once or twice
+RETRY = """grpc_service:
+                  envoy_grpc: {cluster_name: limiter}
+                  retry_policy:
+                    num_retries: 2
+                    retry_on: connect-failure,refused-stream,reset
+                    retry_back_off: {base_interval: 0.005s, max_interval: 0.02s}
+                    host_selection_retry_max_attempts: 3
+                    retry_host_predicate:
+                    - name: envoy.retry_host_predicates.previous_hosts
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"""
+
+
+@pytest.mark.envoy
+@pytest.mark.parametrize("retry", [True, False])
+def test_two_limiters_behind_envoy_one_killed_without_503(tmp_path: Path, retry: bool) -> None:
+    """Envoy 1.40's limiter cluster with two endpoints (two ``vllm-perimeter limiter`` on one
+    Redis) and a retry policy on its gRPC service: one limiter SIGKILLed while 50 requests a second
+    flow through Envoy: no 503, and the limit still one limit (a principal's burst + 1 at once).
+    Without the retry policy the calls sent to the dead limiter are 503 (what the policy fixes)."""
+    import os
+    import signal
+
+    from scanner.runtime import envoy
+    from tests.limiter.harness import get, url
+    from tests.limiter.test_envoy import CONFIG
+
+    with ExitStack() as stack:
+        redis = stack.enter_context(redis_process(tmp_path / "redis"))
+        for i in range(2):
+            (tmp_path / f"limiter{i}").mkdir()
+        limiters = [stack.enter_context(limiter_process(tmp_path / f"limiter{i}", url(redis))) for i in range(2)]
+        front, back = free_port(), free_port()
+        endpoints = ", ".join(f"{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, "
+                              f"port_value: {lim.port}}}}}}}}}" for lim in limiters)
+        text = (CONFIG.replace("FRONT", str(front)).replace("BACK", str(back))
+                .replace("grpc_service: {envoy_grpc: {cluster_name: limiter}}",
+                         RETRY if retry else "grpc_service: {envoy_grpc: {cluster_name: limiter}}")
+                .replace("endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: "
+                         "{address: 127.0.0.1, port_value: LIMITER}}}}]}]", f"endpoints: [{{lb_endpoints: [{endpoints}]}}]"))
+        assert (RETRY in text) == retry and str(limiters[1].port) in text
+        (tmp_path / "envoy.yaml").write_text(text)
+        argv = [envoy.binary(), "-c", str(tmp_path / "envoy.yaml"), "--concurrency", "1",
+                "--disable-hot-restart", "--log-level", "warning", "--base-id", str(front)]
+        stack.enter_context(ManagedProcess("envoy", argv, "127.0.0.1", front, log=tmp_path / "envoy.log"))
+        burst = [get(front, "/rate", {"x-principal": "two"})[0] for _ in range(6)]
+        statuses: list[int] = []
+        end = time.monotonic() + 3.0
+        killed = False
+        while time.monotonic() < end:
+            if not killed and time.monotonic() > end - 2.0:
+                proc = limiters[1]._proc
+                assert proc is not None
+                os.kill(proc.pid, signal.SIGKILL)
+                killed = True
+            statuses.append(get(front, "/wide", {"x-principal": f"w{len(statuses) % 7}"})[0])
+            time.sleep(0.02)
+        after = [get(front, "/rate", {"x-principal": "two-after"})[0] for _ in range(6)]
+    assert burst == [200] * 4 + [429] * 2
+    assert killed and len(statuses) > 50
+    print(f"two limiters, one killed, retry {retry}: {statuses.count(503)} of {len(statuses)} answered 503")
+    if retry:
+        assert set(statuses) == {200}, sorted(set(statuses))
+        assert after == [200] * 4 + [429] * 2
+    else:
+        assert statuses.count(503) >= 5 and set(statuses) == {200, 503}
