@@ -201,12 +201,16 @@ def limiter_disruption_budget(f: Fleet, meta: Meta, labels: dict[str, str]) -> d
     upgraded): the proxies keep one limiter to ask (each replica is stateless: the state is in
     Redis)."""
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": meta(f.limiter_name, "limiter"), "spec": {"minAvailable": LIMITER_REPLICAS - 1, "selector": {"matchLabels": labels}}}
+            "metadata": meta(f.limiter_name, "limiter"),
+            "spec": {"minAvailable": LIMITER_REPLICAS - 1, "selector": {"matchLabels": labels}}}
 
 
 def limiter_service(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+    """Headless: the name resolves to every ready limiter pod, so Envoy (STRICT_DNS) holds each as
+    an endpoint of its limiter cluster, spreads the calls, and retries a call whose limiter is gone
+    on another (its gRPC service's retry policy), where a ClusterIP would hand it one address."""
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(f.limiter_name, "limiter"),
-            "spec": {"type": "ClusterIP", "selector": labels,
+            "spec": {"type": "ClusterIP", "clusterIP": "None", "selector": labels,
                      "ports": [{"name": "limiter", "port": f.port, "targetPort": "limiter",
                                 "protocol": "TCP"}]}}
 

@@ -54,6 +54,7 @@ def test_a_limiter_service_and_the_bundled_redis(tmp_path: Path) -> None:
         "vllm-perimeter-redis"
     assert d["limiter-service.yaml"]["metadata"]["name"] == "vllm-perimeter-limiter"
     # two limiters, at most one evicted at a time (a drain keeps the proxies a limiter to ask)
+    assert d["limiter-service.yaml"]["spec"]["clusterIP"] == "None"    # headless: Envoy sees every pod
     pdb = d["limiter-pdb.yaml"]
     assert limiter["spec"]["replicas"] >= 2 and pdb["kind"] == "PodDisruptionBudget"
     assert pdb["spec"] == {"minAvailable": limiter["spec"]["replicas"] - 1, "selector": {"matchLabels": limiter_labels}}
