@@ -594,6 +594,17 @@ def _e_jwt_expiry(env: _Envoy, plan: Plan) -> str:
     return f"{where(d)} (every auth: jwt route): the expiry check removed"
 
 
+@_e("jwt-crit-ignored", "remove", "the token's crit header",
+    "a token naming an extension nobody understands in crit is admitted", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_crit(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, """  if jose.crit ~= nil then
+    return "jwt-invalid:crit"
+  end
+""", "")
+    return f"{where(d)} (every auth: jwt route): the crit check removed"
+
+
 @_e("jwt-issuer-unchecked", "remove", "the token's issuer",
     "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
 def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:

@@ -583,6 +583,20 @@ def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
                 "if (false) {", "the issuer check removed")
 
 
+@_op("jwt-duplicates-read", "remove", "the token's strict JSON reading",
+     "a member named twice in a token's claims or header is read (the last copy, as JSON.parse "
+     "does) instead of refused", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_duplicates(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, " || !jwtUnique(s) ||", " ||", "the duplicate-member scan removed")
+
+
+@_op("jwt-crit-ignored", "remove", "the token's crit header",
+     "a token naming an extension nobody understands in crit is admitted", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_crit(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "return has(h, 'crit') ? 'jwt-invalid:crit' : '';", "return '';",
+                "the crit check removed")
+
+
 @_op("principal-namespace-collision", "source", "the token principal's kind",
      "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
      "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)

@@ -39,7 +39,7 @@ def test_identity_and_access_hold(tmp_path: Path, proxy: str) -> None:
 
 
 JWT_OPERATORS = ("jwt-signature-unchecked", "jwt-audience-unchecked", "jwt-expiry-unchecked",
-                 "jwt-issuer-unchecked")
+                 "jwt-issuer-unchecked", "jwt-crit-ignored")
 
 
 @pytest.mark.parametrize("proxy", ["envoy", "nginx"])
@@ -49,6 +49,16 @@ def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: st
     assert res.exit_code() == 1
     caught = {f.rule for f in res.findings if f.check == "identity"}
     assert "VP019" in caught, [(f.rule, f.title) for f in res.findings]
+
+
+def test_duplicates_read_caught_by_identity_on_nginx(tmp_path: Path) -> None:
+    """njs's duplicate-member scan removed: the signed token naming its subject twice, and the one
+    naming alg twice, are admitted (JSON.parse keeps the last copy): VP019. Envoy has no such
+    operator: its jwt_authn refuses a duplicate itself behind Lua's scan."""
+    res = _run(tmp_path, "nginx", "jwt-duplicates-read", checks=("identity",))
+    assert res.exit_code() == 1
+    failed = {a.credential for a in res.attempts if a.check == "identity" and a.verdict == "failed"}
+    assert {"jwt:claim sub twice", "jwt:header alg twice"} <= failed, failed
 
 
 @pytest.mark.parametrize("proxy", ["envoy", "nginx"])
