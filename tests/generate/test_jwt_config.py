@@ -41,6 +41,29 @@ def test_envoy_config_deterministic_and_valid(tmp_path: Path) -> None:
     assert envoy.validate(plan, tmp_path / "a") == ""
 
 
+def test_envoy_jwt_authn_verifies_the_signature_only(tmp_path: Path) -> None:
+    """Lua judges the token's text and its claims (scanner/plan/credential.py): jwt_authn holds no
+    audiences, never requires or refuses a time (the largest skew it takes), and extracts the token
+    after the scheme's space (any letter case); 32 KiB of headers as NGINX's header line; Lua
+    knows the JWKS keys (kid -> algorithms) and the audiences."""
+    import yaml
+
+    envoy = EnvoyProxy()
+    out = envoy.write(_plan(tmp_path), tmp_path / "out")
+    doc = yaml.safe_load((out / "envoy.yaml").read_text())
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    jwt = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.jwt_authn")
+    (provider,) = jwt["typed_config"]["providers"].values()
+    assert "audiences" not in provider
+    assert provider["require_expiration"] is False and provider["clock_skew_seconds"] == 2**32 - 1
+    assert provider["from_headers"] == [{"name": "authorization", "value_prefix": " "}]
+    assert hcm["max_request_headers_kb"] == 32
+    lua = next(f for f in hcm["http_filters"] if f["typed_config"].get("default_source_code"))
+    code = lua["typed_config"]["default_source_code"]["inline_string"]
+    assert 'audiences = { ["vllm"] = true, }' in code
+    assert '["perimeter-test-rsa"] = { ["RS256"] = true, ["PS256"] = true, }' in code
+
+
 def test_envoy_refuses_concurrency_per_token(tmp_path: Path) -> None:
     with pytest.raises(GenerateError, match=r"limits\.concurrency per principal"):
         EnvoyProxy().write(_plan(tmp_path, concurrency=True), tmp_path / "out")
