@@ -265,6 +265,20 @@ def test_the_mutant_whose_answers_settle_nothing_is_caught(tmp_path: Path, proxy
     assert result.exit_code() == 1
 
 
+@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+def test_the_mutant_whose_bucket_holds_two_minutes_is_caught(tmp_path: Path, proxy: str) -> None:
+    """bucket-two-minutes: the zone's bucket twice the plan's capacity, the refill as planned (a
+    minute then admits up to 2 C + N): the token-budget check fails the run by its exit code."""
+    p = proxy_named(proxy)
+    if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
+        pytest.skip("needs the static NGINX build (njs >= 0.8)")
+    result = probe_through(tmp_path, p, token_policy(LIVE_TPM), CATALOG, OPTIONS, mutant="bucket-two-minutes",
+                           paced=True)
+    assert result.exit_code() == 1, _coverage(result)
+    assert _coverage(result)[LIVE_ZONE][0] == "failed", _coverage(result)
+    assert any(f.rule == "VP005" and "token budget" in f.title for f in result.findings), _coverage(result)
+
+
 def test_nginx_without_its_body_filter_fails_the_probe_and_with_it_passes(tmp_path: Path) -> None:
     """The hand edit a reviewer might make (the njs body filter dropped: every request keeps its
     admitted envelope): probe exits 1 with default flags; the config as generated exits 0."""
