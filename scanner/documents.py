@@ -251,7 +251,8 @@ class SharedDoc(_Doc):
     """The fleet's shared limits: every rate, concurrency and token budget taken from one limiter
     (``vllm-perimeter limiter``) on one Redis."""
 
-    redis: str = Field(description="redis://HOST[:PORT][/DB] or rediss:// (TLS); no password")
+    redis: str = Field(description="redis://HOST[:PORT][/DB], redis+sentinel://HOST:PORT[,...]/MASTER[/DB] "
+                       "or redis+cluster://HOST:PORT[,...] (rediss...: TLS); no password")
     limiter: str = Field(default="127.0.0.1:8081", description="HOST:PORT the proxies reach the limiter at")
     password_file: str | None = Field(default=None, description="absolute path of the Redis password")
     tls: SharedTlsDoc | None = None

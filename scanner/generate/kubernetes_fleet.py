@@ -31,14 +31,13 @@ import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from scanner.errors import GenerateError
 from scanner.generate.shared import ZONES_FILE
+from scanner.limiter.url import parse_url
 from scanner.plan.model import Plan, SharedPlan
 
 REDIS_IMAGE = "redis:7.4"
-REDIS_PORT = 6379
 LIMITER_REPLICAS = 2
 LIMITER_ZONES_DIR = "/etc/vllm-perimeter-limiter"     # the zones file in the limiter's own pods
 PASSWORD_KEY = "password"
@@ -107,13 +106,16 @@ def layout(plan: Plan, base: str, namespace: str, replicas: int) -> Fleet | None
         raise GenerateError(f"kubernetes bundle: shared.limiter {host} is neither 127.0.0.1 (a sidecar in "
                             f"each proxy pod) nor the bundle's Service {base}-limiter.{namespace}.svc; "
                             "set one of them")
-    parts = urlsplit(s.redis)
-    redis_host = (parts.hostname or "").rstrip(".")
-    bundled = redis_host in _service_names(f"{base}-redis", namespace)
-    if _loopback(redis_host):
-        raise GenerateError(f"kubernetes bundle: shared.redis {redis_host} is the pod itself; name the "
+    store = parse_url(s.redis)          # the policy read it: one Redis, Sentinel or Cluster
+    redis_host, redis_port = store.hosts[0]
+    redis_host = redis_host.rstrip(".")
+    # the bundled Redis is one Redis (Sentinel and Cluster are yours)
+    bundled = store.layout == "single" and redis_host in _service_names(f"{base}-redis", namespace)
+    loopback = next((h for h, _p in store.hosts if _loopback(h)), None)
+    if loopback is not None:
+        raise GenerateError(f"kubernetes bundle: shared.redis {loopback} is the pod itself; name the "
                             f"bundle's Redis ({base}-redis.{namespace}.svc) or yours")
-    if bundled and (parts.scheme == "rediss" or s.tls_ca):
+    if bundled and (store.tls or s.tls_ca):
         raise GenerateError("kubernetes bundle: the bundled Redis serves no TLS; use redis:// for it, or "
                             "give your own TLS Redis's address")
     if replicas < 2:
@@ -123,7 +125,7 @@ def layout(plan: Plan, base: str, namespace: str, replicas: int) -> Fleet | None
                             f"shared.replicas {s.replicas}, by which on_unavailable: local divides every "
                             "limit")
     return Fleet(shared=s, base=base, namespace=namespace, sidecar=sidecar, redis_bundled=bundled,
-                 redis_port=parts.port or REDIS_PORT, replicas=replicas)
+                 redis_port=redis_port, replicas=replicas)
 
 
 # --- the limiter -------------------------------------------------------------------------------

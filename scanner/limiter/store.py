@@ -30,8 +30,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -41,7 +40,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
-from scanner.limiter import keys, scripts
+from scanner.limiter import keys, scripts, url
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
@@ -55,7 +54,7 @@ OFFSET_WINDOW_S = 10.0
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """How to reach Redis: a URL (URL_FORMS: one Redis, Sentinel or Cluster), a password file
+    """How to reach Redis: a URL (scanner.limiter.url: one Redis, Sentinel or Cluster), a password file
     (the password is never on the command line), a CA file for TLS."""
 
     url: str
@@ -88,68 +87,12 @@ class Held:
 # the one Redis client of the limiter: redis-py's (one Redis, or its master through Sentinel; or
 # a Redis Cluster)
 Client = Redis | RedisCluster
-Layout = Literal["single", "sentinel", "cluster"]
-URL_FORMS = ("redis://HOST:PORT[/DB], redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] or "
-             "redis+cluster://HOST:PORT[,HOST:PORT...] (rediss...: TLS)")
-SCHEMES: dict[str, tuple[Layout, bool]] = {
-    "redis": ("single", False), "rediss": ("single", True),
-    "redis+sentinel": ("sentinel", False), "rediss+sentinel": ("sentinel", True),
-    "redis+cluster": ("cluster", False), "rediss+cluster": ("cluster", True)}
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """A store URL read: its layout, the addresses (one Redis, the sentinels, or cluster nodes),
-    the Sentinel master's name, the database, the user, TLS."""
-
-    layout: Layout
-    hosts: tuple[tuple[str, int], ...]
-    db: int
-    username: str | None
-    tls: bool
-    master: str = ""
-
-
-def parse_url(url: str) -> Parsed:
-    """``url`` read (UsageError, one line, naming no secret, when it is not one of URL_FORMS)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in SCHEMES:
-        raise UsageError(f"--redis: expected {URL_FORMS}")
-    layout, tls = SCHEMES[scheme]
-    netloc, _slash, path = rest.partition("/")
-    userinfo, at, hostlist = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        raise UsageError("--redis: no password in the URL; give --redis-password-file")
-    hosts = tuple(_host_port(h, 26379 if layout == "sentinel" else 6379) for h in hostlist.split(","))
-    segments = [x for x in path.split("/") if x]
-    master = segments.pop(0) if layout == "sentinel" and segments else ""
-    if layout == "sentinel" and not master:
-        raise UsageError("--redis: a redis+sentinel:// URL names its master: .../MASTER[/DB]")
-    if len(segments) > 1 or (segments and not segments[0].isdigit()):
-        raise UsageError("--redis: the database must be a number")
-    db = int(segments[0]) if segments else 0
-    if layout == "cluster" and db:
-        raise UsageError("--redis: a Redis Cluster has database 0 only")
-    if layout == "single" and len(hosts) > 1:
-        raise UsageError("--redis: one Redis in redis://; several addresses: redis+sentinel:// or "
-                         "redis+cluster://")
-    return Parsed(layout, hosts, db, userinfo or None, tls, master)
-
-
-def _host_port(text: str, default: int) -> tuple[str, int]:
-    parts = urlsplit(f"//{text}")
-    try:
-        port = parts.port or default
-    except ValueError:
-        port = -1
-    if not parts.hostname or port <= 0:
-        raise UsageError(f"--redis: {text[:80]!r} is not HOST[:PORT] (the port a number)")
-    return parts.hostname, port
-
-
 def connect(spec: StoreSpec) -> Client:
     """The client for ``spec`` (connections are opened on first use); UsageError for a bad URL."""
-    p = parse_url(spec.url)
+    try:
+        p = url.parse_url(spec.url)
+    except url.UrlError as exc:
+        raise UsageError(f"--redis: {exc}") from None
     if spec.ca_file is not None and not p.tls:
         raise UsageError("--redis-ca-file needs a rediss:// URL")
     password = _password(spec.password_file) if spec.password_file else None
@@ -282,7 +225,7 @@ class Session:
     leases: Leases = field(default_factory=Leases)
     timeout_s: float = TIMEOUT_S
     failures: int = 0
-    layout: Layout = "single"
+    layout: url.Layout = "single"
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Client, Session] = weakref.WeakKeyDictionary()

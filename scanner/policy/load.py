@@ -14,6 +14,7 @@ import yaml
 
 from scanner import patterns
 from scanner.errors import ConfigError, PolicyError
+from scanner.limiter import url as redis_url
 from scanner.output import read_text
 from scanner.policy.certs import MAX_VERIFY_DEPTH, read_ca_bundle, san_problem, subject_problem
 from scanner.policy.jwt import (
@@ -794,7 +795,7 @@ def _shared(node: Node) -> Shared:
     if "tls" in m:
         t = m["tls"].mapping(("ca",), required=("ca",))
         tls_ca = _absolute_file(t["ca"])
-        if not url.startswith("rediss://"):
+        if not redis_url.parse_url(url).tls:
             raise m["tls"].fail("tls needs a rediss:// URL (redis:// is plaintext)")
     limiter = ("127.0.0.1", LIMITER_PORT)
     if "limiter" in m:
@@ -811,22 +812,24 @@ def _shared(node: Node) -> Shared:
         replicas=replicas, line=node.line)
 
 
-_REDIS_URL = re.compile(r"^(rediss?)://([^/@:\s]+|\[[0-9A-Fa-f:.]+\])(:(\d{1,5}))?(/(\d{1,2}))?$")
-
-
 def _redis_url(node: Node) -> str:
-    """``redis://HOST[:PORT][/DB]`` or ``rediss://`` (TLS); never a user or password in it."""
+    """One Redis, Sentinel or Cluster (scanner.limiter.url: ``redis://HOST[:PORT][/DB]``,
+    ``redis+sentinel://HOST:PORT[,...]/MASTER[/DB]``, ``redis+cluster://HOST:PORT[,...]``;
+    ``rediss...``: TLS); never a user or password in it."""
     url = node.text()
     if "@" in url:
         raise node.fail("no user or password in the Redis URL: give password_file (read by the limiter)")
-    match = _REDIS_URL.match(url)
-    if match is None:
-        raise node.fail(f"{url!r} is not redis://HOST[:PORT][/DB] or rediss://HOST[:PORT][/DB]")
-    host = match.group(2).strip("[]")
-    if not valid_host(host):
-        raise node.fail(f"{host!r} is not an IP address or DNS name")
-    if match.group(4) and not 0 < int(match.group(4)) < 65536:
-        raise node.fail(f"port {match.group(4)} is not in 1..65535")
+    if any(c.isspace() for c in url):
+        raise node.fail(f"{url!r}: no spaces in the Redis URL")
+    try:
+        parsed = redis_url.parse_url(url)
+    except redis_url.UrlError as exc:
+        raise node.fail(f"{url!r}: {exc}") from None
+    for host, port in parsed.hosts:
+        if not valid_host(host):
+            raise node.fail(f"{host!r} is not an IP address or DNS name")
+        if not 0 < port < 65536:
+            raise node.fail(f"port {port} is not in 1..65535")
     return url
 
 

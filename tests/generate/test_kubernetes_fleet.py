@@ -81,10 +81,26 @@ def test_a_limiter_sidecar_and_a_redis_of_yours(tmp_path: Path) -> None:
     assert any(v.get("secret", {}).get("secretName") == "vllm-perimeter-redis-tls" for v in spec["volumes"])
 
 
+def test_a_sentinel_redis_of_yours(tmp_path: Path) -> None:
+    """redis+sentinel:// names your Sentinel (never the bundled Redis, even under its name): the
+    limiter is given the URL as it is, nothing of Redis is bundled."""
+    url = "redis+sentinel://vllm-perimeter-redis.llm.svc:26379,sentinel-1.llm.svc:26379/mymaster"
+    _config, bundle = render("envoy", policy(tmp_path, UPSTREAM + SERVICE_FLEET.replace(
+        "redis://vllm-perimeter-redis.llm.svc:6379/0", url)))
+    d = docs(bundle)
+    assert not {"redis-deployment.yaml", "redis-service.yaml", "networkpolicy-redis.yaml"} & set(d)
+    args = pod_spec(d["limiter-deployment.yaml"])["containers"][0]["args"]
+    assert args[args.index("--redis") + 1] == url
+    for name, doc in d.items():
+        assert validate(doc) == [], name
+
+
 @pytest.mark.parametrize(("fleet", "settings", "message"), [
     (SERVICE_FLEET.replace("vllm-perimeter-limiter.llm.svc", "limiter.other.svc"), {}, "is neither 127.0.0.1"),
     (SERVICE_FLEET, {"replicas": 3}, "differs from the policy's shared.replicas 2"),
     (SERVICE_FLEET.replace("redis://", "rediss://"), {}, "the bundled Redis serves no TLS"),
+    (SERVICE_FLEET.replace("redis://vllm-perimeter-redis.llm.svc:6379/0", "redis+cluster://10.0.0.8:7000,127.0.0.1:7001"),
+     {}, "shared.redis 127.0.0.1 is the pod itself"),
 ])
 def test_what_the_bundle_cannot_lay_out_is_one_line(tmp_path: Path, fleet: str, settings: dict[str, int],
                                                     message: str) -> None:

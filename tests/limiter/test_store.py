@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from scanner.errors import StoreUnavailableError, UsageError
 from scanner.limiter import keys, store
+from scanner.limiter import url as url_
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
 from scanner.runtime.process import ManagedProcess
 from tests.limiter.harness import redis_process, run, url
@@ -181,14 +182,14 @@ def test_bad_redis_url_is_a_usage_error(bad: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "parsed"), [
-    ("redis://127.0.0.1:6380/2", store.Parsed("single", (("127.0.0.1", 6380),), 2, None, False)),
-    ("rediss://user@redis.internal/0", store.Parsed("single", (("redis.internal", 6379),), 0, "user", True)),
+    ("redis://127.0.0.1:6380/2", url_.Parsed("single", (("127.0.0.1", 6380),), 2, None, False)),
+    ("rediss://user@redis.internal/0", url_.Parsed("single", (("redis.internal", 6379),), 0, "user", True)),
     ("redis+sentinel://10.0.0.1,10.0.0.2:26380/mymaster/1",
-     store.Parsed("sentinel", (("10.0.0.1", 26379), ("10.0.0.2", 26380)), 1, None, False, "mymaster")),
-    ("rediss+cluster://n1:7000,n2:7001", store.Parsed("cluster", (("n1", 7000), ("n2", 7001)), 0, None, True)),
+     url_.Parsed("sentinel", (("10.0.0.1", 26379), ("10.0.0.2", 26380)), 1, None, False, "mymaster")),
+    ("rediss+cluster://n1:7000,n2:7001", url_.Parsed("cluster", (("n1", 7000), ("n2", 7001)), 0, None, True)),
 ])
-def test_store_urls(text: str, parsed: store.Parsed) -> None:
-    assert store.parse_url(text) == parsed
+def test_store_urls(text: str, parsed: url_.Parsed) -> None:
+    assert url_.parse_url(text) == parsed
 
 
 def test_a_frozen_store_times_out_then_recovers(tmp_path: Path) -> None:

@@ -29,15 +29,26 @@ def test_defaults_and_full_section() -> None:
     assert loads(BASE, source="p.yaml", base_dir=REPO / "policies").shared is None
 
 
+def test_sentinel_and_cluster_urls() -> None:
+    for url in ("redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster/0",
+                "rediss+cluster://redis-0.redis.llm.svc:6379,redis-1.redis.llm.svc:6379"):
+        s = _load(f"  redis: {url}\n" + ("  tls: {ca: /etc/redis/ca.pem}\n" if url.startswith("rediss") else ""))
+        assert s is not None and s.redis == url
+
+
 def _line() -> int:
     return BASE.count("\n") + 3   # the value mapping starts on the line after "shared:"
 
 
 @pytest.mark.parametrize(("section", "message"), [
     ("  on_unavailable: deny\n", "missing required key 'redis'"),
-    ("  redis: http://10.0.0.7:6379\n", "is not redis://HOST[:PORT][/DB]"),
+    ("  redis: http://10.0.0.7:6379\n", "expected redis://HOST:PORT[/DB], redis+sentinel://"),
+    ("  redis: redis+sentinel://10.0.0.7:26379\n", "names its master"),
+    ("  redis: redis+cluster://10.0.0.7:7000/1\n", "database 0 only"),
+    ("  redis: redis+cluster://10.0.0.7:7000,bad_host!:7000\n", "is not an IP address or DNS name"),
+    ("  redis: redis+sentinel://10.0.0.7/m\n  tls: {ca: /etc/ca.pem}\n", "tls needs a rediss:// URL"),
     ("  redis: redis://:secret@10.0.0.7:6379\n", "no user or password in the Redis URL"),
-    ("  redis: redis://10.0.0.7:70000\n", "port 70000 is not in 1..65535"),
+    ("  redis: redis://10.0.0.7:70000\n", "'10.0.0.7:70000' is not HOST[:PORT] (the port 1-65535)"),
     ("  redis: redis://bad_host!:6379\n", "is not an IP address or DNS name"),
     ("  redis: redis://10.0.0.7\n  tls: {ca: /etc/ca.pem}\n", "tls needs a rediss:// URL"),
     ("  redis: rediss://10.0.0.7\n  tls: {ca: ca.pem}\n", "give an absolute path"),
