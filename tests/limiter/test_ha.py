@@ -201,14 +201,18 @@ def test_a_sentinel_failover_under_traffic_admits_at_most_the_policy(tmp_path: P
         try:
             held = [client.post("/v1/acquire", {"key": "sp", "zones": ["conc:2"], "slot": f"end{i}"})[1]["allow"]
                     for i in range(3)]
+            # the limiter writes to the new master (with the old one a write there would be lost)
+            fresh = client.post("/v1/acquire", {"key": "sp-new", "zone": RATE_ZONE})[1]["allow"]
         finally:
             client.close()
+        on_new = cli(replica.port, "exists", keys.bucket(RATE_ZONE, "sp-new"))
         role = cli(replica.port, "role").split()[:1]
     policy = 3 + 1 + 2 * window
     statuses = {s for _t, s, _a in answers}
     assert admitted <= policy, (admitted, policy)
     assert statuses <= {200, 503}
-    assert role == ["master"] and any(after_switch), "the limiter did not follow the new master"
+    assert role == ["master"] and any(after_switch) and fresh is True
+    assert on_new == "1", "the limiter did not follow the new master"
     assert held == [True, True, False]
     print(f"sentinel failover: {admitted} admitted in {window:.2f} s (policy {policy:.1f}), "
           f"{sum(s == 503 for _t, s, _a in answers)} of {len(answers)} answered 503")
