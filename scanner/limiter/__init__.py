@@ -8,6 +8,7 @@ together admit what the policy says (issue 21).
 Modules, one concept each:
 
 * ``config``   the zones file (kind rate | concurrency | tokens and their values), frozen models;
+* ``url``      the store's URL: one Redis, Sentinel (redis+sentinel://) or Cluster (redis+cluster://);
 * ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
 * ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
 * ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS) and
