@@ -28,6 +28,15 @@ bucket of the same limit), and the issue's own figures for it.
 
     python examples/bench_budget.py [--proxy nginx] [--proxy envoy] [--window 60] [--clients 4]
                                     [--tpm 60000] [--seed 1] [--natural]
+
+``--saturate`` (issue 27, item 4: bounded token windows): per proxy, ``--clients`` threads of one
+principal send requests of one cost (``--tpm`` / 100) to /v1/chat/completions back to back for
+``--window`` seconds (default 60), each answered 400 by the witness itself (no usage: nothing
+refunded), after the bucket has sat full. Printed: the tokens admitted in the window against the
+minute's N (target <= 1.25 N over 60 s) and the bound C + N x W / 60 (C the plan's bucket,
+``--burst`` sets tokens_burst: N gives the old capacity, about 2 N).
+
+    python examples/bench_budget.py --saturate [--proxy nginx] [--window 60] [--tpm 60000] [--burst N]
 """
 
 from __future__ import annotations
@@ -70,12 +79,14 @@ MAX_BODY = 60_000          # the witness keeps a JSON body's whole text up to 64
 PREFIX = "bench-"
 
 
-def budget_policy_text(tpm: int) -> str:
-    """The bundled policy with ``tokens_per_minute: tpm`` on the inference and service audiences."""
+def budget_policy_text(tpm: int, burst: int | None = None) -> str:
+    """The bundled policy with ``tokens_per_minute: tpm`` (and ``tokens_burst``, None: the
+    default) on the inference and service audiences."""
     text = POLICY.read_text()
     for anchor in ("      concurrency: 16\n", "      concurrency: 64\n"):
         assert anchor in text, anchor
-        text = text.replace(anchor, f"{anchor}      tokens_per_minute: {tpm}\n", 1)
+        text = text.replace(anchor, f"{anchor}      tokens_per_minute: {tpm}\n"
+                            + (f"      tokens_burst: {burst}\n" if burst else ""), 1)
     return text
 
 
@@ -388,6 +399,93 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
     return RunFigures(proxy.name, len(sent), statuses, sorted(zones.values(), key=lambda z: z.zone), kinds)
 
 
+@dataclass
+class Saturation:
+    proxy: str
+    limit: int            # N, tokens per minute
+    capacity: int         # C, the plan's bucket
+    cost: int
+    window: float
+    admitted: int = 0     # requests the upstream answered (witness 400)
+    refused: int = 0      # 429 token-budget
+    other: Counter[str] = field(default_factory=Counter)   # anything else (rate: not charged)
+
+    @property
+    def tokens(self) -> int:
+        return self.admitted * self.cost
+
+    @property
+    def bound(self) -> float:
+        return self.capacity + self.limit * self.window / 60
+
+
+def saturate(proxy: Proxy, tpm: int, window: float, clients: int, burst: int | None = None) -> Saturation:
+    """``clients`` threads of one principal (role user) sending requests of cost tpm // 100 back
+    to back for ``window`` seconds, answered 400 by the witness (no refund)."""
+    from scanner.probe.checks.tokens import body_of_cost
+    from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM
+
+    inventory = load_ref(CATALOG)
+    with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp, ExitStack() as stack:
+        work, port = Path(tmp), free_port()
+        s = verify.setup(inventory, loads(budget_policy_text(tpm, burst)), work, port, keys_per_role=1)
+        d = s.plan.decision("POST", "/v1/chat/completions")
+        assert d is not None and d.token_zone
+        cost = max(1, tpm // 100)
+        body = body_of_cost(d, cost, {}, 1 << 20)
+        assert body is not None and d.token_cost(body) == cost
+        directory = work / proxy.name
+        proxy.write(s.plan, directory)
+        stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
+        verify.start_checked(proxy, s.plan, directory, stack)
+        cred = next(c for c in s.credentials if c.role == "user")
+        public = next(v for v in s.vantages if v.name == "public")
+        url = f"http://127.0.0.1:{s.plan.listen.port}"
+        out = Saturation(proxy.name, tpm, d.token_capacity, cost, window)
+        lock = threading.Lock()
+        time.sleep(1.0)                       # the rate bucket full too
+        t0 = time.monotonic()
+        deadline = t0 + window
+
+        def client(c: int) -> None:
+            transport = httpx.HTTPTransport(local_address=public.address) if public.address else None
+            with httpx.Client(base_url=url, transport=transport, timeout=30, trust_env=False) as http:
+                for i in range(10 ** 7):
+                    if time.monotonic() >= deadline:
+                        return
+                    r = http.post("/v1/chat/completions", content=body,
+                                  params={PROBE_PARAM: f"{PREFIX}sat{c}-{i}", ANSWER_PARAM: "400"},
+                                  headers={**cred.headers(), "Content-Type": "application/json"})
+                    reason = r.headers.get(REASON_HEADER, "")
+                    with lock:
+                        if r.status_code == 400 and not reason:
+                            out.admitted += 1
+                        elif (r.status_code, reason) == (429, "token-budget"):
+                            out.refused += 1
+                        else:
+                            out.other[f"{r.status_code} {reason}"] += 1
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out.window = time.monotonic() - t0
+    return out
+
+
+def report_saturation(f: Saturation) -> None:
+    print(f"\n{f.proxy}: {f.limit} tokens a minute, bucket {f.capacity}; requests of cost {f.cost} for "
+          f"{f.window:.1f} s: {f.admitted} admitted, {f.refused} refused token-budget"
+          + (", " + ", ".join(f"{k} x{v}" for k, v in f.other.most_common()) if f.other else ""))
+    ratio = f.tokens / f.limit
+    within = "within" if f.tokens <= f.bound + f.cost else "OVER"
+    target = (f"target <= {TARGET} N in 60 s: {'met' if ratio <= TARGET else 'NOT met'}"
+              if abs(f.window - 60) < 1 else "the target is over 60 s")
+    print(f"  admitted {f.tokens} tokens = {ratio:.3f} N in {f.window:.1f} s ({target}); "
+          f"the bound C + N t / 60 = {f.bound:.0f}: {within}")
+
+
 def debian_refusal(tpm: int) -> tuple[int, str]:
     """``generate nginx`` for Debian's NGINX 1.22 (njs 0.7.9) with a token budget: (exit, stderr)."""
     with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp:
@@ -437,7 +535,15 @@ def main() -> int:
     ap.add_argument("--mutant", default="", help="a mutation operator applied first (multiplier-ignored)")
     ap.add_argument("--natural", action="store_true",
                     help="the stand-in's 10 tokens per choice (usage settles the rest), not the whole budget")
+    ap.add_argument("--saturate", action="store_true",
+                    help="one principal's saturating sender of requests of one cost (bounded token windows)")
+    ap.add_argument("--burst", type=int, default=None,
+                    help="--saturate: tokens_burst (default: the policy's)")
     args = ap.parse_args()
+    if args.saturate:
+        for name in args.proxy or ["nginx", "envoy"]:
+            report_saturation(saturate(get(name), args.tpm, args.window, args.clients, args.burst))
+        return 0
     worst = 0.0
     for name in args.proxy or ["nginx", "envoy"]:
         f = run(get(name), args.tpm, args.window, args.clients, args.seed, args.natural, args.pause,

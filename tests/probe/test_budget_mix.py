@@ -58,7 +58,10 @@ def test_a_mixed_load_gets_at_most_1_25x_the_budget_of_output_potential(proxy: s
         assert z.ratio <= bench.TARGET, (z.zone, z.potential, z.capacity, z.by_kind)
         assert not z.unbounded, z.zone       # every body reached vLLM with an output budget
     inference = zones["inference"]
-    assert inference.reached >= 3 and inference.potential > TPM / 2, (inference.reached, inference.potential)
+    # the bucket (a quarter of the minute) and its refill over 4 s: a good part of it reached (the
+    # mix's largest bodies are over the bucket now, refused 400 envelope-tokens)
+    assert inference.reached >= 3 and inference.potential > inference.capacity / 4, \
+        (inference.reached, inference.potential, inference.capacity)
     # the plan's envelope counts what vLLM runs, body by body
     assert not inference.mismatches and not zones["service"].mismatches, \
         (inference.mismatches[:3], zones["service"].mismatches[:3])

@@ -67,9 +67,10 @@ def test_a_budget_and_the_caps_at_its_value_hold_with_no_finding(tmp_path: Path)
                                                     f"{ZONE} other principal": "proved"}, tokens
     limits = coverage(result, "limits")
     assert limits["envelope-tokens POST /v1/completions"][0] == "proved", limits
-    # the case at the cap's value is a request of the whole budget, admitted; one token more: 400
-    at = [a for a in result.attempts if "= max_request_tokens 60000" in a.note]
-    over = [a for a in result.attempts if "> max_request_tokens 60000" in a.note]
+    # the case at the cap's value is a request of the whole bucket (the default: 60000 / 4),
+    # admitted; one token more: 400
+    at = [a for a in result.attempts if "= max_request_tokens 15000" in a.note]
+    over = [a for a in result.attempts if "> max_request_tokens 15000" in a.note]
     assert at and all(a.outcome == "reached" for a in at), at
     assert over and all(a.status == 400 and a.reason.startswith("envelope-tokens") for a in over), over
     # nothing but the budget's own check met the budget
