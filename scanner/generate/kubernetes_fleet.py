@@ -34,8 +34,8 @@ from typing import Any
 
 from scanner.errors import GenerateError
 from scanner.generate.shared import ZONES_FILE
-from scanner.limiter.url import parse_url
 from scanner.plan.model import Plan, SharedPlan
+from scanner.store_url import parse_url
 
 REDIS_IMAGE = "redis:7.4"
 LIMITER_REPLICAS = 2

@@ -39,8 +39,9 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from scanner import store_url as url
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
-from scanner.limiter import keys, scripts, url
+from scanner.limiter import keys, scripts
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
@@ -54,7 +55,7 @@ OFFSET_WINDOW_S = 10.0
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """How to reach Redis: a URL (scanner.limiter.url: one Redis, Sentinel or Cluster), a password file
+    """How to reach Redis: a URL (scanner.store_url: one Redis, Sentinel or Cluster), a password file
     (the password is never on the command line), a CA file for TLS."""
 
     url: str

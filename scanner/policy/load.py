@@ -13,8 +13,8 @@ from typing import Any, cast
 import yaml
 
 from scanner import patterns
+from scanner import store_url as redis_url
 from scanner.errors import ConfigError, PolicyError
-from scanner.limiter import url as redis_url
 from scanner.output import read_text
 from scanner.policy.certs import MAX_VERIFY_DEPTH, read_ca_bundle, san_problem, subject_problem
 from scanner.policy.jwt import (
@@ -813,7 +813,7 @@ def _shared(node: Node) -> Shared:
 
 
 def _redis_url(node: Node) -> str:
-    """One Redis, Sentinel or Cluster (scanner.limiter.url: ``redis://HOST[:PORT][/DB]``,
+    """One Redis, Sentinel or Cluster (scanner.store_url: ``redis://HOST[:PORT][/DB]``,
     ``redis+sentinel://HOST:PORT[,...]/MASTER[/DB]``, ``redis+cluster://HOST:PORT[,...]``;
     ``rediss...``: TLS); never a user or password in it."""
     url = node.text()

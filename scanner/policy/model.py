@@ -353,7 +353,7 @@ class Shared:
     token-budget limit from one limiter (``vllm-perimeter limiter``) on one Redis, so together
     they admit what the policy says (issue 21)."""
 
-    redis: str                          # one Redis, Sentinel or Cluster (scanner.limiter.url); no password
+    redis: str                          # one Redis, Sentinel or Cluster (scanner.store_url); no password
     limiter: tuple[str, int] = ("127.0.0.1", LIMITER_PORT)   # where the proxies reach the limiter
     password_file: str | None = None    # the Redis password (AUTH), read by the limiter
     tls_ca: str | None = None           # rediss://: the CA bundle that signs Redis's certificate

@@ -10,9 +10,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from scanner import store_url as url_
 from scanner.errors import StoreUnavailableError, UsageError
 from scanner.limiter import keys, store
-from scanner.limiter import url as url_
 from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
 from scanner.runtime.process import ManagedProcess
 from tests.limiter.harness import redis_process, run, url
