@@ -94,7 +94,7 @@ def test_every_line_carries_the_request_and_its_envelope(tmp_path: Path, name: s
             continue
         assert e.decision in ("allow", "")   # Envoy: no decision on vLLM's own answers
         assert (e.output, e.output_from) == (env.output, "written" if case.id == "n2-written" else "sent")
-        assert e.tokens_charged == (min(d.token_cost(case.raw), d.limits.tokens_per_minute + 1)
+        assert e.tokens_charged == (min(d.token_cost(case.raw), d.token_capacity + 1)
                                     if d.token_zone else None)
 
 

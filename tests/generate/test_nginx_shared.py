@@ -77,7 +77,7 @@ def test_local_keeps_each_routes_share_for_the_limiter_undecided(tmp_path: Path)
     assert share.burst == 2 and "burst=2 nodelay;" in http                     # type: ignore[union-attr]
     assert re.search(r"location @perimeter_up_\d+_\d+_local \{\n\s+limit_req zone=perimeter_rate_\d+ burst=2 "
                      r"nodelay;\n\s+limit_conn perimeter_conn_\d+ 1;\n\s+js_content perimeter.onward;", http)
-    assert re.search(r'set \$perimeter_local_tokens "t\d+ 1000 principal";', http)   # 2000 / 2
+    assert re.search(r'set \$perimeter_local_tokens "t\d+ 1000 principal 1000";', http)   # 2000 / 2, its bucket too
 
 
 @pytest.mark.nginx
