@@ -827,9 +827,9 @@ function withBucket(key, limit, cap, f) {
         level = typeof level === 'number' && typeof seen === 'number'
             ? Math.min(cap, level + Math.max(0, now - seen) * limit / 60000) : cap;
         out = f(level, now);
-        if (out[0] !== null) {
-            dict.set(key + ':v', out[0]);
+        if (out[0] !== null) {          // the time first: a failed second write only loses refill
             dict.set(key + ':t', now);
+            dict.set(key + ':v', out[0]);
         }
         return out;
     } finally {
