@@ -462,6 +462,25 @@ class GrpcPlan:
                 "unused_rules": list(self.unused_rules), "unenforced": list(self.unenforced)}
 
 
+def rate_name(d: Decision) -> str:
+    """The shared zone of ``d``'s rate (its kind prefixed: no two kinds share a name)."""
+    return f"rate:{d.rate_zone}" if d.rate_zone else ""
+
+
+def conc_name(d: Decision) -> str:
+    return f"conc:{d.conn_zone}" if d.conn_zone else ""
+
+
+def tokens_name(d: Decision) -> str:
+    return f"tokens:{d.token_zone}" if d.token_zone else ""
+
+
+def route_zones(d: Decision) -> tuple[str, ...]:
+    """The zones a request of ``d`` is taken through, in the limiter's order: rate, then
+    concurrency, then tokens (scanner.limiter.decide.acquire)."""
+    return tuple(n for n in (rate_name(d), conc_name(d), tokens_name(d)) if n)
+
+
 @dataclass(frozen=True)
 class SharedPlan:
     """The fleet's shared limits (policy ``shared:``), decided once: every rate, concurrency and
@@ -488,8 +507,6 @@ class SharedPlan:
     def route_zones(self, d: Decision) -> tuple[str, ...]:
         """The shared zones a request of ``d`` is taken through, in the limiter's order (rate,
         concurrency, tokens)."""
-        from scanner.plan.zones import route_zones  # that module reads this one
-
         return tuple(z for z in route_zones(d) if z in self.zones.zones)
 
     def local_limits(self, d: Decision) -> Limits:
@@ -584,16 +601,6 @@ class Plan:
             if d.kind != "mount":
                 out.setdefault(d.path, []).append(d)
         return {p: tuple(ds) for p, ds in out.items()}
-
-    def forwarded_body(self, d: Decision, body: Mapping[str, object],
-                       salt: str = "", size: int = 0) -> dict[str, object] | None:
-        """The JSON body the upstream must receive when ``body`` (a JSON object) is let through
-        on ``d``: less the fields its rules strip, its output budget decided, and on a salted
-        route (``d.salt``) ``cache_salt`` = ``salt``, the perimeter's salt for the sender
-        (:func:`scanner.policy.salt.salt`); None: it is refused for its absent budget."""
-        from scanner.plan.body import forwarded  # the body rules' one statement (imports this module)
-
-        return forwarded(d, body, salt, size)
 
     def decision(self, method: str, path: str) -> Decision | None:
         """The decision for ``method`` on the route template ``path`` (an exact route

@@ -21,28 +21,12 @@ from scanner.limiter.config import (
     TokenZone,
     Zone,
 )
-from scanner.plan.model import Decision, Plan
+from scanner.plan.model import Plan, conc_name, rate_name, route_zones, tokens_name
+
+__all__ = ["conc_name", "from_plan", "local_share", "rate_name", "route_zones", "slot_ttl", "tokens_name"]
 
 SLOT_MARGIN_S = 10.0
 UNTIMED_SLOT_S = 3600.0
-
-
-def rate_name(d: Decision) -> str:
-    return f"rate:{d.rate_zone}" if d.rate_zone else ""
-
-
-def conc_name(d: Decision) -> str:
-    return f"conc:{d.conn_zone}" if d.conn_zone else ""
-
-
-def tokens_name(d: Decision) -> str:
-    return f"tokens:{d.token_zone}" if d.token_zone else ""
-
-
-def route_zones(d: Decision) -> tuple[str, ...]:
-    """The zones a request of ``d`` is taken through, in the limiter's order: rate, then
-    concurrency, then tokens (scanner.limiter.decide.acquire)."""
-    return tuple(n for n in (rate_name(d), conc_name(d), tokens_name(d)) if n)
 
 
 def from_plan(plan: Plan, domain: str = DEFAULT_DOMAIN) -> LimiterConfig:

@@ -12,6 +12,7 @@ import pytest
 
 from scanner.errors import PlanError, PolicyError
 from scanner.inventory.catalog import load_ref
+from scanner.plan.body import forwarded
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
 from scanner.policy.load import loads
@@ -42,7 +43,7 @@ def test_the_plan_carries_counts_and_pins_and_the_forwarded_body_has_the_pins() 
     chat = plan.decision("POST", "/v1/chat/completions")
     assert chat is not None and chat.fields.counts["stop"] == 16 and chat.fields.pins["priority"] == 0
     assert chat.fields.mode("priority") == "allow"
-    got = plan.forwarded_body(chat, {"model": "m", "priority": 9, "max_tokens": 5})
+    got = forwarded(chat, {"model": "m", "priority": 9, "max_tokens": 5})
     assert got == {"model": "m", "priority": 0, "service_tier": "auto", "max_tokens": 5}
     assert plan.body_dict()["decisions"][0]["fields"].keys() >= {"allow", "unknown"}
 

@@ -15,6 +15,7 @@ import pytest
 from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan.body import forwarded
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Decision, Plan
@@ -70,7 +71,7 @@ def test_forwarded_body_drops_stripped_and_unknown_stripped_fields() -> None:
     plan = build(load_ref(CATALOG), replace(policy, audiences={**policy.audiences, "inference": inference}))
     chat = plan.decision(*CHAT)
     assert chat is not None
-    got = plan.forwarded_body(chat, {"model": "m", "session_id": "s", "other": 1, "max_tokens": 5})
+    got = forwarded(chat, {"model": "m", "session_id": "s", "other": 1, "max_tokens": 5})
     # max_tokens is not named either: stripped, so the output budget is written in
     assert got == {"model": "m", "max_completion_tokens": 4096}
 

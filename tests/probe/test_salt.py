@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from scanner.cli.main import cli
 from scanner.errors import ConfigError, PolicyError
 from scanner.inventory.catalog import load_ref
+from scanner.plan.body import forwarded
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
 from scanner.policy.load import loads
@@ -70,12 +71,12 @@ def test_forwarded_body_carries_the_salt_over_the_clients() -> None:
     chat = plan.decision(*CHAT)
     assert chat is not None
     sent = {"model": "m", "messages": [], "max_tokens": 5, "cache_salt": "mine"}
-    assert plan.forwarded_body(chat, sent, "s1") == {"model": "m", "messages": [], "max_tokens": 5,
+    assert forwarded(chat, sent, "s1") == {"model": "m", "messages": [], "max_tokens": 5,
                                                      "cache_salt": "s1"}
-    assert plan.forwarded_body(chat, {"model": "m", "max_tokens": 5}, "s1") == {
+    assert forwarded(chat, {"model": "m", "max_tokens": 5}, "s1") == {
         "model": "m", "max_tokens": 5, "cache_salt": "s1"}
     with pytest.raises(ValueError, match="give the expected salt"):
-        plan.forwarded_body(chat, sent)
+        forwarded(chat, sent)
 
 
 def test_a_large_body_is_judged_by_the_witness_outline() -> None:
@@ -189,8 +190,8 @@ def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path, monkeypatch: 
     from scanner import verify
     original = verify.probe_options
 
-    def no_secret(s: verify.Setup, base: ProbeOptions, witness: str, kind: str = "") -> ProbeOptions:
-        return replace(original(s, base, witness, kind), salt_secret="")
+    def no_secret(s: verify.Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
+        return replace(original(s, base, witness), salt_secret="")
     monkeypatch.setattr(verify, "probe_options", no_secret)
     res = probe_through(tmp_path, proxy_named("envoy"), _salted(), CATALOG, OPTIONS)
     assert [f.rule for f in res.findings] == ["VP011"], [(f.rule, f.title) for f in res.findings]

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from scanner import reasons as R
+from scanner.plan.body import forwarded
 from scanner.plan.model import BODY_METHODS, Decision
 from scanner.policy.media import MEDIA_KEYS
 from scanner.policy.salt import salt as salt_of
@@ -574,7 +575,7 @@ def review_forwarded(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
         if salt is None:
             return replace(a, verdict="inconclusive",
                            why=f"the sender of a {d.salt}-salted request is unknown")
-        want = ctx.plan.forwarded_body(d, obj, salt, len(case.body))
+        want = forwarded(d, obj, salt, len(case.body))
     verdict, why = body_received(case.body, a.upstream, want)
     return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
