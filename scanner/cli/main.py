@@ -41,6 +41,7 @@ def _register() -> None:
         audit,
         demo,
         evidence,
+        init,
         inventory,
         keys,
         limiter,
@@ -54,6 +55,7 @@ def _register() -> None:
     )
 
     cli.add_command(demo.command)
+    cli.add_command(init.command)
     cli.add_command(inventory.group)
     cli.add_command(plan.plan_cmd)
     cli.add_command(plan.generate_cmd)

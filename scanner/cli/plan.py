@@ -15,6 +15,7 @@ from scanner.generate import kubernetes
 from scanner.generate.write import write_config
 from scanner.output import write_text
 from scanner.plan import inputs
+from scanner.plan.model import Plan
 from scanner.report import plan as render_plan
 
 
@@ -36,6 +37,13 @@ def plan_cmd(inventory: str, policy: str | None, networks: tuple[str, ...],
     """
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
     write_text(output, render_plan.render(plan, fmt))
+    _warn(plan)
+
+
+def _warn(plan: Plan) -> None:
+    """What the plan leaves open that `vllm-perimeter init` closes, loudly, on stderr."""
+    for line in render_plan.warnings(plan):
+        click.secho(f"warning: {line} (vllm-perimeter init writes a policy with both)", fg="yellow", err=True)
 
 
 @click.command("generate")
@@ -76,6 +84,7 @@ def generate_cmd(proxy: str, inventory: str, policy: str | None, networks: tuple
     """
     k8s = kube_cli.settings(kube)   # None without --kubernetes
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
+    _warn(plan)
     out = Path(os.path.abspath(output_dir))
     options = gen.GenerateOptions(runtime_dir=runtime_dir, access_log=access_log,
                                   extra=parse_pairs("--set", extra), output_dir=str(out))

@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from scanner.output import text_console
-from scanner.plan.model import Decision, Plan
+from scanner.plan.model import BODY_METHODS, Decision, Plan
 
 
 def _limits(d: Decision) -> str:
@@ -54,6 +54,24 @@ def _limits(d: Decision) -> str:
     return " ".join(parts)
 
 
+def warnings(plan: Plan) -> tuple[str, ...]:
+    """What a deployment of this plan leaves open that `vllm-perimeter init` closes: stored
+    responses shared among principals, and a prefix cache shared among principals (printed in
+    the plan and on stderr by `plan` and `generate`)."""
+    out = []
+    if plan.responses_shared:
+        out.append(f"stored responses shared among end users' principals (body: responses: shared): "
+                   f"any of them who learns another's response id can read, cancel or continue it "
+                   f"on {', '.join(plan.responses_shared)} (vLLM checks no owner; body: responses: owned "
+                   "seals ids to their principal: docs/ownership.md)")
+    keyed = [d for d in plan.allowed if d.auth != "none" and d.method in BODY_METHODS and d.kind == "http"]
+    if keyed and not plan.body.salted:
+        out.append(f"prefix cache shared among principals on {len(keyed)} routes (body: cache_salt: "
+                   f"{plan.body.cache_salt}): one tenant can time another's prompts (CVE-2025-46570); "
+                   "body: cache_salt: per-principal gives each principal its own (docs/policy-and-plan.md)")
+    return tuple(out)
+
+
 def to_table(plan: Plan, width: int = 140) -> str:
     buf = io.StringIO()
     console = text_console(buf, width)
@@ -75,11 +93,8 @@ def to_table(plan: Plan, width: int = 140) -> str:
     if plan.unnamed_fields:
         console.print(f"request fields no rule names (their route's `unknown` decides): "
                       f"{'; '.join(plan.unnamed_fields)}")
-    if plan.responses_shared:
-        console.print(f"stored responses shared among end users' principals (body: responses: shared): "
-                      f"any of them who learns another's response id can read, cancel or continue it "
-                      f"on {', '.join(plan.responses_shared)} (vLLM checks no owner; body: responses: owned "
-                      "seals ids to their principal: docs/ownership.md)")
+    for line in warnings(plan):
+        console.print(f"WARNING: {line}")
     if plan.body.owned:
         console.print(f"responses: owned (every response id handed out sealed to its principal, "
                       f"HMAC-SHA256 of the secret in {plan.body.responses_secret_file}; another's: "
