@@ -72,6 +72,7 @@ from scanner.generate.nginx_model import (
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
+from scanner.policy.salt import read_secret
 
 
 def _environment() -> jinja2.Environment:
@@ -85,6 +86,21 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+# The files the plan decides (nginx.conf holds process settings; the njs module is fixed text).
+PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-principals.conf.j2", 0o600),
+                  (PROXY, "nginx-proxy.conf.j2", 0o644))
+
+
+def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[GeneratedFile, ...]:
+    """The plan's files rendered from ``model`` (the generator's, or a mutant's)."""
+    owner_secret = _owner_secret(plan)
+    try:
+        return tuple(GeneratedFile(name, env.get_template(t).render(m=model, owner_secret=owner_secret), mode)
+                     for name, t, mode in PLAN_TEMPLATES)
+    except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
+        raise GenerateError(f"nginx generator: template error: {exc}") from exc
+
+
 class NginxGenerator:
     name = "nginx"
 
@@ -93,15 +109,10 @@ class NginxGenerator:
         env = _environment()
         try:
             main = env.get_template("nginx.conf.j2").render(m=model)
-            http = env.get_template("nginx-http.conf.j2").render(m=model)
-            principals = env.get_template("nginx-principals.conf.j2").render(m=model)
-            proxy = env.get_template("nginx-proxy.conf.j2").render(m=model)
             njs = Path(resources.data_file("templates", "nginx-perimeter.js")).read_text(encoding="utf-8")
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
-        files = [GeneratedFile(MAIN, main), GeneratedFile(HTTP, http),
-                 GeneratedFile(PRINCIPALS, principals, mode=0o600), GeneratedFile(PROXY, proxy),
-                 GeneratedFile(NJS, njs)]
+        files = [GeneratedFile(MAIN, main), *plan_files(env, model, plan), GeneratedFile(NJS, njs)]
         if plan.upstream.api_key_file:   # the one generated file that holds a secret: 0600, included
             key = read_upstream_key(plan.upstream.api_key_file)
             text = ("# vLLM's --api-key (generated, mode 0600)\n"
@@ -113,6 +124,14 @@ class NginxGenerator:
 
 
 _HOLDS = {PRINCIPALS: "key hashes", UPSTREAM_KEY: "vLLM's API key"}
+
+
+def _owner_secret(plan: Plan) -> str:
+    """responses: owned: the secret the 0600 principals include gives njs, read here (one line,
+    exit 2, when it cannot be: never a proxy whose workers cannot read it at run time)."""
+    if not plan.body.owned or not plan.body.responses_secret_file:
+        return ""
+    return read_secret(plan.body.responses_secret_file, "responses_secret_file").decode("utf-8")
 
 
 def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:

@@ -38,11 +38,8 @@ def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
     what = ""
     if edit is not None:
         model, what = edit(model, plan)
-    env = generator._environment()
-    for name, template, mode in ((HTTP, "nginx-http.conf.j2", 0o644),
-                                 (PRINCIPALS, "nginx-principals.conf.j2", 0o600),
-                                 (PROXY, "nginx-proxy.conf.j2", 0o644)):
-        write_text(directory / name, env.get_template(template).render(m=model), mode=mode)
+    for f in generator.plan_files(generator._environment(), model, plan):
+        write_text(directory / f.name, f.content, mode=f.mode)
     return what
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -70,10 +69,6 @@ def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] 
     run.mkdir(parents=True, exist_ok=True)
     run.chmod(0o755)  # worker processes may run as an unprivileged user
     extra = dict(extra or {})
-    if plan.body.owned and os.geteuid() == 0 and "user" not in extra:
-        # njs in the workers reads responses_secret_file at run time; started as root, NGINX's
-        # workers would be nobody and could not read a 0600 file of root's (docs/ownership.md)
-        extra["user"] = "root"
     if build.njs_module:
         extra["njs_module"] = build.njs_module
     elif "njs" not in extra and built_in_njs(build.binary):
