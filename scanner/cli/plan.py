@@ -84,7 +84,6 @@ def generate_cmd(proxy: str, inventory: str, policy: str | None, networks: tuple
     """
     k8s = kube_cli.settings(kube)   # None without --kubernetes
     plan = inputs.make_plan(inventory, policy, inputs.parse_networks(networks))
-    _warn(plan)
     out = Path(os.path.abspath(output_dir))
     options = gen.GenerateOptions(runtime_dir=runtime_dir, access_log=access_log,
                                   extra=parse_pairs("--set", extra), output_dir=str(out))
@@ -97,6 +96,7 @@ def generate_cmd(proxy: str, inventory: str, policy: str | None, networks: tuple
         click.echo(f"wrote {path}", err=True)
     for line in kube_cli.notes(out) if k8s else runtime_notes(config, out):
         click.echo(line, err=True)
+    _warn(plan)   # after what was written: a refusal above stays one line
 
 
 def runtime_notes(config: gen.GeneratedConfig, out: Path) -> list[str]:

@@ -70,6 +70,17 @@ def salts(plan: Plan, generator: str) -> tuple[tuple[str, str], ...]:
     return tuple((s, salt(secret, s)) for s in sorted(subjects))
 
 
+def owner_secret(plan: Plan) -> str:
+    """responses: owned: the secret both generators write into their 0600 principals file (read
+    by the proxy's master / at script load, never by a worker from the user's file): one line,
+    exit 2, when it cannot be read. "" when nothing is owned."""
+    if not plan.body.owned or not plan.body.responses_secret_file:
+        return ""
+    from scanner.policy.salt import read_secret
+
+    return read_secret(plan.body.responses_secret_file, "responses_secret_file").decode("utf-8")
+
+
 def host_header(plan: Plan, generator: str) -> str:
     """The Host both proxies send upstream (:attr:`scanner.plan.model.Plan.host_header`), checked
     for what a config may hold: never the client's Host or an absolute-form target's host."""

@@ -86,6 +86,7 @@ import jinja2
 import yaml
 
 from scanner.errors import GenerateError, InternalError
+from scanner.generate.common import owner_secret
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.shared import files as shared_files
@@ -132,12 +133,12 @@ def _check_paths(options: GenerateOptions) -> None:
             raise GenerateError(f"envoy generator: {what} {value!r} holds a control character")
 
 
-def render_model(model: Model) -> tuple[str, str]:
+def render_model(model: Model, secret: str = "") -> tuple[str, str]:
     """The bootstrap YAML and the principals file for a model."""
     env = _environment()
     lua = env.get_template("envoy_perimeter.lua.j2").render(m=model)
     main = env.get_template("envoy.yaml.j2").render(m=model, lua=lua.rstrip("\n"))
-    principals = env.get_template("envoy-principals.tsv.j2").render(m=model)
+    principals = env.get_template("envoy-principals.tsv.j2").render(m=model, owner_secret=secret)
     try:
         yaml.safe_load(main)
     except yaml.YAMLError as exc:  # a template bug, not a user error
@@ -153,7 +154,7 @@ class EnvoyGenerator:
         if plan.upstream.api_key_file:   # Lua reads it at run time; a bad one is caught here first
             read_upstream_key(plan.upstream.api_key_file)
         model = build_model(plan, options)
-        main, principals = render_model(model)
+        main, principals = render_model(model, owner_secret(plan))
         return GeneratedConfig(
             generator=self.name,
             files=(GeneratedFile(MAIN, main), GeneratedFile(PRINCIPALS, principals, mode=0o600),

@@ -30,8 +30,9 @@ file under ``kubernetes/`` (``kubectl apply -f DIR/kubernetes/``):
     ``examples/nightly/audit-cronjob.yaml``.
 
 Files the proxy opens that ``generate`` does not make (TLS certificates and keys named in the
-policy, and the ``responses: owned`` secret) come from a Secret the user creates, ``<name>-tls``,
-one key per role (:data:`TLS_KEYS`), each mounted at the policy's path. Output is deterministic.
+policy) come from a Secret the user creates, ``<name>-tls``, one key per role (:data:`TLS_KEYS`),
+each mounted at the policy's path. The ``responses: owned`` secret is in the generated 0600
+principals file (both proxies), so in ``secret.yaml``. Output is deterministic.
 """
 
 from __future__ import annotations
@@ -88,9 +89,7 @@ TLS_KEYS = {"listen.tls.cert": "listen.crt", "listen.tls.key": "listen.key",
             # auth: cert: the CA bundle client certificates are verified against (docs/identity.md)
             "listen.tls.client_ca": "client-ca.crt",
             "upstream.tls.ca": "upstream-ca.crt", "upstream.tls.client_cert": "upstream-client.crt",
-            "upstream.tls.client_key": "upstream-client.key",
-            # responses: owned: the HMAC secret both proxies read at run time (docs/ownership.md)
-            "body.responses_secret_file": "responses-secret"}
+            "upstream.tls.client_key": "upstream-client.key"}
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")          # + "-proxy-secret" <= 63
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -303,8 +302,7 @@ def _mounted(plan: Plan, proxy: str, names: Names) -> tuple[Mounted, ...]:
              "listen.tls.client_ca": listen_tls.client_ca if listen_tls else None,
              "upstream.tls.ca": up_tls.ca if up_tls and plan.upstream.use_tls else None,
              "upstream.tls.client_cert": up_tls.client_cert if up_tls and plan.upstream.use_tls else None,
-             "upstream.tls.client_key": up_tls.client_key if up_tls and plan.upstream.use_tls else None,
-             "body.responses_secret_file": plan.body.responses_secret_file if plan.body.owned else None}
+             "upstream.tls.client_key": up_tls.client_key if up_tls and plan.upstream.use_tls else None}
     for role, path in roles.items():
         if path:
             out.setdefault(_absolute(role, path), Mounted(_absolute(role, path), names.tls, TLS_KEYS[role]))

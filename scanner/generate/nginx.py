@@ -56,7 +56,7 @@ import jinja2
 
 from scanner import resources
 from scanner.errors import GenerateError
-from scanner.generate.common import config_dir
+from scanner.generate.common import config_dir, owner_secret
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
     HTTP,
@@ -72,7 +72,6 @@ from scanner.generate.nginx_model import (
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
 from scanner.policy.keys import read_upstream_key
-from scanner.policy.salt import read_secret
 
 
 def _environment() -> jinja2.Environment:
@@ -93,9 +92,9 @@ PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-princ
 
 def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[GeneratedFile, ...]:
     """The plan's files rendered from ``model`` (the generator's, or a mutant's)."""
-    owner_secret = _owner_secret(plan)
+    secret = owner_secret(plan)
     try:
-        return tuple(GeneratedFile(name, env.get_template(t).render(m=model, owner_secret=owner_secret), mode)
+        return tuple(GeneratedFile(name, env.get_template(t).render(m=model, owner_secret=secret), mode)
                      for name, t, mode in PLAN_TEMPLATES)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: template error: {exc}") from exc
@@ -113,7 +112,7 @@ class NginxGenerator:
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
         files = [GeneratedFile(MAIN, main), *plan_files(env, model, plan), GeneratedFile(NJS, njs)]
-        if plan.upstream.api_key_file:   # the one generated file that holds a secret: 0600, included
+        if plan.upstream.api_key_file:   # vLLM's key: 0600, included by the master
             key = read_upstream_key(plan.upstream.api_key_file)
             text = ("# vLLM's --api-key (generated, mode 0600)\n"
                     f'proxy_set_header Authorization "Bearer {key}";\n')
@@ -125,13 +124,6 @@ class NginxGenerator:
 
 _HOLDS = {PRINCIPALS: "key hashes", UPSTREAM_KEY: "vLLM's API key"}
 
-
-def _owner_secret(plan: Plan) -> str:
-    """responses: owned: the secret the 0600 principals include gives njs, read here (one line,
-    exit 2, when it cannot be: never a proxy whose workers cannot read it at run time)."""
-    if not plan.body.owned or not plan.body.responses_secret_file:
-        return ""
-    return read_secret(plan.body.responses_secret_file, "responses_secret_file").decode("utf-8")
 
 
 def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 import scanner.mutate.core as core
+from scanner.generate.common import owner_secret
 from scanner.generate.envoy import render_model
 from scanner.generate.envoy_model import PRINCIPALS, Model, RouteView, build_model
 from scanner.generate.interface import GenerateOptions
@@ -35,7 +36,7 @@ def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
     what = ""
     if edit is not None:
         model, what = edit(model, plan)
-    main, principals = render_model(model)
+    main, principals = render_model(model, owner_secret(plan))
     write_text(directory / ENVOY, main)
     write_text(directory / PRINCIPALS, principals, mode=0o600)
     return what

@@ -652,15 +652,21 @@ def test_dumper_keeps_content_exact() -> None:
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "envoy"])
-def test_the_responses_secret_is_mounted_from_the_users_secret(tmp_path: Path, proxy: str) -> None:
-    """responses: owned: the proxy reads the secret at run time; the bundle mounts it at the
-    policy's path from the <name>-tls Secret the user creates, never writing it anywhere."""
+def test_the_responses_secret_is_in_the_generated_secret_only(tmp_path: Path, proxy: str) -> None:
+    """responses: owned: the secret is in the generated 0600 principals file (the proxy's master,
+    or Envoy's Lua at load, reads it there), so in secret.yaml only: no ConfigMap holds it and
+    the user's file is not mounted."""
+    secret = "s" * 20 + "ecret-of-the-responses-" + "x" * 9
+    (tmp_path / "responses.secret").write_text(secret + "\n")
+    (tmp_path / "responses.secret").chmod(0o600)
     pol = policy(tmp_path)
-    pol = replace(pol, body=replace(pol.body, responses="owned", responses_secret_file="/run/secrets/responses"))
+    pol = replace(pol, body=replace(pol.body, responses="owned",
+                                    responses_secret_file=str(tmp_path / "responses.secret")))
     _config, bundle = render(proxy, pol)
     assert_valid(bundle)
     spec = pod_spec(docs(bundle)["deployment.yaml"])
     mounts = [m for c in spec["containers"] for m in c["volumeMounts"]]
-    assert {"name": "tls", "mountPath": "/run/secrets/responses", "subPath": "responses-secret",
-            "readOnly": True} in mounts, mounts
-    assert "responses-secret" not in secret_data(docs(bundle)["secret.yaml"])
+    assert not [m for m in mounts if "responses" in m["mountPath"]], mounts
+    data = secret_data(docs(bundle)["secret.yaml"])
+    assert [k for k, v in data.items() if secret in v] == [next(k for k in data if "principals" in k)]
+    assert all(secret not in f.content for f in bundle.files if f.mode & 0o077)

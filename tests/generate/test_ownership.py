@@ -154,12 +154,16 @@ def test_the_upstream_sees_vllms_own_id_only(front: Front) -> None:
     assert json.loads(body)["previous_response_id"] == rid and "~" not in body
 
 
-def test_nginx_workers_get_the_secret_from_the_masters_include_never_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kind", "holder", "line"), [
+    ("nginx", "perimeter-principals.conf", 'js_var $perimeter_owner_secret "{}";'),
+    ("envoy", "envoy-principals.tsv", "owner\t{}")])
+def test_the_secret_is_in_the_generated_principals_file_never_read_by_a_worker(
+        tmp_path: Path, kind: str, holder: str, line: str) -> None:
     """NGINX's workers run as another user than its master (nobody under root): the secret reaches
     njs through the 0600 principals include the master reads at load, so a 0600 secret file of
-    root's works (the live tests above run so), and one generate cannot read is one line, exit 2."""
-    from scanner.generate.interface import GenerateOptions
-    from scanner.generate.nginx import NginxGenerator
+    root's works (the live tests above run so); Envoy's Lua reads it from its principals file with
+    the key hashes. A secret generate cannot read is one line, exit 2, nothing written."""
+    from scanner.generate.interface import GenerateOptions, get
     from scanner.plan.build import build
     from tests.cli.test_plan_cli import run
 
@@ -168,15 +172,16 @@ def test_nginx_workers_get_the_secret_from_the_masters_include_never_the_file(tm
     (tmp_path / "responses.secret").chmod(0o600)
     text = owned_policy_text().replace("/unused/x", str(tmp_path / "responses.secret"))
     plan = build(load_ref("vllm-0.29.0-default"), loads(text, source="p.yaml", base_dir=REPO / "policies"))
-    files = {f.name: f for f in NginxGenerator().render(plan, GenerateOptions()).files}
+    options = GenerateOptions(output_dir=str(tmp_path / "out"))
+    files = {f.name: f for f in get(kind).render(plan, options).files}
     holders = [name for name, f in files.items() if secret in f.content]
-    assert holders == ["perimeter-principals.conf"] and files[holders[0]].mode == 0o600
-    assert f'js_var $perimeter_owner_secret "{secret}";' in files[holders[0]].content
-    assert not re.search(r"^\s*user\s", files["nginx.conf"].content, re.M)
+    assert holders == [holder] and files[holder].mode == 0o600
+    assert line.format(secret) in files[holder].content.splitlines()
+    assert kind != "nginx" or not re.search(r"^\s*user\s", files["nginx.conf"].content, re.M)
     (tmp_path / "policy.yaml").write_text(text.replace(str(tmp_path / "responses.secret"), str(tmp_path / "gone")))
-    res = run("generate", "nginx", "--inventory", "vllm-0.29.0-default", "--policy", str(tmp_path / "policy.yaml"),
+    res = run("generate", kind, "--inventory", "vllm-0.29.0-default", "--policy", str(tmp_path / "policy.yaml"),
               "-o", str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "responses_secret_file" in errors[0] and "vllm-perimeter init" in errors[0]
-    assert not (tmp_path / "out" / "perimeter-http.conf").exists()
+    assert not (tmp_path / "out").exists()
