@@ -51,7 +51,6 @@
 //            asks it instead, with the token cost); post_action: the slot released and the token
 //            reservation settled once the answer is sent.
 import crypto from 'crypto';
-import fs from 'fs';
 
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
@@ -166,22 +165,13 @@ function deny(r, reason) {
     r.internalRedirect(reason.substring(0, 10) === 'not-owner:' ? '@perimeter_403' : '@perimeter_400');
 }
 
-// Ownership of stored responses (scanner/plan/owner.py, the reference). The secret is read from
-// $perimeter_owner_secret_file (each request has its own VM: read once per request that needs it);
-// unreadable or short: null, and nothing is unsealed or sealed (fail closed).
+// Ownership of stored responses (scanner/plan/owner.py, the reference). The secret is
+// $perimeter_owner_secret, set in the 0600 principals include NGINX's master reads at (re)load
+// (the workers, another user, never open the secret file); short or absent: null, and nothing is
+// unsealed or sealed (fail closed).
 function ownerSecret(r) {
-    var path = r.variables.perimeter_owner_secret_file;
-    var text;
-    if (!path) {
-        return null;
-    }
-    try {
-        text = fs.readFileSync(path).toString().trim();
-    } catch (e) {
-        r.error('perimeter: responses_secret_file: ' + e);
-        return null;
-    }
-    return text.length >= 32 ? text : null;
+    var text = r.variables.perimeter_owner_secret;
+    return text && text.length >= 32 ? text : null;
 }
 
 // 22 base64url characters: the first 16 bytes of HMAC-SHA256(secret, "response:" principal "\n" id).
