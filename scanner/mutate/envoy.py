@@ -671,3 +671,31 @@ def _e_cert_revoked(env: _Envoy, plan: Plan) -> str:
         raise NotApplicable(f"{PRINCIPALS}: no certificate principals")
     write_text(path, text + f"cert\tsan:{UNKNOWN_SAN}\trevoked\t{core.cert_role(plan, d)}\n", mode=0o600)
     return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+
+# --- the listener's TLS: legacy versions --------------------------------------------------------
+
+TLS_NEEDS = "listen.tls"
+
+
+@_e("tls-legacy-versions", "add", "the listener's TLS versions and suites",
+    "TLS 1.0 and 1.1 admitted on the listener (tls_minimum_protocol_version TLSv1_0) with the CBC "
+    "suites they need (Envoy's defaults have none)", ("tls",),
+    needs=TLS_NEEDS)
+def _e_tls_legacy(env: _Envoy, plan: Plan) -> str:
+    if plan.listen.tls is None:
+        raise NotApplicable("the listener speaks plain HTTP (no listen.tls)")
+    listener = env.doc["static_resources"]["listeners"][0]
+    for chain in listener["filter_chains"]:
+        ctx = chain.get("transport_socket", {}).get("typed_config", {}).get("common_tls_context")
+        if ctx is None:
+            raise NotApplicable("the listener has no TLS context")
+        ctx["tls_params"] = {**ctx.get("tls_params", {}), "tls_minimum_protocol_version": "TLSv1_0",
+                             "cipher_suites": [*LEGACY_SUITES, *ENVOY_DEFAULT_SUITES]}
+    return "listener: tls_minimum_protocol_version TLSv1_0, CBC suites added"
+
+
+LEGACY_SUITES = ("ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "AES128-SHA", "ECDHE-ECDSA-AES256-SHA",
+                 "ECDHE-RSA-AES256-SHA", "AES256-SHA", "DES-CBC3-SHA")
+ENVOY_DEFAULT_SUITES = ("[ECDHE-ECDSA-AES128-GCM-SHA256|ECDHE-ECDSA-CHACHA20-POLY1305]",
+                        "[ECDHE-RSA-AES128-GCM-SHA256|ECDHE-RSA-CHACHA20-POLY1305]",
+                        "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384")

@@ -648,3 +648,22 @@ def _n_cert_revoked(directory: Path, plan: Plan) -> str:
     _write(directory, PRINCIPALS, text, text.replace(
         old, old + f'"san:{UNKNOWN_SAN}":["revoked","{core.cert_role(plan, d)}"],', 1))
     return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+
+# --- the listener's TLS: legacy versions and every suite of the library ---------------------------
+
+TLS_NEEDS = "listen.tls"
+
+
+@_op("tls-legacy-versions", "add", "the listener's TLS versions and suites",
+     "TLS 1.0 and 1.1 admitted on the listener, with every cipher suite at security level 0",
+     ("tls",), needs=TLS_NEEDS)
+def _n_tls_legacy(directory: Path, plan: Plan) -> str:
+    if plan.listen.tls is None:
+        raise NotApplicable("the listener speaks plain HTTP (no listen.tls)")
+    text = _read(directory, HTTP)
+    old = "    ssl_protocols TLSv1.2 TLSv1.3;\n"
+    if old not in text:
+        raise NotApplicable(f"{HTTP}: no {old.strip()!r}")
+    _write(directory, HTTP, text, text.replace(
+        old, "    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;\n    ssl_ciphers ALL:@SECLEVEL=0;\n", 1))
+    return "listener: ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3, ssl_ciphers ALL:@SECLEVEL=0"

@@ -46,6 +46,8 @@ class Case:
     phase: Phase = 0
     hold_ms: int = 0               # ask the witness upstream to hold the answer this long
     hold_group: str = ""           # ... counted from the first arrival of this group's requests
+    tls_offer: str = ""            # a TLS handshake offering only this (scanner.probe.send.OFFERS),
+                                   # on a fresh connection: the listener must refuse it
     answer: int = 0                # ask the witness upstream to answer this status itself (vp_answer);
                                    # the answer's body is kept in the attempt (answer_body)
     read_answer: bool = False      # keep the answer's body in the attempt (answer_body, first 64 KiB):

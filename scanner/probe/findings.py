@@ -88,6 +88,10 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "(id~MAC) and refuses any other (403 not-owner) in the path and in previous_response_id, "
          "forwarding vLLM's own id only; regenerate the proxy config, check that the proxy reads "
          "responses_secret_file, and reload."),
+    Rule("VP022", "high", "legacy TLS version or broken cipher suite accepted on the listener",
+         "Speak TLS 1.2 and 1.3 only on the perimeter's listener (NGINX: ssl_protocols TLSv1.2 TLSv1.3; "
+         "Envoy: tls_params tls_minimum_protocol_version TLSv1_2) with the library's default suites, no "
+         "3DES, RC4, DES, NULL, export or MD5 ones; regenerate the proxy config and reload."),
     Rule("VP017", "high", "HTTP/2 cleartext or gRPC accepted on the HTTP/1.1 listener",
          "Serve HTTP/1.1 only on the perimeter's listener (Envoy: codec_type HTTP1; NGINX: no "
          "http2 there) and refuse content-type application/grpc* before any route: a gRPC surface "

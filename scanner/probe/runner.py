@@ -394,7 +394,8 @@ class _Run:
     @property
     def unanswered(self) -> bool:
         """Requests were sent and not one got an answer."""
-        return bool(self.sent) and all(a is None or a.status is None for a in self.latest)
+        return bool(self.sent) and all(a is None or (a.status is None and a.verdict != "proved")
+                                       for a in self.latest)   # (a handshake refused as the case expects)
 
     def _wire(self, case: Case, tries: int = 0) -> tuple[Case, str]:
         """The case as sent: with a probe id (and hold) when a witness records the upstream."""

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ssl
 import time
+import warnings
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from scanner.probe import grpc_call, h2c
 from scanner.probe.cases import Case
 from scanner.probe.classify import classify, error_reason, grpc_status
 from scanner.probe.interface import Attempt, Credential, Target, TransportFactory, Vantage
+from scanner.probe.verdict import TLS_REFUSED
 from scanner.secrets import scrub
 
 _MAX_HEAD = 64 * 1024
@@ -57,6 +59,31 @@ def ssl_context(target: Target, cert: tuple[str, str] | None = None, tls12: bool
             ctx.load_cert_chain(target.client_cert, target.client_key)
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"--client-cert/--client-key: cannot load: {exc}") from None
+    return ctx
+
+
+# What the tls check offers a listener, each alone: (lowest version, highest version, OpenSSL
+# cipher string). Security level 0 lets this host's OpenSSL 3 offer TLS 1.0 / 1.1 and the suites.
+OFFERS: dict[str, tuple[ssl.TLSVersion, ssl.TLSVersion, str]] = {
+    "TLSv1": (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1, "ALL:@SECLEVEL=0"),
+    "TLSv1.1": (ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1_1, "ALL:@SECLEVEL=0"),
+    # broken suites only (3DES, RC4, DES, no encryption, export, MD5), at TLS 1.2: never in a
+    # default list of OpenSSL's HIGH or BoringSSL's
+    "weak ciphers": (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_2,
+                     "3DES:RC4:DES:eNULL:EXPORT:MD5:!aNULL:@SECLEVEL=0"),
+}
+CANNOT_OFFER = "this host's TLS library cannot offer it"
+_CLIENT_SIDE = ("NO_PROTOCOLS_AVAILABLE", "NO_CIPHERS_AVAILABLE", "NO_CIPHER_MATCH", "UNSUPPORTED_PROTOCOL")
+
+
+def offer_context(target: Target, offer: str) -> ssl.SSLContext:
+    """A verifying context (as :func:`ssl_context`) that offers only ``OFFERS[offer]``."""
+    low, high, ciphers = OFFERS[offer]
+    ctx = ssl_context(target)
+    with warnings.catch_warnings():   # TLS 1.0 / 1.1 are deprecated: offering them is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version, ctx.maximum_version = low, high
+    ctx.set_ciphers(ciphers)
     return ctx
 
 
@@ -121,8 +148,41 @@ class Sender:
         """The per-request timeout; a request the witness holds may also wait in the proxy's queue."""
         return self.timeout + 2 * case.hold_ms / 1000
 
+    async def _offer(self, case: Case, start: float) -> Attempt:
+        """A handshake offering only ``case.tls_offer``, then the case's request if it completed:
+        the error TLS_REFUSED when the listener refused it, CANNOT_OFFER when this host's TLS
+        library would not even offer it."""
+        try:
+            ctx = offer_context(self.target, case.tls_offer)
+        except ssl.SSLError as exc:
+            return _attempt(case, start, error=f"{CANNOT_OFFER}: {exc.reason or exc}")
+        local = (case.vantage.address, 0) if case.vantage.address else None
+        try:
+            reader, writer = await _bounded(asyncio.open_connection(
+                self._url.host, self._port, ssl=ctx, server_hostname=self._url.host, local_addr=local,
+                limit=_MAX_HEAD), self.timeout)
+        except ssl.SSLError as exc:
+            why = exc.reason or type(exc).__name__
+            said = CANNOT_OFFER if why in _CLIENT_SIDE else TLS_REFUSED
+            return _attempt(case, start, error=f"{said}: {why}")
+        except ConnectionResetError:
+            return _attempt(case, start, error=f"{TLS_REFUSED}: connection reset in the handshake")
+        except Exception as exc:  # every failure is data
+            return _attempt(case, start, error=scrub(error_reason(exc), _secrets(case)))
+        conn = _Conn(reader, writer)
+        try:
+            await conn.write(raw_request(case, self._host, self._prefix))
+            status, headers, _keep = await _bounded(conn.response(case.send_method), self.timeout)
+        except Exception as exc:  # the handshake completed: that is the fact, whatever follows
+            return _attempt(case, start, error=f"handshake completed; then {error_reason(exc)}")
+        finally:
+            conn.close()
+        return _attempt(case, start, status=status, headers=headers)
+
     async def send(self, case: Case) -> Attempt:
         start = time.monotonic()
+        if case.tls_offer:
+            return await self._offer(case, start)
         try:
             if case.grpc_port:
                 status, headers = await grpc_call.call(

@@ -29,6 +29,12 @@ HANDSHAKE_ALERTS: tuple[str, ...] = ("alert unknown ca", "alert certificate expi
                                      "alert certificate required", "alert handshake failure")
 
 
+# The sender's error for a handshake the listener refused (scanner.probe.send._offer); a case
+# about the listener's TLS versions and suites expects it (its reasons hold TLS_OFFER).
+TLS_REFUSED = "TLS handshake refused"
+TLS_OFFER = "tls"
+
+
 def handshake_refused(error: str) -> bool:
     """Did the server refuse the client's certificate in the TLS handshake (``error`` the
     attempt's)? Only a TLS alert naming the certificate counts; a reset or timeout does not."""
@@ -40,9 +46,13 @@ def verdict(expected: str, accepted: tuple[str, ...], a: Attempt) -> tuple[Verdi
     """(verdict, why) for one attempt of a case expecting ``expected`` with ``accepted`` reasons."""
     if a.outcome == "skipped":
         return "skipped", a.error.removeprefix("skipped: ")
+    if TLS_OFFER in accepted and a.status is not None:   # any answer: the handshake was accepted
+        return "failed", f"the listener completed the handshake and answered {a.status}"
     if a.status is None:
         if "cert-invalid" in accepted and handshake_refused(a.error):
             return "proved", f"the listener refused the certificate in the TLS handshake ({a.error})"
+        if TLS_OFFER in accepted and a.error.startswith(TLS_REFUSED):
+            return "proved", a.error
         return "inconclusive", f"no answer ({a.error or 'unknown error'})"
     proxy = a.layer == "proxy"
     kind, _detail = R.parse(a.reason)

@@ -5,10 +5,11 @@ ssrf-canary (media URLs the upstream fetches; only with --ssrf-canary), timeout 
 timeouts at their value), upstream (normalise, headers), protocol (h2c, gRPC on the HTTP
 listener), grpc (the gRPC listener's methods), identity (bearer tokens of auth: jwt audiences),
 mtls (client certificates of auth: cert audiences),
-ownership (stored responses owned by their principal: responses: owned)."""
+ownership (stored responses owned by their principal: responses: owned), tls (the listener's TLS
+versions and cipher suites)."""
 
 from scanner.probe.checks import access, limits, load, tokens, media, canary  # noqa: I001
-from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity, mtls, ownership
+from scanner.probe.checks import timeouts, protocol, upstream, grpc, identity, mtls, ownership, tls
 
 __all__ = ["access", "canary", "grpc", "identity", "limits", "load", "media", "mtls", "ownership", "protocol",
-           "timeouts", "tokens", "upstream"]
+           "timeouts", "tls", "tokens", "upstream"]
