@@ -658,6 +658,22 @@ def _e_cert_san(env: _Envoy, plan: Plan) -> str:
     return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
 
 
+@_e("cert-san-fallback", "remove", "the client certificate's name",
+    "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
+    "(the fallback SPIFFE semantics forbid)", ("mtls",), needs=CERT_NEEDS)
+def _e_cert_san_fallback(env: _Envoy, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    _lua_text(env, """    p = #sans == 1 and CERTS["san:" .. sans[1]] or nil
+  else
+    p = CERTS["subject:" .. (ssl:subjectPeerCertificate() or "")]
+  end""", """    p = #sans == 1 and CERTS["san:" .. sans[1]] or nil
+  end
+  if p == nil then
+    p = CERTS["subject:" .. (ssl:subjectPeerCertificate() or "")]
+  end""")
+    return f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject"
+
+
 @_e("cert-revoked-mapped", "remove", "a revoked certificate principal",
     "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
     "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)

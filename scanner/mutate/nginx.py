@@ -634,6 +634,19 @@ def _n_cert_san(directory: Path, plan: Plan) -> str:
     return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
 
 
+@_op("cert-san-fallback", "remove", "the client certificate's name",
+     "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
+     "(the fallback SPIFFE semantics forbid)", ("mtls",), needs=CERT_NEEDS)
+def _n_cert_san_fallback(directory: Path, plan: Plan) -> str:
+    d = core.cert_checked(plan)
+    text = _read(directory, NJS)
+    old = "    if (sans.length === 0 && has(table, dn)) {"
+    if old not in text:
+        raise NotApplicable(f"{NJS}: no {old!r}")
+    _write(directory, NJS, text, text.replace(old, "    if (p === null && has(table, dn)) {", 1))
+    return f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject"
+
+
 @_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
      "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
      "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)

@@ -22,6 +22,8 @@ from scanner.probe.interface import Credential
 from scanner.probe.testca import TestCa
 
 UNKNOWN_SAN = "spiffe://perimeter-probe.invalid/unknown"
+# an unlisted (revoked) SPIFFE ID, sent beside a listed subject principal's subject
+REVOKED_SAN = "spiffe://perimeter-probe.invalid/revoked"
 _DIR = Path(tempfile.mkdtemp(prefix="vllm-perimeter-certs-"))   # this process's certificates (0600 keys)
 
 
@@ -118,3 +120,9 @@ def issued(ca: TestCa, p: CertPrincipal, expired: bool = False) -> Issued:
 def unknown(ca: TestCa) -> Issued:
     """A certificate of the listener's CA naming no principal."""
     return _write(ca, "unknown", "CN=perimeter-probe-unknown", UNKNOWN_SAN)
+
+
+def revoked(ca: TestCa, p: CertPrincipal) -> Issued:
+    """A certificate of the listener's CA whose URI SAN names nobody (a revoked SPIFFE ID) and whose
+    subject is ``p``'s (a subject principal): it names nobody (SPIFFE: a URI SAN alone names)."""
+    return _write(ca, f"revoked-san-{p.name}", p.subject, REVOKED_SAN)

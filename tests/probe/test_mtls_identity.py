@@ -16,7 +16,7 @@ from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=("mtls",))
-CERT_OPERATORS = ("cert-any-ca", "cert-san-unchecked", "cert-revoked-mapped")
+CERT_OPERATORS = ("cert-any-ca", "cert-san-unchecked", "cert-revoked-mapped", "cert-san-fallback")
 
 
 @pytest.mark.parametrize("proxy", ["envoy", "nginx"])
@@ -31,6 +31,9 @@ def test_cert_operators_caught_by_mtls(tmp_path: Path, proxy: str, mutant: str) 
     assert res.exit_code() == 1
     caught = {f.rule for f in res.findings if f.check == "mtls"}
     assert "VP021" in caught, [(f.rule, f.title) for f in res.findings]
+    if mutant == "cert-san-fallback":   # caught by the revoked SPIFFE ID carrying batch's subject
+        failed = {a.credential for a in res.attempts if a.check == "mtls" and a.verdict == "failed"}
+        assert failed == {"cert:revoked-san:batch"}, failed
 
 
 OWNED_ROUTES = """routes:

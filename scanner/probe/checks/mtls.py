@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import ClassVar
 
+from scanner.plan.credential import judge_certificate
 from scanner.plan.model import Decision
 from scanner.policy.model import CertPrincipal
 from scanner.probe import certs_cases
@@ -24,6 +25,7 @@ from scanner.probe.coverage import Subject
 from scanner.probe.expect import ALLOW, Expectation
 from scanner.probe.interface import Credential
 from scanner.probe.registry import CheckContext, register
+from scanner.probe.testca import TestCa
 
 NO_CA = ("no --cert-ca (the listener's client CA and its key) and no --cert of a role the route admits: "
          "the admitted certificate is not sent")
@@ -62,6 +64,7 @@ def _cases(ctx: CheckContext, d: Decision) -> Iterator[tuple[Credential, Expecta
             yield replace(expired, refused_in_handshake=True), invalid
             yield _issued(f"principal:{admitted.name}", admitted, certs_cases.issued(ca, admitted)), ALLOW
         yield _issued("unknown", None, certs_cases.unknown(ca)), Expectation("deny", ("cert-unknown",))
+        yield from _revoked_san(ctx, d, ca)
         if other is not None:
             yield (_issued(f"principal:{other.name}", other, certs_cases.issued(ca, other)),
                    Expectation("deny", ("role",)))
@@ -74,6 +77,20 @@ def _cases(ctx: CheckContext, d: Decision) -> Iterator[tuple[Credential, Expecta
             yield cred, ALLOW
         else:
             yield cred, Expectation("deny", ("role",))
+
+
+def _revoked_san(ctx: CheckContext, d: Decision, ca: TestCa) -> Iterator[tuple[Credential, Expectation]]:
+    """A certificate whose URI SAN is not listed (a revoked SPIFFE ID) and whose subject is a listed
+    subject principal's (one the route admits, if any): refused as the reference judges it
+    (cert-unknown: a certificate with a URI SAN is named by it alone, never by its subject)."""
+    listed = sorted((c for c in ctx.plan.certs if c.subject), key=lambda c: (not _admits(d, c.role), c.name))
+    if not listed:
+        return
+    p = listed[0]
+    v = judge_certificate(ctx.plan.certs, True, True, (certs_cases.REVOKED_SAN,), p.subject, d.roles)
+    if not v.admitted:
+        yield (_issued(f"revoked-san:{p.name}", None, certs_cases.revoked(ca, p)),
+               Expectation("deny", (v.reason,)))
 
 
 @register
