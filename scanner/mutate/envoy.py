@@ -618,6 +618,36 @@ def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:
     return f"{where(d)} (every auth: jwt route): the issuer check removed"
 
 
+@_e("jwt-issuer-prefix", "remove", "the token's issuer",
+    "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
+    "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_issuer_prefix(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
+    return "401", "jwt-issuer"
+  end""", """  local matched = nil
+  for iss in pairs(t.issuers) do
+    if type(payload.iss) == "string" and sub(payload.iss, 1, #iss) == iss then
+      matched = iss
+    end
+  end
+  if matched == nil then
+    return "401", "jwt-issuer"
+  end
+  payload.iss = matched   -- the allowed issuer it starts with names its principals""")
+    return f"{where(d)} (every auth: jwt route): the issuer compared as a prefix"
+
+
+@_e("jwt-trailing-accepted", "remove", "the token's form",
+    "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
+    "form is checked; jwt_authn itself verifies such a token)", ("identity",), needs=JWT_NEEDS)
+def _e_jwt_trailing(env: _Envoy, plan: Plan) -> str:
+    d = core.token_checked(plan)
+    _lua_text(env, "  if #token > t.max then\n",
+              '  token = (gsub(token, "[.=]+$", ""))\n  if #token > t.max then\n')
+    return f"{where(d)} (every auth: jwt route): trailing dots and padding stripped from the token"
+
+
 @_e("principal-namespace-collision", "source", "the token principal's kind",
     "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
     "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)

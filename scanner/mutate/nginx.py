@@ -580,6 +580,25 @@ def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
                 "if (false) {", "the issuer check removed")
 
 
+@_op("jwt-issuer-prefix", "remove", "the token's issuer",
+     "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
+     "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_issuer_prefix(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, """    if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {
+        return [401, 'jwt-issuer'];
+    }
+""", """    for (i = 0; i < cfg.iss.length; i++) {
+        if (typeof p.iss === 'string' && p.iss.indexOf(cfg.iss[i]) === 0) {
+            break;
+        }
+    }
+    if (i === cfg.iss.length) {
+        return [401, 'jwt-issuer'];
+    }
+    p.iss = cfg.iss[i];     // the allowed issuer it starts with names its principals
+""", "the issuer compared as a prefix")
+
+
 @_op("jwt-duplicates-read", "remove", "the token's strict JSON reading",
      "a member named twice in a token's claims or header is read (the last copy, as JSON.parse "
      "does) instead of refused", ("identity",), needs=JWT_NEEDS)
@@ -592,6 +611,14 @@ def _n_jwt_duplicates(directory: Path, plan: Plan) -> str:
 def _n_jwt_crit(directory: Path, plan: Plan) -> str:
     return _njs(directory, plan, "return has(h, 'crit') ? 'jwt-invalid:crit' : '';", "return '';",
                 "the crit check removed")
+
+
+@_op("jwt-trailing-accepted", "remove", "the token's form",
+     "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
+     "form is checked, as lax JWT libraries do)", ("identity",), needs=JWT_NEEDS)
+def _n_jwt_trailing(directory: Path, plan: Plan) -> str:
+    return _njs(directory, plan, "        token = m[1];\n", "        token = m[1].replace(/[.=]+$/, '');\n",
+                "trailing dots and padding stripped from the token")
 
 
 @_op("principal-namespace-collision", "source", "the token principal's kind",

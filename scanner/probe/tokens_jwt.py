@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa, utils
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from scanner.errors import UsageError
+from scanner.plan import credential
 from scanner.policy.jwt import JwtAuth, read_jwks
 
 RSA_KID = "perimeter-test-rsa"
@@ -199,6 +200,7 @@ def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[T
                   tamper(sign(good), {**good, t.principal_claim: "someone-else"}), "jwt-invalid"),
         TokenCase("oversized, signed", sign({**good, "pad": pad}), "jwt-invalid"),
     ]
+    out += _look_alike_cases(t, sign, good, now)
     for name in t.required_claims:
         out.append(TokenCase(f"missing required claim {name}",
                              sign({k: v for k, v in good.items() if k != name}), "jwt-claim"))
@@ -206,6 +208,54 @@ def cases(t: JwtAuth, role: str, signer: Signer | None, subject: str) -> tuple[T
         out.append(TokenCase("role not mapped", sign({**good, t.role_claim: [unmapped(t)]}), "jwt-role"))
     out.append(TokenCase("lower-case scheme", sign(good), "", scheme="bearer"))
     return tuple(out)
+
+
+# Latin letters and the Cyrillic ones drawn alike (a look-alike of a name that is not a URL)
+_HOMOGLYPHS = {"a": "\u0430", "e": "\u0435", "o": "\u043e", "c": "\u0441", "p": "\u0440", "x": "\u0445",
+               "y": "\u0443", "i": "\u0456", "l": "\u04cf"}
+
+
+def look_alikes(value: str) -> tuple[tuple[str, str], ...]:
+    """(kind, value) of the neighbours of an allowed issuer or audience an exact comparison must
+    refuse: suffix-extended (``llm2``), a prefix (``ll``), case-changed (a URL's scheme and host,
+    which RFC 3986 compares case-insensitively but the perimeter never does; a name's letters),
+    a trailing slash added (or removed), and a look-alike (a URL's host inside another domain,
+    ``idp.example.com.evil.net``; a name with a Cyrillic letter drawn as a Latin one). Each
+    differs from ``value``; none twice."""
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        host, slash, path = rest.partition("/")
+        name, colon, port = host.partition(":")
+        case = f"{scheme.upper()}://{host.upper()}{slash}{path}"
+        alike = f"{scheme}://{name}.evil.net{colon}{port}{slash}{path}" if name else ""
+    else:
+        case = value.upper() if value.upper() != value else value.lower()
+        at = next((i for i, ch in enumerate(value) if ch in _HOMOGLYPHS), -1)
+        alike = value[:at] + _HOMOGLYPHS[value[at]] + value[at + 1:] if at >= 0 else ""
+    slashed = value[:-1] if value.endswith("/") else value + "/"
+    out: dict[str, str] = {}
+    for kind, v in (("suffix-extended", value + "2"), ("prefix", value[:-1]), ("case-changed", case),
+                    ("trailing slash", slashed), ("look-alike", alike)):
+        if v and v != value and v not in out.values():
+            out[kind] = v
+    return tuple(out.items())
+
+
+def _look_alike_cases(t: JwtAuth, sign: Callable[[Mapping[str, object]], str], good: Mapping[str, object],
+                      now: int) -> list[TokenCase]:
+    """Signed tokens whose ``iss`` is a look-alike of each allowed issuer, and whose ``aud`` one of
+    each allowed audience (:func:`look_alikes`), the rest valid: each refused as the reference
+    (scanner/plan/credential.py) judges it (``jwt-issuer`` / ``jwt-audience``); a look-alike that
+    is itself allowed (another issuer or audience of the policy) is not one, and not sent."""
+    out: list[TokenCase] = []
+    for claim, allowed in (("iss", t.issuers), ("aud", t.audiences)):
+        for value in allowed:
+            for kind, alike in look_alikes(value):
+                claims = {**good, claim: alike}
+                v = credential.judge_claims(t, claims, now)
+                if not v.admitted:
+                    out.append(TokenCase(f"{claim} {kind} {alike!a}", sign(claims), v.reason))
+    return out
 
 
 def _form_cases(t: JwtAuth, signer: Signer | None, good: Mapping[str, object], kid: str) -> list[TokenCase]:

@@ -86,6 +86,38 @@ def test_no_kid_is_refused_with_two_keys_and_verified_with_one(issued: tuple[Jwt
     assert _judge(one, f"Bearer {token}").admitted
 
 
+def test_look_alike_issuers_and_audiences_are_refused(issued: tuple[JwtAuth, tokens_jwt.Issuer]) -> None:
+    """Issuers and audiences compare exactly: a prefix, a suffix-extended, case-changed,
+    trailing-slash or look-alike neighbour of an allowed one is another (signed, valid otherwise)."""
+    t, issuer = replace(issued[0], issuers=("https://idp.example.com/realms/llm",)), issued[1]
+    good = tokens_jwt.valid_claims(t, "user", "alice")
+    assert dict(tokens_jwt.look_alikes(t.issuers[0])) == {
+        "suffix-extended": "https://idp.example.com/realms/llm2", "prefix": "https://idp.example.com/realms/ll",
+        "case-changed": "HTTPS://IDP.EXAMPLE.COM/realms/llm", "trailing slash": "https://idp.example.com/realms/llm/",
+        "look-alike": "https://idp.example.com.evil.net/realms/llm"}
+    assert dict(tokens_jwt.look_alikes("vllm")) == {"suffix-extended": "vllm2", "prefix": "vll",
+                                                    "case-changed": "VLLM", "trailing slash": "vllm/",
+                                                    "look-alike": "v\u04cflm"}
+    assert _judge(t, f"Bearer {issuer.rsa.sign(good)}").admitted
+    for claim, reason, allowed in (("iss", "jwt-issuer", t.issuers[0]), ("aud", "jwt-audience", t.audiences[0])):
+        for kind, alike in tokens_jwt.look_alikes(allowed):
+            v = _judge(t, f"Bearer {issuer.rsa.sign({**good, claim: alike})}")
+            assert (v.status, v.reason) == (401, reason), (kind, alike, v)
+    for kind, alike in tokens_jwt.look_alikes(t.audiences[0]):   # in a list of audiences too
+        v = _judge(t, f"Bearer {issuer.rsa.sign({**good, 'aud': [alike, 'other']})}")
+        assert (v.status, v.reason) == (401, "jwt-audience"), (kind, alike, v)
+    # the probe's cases: every look-alike sent, each expected refused as the reference says
+    cases = {c.name: c.expect for c in tokens_jwt.cases(t, "user", issuer.rsa, "alice")
+             if c.name.startswith(("iss ", "aud "))}
+    assert len(cases) == 10 and set(cases.values()) == {"jwt-issuer", "jwt-audience"}, cases
+    # a look-alike that is itself allowed (a second issuer) is not sent
+    two = replace(t, issuers=(*t.issuers, "https://idp.example.com/realms/llm2"))
+    names = [c.name for c in tokens_jwt.cases(two, "user", issuer.rsa, "alice")]
+    assert "iss suffix-extended 'https://idp.example.com/realms/llm2'" not in names
+    assert "iss prefix 'https://idp.example.com/realms/llm'" not in names   # the second's prefix: the first
+    assert "iss suffix-extended 'https://idp.example.com/realms/llm22'" in names
+
+
 def test_a_certificate_with_any_uri_san_is_named_by_it_alone() -> None:
     worker = CertPrincipal("worker-a", "worker", san="spiffe://example.org/ns/app/sa/worker")
     batch = CertPrincipal("batch", "worker", subject="CN=batch,O=Example")

@@ -39,7 +39,14 @@ def test_identity_and_access_hold(tmp_path: Path, proxy: str) -> None:
 
 
 JWT_OPERATORS = ("jwt-signature-unchecked", "jwt-audience-unchecked", "jwt-expiry-unchecked",
-                 "jwt-issuer-unchecked", "jwt-crit-ignored")
+                 "jwt-issuer-unchecked", "jwt-crit-ignored", "jwt-issuer-prefix", "jwt-trailing-accepted")
+# the cases each of these operators lets through, and only those (by name: tokens_jwt.cases)
+LET_THROUGH = {
+    "jwt-issuer-prefix": {"jwt:iss suffix-extended 'https://issuer.example2'",
+                          "jwt:iss trailing slash 'https://issuer.example/'",
+                          "jwt:iss look-alike 'https://issuer.example.evil.net'"},
+    "jwt-trailing-accepted": {"jwt:trailing dot", "jwt:trailing dots", "jwt:trailing padding"},
+}
 
 
 @pytest.mark.parametrize("proxy", ["envoy", "nginx"])
@@ -49,6 +56,23 @@ def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: st
     assert res.exit_code() == 1
     caught = {f.rule for f in res.findings if f.check == "identity"}
     assert "VP019" in caught, [(f.rule, f.title) for f in res.findings]
+    if mutant in LET_THROUGH:
+        failed = {a.credential for a in res.attempts if a.check == "identity" and a.verdict == "failed"}
+        assert failed == LET_THROUGH[mutant], failed
+
+
+@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+def test_look_alike_issuers_and_audiences_refused_without_a_witness(tmp_path: Path, proxy: str) -> None:
+    """Signed tokens whose iss or aud is a neighbour of the allowed one (a prefix, suffix-extended,
+    case-changed, trailing slash, look-alike host or letters) are refused with jwt-issuer /
+    jwt-audience, proven by the proxy's answers alone (no witness): exit 0, each proved."""
+    res = probe_through(tmp_path, proxy_named(proxy), _policy(tmp_path), CATALOG,
+                        replace(OPTIONS, checks=("identity",)), witness=False)
+    alike = [a for a in res.attempts if a.check == "identity" and a.credential.startswith(("jwt:iss ", "jwt:aud "))]
+    assert res.exit_code() == 0, [(f.rule, f.title, f.detail[:300]) for f in res.findings]
+    # two routes of the people audience, 5 issuer and 5 audience neighbours each
+    assert len(alike) == 20 and {a.verdict for a in alike} == {"proved"}, [(a.credential, a.why) for a in alike]
+    assert {a.reason for a in alike} == {"jwt-issuer", "jwt-audience"}
 
 
 def test_duplicates_read_caught_by_identity_on_nginx(tmp_path: Path) -> None:
