@@ -16,8 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scanner.errors import ConfigError
-from scanner.netscan.model import Attempt as PortAttempt
-from scanner.netscan.model import Finding as PortFinding
+from scanner.netscan.model import PortAttempt, PortFinding
 from scanner.probe.interface import Attempt, Coverage, Finding
 
 Severity = Literal["critical", "high", "medium", "low", "info"]

@@ -47,7 +47,7 @@ OUTAGE_SETTLE_S = 1.5     # after Redis stops: the local buckets (full at first)
 
 
 @dataclass(frozen=True)
-class Outage:
+class FleetOutage:
     """What the fleet answered with Redis stopped: ``holds`` when the failure policy held."""
 
     policy: str                       # deny | local
@@ -69,7 +69,7 @@ class FleetRun:
     replicas: int
     result: ProbeResult
     seconds: float
-    outage: Outage | None = None
+    outage: FleetOutage | None = None
     mutant: str = ""
 
 
@@ -108,7 +108,7 @@ def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential],
         return fp, f.start()
 
     result: ProbeResult
-    down: Outage | None = None
+    down: FleetOutage | None = None
     with ExitStack() as stack:
         fp, f = on_free_port(started, plan.listen.port)
         stack.callback(f.stop)
@@ -124,7 +124,7 @@ def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential],
 OUTAGE_CHECK = "fleet"
 
 
-def recorded(result: ProbeResult, o: Outage) -> ProbeResult:
+def recorded(result: ProbeResult, o: FleetOutage) -> ProbeResult:
     """``result`` with what the fleet did while Redis was stopped, so every report format says it:
     a coverage line (proved: the failure policy held), and a finding when it did not (VP005: the
     limits were not what the policy says with the store down) or Redis could not be stopped on
@@ -184,13 +184,13 @@ def _get(port: int, path: str, cred: Credential, vantage: Vantage) -> tuple[int,
 
 
 def outage(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],
-           vantages: Sequence[Vantage]) -> Outage:
+           vantages: Sequence[Vantage]) -> FleetOutage:
     """Stop Redis; send twice the route's burst + 1 (plus 2) requests alternating the replicas; judge."""
     shared = plan.shared
     assert shared is not None
     tried = _tried(plan, credentials, vantages)
     if tried is None:
-        return Outage(shared.on_unavailable, "", (), (), 0, False,
+        return FleetOutage(shared.on_unavailable, "", (), (), 0, False,
                       "Redis was not stopped: no limited GET route with a key and a vantage to try it on")
     d, cred, vantage = tried
     rate = d.limits.rate
@@ -213,7 +213,7 @@ def outage(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],
         what = (f"Redis stopped: {len(answers)} requests to {route} through {len(f.ports)} replicas, "
                 f"{admitted} admitted by the replicas' local shares (the policy: {limit} at once), "
                 f"{statuses.count(429)} refused 429, {statuses.count(503)} 503 (on_unavailable: local)")
-    return Outage(shared.on_unavailable, route, statuses, reasons, limit, holds, what)
+    return FleetOutage(shared.on_unavailable, route, statuses, reasons, limit, holds, what)
 
 
 # --- the loop: each proxy's fleet, then (--mutate) the fleet's operators ----------------------------

@@ -15,9 +15,9 @@ def _result() -> ProbeResult:
                        credentials=(), attempts=(), findings=(), elapsed_s=1.0, unreachable=False)
 
 
-def _outage(holds: bool, route: str = "GET /v1/models") -> verify_fleet.Outage:
+def _outage(holds: bool, route: str = "GET /v1/models") -> verify_fleet.FleetOutage:
     what = "Redis stopped: 44 requests to GET /v1/models through 2 replicas, 44 answered 503"
-    return verify_fleet.Outage("deny", route, (503, 200) if not holds else (503, 503), (), 21, holds,
+    return verify_fleet.FleetOutage("deny", route, (503, 200) if not holds else (503, 503), (), 21, holds,
                                what if route else "Redis was not stopped: no limited GET route")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from scanner.audit.drift import ProbeDrift, RouteDrift
 from scanner.audit.nginxconf import DirectiveChange
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
-from scanner.netscan.model import Finding as PortFinding
+from scanner.netscan.model import PortFinding
 from scanner.probe import result as probe_result
 from scanner.probe.interface import ProbeResult
 from scanner.severity import FAIL_ON_DEFAULT, Severity, fails

@@ -89,7 +89,7 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time,
                            auto_floor_s=AUTO_FLOOR_S)
     say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
-    outages: list[verify_fleet.Outage] = []
+    outages: list[verify_fleet.FleetOutage] = []
     if replicas is not None:
         fleets, mutants = verify_fleet.loop_all(inv, pol, runtimes, options, keys_per_role, replicas, mutate,
                                                 only, say)

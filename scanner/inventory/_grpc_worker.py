@@ -23,7 +23,7 @@ from typing import Any
 REFLECTION_PACKAGES = ("grpc.reflection.v1", "grpc.reflection.v1alpha")  # tried in this order
 
 
-class WorkerError(Exception):
+class GrpcWorkerError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
@@ -48,7 +48,7 @@ def _select(found: dict[str, list[dict[str, Any]]], wanted: list[str] | None, wh
     if wanted:
         missing = [s for s in wanted if s not in found]
         if missing:
-            raise WorkerError("GrpcInventory", f"{where} defines no service {', '.join(missing)} "
+            raise GrpcWorkerError("GrpcInventory", f"{where} defines no service {', '.join(missing)} "
                               f"(it defines: {', '.join(sorted(found)) or 'none'})")
         found = {s: found[s] for s in wanted}
     return [m for methods in found.values() for m in methods]
@@ -83,7 +83,7 @@ def _import(name: str) -> Any:
                 return getattr(importlib.import_module(parent), child)
         except (ImportError, AttributeError):
             pass
-        raise WorkerError("GrpcInventory", f"cannot import {name} in {sys.executable}: {exc}") from None
+        raise GrpcWorkerError("GrpcInventory", f"cannot import {name} in {sys.executable}: {exc}") from None
 
 
 def from_modules(req: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +95,8 @@ def from_modules(req: dict[str, Any]) -> dict[str, Any]:
         module = _import(name)
         file_desc = getattr(module, "DESCRIPTOR", None)
         if file_desc is None or not hasattr(file_desc, "services_by_name"):
-            raise WorkerError("GrpcInventory", f"{name} is not a generated *_pb2 module (no file DESCRIPTOR)")
+            raise GrpcWorkerError("GrpcInventory",
+                                  f"{name} is not a generated *_pb2 module (no file DESCRIPTOR)")
         fdp = descriptor_pb2.FileDescriptorProto()
         file_desc.CopyToProto(fdp)
         found.update(_file_methods(fdp))
@@ -117,14 +118,15 @@ def from_descriptor_set(req: dict[str, Any]) -> dict[str, Any]:
             raw = fh.read()
         fds = descriptor_pb2.FileDescriptorSet.FromString(raw)
     except OSError as exc:
-        raise WorkerError("GrpcInventory", f"{path}: cannot read descriptor set: {exc.strerror}") from None
+        raise GrpcWorkerError("GrpcInventory",
+                              f"{path}: cannot read descriptor set: {exc.strerror}") from None
     except DecodeError as exc:
-        raise WorkerError("GrpcInventory", f"{path}: not a serialized FileDescriptorSet: {exc}") from None
+        raise GrpcWorkerError("GrpcInventory", f"{path}: not a serialized FileDescriptorSet: {exc}") from None
     found: dict[str, list[dict[str, Any]]] = {}
     for fdp in fds.file:
         found.update(_file_methods(fdp))
     if not found:
-        raise WorkerError("GrpcInventory", f"{path}: the descriptor set defines no service")
+        raise GrpcWorkerError("GrpcInventory", f"{path}: the descriptor set defines no service")
     return {"methods": _select(found, req.get("services"), path), "packages": [], "vllm": ""}
 
 
@@ -193,7 +195,7 @@ def reflect(req: dict[str, Any]) -> dict[str, Any]:
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            raise WorkerError("Unreachable", f"{target}: no gRPC server answered "
+            raise GrpcWorkerError("Unreachable", f"{target}: no gRPC server answered "
                               f"within {timeout:g}s") from None
         for package in REFLECTION_PACKAGES:
             try:
@@ -202,15 +204,15 @@ def reflect(req: dict[str, Any]) -> dict[str, Any]:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     continue
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise WorkerError("Unreachable",
+                    raise GrpcWorkerError("Unreachable",
                                       f"{target}: {exc.code().name}: {exc.details()}") from None
-                raise WorkerError("GrpcInventory", f"{target}: reflection failed: "
+                raise GrpcWorkerError("GrpcInventory", f"{target}: reflection failed: "
                                   f"{exc.code().name}: {exc.details()}") from None
             services = sorted({s.name for r in listed for s in r.list_services_response.service})
             answers = _ask(channel, package, [{"file_containing_symbol": s} for s in services], timeout)
             break
         else:
-            raise WorkerError("GrpcInventory", f"{target} does not offer server reflection "
+            raise GrpcWorkerError("GrpcInventory", f"{target} does not offer server reflection "
                               f"({' or '.join(REFLECTION_PACKAGES)}): UNIMPLEMENTED")
     finally:
         channel.close()
@@ -243,9 +245,9 @@ def main(argv: list[str]) -> int:
     try:
         mode = MODES.get(str(req.get("mode")))
         if mode is None:
-            raise WorkerError("GrpcInventory", f"unknown mode {req.get('mode')!r}")
+            raise GrpcWorkerError("GrpcInventory", f"unknown mode {req.get('mode')!r}")
         result: dict[str, Any] = {"ok": True, "data": mode(req)}
-    except WorkerError as exc:
+    except GrpcWorkerError as exc:
         result = {"ok": False, "error": {"kind": exc.kind, "message": exc.message}}
     except ImportError as exc:  # protobuf or grpcio missing in the target Python
         result = {"ok": False, "error": {"kind": "GrpcInventory", "message":

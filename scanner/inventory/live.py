@@ -135,7 +135,7 @@ def read_key(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class Answer:
+class ServerAnswer:
     """What the server said to one request (``status`` None: no answer, ``error`` says why)."""
 
     status: int | None
@@ -148,7 +148,7 @@ class Answer:
     def guard(self) -> bool:
         return self.status in GUARD_STATUSES
 
-    def same(self, other: Answer, by_body: bool) -> bool:
+    def same(self, other: ServerAnswer, by_body: bool) -> bool:
         if self.status is None or self.status != other.status or self.content_type != other.content_type:
             return False
         return not by_body or self.body_digest == other.body_digest
@@ -166,12 +166,12 @@ class Answer:
                 "body": self.body_digest, "error": self.error}
 
 
-def _answer(resp: httpx.Response, path: str, body: bytes) -> Answer:
+def _answer(resp: httpx.Response, path: str, body: bytes) -> ServerAnswer:
     ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
     allow = tuple(sorted({m.strip().upper() for m in resp.headers.get("allow", "").split(",")
                           if m.strip()}))
     blanked = body.replace(path.encode("utf-8", "replace"), b"{path}")
-    return Answer(resp.status_code, ctype, hashlib.sha256(blanked).hexdigest()[:16], allow)
+    return ServerAnswer(resp.status_code, ctype, hashlib.sha256(blanked).hexdigest()[:16], allow)
 
 
 # --- candidates ----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def catalog_candidates(refs: Sequence[str] | None = None) -> dict[str, Candidate
 
 
 @dataclass(frozen=True)
-class Finding:
+class LiveFinding:
     """One (path, method, kind): the verdict, the guard, and what was seen."""
 
     path: str
@@ -257,8 +257,8 @@ class Finding:
 @dataclass(frozen=True)
 class LiveResult:
     inventory: Inventory
-    findings: tuple[Finding, ...]
-    calibration: Mapping[str, Answer]
+    findings: tuple[LiveFinding, ...]
+    calibration: Mapping[str, ServerAnswer]
     binaries: tuple[rust.RustRoutes, ...]
     openapi_read: bool
     requests: int
@@ -266,7 +266,7 @@ class LiveResult:
     keyed: bool
     notes: tuple[str, ...] = ()
 
-    def of(self, verdict: Verdict) -> tuple[Finding, ...]:
+    def of(self, verdict: Verdict) -> tuple[LiveFinding, ...]:
         return tuple(f for f in self.findings if f.verdict == verdict)
 
     def summary(self) -> str:
@@ -337,7 +337,7 @@ class _Sender:
             headers["Content-Type"] = PROBE_CONTENT_TYPE
         return headers
 
-    def http(self, method: str, path: str, keyed: bool = True) -> Answer:
+    def http(self, method: str, path: str, keyed: bool = True) -> ServerAnswer:
         """One non-acting request: no body, or an empty body of a type nothing accepts. A
         connection the server dropped (a kept-alive one it closed after an error) is retried
         once on a new one; a timeout is not."""
@@ -346,7 +346,7 @@ class _Sender:
             a = self._http(method, path, keyed)
         return a
 
-    def _http(self, method: str, path: str, keyed: bool) -> Answer:
+    def _http(self, method: str, path: str, keyed: bool) -> ServerAnswer:
         self._take()
         with_body = method not in ("GET", "HEAD", "OPTIONS")
         try:
@@ -360,7 +360,7 @@ class _Sender:
                         break  # a stream that never ends: its first bytes are enough
                 return _answer(resp, path, body[:MAX_BODY])
         except httpx.HTTPError as exc:
-            return Answer(None, error=self._reason(exc))
+            return ServerAnswer(None, error=self._reason(exc))
 
     def get_json_bytes(self, path: str, limit: int) -> bytes | None:
         """GET ``path`` (keyed) and its body when 200 and at most ``limit`` bytes."""
@@ -378,7 +378,7 @@ class _Sender:
         except httpx.HTTPError:
             return None
 
-    def websocket(self, path: str, keyed: bool = True) -> Answer:
+    def websocket(self, path: str, keyed: bool = True) -> ServerAnswer:
         """An upgrade handshake; the connection is closed as soon as the status line is read."""
         self._take()
         parts = urlsplit(self.base)
@@ -406,7 +406,7 @@ class _Sender:
                         break
                     head += chunk
         except (OSError, ssl.SSLError) as exc:
-            return Answer(None, error=scrub(str(exc) or type(exc).__name__, self.secrets))
+            return ServerAnswer(None, error=scrub(str(exc) or type(exc).__name__, self.secrets))
         return _handshake_answer(head)
 
     def _reason(self, exc: BaseException) -> str:
@@ -414,18 +414,18 @@ class _Sender:
         return scrub(f"{type(exc).__name__}: {text}", self.secrets)
 
 
-def _handshake_answer(head: bytes) -> Answer:
+def _handshake_answer(head: bytes) -> ServerAnswer:
     status_line, _, rest = head.partition(b"\r\n")
     m = re.match(rb"HTTP/1\.[01] (\d{3})", status_line)
     if m is None:
-        return Answer(None, error="no HTTP status line")
+        return ServerAnswer(None, error="no HTTP status line")
     headers, _, body = rest.partition(b"\r\n\r\n")
     ctype = ""
     for line in headers.split(b"\r\n"):
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-type":
             ctype = value.decode("latin-1").split(";")[0].strip().lower()
-    return Answer(int(m.group(1)), ctype, hashlib.sha256(body).hexdigest()[:16])
+    return ServerAnswer(int(m.group(1)), ctype, hashlib.sha256(body).hexdigest()[:16])
 
 
 def _parallel(sender: _Sender, func: Callable[[T], R], items: Sequence[T]) -> list[R]:
@@ -442,11 +442,11 @@ def _parallel(sender: _Sender, func: Callable[[T], R], items: Sequence[T]) -> li
 class Calibration:
     """What an absent path looks like, per method (keyed and, with a key, without it)."""
 
-    absent: Mapping[str, Answer]
+    absent: Mapping[str, ServerAnswer]
     by_body: Mapping[str, bool]
-    websocket: Answer | None = None
+    websocket: ServerAnswer | None = None
 
-    def is_absent(self, method: str, a: Answer) -> bool:
+    def is_absent(self, method: str, a: ServerAnswer) -> bool:
         ref = self.absent.get(method)
         return ref is not None and a.same(ref, self.by_body.get(method, True))
 
@@ -459,7 +459,7 @@ class Calibration:
 
 
 def _calibrate(sender: _Sender, methods: Iterable[str], websocket: bool) -> Calibration:
-    absent: dict[str, Answer] = {}
+    absent: dict[str, ServerAnswer] = {}
     by_body: dict[str, bool] = {}
     for method in sorted(set(methods)):
         first = sender.http(method, f"/vp-absent-{secrets.token_hex(6)}")
@@ -490,9 +490,9 @@ def _openapi(sender: _Sender) -> dict[str, Candidate]:
 @dataclass
 class _PathState:
     cand: Candidate
-    discovery: Answer | None = None
-    probes: dict[tuple[str, bool], Answer] = field(default_factory=dict)  # (method, keyed)
-    siblings: dict[str, Answer] = field(default_factory=dict)  # method -> keyed, absent sibling
+    discovery: ServerAnswer | None = None
+    probes: dict[tuple[str, bool], ServerAnswer] = field(default_factory=dict)  # (method, keyed)
+    siblings: dict[str, ServerAnswer] = field(default_factory=dict)  # method -> keyed, absent sibling
 
     @property
     def allow(self) -> tuple[str, ...]:
@@ -529,7 +529,7 @@ def run(spec: LiveInventory) -> LiveResult:
 
 def _run(spec: LiveInventory, sender: _Sender, cands: dict[str, Candidate],
          binaries: tuple[rust.RustRoutes, ...]
-         ) -> tuple[Inventory, tuple[Finding, ...], dict[str, Answer], bool, tuple[str, ...]]:
+         ) -> tuple[Inventory, tuple[LiveFinding, ...], dict[str, ServerAnswer], bool, tuple[str, ...]]:
     notes: list[str] = []
     has_ws = any("websocket" in c.kinds for c in cands.values())
     cal = _calibrate(sender, CALIBRATION_METHODS, has_ws)
@@ -580,7 +580,7 @@ def _run(spec: LiveInventory, sender: _Sender, cands: dict[str, Candidate],
         s.probes[(m, True)] = sender.http(m, s.cand.url_path, keyed=True)
 
     _parallel(sender, probe, jobs)
-    findings: list[Finding] = []
+    findings: list[LiveFinding] = []
     for s in http_states:
         findings += [_http_finding(spec, cal, s, m) for m in sorted(s.cand.methods)]
         if not s.cand.methods:  # a path no source gave methods for, and no Allow: OPTIONS says
@@ -631,15 +631,15 @@ def _guard_method(spec: LiveInventory, s: _PathState, method: str) -> str | None
     return next((m for m in GUARD_PROBE_METHODS if m not in taken), None) if s.allow else None
 
 
-def _http_finding(spec: LiveInventory, cal: Calibration, s: _PathState, method: str) -> Finding:
+def _http_finding(spec: LiveInventory, cal: Calibration, s: _PathState, method: str) -> LiveFinding:
     d = s.discovery
     assert d is not None
     seen = [f"OPTIONS {d.brief()}"]
     listed = tuple(sorted(s.cand.listed_by | ({"allow"} if method in s.allow else set())))
     kind: RouteKind = "mount" if method == ANY_METHOD else "http"
 
-    def out(verdict: Verdict) -> Finding:
-        return Finding(s.cand.path, method, kind, verdict, None, tuple(seen), listed)
+    def out(verdict: Verdict) -> LiveFinding:
+        return LiveFinding(s.cand.path, method, kind, verdict, None, tuple(seen), listed)
 
     path_absent = cal.discovery_works and cal.is_absent("OPTIONS", d)
     if method == ANY_METHOD:  # a mount answers methods no route declares: OPTIONS itself
@@ -662,7 +662,7 @@ def _http_finding(spec: LiveInventory, cal: Calibration, s: _PathState, method: 
     return out("served")
 
 
-def _path_finding(cal: Calibration, s: _PathState) -> Finding:
+def _path_finding(cal: Calibration, s: _PathState) -> LiveFinding:
     """A candidate path without methods (a binary's route, ``--path``) whose OPTIONS answer
     named none: absent if that is the absent answer, served (OPTIONS) if it answered itself."""
     d = s.discovery
@@ -673,7 +673,7 @@ def _path_finding(cal: Calibration, s: _PathState) -> Finding:
         verdict = "unknown"
     else:
         verdict = "served"
-    return Finding(s.cand.path, "OPTIONS", "http", verdict, None, (f"OPTIONS {d.brief()}",),
+    return LiveFinding(s.cand.path, "OPTIONS", "http", verdict, None, (f"OPTIONS {d.brief()}",),
                    tuple(sorted(s.cand.listed_by)))
 
 
@@ -686,7 +686,7 @@ def _sibling(path: str) -> str:
     return f"{path.rsplit('/', 1)[0]}/vp-absent-{secrets.token_hex(6)}"
 
 
-def _key_refused(spec: LiveInventory, s: _PathState, f: Finding) -> bool:
+def _key_refused(spec: LiveInventory, s: _PathState, f: LiveFinding) -> bool:
     """An unknown route whose keyed answer was 401/403: asked again without the key, a
     different answer shows the route itself answered (vLLM 0.33's scale-out routes: 403
     with the key, the guard's 401 without)."""
@@ -694,7 +694,7 @@ def _key_refused(spec: LiveInventory, s: _PathState, f: Finding) -> bool:
     return bool(spec.key) and f.verdict == "unknown" and keyed is not None and keyed.guard
 
 
-def _with_guard(spec: LiveInventory, s: _PathState, f: Finding) -> Finding:
+def _with_guard(spec: LiveInventory, s: _PathState, f: LiveFinding) -> LiveFinding:
     """``guarded``: the answer without the key is 401/403 and (with a key) the keyed one differs."""
     if _key_refused(spec, s, f):
         with_key, without = s.probes[(f.method, True)], s.probes.get((f.method, False))
@@ -702,7 +702,7 @@ def _with_guard(spec: LiveInventory, s: _PathState, f: Finding) -> Finding:
         if without is None or without.status is None or without.same(with_key, True) \
                 or sibling is None or sibling.same(with_key, True):
             return f  # the same 401/403 with and without the key, or for an absent path too
-        return Finding(f.path, f.method, f.kind, "served", without.guard,
+        return LiveFinding(f.path, f.method, f.kind, "served", without.guard,
                        (*f.seen, f"no key: {f.method} {without.brief()} (the key changed the "
                                  f"answer; an absent path beside it: {sibling.brief()})"),
                        f.listed_by)
@@ -712,7 +712,7 @@ def _with_guard(spec: LiveInventory, s: _PathState, f: Finding) -> Finding:
     keyed = s.probes.get((m, True)) if m else None
     bare = s.probes.get((m, False)) if m and spec.key else keyed
     if m is None or bare is None or bare.status is None:
-        return Finding(f.path, f.method, f.kind, f.verdict, None, (*f.seen, "guard not measured"),
+        return LiveFinding(f.path, f.method, f.kind, f.verdict, None, (*f.seen, "guard not measured"),
                        f.listed_by)
     if spec.key:
         # the key changed a 401/403 into something else (vLLM 0.33's scale-out routes answer
@@ -725,11 +725,11 @@ def _with_guard(spec: LiveInventory, s: _PathState, f: Finding) -> Finding:
     else:
         guarded = bare.guard
         note = "" if (m == f.method and f"{m} {bare.brief()}" in f.seen) else f"guard: {m} {bare.brief()}"
-    return Finding(f.path, f.method, f.kind, f.verdict, guarded, (*f.seen, *((note,) if note else ())),
+    return LiveFinding(f.path, f.method, f.kind, f.verdict, guarded, (*f.seen, *((note,) if note else ())),
                    f.listed_by)
 
 
-def _ws_finding(spec: LiveInventory, sender: _Sender, cal: Calibration, s: _PathState) -> Finding:
+def _ws_finding(spec: LiveInventory, sender: _Sender, cal: Calibration, s: _PathState) -> LiveFinding:
     a = sender.websocket(s.cand.url_path)
     seen = [f"websocket upgrade {a.brief()}"]
     listed = tuple(sorted(s.cand.listed_by))
@@ -747,12 +747,12 @@ def _ws_finding(spec: LiveInventory, sender: _Sender, cal: Calibration, s: _Path
         guarded = bare.guard
     elif verdict == "served":
         guarded = False
-    return Finding(s.cand.path, "GET", "websocket", verdict, guarded, tuple(seen), listed)
+    return LiveFinding(s.cand.path, "GET", "websocket", verdict, guarded, tuple(seen), listed)
 
 
-def _inventory(target: str, findings: Sequence[Finding]) -> Inventory:
+def _inventory(target: str, findings: Sequence[LiveFinding]) -> Inventory:
     """Served findings as routes: one per (path, kind, guard), methods merged."""
-    groups: dict[tuple[str, RouteKind, bool], list[Finding]] = defaultdict(list)
+    groups: dict[tuple[str, RouteKind, bool], list[LiveFinding]] = defaultdict(list)
     for f in findings:
         if f.verdict == "served":
             groups[(f.path, f.kind, bool(f.guarded))].append(f)

@@ -72,7 +72,7 @@ class Status:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Admission:
     statuses: tuple[Status, ...]
     slot: str
 
@@ -123,7 +123,7 @@ def new_slot() -> str:
 
 
 async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Call],
-                  slot: str = "") -> Verdict:
+                  slot: str = "") -> Admission:
     """Take every call's zone in order, stopping at the first refusal (see the module docstring):
     one Redis script call for all the zones (store.reserve), atomic across them."""
     zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
@@ -133,7 +133,7 @@ async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Ca
                                    floor=config.on_unavailable == "local")
     done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
     done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
-    return Verdict(tuple(done), slot)
+    return Admission(tuple(done), slot)
 
 
 def _zone_cost(zone: Zone, key: str, cost: int) -> tuple[Zone, str, int]:

@@ -130,7 +130,7 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
 
 
 async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
-                   hits: Sequence[int]) -> decide.Verdict:
+                   hits: Sequence[int]) -> decide.Admission:
     slots = {slot for zone, _k, _o, slot in parts
              if isinstance(decide.zone_of(config, zone), ConcurrencyZone)}
     if "" in slots or len(slots) > 1:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from scanner.netscan.model import Attempt
+from scanner.netscan.model import PortAttempt
 
 _REASONS = {
     errno.ECONNREFUSED: "refused",
@@ -36,12 +36,12 @@ def open_socket(family: int, kind: int, source: str | None, interface: str | Non
 
 
 def probe(address: str, family: int, port: int, timeout: float,
-          source: str | None = None, interface: str | None = None) -> Attempt:
+          source: str | None = None, interface: str | None = None) -> PortAttempt:
     start = time.monotonic()
     try:
         sock = open_socket(family, socket.SOCK_STREAM, source, interface)
     except OSError as exc:
-        return Attempt(port, "filtered", "connect", _reason(exc), 0.0)
+        return PortAttempt(port, "filtered", "connect", _reason(exc), 0.0)
     with sock:
         # Close with RST, not FIN: no TIME_WAIT pile-up and no half-open sessions on the target.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -49,16 +49,16 @@ def probe(address: str, family: int, port: int, timeout: float,
         try:
             sock.connect((address, port))
         except TimeoutError:
-            return Attempt(port, "filtered", "connect", "timeout", _ms(start))
+            return PortAttempt(port, "filtered", "connect", "timeout", _ms(start))
         except OSError as exc:
             if exc.errno == errno.ECONNREFUSED:
-                return Attempt(port, "closed", "connect", "refused", _ms(start))
-            return Attempt(port, "filtered", "connect", _reason(exc), _ms(start))
-        return Attempt(port, "open", "connect", "connected", _ms(start))
+                return PortAttempt(port, "closed", "connect", "refused", _ms(start))
+            return PortAttempt(port, "filtered", "connect", _reason(exc), _ms(start))
+        return PortAttempt(port, "open", "connect", "connected", _ms(start))
 
 
 def scan(address: str, family: int, ports: Sequence[int], timeout: float, concurrency: int,
-         source: str | None = None, interface: str | None = None) -> tuple[Attempt, ...]:
+         source: str | None = None, interface: str | None = None) -> tuple[PortAttempt, ...]:
     """Probe every port, at most ``concurrency`` at a time; results in port order."""
     workers = max(1, min(concurrency, len(ports)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="netscan") as pool:

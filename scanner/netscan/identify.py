@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from scanner.netscan.connect import open_socket
-from scanner.netscan.model import Attempt
+from scanner.netscan.model import PortAttempt
 from scanner.probe import h2c
 
 H2C, HTTP1 = "h2c", "http/1.1"
@@ -56,8 +56,8 @@ def speaks(address: str, family: int, port: int, timeout: float,
         return classify(head)
 
 
-def identify(address: str, family: int, attempts: Sequence[Attempt], timeout: float, concurrency: int,
-             source: str | None = None, interface: str | None = None) -> tuple[Attempt, ...]:
+def identify(address: str, family: int, attempts: Sequence[PortAttempt], timeout: float, concurrency: int,
+             source: str | None = None, interface: str | None = None) -> tuple[PortAttempt, ...]:
     """The attempts, each open port's with what answered the preface (``service``)."""
     opened = [a for a in attempts if a.state == "open"]
     if not opened:

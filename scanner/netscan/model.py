@@ -14,7 +14,8 @@ from typing import Any, Literal
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
 from scanner.severity import SEVERITIES, Severity, severity_rank
 
-__all__ = ["SEVERITIES", "Attempt", "Finding", "ScanResult", "Severity", "Vantage", "severity_rank"]
+__all__ = ["SEVERITIES", "PortAttempt", "PortFinding", "ScanResult", "ScanVantage", "Severity",
+           "severity_rank"]
 
 FAIL_ON_CHOICES: tuple[str, ...] = (*SEVERITIES, "none")
 PortState = Literal["open", "closed", "filtered"]
@@ -25,7 +26,7 @@ UNREACHABLE_REASONS: tuple[str, ...] = ("host-unreachable", "net-unreachable", "
 
 
 @dataclass(frozen=True)
-class Attempt:
+class PortAttempt:
     """One port probe: what state the answer shows, how it was sent, and how long it took."""
 
     port: int
@@ -41,7 +42,7 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Finding:
+class PortFinding:
     id: str                   # stable: rule + host + port + vantage
     rule: str                 # NS001
     severity: Severity
@@ -50,7 +51,7 @@ class Finding:
     vantage: str
     detail: str
     remediation: str
-    evidence: tuple[Attempt, ...] = ()
+    evidence: tuple[PortAttempt, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
@@ -59,7 +60,7 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Vantage:
+class ScanVantage:
     """Where the probes come from: local address, interface, and the policy networks it is in."""
 
     address: str
@@ -75,11 +76,11 @@ class Vantage:
 class ScanResult:
     host: str
     address: str              # the resolved address probed
-    vantage: Vantage
+    vantage: ScanVantage
     method: Method
     method_note: str          # why this method (e.g. the connect() fallback and its reason)
-    attempts: tuple[Attempt, ...]
-    findings: tuple[Finding, ...]
+    attempts: tuple[PortAttempt, ...]
+    findings: tuple[PortFinding, ...]
     policy: str
     elapsed_s: float
     started_at: str           # ISO 8601 UTC

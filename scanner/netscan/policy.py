@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 
-from scanner.netscan.model import Attempt, Finding, Vantage
+from scanner.netscan.model import PortAttempt, PortFinding, ScanVantage
 from scanner.netscan.ports import known
 from scanner.policy.model import Policy, PortPolicy, PortRule
 
@@ -33,8 +33,8 @@ def networks_of(address: str, networks: Mapping[str, Sequence[str]]) -> tuple[st
                         if ipaddress.ip_network(c, strict=False).version == ip.version))
 
 
-def findings(host: str, attempts: Sequence[Attempt], vantage: Vantage,
-             ports: PortPolicy) -> tuple[Finding, ...]:
+def findings(host: str, attempts: Sequence[PortAttempt], vantage: ScanVantage,
+             ports: PortPolicy) -> tuple[PortFinding, ...]:
     out = []
     for attempt in attempts:
         if attempt.state != "open":
@@ -50,7 +50,7 @@ SPEAKS = {"h2c": "HTTP/2 in clear text (h2c: a gRPC server or an HTTP/2 listener
           "http/1.1": "HTTP/1.1"}
 
 
-def _finding(host: str, attempt: Attempt, vantage: Vantage, allowed: Sequence[str]) -> Finding:
+def _finding(host: str, attempt: PortAttempt, vantage: ScanVantage, allowed: Sequence[str]) -> PortFinding:
     k = known(attempt.port)
     what = f"{attempt.port} ({k.name})" if k else f"{attempt.port}"
     where = ", ".join(vantage.networks) or "no policy network"
@@ -64,7 +64,7 @@ def _finding(host: str, attempt: Attempt, vantage: Vantage, allowed: Sequence[st
         f"{attempt.port} so it answers only where needed; if this network needs it, add "
         f"`{{port: {attempt.port}, networks: [...]}}` to the policy's ports.allow."
     )
-    return Finding(
+    return PortFinding(
         id=f"{RULE}:{host}:{attempt.port}:{vantage.label}", rule=RULE,
         severity=k.severity if k else "medium",
         title=f"port {what} answers from {where} but the policy does not allow it",

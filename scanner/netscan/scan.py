@@ -13,7 +13,7 @@ from typing import Literal
 from scanner.errors import TargetUnreachableError, UsageError
 from scanner.netscan import connect, identify, syn
 from scanner.netscan import policy as port_rules
-from scanner.netscan.model import UNREACHABLE_REASONS, Attempt, Method, ScanResult, Vantage
+from scanner.netscan.model import UNREACHABLE_REASONS, Method, PortAttempt, ScanResult, ScanVantage
 from scanner.policy.model import Policy
 
 MethodChoice = Literal["auto", "syn", "connect"]
@@ -53,7 +53,7 @@ def run(req: ScanRequest, policy: Policy) -> ScanResult:
         attempts = identify.identify(address, family, attempts, req.timeout, req.concurrency,
                                      req.source, req.interface)
     nets = req.vantage_networks or port_rules.networks_of(local, policy.networks)
-    vantage = Vantage(address=local, interface=req.interface or "", networks=nets)
+    vantage = ScanVantage(address=local, interface=req.interface or "", networks=nets)
     found = port_rules.findings(req.host, attempts, vantage, port_rules.port_policy(policy))
     return ScanResult(host=req.host, address=address, vantage=vantage, method=method,
                       method_note=note, attempts=attempts, findings=found, policy=policy.name,
@@ -140,7 +140,7 @@ def choose_method(choice: MethodChoice, family: int) -> tuple[Method, str]:
                        "handshakes are made and may be logged by the target")
 
 
-def unreachable(attempts: tuple[Attempt, ...]) -> bool:
+def unreachable(attempts: tuple[PortAttempt, ...]) -> bool:
     """Nothing answered and every probe says there is no path to the host."""
     return bool(attempts) and all(a.state == "filtered" and a.reason in UNREACHABLE_REASONS
                                   for a in attempts)

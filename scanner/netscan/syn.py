@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-from scanner.netscan.model import Attempt
+from scanner.netscan.model import PortAttempt
 
 # ICMP destination-unreachable codes (RFC 792/1812) that say "no path", not "port filtered".
 _ICMP_CODES = {0: "net-unreachable", 1: "host-unreachable"}
@@ -49,7 +49,7 @@ def unavailable_reason() -> str | None:
 
 
 def scan(address: str, ports: Sequence[int], timeout: float,
-         source: str | None = None, interface: str | None = None) -> tuple[Attempt, ...]:
+         source: str | None = None, interface: str | None = None) -> tuple[PortAttempt, ...]:
     """One SYN per port (one source port each); answers read until ``timeout`` after the last."""
     # Scapy's warnings (e.g. "MAC address to reach destination not found") would go to stderr
     # and break the one-line error contract; silence answers show up as "filtered" anyway.
@@ -75,7 +75,7 @@ def scan(address: str, ports: Sequence[int], timeout: float,
                                                           seq=random.getrandbits(32)))
             sent_at[(sport, dport)] = time.monotonic()
         found = _collect(listeners, address, sent_at, time.monotonic() + timeout)
-    return tuple(found.get(key) or Attempt(port, "filtered", "syn", "timeout", timeout * 1000.0)
+    return tuple(found.get(key) or PortAttempt(port, "filtered", "syn", "timeout", timeout * 1000.0)
                  for key, port in probes.items())
 
 
@@ -129,8 +129,8 @@ def _attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]]
 
 
 def _collect(listeners: list[socket.socket], address: str, sent_at: dict[Key, float],
-             deadline: float) -> dict[Key, Attempt]:
-    found: dict[Key, Attempt] = {}
+             deadline: float) -> dict[Key, PortAttempt]:
+    found: dict[Key, PortAttempt] = {}
     target = socket.inet_aton(address)
     while len(found) < len(sent_at):
         left = deadline - time.monotonic()
@@ -147,7 +147,7 @@ def _collect(listeners: list[socket.socket], address: str, sent_at: dict[Key, fl
                 continue
             key, state, reason = answer
             if key in sent_at and key not in found:
-                found[key] = Attempt(key[1], state, "syn", reason,  # type: ignore[arg-type]
+                found[key] = PortAttempt(key[1], state, "syn", reason,  # type: ignore[arg-type]
                                      (time.monotonic() - sent_at[key]) * 1000.0)
     return found
 

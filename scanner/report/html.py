@@ -49,7 +49,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Matrix:
+class MatrixGrid:
     methods: tuple[str, ...]                       # columns
     rows: tuple[tuple[str, tuple[Cell, ...]], ...]  # (path, one cell per method)
 
@@ -95,7 +95,7 @@ def _cell(attempts: Sequence[Attempt]) -> Cell:
     return Cell(worst_css, shown, title)
 
 
-def matrix(result: ProbeResult) -> Matrix:
+def matrix(result: ProbeResult) -> MatrixGrid:
     """One row per path, one column per method, every credential and vantage in each cell."""
     cells: dict[str, dict[str, list[Attempt]]] = {}
     for a in result.attempts:
@@ -105,7 +105,7 @@ def matrix(result: ProbeResult) -> Matrix:
     extra = tuple(sorted({m for by in cells.values() for m in by} - set(methods)))
     columns = methods + extra
     rows = tuple((path, tuple(_cell(by.get(m, [])) for m in columns)) for path, by in sorted(cells.items()))
-    return Matrix(columns, rows)
+    return MatrixGrid(columns, rows)
 
 
 def _environment() -> jinja2.Environment:

@@ -289,11 +289,11 @@ def test_templates_and_answers() -> None:
     assert live.concrete("/a/:id/b") == "/a/vllm-perimeter-probe/b"
     rx = live._template_regex("/v1/responses/{response_id}")
     assert rx.fullmatch("/v1/responses/render") and not rx.fullmatch("/v1/responses/a/b")
-    a = live.Answer(404, "application/json", "abc")
-    assert a.same(live.Answer(404, "application/json", "abc"), True)
-    assert not a.same(live.Answer(404, "application/json", "def"), True)
-    assert a.same(live.Answer(404, "application/json", "def"), False)
-    assert not live.Answer(None, error="x").same(live.Answer(None, error="x"), False)
+    a = live.ServerAnswer(404, "application/json", "abc")
+    assert a.same(live.ServerAnswer(404, "application/json", "abc"), True)
+    assert not a.same(live.ServerAnswer(404, "application/json", "def"), True)
+    assert a.same(live.ServerAnswer(404, "application/json", "def"), False)
+    assert not live.ServerAnswer(None, error="x").same(live.ServerAnswer(None, error="x"), False)
 
 
 # --- the vllm-rs route list --------------------------------------------------------------------

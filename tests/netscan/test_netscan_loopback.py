@@ -15,7 +15,7 @@ from scanner.documents import validate
 from scanner.errors import UsageError
 from scanner.netscan import ports as port_sets
 from scanner.netscan import scan as scan_mod
-from scanner.netscan.model import Attempt, Vantage
+from scanner.netscan.model import PortAttempt, ScanVantage
 from scanner.netscan.policy import findings, networks_of, port_policy
 from scanner.policy.load import loads
 
@@ -141,16 +141,16 @@ def test_parse_ports_and_defaults() -> None:
 
 def test_severity_high_for_internal_ports_medium_otherwise() -> None:
     policy = loads(POLICY % 1)
-    vantage = Vantage("127.0.0.1", networks=networks_of("127.0.0.1", policy.networks))
-    attempts = [Attempt(p, "open", "syn", "syn-ack", 0.1) for p in (1, 29500, 6379, 8000, 12345)]
-    attempts.append(Attempt(5600, "closed", "syn", "rst", 0.1))
+    vantage = ScanVantage("127.0.0.1", networks=networks_of("127.0.0.1", policy.networks))
+    attempts = [PortAttempt(p, "open", "syn", "syn-ack", 0.1) for p in (1, 29500, 6379, 8000, 12345)]
+    attempts.append(PortAttempt(5600, "closed", "syn", "rst", 0.1))
     got = {f.port: f.severity for f in findings("h", attempts, vantage, port_policy(policy))}
     assert got == {29500: "high", 6379: "high", 8000: "high", 12345: "medium"}
 
 
 def test_unreachable_verdict() -> None:
-    assert scan_mod.unreachable((Attempt(1, "filtered", "connect", "net-unreachable"),))
-    assert not scan_mod.unreachable((Attempt(1, "filtered", "connect", "timeout"),))
+    assert scan_mod.unreachable((PortAttempt(1, "filtered", "connect", "net-unreachable"),))
+    assert not scan_mod.unreachable((PortAttempt(1, "filtered", "connect", "timeout"),))
     assert not scan_mod.unreachable(())
 
 

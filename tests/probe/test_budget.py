@@ -27,7 +27,7 @@ from scanner.plan.inputs import load_policy
 from scanner.plan.model import Budget
 from scanner.policy.load import loads
 from scanner.policy.model import Policy
-from scanner.probe.checks.limits import Limits
+from scanner.probe.checks.limits import LimitsCheck
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
 from scanner.runtime.proxy import Proxy
@@ -134,10 +134,10 @@ def test_a_body_without_its_budget_is_refused_when_the_policy_says_so(tmp_path: 
 def test_without_a_witness_an_injected_budget_is_not_claimed(tmp_path: Path) -> None:
     plan = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
     ctx = CheckContext(plan, Target("http://127.0.0.1:9"), (), (), replace(OPTIONS, witness=""))
-    budgets = [s for s in Limits().subjects(ctx) if s.key.startswith("budget ")]
+    budgets = [s for s in LimitsCheck().subjects(ctx) if s.key.startswith("budget ")]
     assert budgets and all(not s.applies and "witness" in s.why for s in budgets)
     ctx = replace(ctx, options=replace(OPTIONS, witness="http://127.0.0.1:9"))
-    assert all(s.applies for s in Limits().subjects(ctx) if s.key.startswith("budget "))
+    assert all(s.applies for s in LimitsCheck().subjects(ctx) if s.key.startswith("budget "))
 
 
 @pytest.mark.parametrize("name", ["nginx", "envoy"])

@@ -139,7 +139,7 @@ def ceiling_tokens(d: Decision, max_body_bytes: int) -> int:
 
 def base_of(ctx: CheckContext, d: Decision) -> dict[str, object]:
     """The fields every body of ``d`` is built on (its carrier, its budget when absent ones are
-    refused): as :meth:`Limits.generate` builds them."""
+    refused): as :meth:`LimitsCheck.generate` builds them."""
     carry = carrier(ctx, d)
     base = dict(carry[1]) if carry else {}
     budget = d.budget
@@ -235,7 +235,7 @@ def _refused_fields(d: Decision) -> bool:
 
 
 @register
-class Limits(BaseCheck):
+class LimitsCheck(BaseCheck):
     """Body size just over body_bytes (Content-Length and chunked) and exactly at it; JSON caps
     just over the cap and exactly at it; forbidden fields rejected or stripped."""
 

@@ -252,7 +252,7 @@ def in_forms(d: Decision, case: Case) -> Iterator[Case]:
 
 
 @register
-class Upstream(BaseCheck):
+class UpstreamCheck(BaseCheck):
     """What reaches the upstream for every allowed route.
 
     With a witness: one request per route spelled with dot segments and carrying the client's
