@@ -48,6 +48,8 @@ class Case:
     hold_group: str = ""           # ... counted from the first arrival of this group's requests
     tls_offer: str = ""            # a TLS handshake offering only this (scanner.probe.send.OFFERS),
                                    # on a fresh connection: the listener must refuse it
+    dribble: bool = False          # without a witness: held open by the client, its body's last byte
+                                   # sent only after hold_ms (or an answer came first; scanner.probe.send)
     answer: int = 0                # ask the witness upstream to answer this status itself (vp_answer);
                                    # the answer's body is kept in the attempt (answer_body)
     read_answer: bool = False      # keep the answer's body in the attempt (answer_body, first 64 KiB):

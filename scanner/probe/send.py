@@ -148,6 +148,30 @@ class Sender:
         """The per-request timeout; a request the witness holds may also wait in the proxy's queue."""
         return self.timeout + 2 * case.hold_ms / 1000
 
+    async def _send_dribbled(self, case: Case) -> tuple[int, Mapping[str, str], bytes]:
+        """A request held open by the client (``Case.dribble``): its head and all of its body but
+        the last byte, then the last byte after ``hold_ms``, unless the proxy answered first (a
+        refusal it makes on the head: NGINX's limit_conn counts a request from its head on). On a
+        fresh connection, closed after the answer: never more than one per case, bounded by
+        timeout_for."""
+        data = raw_request(case, self._host, self._prefix)
+        conn = await self._connect(case.vantage, case.credential)
+        try:
+            await conn.write(data[:-1])
+            try:
+                early = await _bounded(conn.reader.read(65536), case.hold_ms / 1000)
+            except TimeoutError:
+                early = None
+            if early is None:
+                await conn.write(data[-1:])
+            else:
+                conn.h11.receive_data(early)
+                conn.eof = not early
+            status, headers, _keep = await conn.response(case.send_method)
+            return status, headers, conn.body
+        finally:
+            conn.close()
+
     async def _offer(self, case: Case, start: float) -> Attempt:
         """A handshake offering only ``case.tls_offer``, then the case's request if it completed:
         the error TLS_REFUSED when the listener refused it, CANNOT_OFFER when this host's TLS
@@ -194,7 +218,9 @@ class Sender:
                 status, headers, h2 = await _bounded(self._send_h2c(case), self.timeout_for(case))
                 a = _attempt(case, start, status=status, headers=headers)
                 return replace(a, error=H2_SPOKEN) if h2 else a
-            if not self.use_httpx or (case.raw and self.factory is None):
+            if case.dribble and self.factory is None:
+                status, headers, body = await _bounded(self._send_dribbled(case), self.timeout_for(case))
+            elif not self.use_httpx or (case.raw and self.factory is None):
                 status, headers, body = await _bounded(self._send_raw(case), self.timeout_for(case))
             else:
                 status, headers, body = await self._send_httpx(case)

@@ -33,7 +33,7 @@ from scanner.plan.model import Decision
 from scanner.policy.model import Rate
 from scanner.probe import coverage as cov
 from scanner.probe.cases import Case
-from scanner.probe.coverage import Subject, na
+from scanner.probe.coverage import Subject
 from scanner.probe.expect import expect
 from scanner.probe.findings import make
 from scanner.probe.interface import Attempt, Coverage, CoverageStatus, Credential, Finding, Vantage
@@ -44,9 +44,15 @@ MAX_HOLD_S = 30.0
 # The follow-ups per member are sized for a refill over this long: sent more slowly, a member
 # without the limiter is reported not proven rather than failed.
 FOLLOW_WINDOW_S = 1.0
-NO_WITNESS = "holding requests open needs a witness upstream (verify, or --witness with the stand-in)"
+# Without a witness the client holds its requests open (Case.dribble): a proxy that counts a request
+# from its head on (NGINX's limit_conn) refuses limit + 1; one that counts only what it forwards
+# (Envoy buffers the body before its router's circuit breaker) cannot be seen filling up.
+UNCOUNTED = ("every request held open by its client was let through, and no zone of this run refused one: "
+             "this proxy counts a request only once it is forwarded (Envoy buffers the body first); "
+             "in flight at the upstream needs a witness (--witness)")
 
 Assessment = tuple[CoverageStatus, str, int]
+Assessed = tuple[Assessment, list[Attempt]]
 Cell = tuple[Credential, Vantage]
 OTHER_PRINCIPAL = "other principal"
 OTHER_ADDRESS = "other address"
@@ -395,18 +401,6 @@ class Concurrency(ZoneCheck):
     attr: ClassVar[str] = "conn_zone"
     finding_title: ClassVar[str] = "concurrency above the plan"
 
-    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        if ctx.witness:
-            yield from super().subjects(ctx)
-            return
-        for z in self.layout(ctx):
-            yield na(z.key, NO_WITNESS)
-            for _m, s in z.members(ctx):
-                yield na(s.key, NO_WITNESS, s.method, s.path)
-            other = z.other(ctx)
-            if other is not None:
-                yield na(other[0].key, NO_WITNESS, other[0].method, other[0].path)
-
     def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
         s, d = z.subject(), z.rep
         if d is not None and d.limits.concurrency:
@@ -419,14 +413,27 @@ class Concurrency(ZoneCheck):
 
     def held(self, ctx: CheckContext, z: Zone) -> int:
         """Requests in flight at once: the held ones and one per checkable member."""
-        limit = z.rep.limits.concurrency if z.rep else 0
         other = z.other(ctx)
-        return 2 * (limit or 0) + 2 + sum(1 for _m, s in z.members(ctx) if not s.why) + \
+        return self.on_rep(ctx, z) + sum(1 for _m, s in z.members(ctx) if not s.why) + \
             (1 if other is not None and other[1] is not None else 0)
 
+    def on_rep(self, ctx: CheckContext, z: Zone) -> int:
+        """Requests held on the zone's route: with a witness 2 x limit + 2 (Envoy queues up to the
+        limit more); without one limit + 1 held by the client (a queued one is never forwarded)."""
+        limit = (z.rep.limits.concurrency if z.rep else 0) or 0
+        return 2 * limit + 2 if ctx.witness else limit + 1
+
+    def held_case(self, ctx: CheckContext, case: Case, z: Zone, hold_ms: int) -> Case:
+        """``case`` held ``hold_ms`` by the witness, or without one by the client: its body's last
+        byte sent only then (a GET gets ``{}``; the request is still vLLM's to answer)."""
+        held = phased(case, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+        if ctx.witness:
+            return held
+        if held.body is None:
+            held = replace(held, body=b"{}", headers=(*held.headers, ("Content-Type", "application/json")))
+        return replace(held, dribble=True)
+
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
-        if not ctx.witness:
-            return
         for z in self.layout(ctx):
             d, cell = z.rep, z.cell
             if d is None or cell is None or not d.limits.concurrency:
@@ -435,20 +442,23 @@ class Concurrency(ZoneCheck):
             hold = hold_seconds(ctx, d, total)
             if hold > MAX_HOLD_S:
                 continue
-            n, hold_ms = 2 * d.limits.concurrency + 2, math.ceil(hold * 1000)
+            n, hold_ms = self.on_rep(ctx, z), math.ceil(hold * 1000)
+            by = "" if ctx.witness else ", by the client"
             lead = None
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
-                                note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, {hold:.1f}s)")
-                lead = phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+                                note=f"held {i + 1}/{n} (concurrency {d.limits.concurrency}, "
+                                     f"{hold:.1f}s{by})")
+                lead = self.held_case(ctx, base, z, hold_ms)
                 yield lead
             for m, s in z.members(ctx):
                 if not s.why:   # after the held ones, in the same lane: the zone is full by then
                     base = ctx.case(self.id, m.method, m.path, cell[0], cell[1], "limit", subject=s.key,
                                     note=f"while {n} requests to {d.method} {d.path} are held")
-                    yield phased(base, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
+                    yield self.held_case(ctx, base, z, hold_ms)
             if lead is not None:   # last: the first principal's slots are full by then
-                yield from self.other_cases(ctx, z, 1, lead, hold_ms=hold_ms, hold_group=z.key)
+                for o in self.other_cases(ctx, z, 1, lead, hold_ms=hold_ms, hold_group=z.key):
+                    yield o if ctx.witness else self.held_case(ctx, o, z, hold_ms)
 
     def in_flight(self, ctx: CheckContext, z: Zone, attempts: Sequence[Attempt]) -> int:
         """The first principal's requests to the zone's routes that the witness held at once."""
@@ -459,6 +469,8 @@ class Concurrency(ZoneCheck):
     def assessed(self, ctx: CheckContext, results: Results) -> dict[str, tuple[Assessment, list[Attempt]]]:
         out = super().assessed(ctx, results)
         every = [a for _c, a in results]
+        if not ctx.witness:
+            return self.uncounted(out)
         for z in self.layout(ctx):
             limit = z.rep.limits.concurrency if z.rep else None
             if limit is None or z.key not in out:
@@ -470,6 +482,19 @@ class Concurrency(ZoneCheck):
                        f"plan allows {limit}: the limit is above the plan")
                 out[z.key] = (("failed", why, len(attempts)), attempts)
         return out
+
+    @staticmethod
+    def uncounted(out: dict[str, Assessed]) -> dict[str, Assessed]:
+        """Without a witness: a zone that let every request held open by the client through fails
+        only when another zone of the run showed that this proxy counts such requests (refused
+        one for concurrency); else it is not proven (:data:`UNCOUNTED`)."""
+        def counts(a: Assessed) -> bool:
+            return any(R.proves("concurrency", x.status, x.reason) for x in a[1])
+
+        if any(counts(a) for a in out.values()):
+            return out
+        return {k: ((("not-proven", UNCOUNTED, a[0][2]), a[1]) if a[0][0] == "failed" else a)
+                for k, a in out.items()}
 
     def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
