@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
 from scanner.policy.model import Limits, Policy, Rate
 from scanner.probe.interface import Attempt, ProbeOptions, ProbeResult
+from scanner.probe.runner import probe
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
@@ -58,11 +60,12 @@ def but_rates(options: ProbeOptions) -> ProbeOptions:
 
 def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, options: ProbeOptions,
                   mutant: str = "", keys_per_role: int = 1, paced: bool = False,
-                  fetch_media: bool = False, witness: bool = True) -> ProbeResult:
+                  fetch_media: bool = False, witness: bool = True, state_changes: bool = True) -> ProbeResult:
     """``policy``'s plan generated for ``proxy`` (weakened by ``mutant``), started in front of the
     stand-in (``fetch_media``: fetching media URLs as vLLM does) and probed (with the stand-in's
-    witness unless ``witness`` is false); ``paced``: under the policy's own rate limits, else under
-    unpaced()."""
+    witness unless ``witness`` is false; ``state_changes`` false: without --allow-state-changes,
+    which verify gives its stand-in, as ``probe`` with default flags); ``paced``: under the policy's
+    own rate limits, else under unpaced()."""
     inventory = load_ref(catalog)
     directory = tmp_path / "proxy"
 
@@ -76,7 +79,13 @@ def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, op
         s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, standin.port,
                          keys_per_role=keys_per_role)
         written(s.plan)
-        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
+        if state_changes:
+            return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
+        with ExitStack() as stack:   # verify.proxy_run, its options as given
+            s = replace(s, plan=verify.start_checked(proxy, s.plan, directory, stack, written))
+            opts = replace(verify.probe_options(s, options, standin.url if witness else ""),
+                           allow_state_changes=False)
+            return probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
 
 
 def decided(attempts: Sequence[Attempt]) -> list[Attempt]:

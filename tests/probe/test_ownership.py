@@ -76,3 +76,30 @@ def test_without_the_secret_an_owned_id_is_not_sent_and_says_why() -> None:
     ctx = replace(ctx, options=ProbeOptions(owner_secret="s" * 40))
     sealed = owned.sealed_target(ctx, allow).target
     assert sealed.startswith("/v1/responses/probe-x1~") and len(sealed) == len(allow.target) + 23
+
+
+# --- without --allow-state-changes or a witness (issue 30, item 5) ----------------------------------
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_ownership_on_cancel_is_proven_with_default_flags(tmp_path: Path, name: str) -> None:
+    """Every case naming an id names one vLLM never stored (its cancel and a create continuing from
+    it: 404 before acting), so they go by default; only creating a stored response waits."""
+    res = probe_through(tmp_path, proxy_named(name), _policy(), "vllm-0.29.0-everything", OPTIONS,
+                        witness=False, state_changes=False)
+    cov = {c.subject: (c.status, c.why) for c in res.coverage if c.check == "ownership"}
+    assert res.exit_code() == 0 and not res.deviations, res.findings
+    for subject in ("ownership POST /v1/responses", "ownership GET /v1/responses/{response_id}",
+                    "ownership POST /v1/responses/{response_id}/cancel"):
+        assert cov[subject][0] == "proved", cov
+    assert cov["sealed answers POST /v1/responses"][0] == "not-proven", cov
+    cancels = [a for a in res.attempts if a.path.endswith("/cancel") and a.check == "ownership"]
+    assert len(cancels) >= 5 and all(a.outcome != "skipped" for a in cancels), cancels
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])
+def test_another_principals_cancel_forwarded_fails_with_default_flags(tmp_path: Path, name: str) -> None:
+    res = probe_through(tmp_path, proxy_named(name), _policy(), "vllm-0.29.0-everything", OPTIONS,
+                        mutant="ownership-unchecked", witness=False, state_changes=False)
+    assert res.exit_code() == 1 and "VP020" in {f.rule for f in res.findings}, res.findings
+    assert any(f.path.endswith("/cancel") for f in res.findings if f.rule == "VP020"), \
+        [(f.method, f.path) for f in res.findings]

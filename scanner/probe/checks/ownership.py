@@ -11,8 +11,15 @@ principals A and B that a route admits, from one vantage inside its networks,
 The MAC is stateless, so A's seal of a probe id is what A would be handed for a response of that
 id: the refusals do not depend on a stored response (none of another tenant is ever named). The
 cases that need a seal need the secret (``probe --responses-secret-file``; verify: its throwaway
-one); without it the raw and forged ids are still refused. The cases that create or cancel (POST)
-are state-changing: sent with ``--allow-state-changes`` (verify, against the stand-in)."""
+one); without it the raw and forged ids are still refused. The cases that create stored responses
+(POST .../responses with ``store``) are state-changing: sent with ``--allow-state-changes`` (verify,
+against the stand-in).
+
+Every case that names an id (in the path, cancel included, or in ``previous_response_id``) names
+:data:`PROBE_ID`, which is never a stored response (vLLM's ids are ``resp_`` and 16 hex): vLLM
+0.29 answers a cancel of it and a create continuing from it 404 before it acts (``cancel_responses``
+and ``_create_responses`` look the id up first), so these cases are sent by default, a cancel too:
+a proxy that forwards another principal's cancel as sent fails the run without a witness."""
 
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ NO_SECRET = ("needs the policy's responses secret (probe --responses-secret-file
              "without it no principal's seal can be made")
 NO_PAIR = ("needs two principals the route admits from one vantage (two --key of its roles; "
            "verify makes them)")
-NOT_SENT = "state-changing (creates or cancels a stored response): sent with --allow-state-changes"
+NOT_SENT = "state-changing (creates a stored response): sent with --allow-state-changes"
 RESP = re.compile(r'"(resp_[A-Za-z0-9_.:~-]+)"')    # any response-id-like string token of an answer
 
 
@@ -134,7 +141,8 @@ class Ownership(BaseCheck):
     def _case(self, ctx: CheckContext, d: Decision, cred: Credential, vantage: Vantage, exp: Expectation,
               subject: str, *, target: str | None = None, body: dict[str, object] | None = None,
               read: bool = False, note: str = "") -> Case:
-        changes = d.method == "POST"
+        # only creating acts: a case naming PROBE_ID (a cancel, previous_response_id) meets vLLM's 404
+        changes = d.method == "POST" and read
         case = ctx.case(self.id, d.method, d.path, cred, vantage, "witness" if exp.expected == "allow"
                         else "variant", subject=subject, exp=exp, target=target, note=note,
                         state_changing=changes)
