@@ -21,7 +21,7 @@ from scanner.plan.model import Plan
 from scanner.probe.checks.load import UNCOUNTED
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.standin.serve import StandinThread
-from tests.probe.realproxy import proxy_named
+from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-default"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("concurrency",))
@@ -79,3 +79,13 @@ def test_envoy_counts_only_what_it_forwards_not_proven_never_failed(tmp_path: Pa
     zones = [k for k in cov if k.startswith("concurrency ") and " via " not in k and not k.endswith(
         ("other principal", "other address"))]
     assert zones and all(cov[k] == ("not-proven", UNCOUNTED) for k in zones), cov
+
+
+def test_the_plan_operator_concurrency_raised_is_caught_without_a_witness(tmp_path: Path) -> None:
+    """concurrency-raised-x10 (scanner/mutate/core.py: one route's limit x10, rendered by the
+    generator) on NGINX 1.31, the policy's own rates, no witness: the raised route lets all its
+    held requests through while the other zones refuse theirs."""
+    result = probe_through(tmp_path, proxy_named("nginx"), load_policy(None), CATALOG, OPTIONS,
+                           mutant="concurrency-raised-x10", keys_per_role=2, paced=True, witness=False)
+    assert result.exit_code() == 1, coverage(result)
+    assert "concurrency above the plan" in {f.title.split(": ")[0] for f in result.findings if f.rule == "VP005"}
