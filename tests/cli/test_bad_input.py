@@ -10,16 +10,15 @@ The CLI runs in-process through ``scanner.cli.main.main``: the same exit-code ma
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-from scanner.cli.main import main
 from scanner.evidence.keys import new_signing_key
 from scanner.probe.config import parse_key
+from tests.cli.inprocess import in_process, run  # noqa: F401  (in_process: the fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "vllm-default.yaml"
@@ -233,21 +232,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No debug re-raise; give back the SIGTERM handler that ``main`` installs."""
-    monkeypatch.delenv("VLLM_PERIMETER_DEBUG", raising=False)
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
+pytestmark = pytest.mark.usefixtures("in_process")
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    out = capsys.readouterr()
-    code = done.value.code
-    return code if isinstance(code, int) else 0, out.out, out.err
+    return run(capsys, *argv)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -3,36 +3,21 @@
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from scanner.cli.main import main
 from scanner.policy.keys import fingerprint, hash_fingerprint, key_sha256
 from scanner.policy.load import loads
+from tests.cli.inprocess import in_process, run  # noqa: F401  (in_process: the fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "vllm-default.yaml"
 INV = "vllm-0.29.0-default"
 
 
-@pytest.fixture(autouse=True)
-def _in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("VLLM_PERIMETER_DEBUG", raising=False)
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(argv))
-    out = capsys.readouterr()
-    code = done.value.code
-    return code if isinstance(code, int) else 0, out.out, out.err
+pytestmark = pytest.mark.usefixtures("in_process")
 
 
 def new(capsys: pytest.CaptureFixture[str], pfile: Path, name: str, role: str) -> str:

@@ -5,31 +5,15 @@ exit 2. In process through ``scanner.cli.main.main``."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from scanner.cli.main import main
+from tests.cli.inprocess import in_process, run  # noqa: F401  (in_process: the fixture)
 
-
-@pytest.fixture(autouse=True)
-def _in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("VLLM_PERIMETER_DEBUG", raising=False)
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(argv))
-    out = capsys.readouterr()
-    code = done.value.code
-    return code if isinstance(code, int) else 0, out.out, out.err
+pytestmark = pytest.mark.usefixtures("in_process")
 
 
 def test_export_writes_a_module_that_imports_with_the_standard_library_only(
