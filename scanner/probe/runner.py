@@ -88,6 +88,7 @@ PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with 
 
 RETRY_DELAY = 0.5              # seconds before an inconclusive case goes again (no limiter involved)
 AHEAD = 256                    # cases looked at past a head that waits for its tokens
+FIRSTS_WAIT = 0.05              # a case charged to a budget whose Case.first cases are not decided yet
 POLL = 0.02                    # a worker with nothing ready looks again after this long
 ETA_EVERY_S = 0.25             # the progress display's ETA is computed again after this long
 # With --stop-on-failure, these checks' allowed requests are compared with the witness at once.
@@ -146,6 +147,13 @@ class _Schedule:
         self.tokens: dict[str, TokenModel] = {ch.key: TokenModel(ch.limit, ch.capacity)
                                               for ch in self.charges if ch.key}
         self.sent_wall = [0.0] * len(cases)
+        # Case.first cases not decided yet, per token budget: the other cases charged to that
+        # budget wait for them (the token-budget check's proof needs the budget before they spend
+        # it, whichever lane they are sent in)
+        self.firsts_left: dict[str, int] = {}
+        for c, ch in zip(cases, self.charges, strict=True):
+            if c.first and ch.key:
+                self.firsts_left[ch.key] = self.firsts_left.get(ch.key, 0) + 1
         self.phase_started: set[tuple[str, int]] = set()   # (lane, phase 1 or 2) already sent from
         self.throttled: list[str] = [""] * len(cases)       # an earlier token-budget refusal, said
 
@@ -238,6 +246,8 @@ class _Schedule:
         wall = now + self.wall_offset
         ch = self.charges[head]
         if phase == 0 or phase == 3 or (st.lane.key, phase) in self.phase_started:
+            if ch.key and not self.cases[head].first and self.firsts_left.get(ch.key, 0):
+                return now + FIRSTS_WAIT   # the budget's own check first (Case.first)
             if not ch.key or about_budget(self.cases[head]) or phase != 0:
                 return now
             return now + self.tokens[ch.key].wait(ch.cost, wall)
@@ -246,6 +256,8 @@ class _Schedule:
             c = self.charges[i]
             if c.key:
                 need[c.key] = min(self.tokens[c.key].capacity, need.get(c.key, 0) + c.cost)
+        if any(self.firsts_left.get(k, 0) for k in need):
+            return now + FIRSTS_WAIT
         return now + max((self.tokens[k].wait(n, wall) for k, n in need.items()), default=0.0)
 
     def pick(self, now: float) -> tuple[list[int], float]:
@@ -327,6 +339,8 @@ class _Schedule:
         if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline or \
                 self.tries[i] >= self.options.max_tries or self.budget <= 0:
             self.done += 1
+            if case.first and self.charges[i].key:
+                self.firsts_left[self.charges[i].key] -= 1
             return False
         self.budget -= 1
         self.ordinary_left += 1

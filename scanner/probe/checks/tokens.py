@@ -75,6 +75,7 @@ from scanner.probe.checks.load import (
 from scanner.probe.coverage import Subject
 from scanner.probe.findings import make
 from scanner.probe.interface import Attempt, Coverage, Credential, Finding, Vantage
+from scanner.probe.pace import lane_of
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 
 FIT = 3              # requests of one cost that fit a budget
@@ -84,6 +85,7 @@ SETTLED = "settled"  # the settled subject's suffix
 SETTLED_NOTE = "settled by its answer's usage"     # in the note of a settled request
 KEPT_NOTE = "kept"                                 # ... of a request that keeps its charge
 STREAMED = "a stream not asking for its usage"     # the multiplier part of the settled stream's note
+GAUGE_NOTE = "sent first: its own budget before the first principal spends"
 KEPT_ANSWER = 400    # the witness's own answer to a kept request: an error, no usage
 Sent = tuple[Case, Attempt]
 
@@ -265,6 +267,20 @@ class TokenBudget(BaseCheck):
             counted = [x for x in sent if reported(x[2])] or [(d, "", body)]
             counted = [x for x in counted if x[0].envelope_spec.ask_usage] or counted
             streamed = self._stream(ctx, counted, cost)
+            # another principal's requests in this principal's lane (scanner.probe.pace: one at a
+            # time, in order): its first before any of this principal's (its own budget held a
+            # request before this one spent), the rest once this one's budget is spent
+            other, cell2, _why = self._other(ctx, z)
+            theirs = [self._case(ctx, d, cell2, other, body,
+                                 f"another {'principal' if d.auth == 'key' else 'address'} ("
+                                 f"{cell2[0].label} from {cell2[1].name}), cost {cost} {i + 1}/{fit}"
+                                 + (f" ({GAUGE_NOTE})" if i == 0 else ""))
+                      for i in range(fit)] if cell2 is not None else []
+            if theirs:
+                lane_own = lane_of(ctx.plan, self._case(ctx, d, cell, z.key, body, ""),
+                                   ctx.source_address(cell[1])).key
+                theirs = [replace(c, lane=lane_own) for c in theirs]
+                yield theirs[0]
             for i in range(fit):
                 route, shape, b = streamed if streamed and i == fit - 1 else counted[i % len(counted)]
                 seqs = f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""
@@ -277,12 +293,7 @@ class TokenBudget(BaseCheck):
                                + (": the upstream answers 400 itself" if ctx.witness else "") + ")"
                                + (f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""))
                 yield replace(c, answer=KEPT_ANSWER) if ctx.witness else replace(c, read_answer=True)
-            other, cell2, _why = self._other(ctx, z)
-            if cell2 is not None:
-                for i in range(fit):
-                    yield self._case(ctx, d, cell2, other, body,
-                                     f"another {'principal' if d.auth == 'key' else 'address'} ("
-                                     f"{cell2[0].label} from {cell2[1].name}), cost {cost} {i + 1}/{fit}")
+            yield from theirs[1:]
 
     def _stream(self, ctx: CheckContext, counted: Sequence[tuple[Decision, str, bytes]],
                 cost: int) -> tuple[Decision, str, bytes] | None:
@@ -328,7 +339,7 @@ class TokenBudget(BaseCheck):
             if any(d.envelope_spec.ask_usage for d in z.decisions):
                 out[f"{z.key} {SETTLED}"] = (self._assess_settled(mine, cost, limit, capacity), attempts)
             if theirs:
-                out[other] = (self._assess_other(attempts, theirs, fit), theirs)
+                out[other] = (self._assess_other(attempts, theirs, fit, cost, limit, capacity), theirs)
         return out
 
     @staticmethod
@@ -410,16 +421,43 @@ class TokenBudget(BaseCheck):
                               "through unsettled"), n
 
     @staticmethod
-    def _assess_other(mine: Sequence[Attempt], theirs: Sequence[Attempt], fit: int) -> Assessment:
+    def _assess_other(mine: Sequence[Attempt], theirs: Sequence[Attempt], fit: int, cost: int,
+                      limit: int, capacity: int) -> Assessment:
+        """Another principal's budget: its first request went before the first principal spent
+        (it tells a budget spent before the run from a shared one), the rest after. Shared only
+        when its next request was refused although its own bucket, which held that first request,
+        refilled at least one request's cost in between (a budget of its own must have let it
+        through); a refusal the evidence cannot tell from a budget spent before the run (an
+        earlier probe within C x 60 / N seconds) is not proven, with why."""
         n = len(theirs)
+        order = sorted(theirs, key=lambda a: a.sent_at)
         passed = sum(_reached(a) for a in theirs)
         ours = sum(_reached(a) for a in mine)
+        refill_s = capacity * 60 / limit
         if passed == n and ours:
             return "proved", (f"all {n} reached while the first principal's budget was spent: a "
                               "budget of its own"), n
-        if any(_refused(a) for a in theirs) and passed + ours <= fit:
-            return "failed", (f"refused for token-budget after {passed} of its own and {ours} of the first "
-                              f"principal's requests ({fit} fit one budget): one budget is shared"), n
+        if order and _refused(order[0]):
+            return "not-proven", (f"its first request, sent before the first principal's, was refused for "
+                                  f"token-budget: its budget was spent before the run (an earlier probe: a "
+                                  f"bucket of {capacity} refills in {refill_s:.0f}s), so a shared budget is "
+                                  "not told from it; probe again after that"), n
+        refused = next((i for i, a in enumerate(order) if _refused(a)), None)
+        if refused == 1 and _reached(order[0]) and ours:
+            gap = order[1].sent_at - answered_at(order[0])
+            if limit * gap / 60 >= cost:
+                return "failed", (f"refused for token-budget {gap:.1f}s after its first request reached, "
+                                  f"once {ours} of the first principal's requests were let through: its own "
+                                  f"budget ({limit} a minute) refilled {limit * gap / 60:.0f} tokens in "
+                                  f"between, room for this one of cost {cost}: one budget is shared"), n
+            return "not-proven", (f"refused for token-budget {gap:.1f}s after its first request reached: its "
+                                  f"own budget refills {limit * gap / 60:.0f} tokens in that time, less than "
+                                  f"the cost {cost}, so a shared budget is not told from one spent before "
+                                  "the run"), n
+        if refused is not None:
+            return "not-proven", (f"{passed} of {n} reached, then refused for token-budget: its budget held "
+                                  f"less than {fit} of cost {cost}, spent before the run (an earlier probe: "
+                                  f"a bucket of {capacity} refills in {refill_s:.0f}s) or shared"), n
         other = next((a for a in theirs if a.verdict != "proved" or a.outcome != "reached"), None)
         return "not-proven", (other.why if other else "the first principal's requests did not reach"), n
 
