@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def twice(tmp_path: Path, proxy: str, shared: bool = False) -> tuple[ProbeResult
     with StandinThread(inventory, "127.0.0.1", 0) as standin, ExitStack() as stack:
         s = verify.setup(inventory, token_policy(TPM), tmp_path, standin.port, keys_per_role=2)
         written(s.plan)
-        s = verify.replace(s, plan=verify.start_checked(p, s.plan, directory, stack, written))
+        s = replace(s, plan=verify.start_checked(p, s.plan, directory, stack, written))
         opts = verify.probe_options(s, OPTIONS, standin.url)
         first = probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
         second = probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
