@@ -74,6 +74,7 @@ from scanner.probe.token_pace import (
     charge_of,
     light,
     planned_spend,
+    refill_seconds,
     settled,
     token_bound,
 )
@@ -151,6 +152,7 @@ class _Schedule:
         # budget wait for them (the token-budget check's proof needs the budget before they spend
         # it, whichever lane they are sent in)
         self.firsts_left: dict[str, int] = {}
+        self.fresh = [False] * len(cases)    # the first request the run charged to its budget
         for c, ch in zip(cases, self.charges, strict=True):
             if c.first and ch.key:
                 self.firsts_left[ch.key] = self.firsts_left.get(ch.key, 0) + 1
@@ -308,6 +310,7 @@ class _Schedule:
                 self.phase_started.add((st.lane.key, phase))
             ch = self.charges[i]
             if ch.key:
+                self.fresh[i] = self.tokens[ch.key].level is None   # nothing of the run charged it yet
                 self.sent_wall[i] = now + self.wall_offset
                 self.tokens[ch.key].charge(ch.cost, self.sent_wall[i])
             if not self.cases[i].skip and phase == 2:
@@ -336,6 +339,11 @@ class _Schedule:
         self.tries[i] += 1
         kind, _ = R.parse(attempt.reason)
         self._settle_tokens(i, attempt, kind, now)
+        if self._refill(i, attempt, kind, now):
+            self.budget -= 1
+            self.ordinary_left += 1
+            st.queues[case.phase].appendleft(i)   # before the rest of its check, in its order
+            return True
         if attempt.verdict != "inconclusive" or case.phase != 0 or now >= self.deadline or \
                 self.tries[i] >= self.options.max_tries or self.budget <= 0:
             self.done += 1
@@ -358,6 +366,29 @@ class _Schedule:
         else:
             self.not_before[i] = now + RETRY_DELAY
         st.queues[0].append(i)
+        return True
+
+    def _refill(self, i: int, attempt: Attempt, kind: str, now: float) -> bool:
+        """Case ``i`` is about its budget (the token-budget check), was the first request the run
+        charged to it, and the proxy refused it for ``token-budget``: the budget was spent before
+        the run (an earlier probe within the minute). It goes again once the bucket has refilled
+        whole (capacity x 60 / limit seconds, token_pace.refill_seconds), when that is before the
+        run's time limit; the cases after it in its lane wait for it. True: it goes again."""
+        ch, case = self.charges[i], self.cases[i]
+        if not (ch.key and about_budget(case) and self.fresh[i] and self.tries[i] == 1
+                and kind == "token-budget" and attempt.layer == "proxy" and case.phase == 0):
+            return False
+        model, wall = self.tokens[ch.key], now + self.wall_offset
+        wait = refill_seconds(model.capacity, model.limit)
+        if now + wait >= self.deadline or self.budget <= 0:
+            return False
+        model.spent(wall)
+        model.hold = max(model.hold, wall + wait)
+        self.not_before[i] = now + wait
+        retry = attempt.note.rsplit("Retry-After ", 1)[1] if "Retry-After " in attempt.note else "?"
+        self.throttled[i] = (f"sent again {wait:.1f}s after {attempt.status} token-budget (Retry-After "
+                             f"{retry}) to the run's first request on its budget: spent before the run "
+                             f"(an earlier probe), a bucket of {model.capacity} refilled whole")
         return True
 
     def _settle_tokens(self, i: int, attempt: Attempt, kind: str, now: float) -> None:

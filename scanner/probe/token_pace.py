@@ -141,6 +141,12 @@ class TokenModel:
         self.level, self.at = 0.0, t
 
 
+def refill_seconds(capacity: int, limit: int) -> float:
+    """Seconds an emptied bucket of ``capacity`` takes to refill whole at ``limit`` a minute (the
+    proxies' rate, not the model's share), plus the margin of the proxy's clock."""
+    return capacity * WINDOW_S / limit + MARGIN_S if limit > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class TokenBound:
     """The least time one budget's cases need: what they cost beyond the full bucket, at the refill

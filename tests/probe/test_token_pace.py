@@ -7,6 +7,7 @@ ordinary cases back until their tokens are there. No proxy: the plan and made-up
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,47 @@ def test_a_case_about_the_budget_is_not_held_back(tmp_path: Path) -> None:
     assert [t.tokens for t in sched.bound.tokens] == [6000]    # spends the budget once
     sent = [sched.pick(0.0)[0], sched.pick(0.0)[0], sched.pick(0.0)[0]]
     assert sent == [[0], [1], [2]]
+
+
+def test_a_budget_spent_before_the_run_is_waited_for_once_then_its_case_goes_first(tmp_path: Path) -> None:
+    """The run's first request on a budget refused for token-budget (an earlier probe spent it):
+    sent again, ahead of the rest of its check, once the bucket refilled whole (C x 60 / N s);
+    a later refusal is the check's evidence and is not sent again."""
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)    # a bucket of 1500: 15 s to refill
+    ctx = ctx_of(s)
+    body = json.dumps({"max_tokens": 100, "messages": []}).encode()
+    cases = [replace(chat_case(ctx, body, check="token-budget", reasons=("token-budget",)), first=True)
+             for _ in range(3)]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert sched.pick(0.0)[0] == [0]
+    refused = replace(answered(cases[0], 429, "token-budget"), verdict="proved")   # what the check expects
+    assert sched.settle(0, refused, 0.1)                          # goes again ...
+    assert "spent before the run" in sched.throttled[0] and "refilled whole" in sched.throttled[0]
+    wait = tp.refill_seconds(1500, 6000)
+    assert wait == pytest.approx(15 + tp.MARGIN_S)
+    assert sched.pick(0.2) == ([], 0.25) and sched.pick(5.0) == ([], 0.25)    # ... after the refill,
+    assert sched.pick(0.1 + wait)[0] == [0]                                    # before case 1
+    assert not sched.settle(0, answered(cases[0], 200), 0.2 + wait)
+    assert sched.pick(0.3 + wait)[0] == [1]
+    assert not sched.settle(1, refused, 0.4 + wait)               # not the run's first: evidence, kept
+    # no time left for the refill: the refusal stands
+    late = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=10), 0.0, wall_offset=600.0)
+    assert late.pick(0.0)[0] == [0] and not late.settle(0, refused, 0.1)
+
+
+def test_other_cases_on_a_budget_wait_for_its_first_cases_whatever_their_lane(tmp_path: Path) -> None:
+    s, _plan = plan_of(tmp_path, policy_text(6000), keys=1)
+    ctx = ctx_of(s)
+    body = json.dumps({"max_tokens": 10, "messages": []}).encode()
+    first = replace(chat_case(ctx, body, check="token-budget", reasons=("token-budget",)), first=True)
+    cases = [chat_case(ctx, body), first]
+    sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
+    assert sched.firsts_left == {sched.charges[1].key: 1}
+    assert sched.pick(0.0)[0] == [1]                 # the budget's own check first
+    assert sched.pick(0.01)[0] == []                 # the other case waits for its answer
+    assert not sched.settle(1, answered(first, 200), 0.1)
+    assert sched.firsts_left[sched.charges[1].key] == 0
+    assert sched.pick(0.2)[0] == [0]
 
 
 def test_a_case_no_budget_charges_does_not_wait_behind_one_that_waits_for_its_tokens(tmp_path: Path) -> None:
