@@ -25,6 +25,7 @@ from scanner.plan.model import Decision
 from scanner.policy.load import loads
 from scanner.policy.model import Policy
 from scanner.probe.cases import Case
+from scanner.probe.checks import tokens
 from scanner.probe.checks.tokens import SETTLED_NOTE, TokenBudget, body_of_cost, plan_zone
 from scanner.probe.interface import Attempt, Credential, ProbeOptions, ProbeResult, Vantage
 from scanner.report.plan import to_table
@@ -126,6 +127,47 @@ def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
     assert (cost, fit) == (166, 3)          # three fit the bucket of 500
     cost, why, _ = plan_zone(decisions(tmp_path / "b", token_policy(10**8))[("POST", "/v1/completions")], 1 << 20)
     assert cost is None and "requests" in str(why)
+
+
+
+def test_a_large_budget_gets_a_cost_every_route_of_its_zone_reaches(tmp_path: Path) -> None:
+    """Issue 30, item 2: 10,000,000 a minute on the bundled inference audience (a bucket of
+    2,500,000 past max_request_tokens 1,114,112): the cost lets one request per multiplier fit and a
+    JSON body under body_bytes (1 MiB) reaches it on every route of every zone."""
+    ds = decisions(tmp_path, token_policy(10_000_000))
+    zones: dict[str, list[Decision]] = {}
+    for d in ds.values():
+        if d.token_zone:
+            zones.setdefault(d.token_zone, []).append(d)
+    assert set(zones) == {"inference:key:10000000t/m/2500000"}
+    for ds_ in zones.values():
+        for d in ds_:
+            limit = d.limits.body_bytes or 1 << 30
+            cost, fit, body = plan_zone(d, limit, 12)
+            assert isinstance(cost, int) and body is not None, (d.path, fit)
+            assert (cost, fit) == (208333, 12) and d.token_cost(body) == cost and len(body) <= limit, d.path
+            assert cost <= (d.limits.max_request_tokens or cost)
+
+
+def test_a_cost_no_body_reaches_is_lowered_or_said_why(tmp_path: Path) -> None:
+    """body_bytes 8192 on the inference audience: no body reaches 2,500,000 // 12; the cost is the
+    most one under body_bytes is charged (16 sequences of 4096 + its bytes), and at 10,000,000 a
+    minute that needs more than 40 requests: not proven, saying so (VP011), never a cost no body
+    reaches."""
+    small = token_policy_text(10_000_000).replace("      body_bytes: 1048576\n", "      body_bytes: 8192\n", 1)
+    d = decisions(tmp_path, loads(small))[("POST", "/v1/completions")]
+    assert d.limits.body_bytes == 8192
+    cost, why, _ = plan_zone(d, 8192, 12)
+    assert cost is None and "body_bytes (8192)" in str(why) and "requests" in str(why), why
+    most = tokens.reachable(d, 10**6, 8192)
+    assert 16 * 4096 < most <= 16 * 4096 + 8192 and body_of_cost(d, most, {}, 8192) is not None
+    assert body_of_cost(d, most + 1, {}, 8192) is None
+    # a budget of 200,000 a minute (a bucket of 50,000) with it: provable, at a cost a body reaches
+    fits = token_policy_text(200_000).replace("      body_bytes: 1048576\n", "      body_bytes: 8192\n", 1)
+    d = decisions(tmp_path / "b", loads(fits))[("POST", "/v1/completions")]
+    cost, fit, body = plan_zone(d, 8192, 12)
+    assert isinstance(cost, int) and body is not None and d.token_cost(body) == cost and len(body) <= 8192
+    assert (cost, fit) == (50_000 // 12, 12)
 
 
 # --- the settlement's judge (scanner/probe/checks/tokens.py), on attempts made up ---------------------

@@ -101,8 +101,30 @@ def budget_capacity(capacity: int, limit: int, window: float) -> float:
 
 def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
     """A JSON body ``d`` charges exactly ``cost`` (Decision.token_cost: its envelope's tokens),
-    asking for as many sequences as its first multiplier and caps let; None when none fits."""
-    return tokens_body(d, cost, base, max_bytes)
+    asking for as many sequences as its first multiplier and caps let, else through its next
+    multipliers (one may ask for more sequences: a prompt list past ``n``'s cap); None when none fits."""
+    for shape in (None, *multipliers(d)[1:]):
+        body = tokens_body(d, cost, base, max_bytes, shape)
+        if body is not None:
+            return body
+    return None
+
+
+def reachable(d: Decision, cost: int, max_bytes: int) -> int:
+    """The largest cost at most ``cost`` a JSON body of ``d`` under ``max_bytes`` reaches
+    (sequences x output budget + body bytes, within its caps; body_of_cost); 0: none."""
+    if body_of_cost(d, cost, {}, max_bytes) is not None:
+        return cost
+    low, high = 0, cost    # body_of_cost(low) exists (0: none known), body_of_cost(high) does not
+    for _ in range(64):
+        if high - low <= 1:
+            break
+        mid = (low + high) // 2
+        if body_of_cost(d, mid, {}, max_bytes) is not None:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def plan_zone(d: Decision, max_bytes: int,
@@ -110,13 +132,19 @@ def plan_zone(d: Decision, max_bytes: int,
     """(cost, how many fit, body) for ``d``'s budget, or (None, why not, None). The cost lets
     ``kinds`` requests (at least three: one per multiplier of the zone) fit the budget's full
     bucket (Decision.token_capacity), or is the route's max_request_tokens when that is less (a
-    body over it is refused before it is charged)."""
+    body over it is refused before it is charged), or the largest cost a body under
+    ``max_bytes`` (body_bytes) reaches when that is less."""
     capacity = d.token_capacity
-    cost = max(1, min(capacity // max(FIT, kinds), d.limits.max_request_tokens or capacity))
+    wanted = max(1, min(capacity // max(FIT, kinds), d.limits.max_request_tokens or capacity))
+    cost = reachable(d, wanted, max_bytes)
+    if cost <= 0:
+        return None, f"no JSON body under body_bytes ({max_bytes}) is charged a cost here", None
     fit = capacity // cost
     if 2 * fit + EXTRA > MAX_REQUESTS:
+        most = "" if cost == wanted else \
+            f", the most a body under body_bytes ({max_bytes}) is charged: sequences x output budget + bytes"
         return None, (f"a bucket of {capacity} tokens needs {2 * fit + EXTRA} requests of the largest cost a "
-                      f"body may have here ({cost}; more than {MAX_REQUESTS})"), None
+                      f"body may have here ({cost}{most}; more than {MAX_REQUESTS})"), None
     body = body_of_cost(d, cost, {}, max_bytes)
     if body is None:
         return None, f"no body of cost {cost} fits body_bytes here", None
