@@ -4,10 +4,12 @@ the plan's one statement of what a request is charged at admission: its admitted
 one at a time (``Case.first``: each answer is complete, so settled, before the next is admitted):
 
 1. ``settled``: ``fit`` requests (``budget // cost``, the cost chosen so that three fit, or the
-   route's max_request_tokens) whose answers' bodies the prober reads, on the zone's generation
-   routes when it has any (their model takes ``stream_options``). vLLM, and the stand-in,
-   report ``usage`` in every JSON answer (the stand-in: ``max(1, bytes // 4)`` prompt tokens and
-   ``min(budget, 10)`` completion tokens per choice): far less than the charge. The proxy must
+   route's max_request_tokens, or the most a body under body_bytes is charged: :func:`reachable`;
+   more than :data:`MAX_REQUESTS` in all: not proven, saying so) whose answers' bodies the
+   prober reads, on the zone's generation routes when it has any (their model takes
+   ``stream_options``). vLLM, and the stand-in, report ``usage`` in every JSON answer (the
+   stand-in: ``max(1, bytes // 4)`` prompt tokens and ``min(budget, 10)`` completion tokens per
+   choice): far less than the charge. The proxy must
    return the charge less that usage (scanner/plan/settle.py :func:`refund`) before the answer
    ends. Bodies that run sequences vLLM does not report (``best_of`` above ``n``) are not used.
    The last one is a stream that does not ask for its usage (``"stream": true``): the proxy asks
@@ -22,7 +24,9 @@ one at a time (``Case.first``: each answer is complete, so settled, before the n
    of them less lets more through than the budget.
 
 Another principal's requests (another address's on ``auth: none``), as many as fit a budget, must
-all reach the upstream (a budget of its own). The requests are ordinary cases of the route's lane
+all reach the upstream (a budget of its own): its first before the first principal's requests, the
+rest after them, in the first principal's lane (:meth:`TokenBudget._assess_other` tells a budget
+spent before the run from a shared one). The requests are ordinary cases of the route's lane
 (phase 0, paced under its rate limit: they never meet the rate limiter), sent before the lane's
 other cases, whose requests spend the same budget.
 
@@ -43,10 +47,15 @@ usage-only event of the settled stream shown to the client: VP005 "token budget 
 refunds were not made, or not before the answers ended).
 
 How it can fail wrongly or stay unproven: a budget already spent by the same principal within the
-minute (an earlier probe) leaves less room than the check counts on: the zone is then "not proven"
-(every request refused), but a budget spent by other means after the settled requests were let
-through can make the first ``kept`` request refused and look unsettled. An upstream that reports
-no usage (an old stand-in, a server not OpenAI-shaped) leaves the settlement "not proven", never
+minute (an earlier probe) leaves less room than the check counts on. Spent whole, the run's first
+request on it is refused and goes again once the bucket refilled whole (scanner/probe/runner.py,
+when the time limit allows); spent in part (partly refilled), the other principal stays "not
+proven" and so does the settlement when a settled request meets the bucket (the zone itself is
+still bounded by it). The settlement is judged as if the bucket were full at the start: one partly
+refilled that still let every settled request through, or spent by other means after them, can
+make the first ``kept`` request refused and look unsettled (neither seen with two probes back to
+back on NGINX 1.31 and Envoy 1.40: their settled requests met the bucket, not proven). An upstream
+that reports no usage (an old stand-in, a server not OpenAI-shaped) leaves the settlement "not proven", never
 failed; so does a JSON answer longer than the 64 KiB the prober reads. A zone the probe cannot
 exercise is "not proven" with why, never passed.
 """
