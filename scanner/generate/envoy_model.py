@@ -212,7 +212,8 @@ class LuaGroup:
     media: MediaRules | None = None              # the route's media rules; None: not checked
     grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
     envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
-    tokens: int | None = None                    # a token budget (its limit): Lua sets perimeter.cost
+    # a token budget (tokens per minute, the bucket's capacity): Lua sets perimeter.cost
+    tokens: tuple[int, int] | None = None
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
     jwt: LuaJwt | None = None                    # auth "jwt": the token's checks after jwt_authn
     cert: bool = False                           # auth "cert": a client certificate principal
@@ -271,11 +272,12 @@ class LuaEnvelope:
 @dataclass(frozen=True)
 class TokenFilter:
     """One token budget (limits.tokens_per_minute): a local_ratelimit filter after Lua, one bucket
-    of ``limit`` tokens per principal (or client address), refilled continuously over a minute,
-    charged hits_addend = the cost Lua put in perimeter.cost."""
+    of ``burst`` tokens (Decision.token_capacity) per principal (or client address), refilled
+    continuously at ``limit`` a minute, charged hits_addend = the cost Lua put in perimeter.cost."""
 
     name: str
     limit: int
+    burst: int
     per_address: bool
     max_descriptors: int
     audience: str = ""
@@ -535,7 +537,8 @@ class _Registry:
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
         media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
-        tokens = d.limits.tokens_per_minute if d.token_zone else None
+        tpm = d.limits.tokens_per_minute
+        tokens = (tpm, d.token_capacity) if d.token_zone and tpm else None
         slot = self.shared is not None and any(a.slot for a in shared_actions(self.shared, d))
         envelope = LuaEnvelope.of(d) if (tokens or (check_body and d.envelope_capped)) else None
         ident = (key_needed, cert, d.roles if key_needed or cert else (), upstream_prefix, check_body,
@@ -580,7 +583,7 @@ class _Registry:
             n = sum(1 for f in self.tokens.values() if f.audience == d.audience)
             name = f"perimeter.tokens.{d.audience}" + (f".{n + 1}" if n else "")
             # the filter's LRU of buckets: every principal's own (an evicted one would come back full)
-            self.tokens[d.token_zone] = TokenFilter(name, tpm, per_address=d.auth == "none",
+            self.tokens[d.token_zone] = TokenFilter(name, tpm, d.token_capacity, per_address=d.auth == "none",
                                                     max_descriptors=max(64, len(self.principals) + 1)
                                                     if d.auth == "key" else 10000, audience=d.audience,
                                                     fallback=self.shared is not None)

@@ -718,6 +718,7 @@ def _e_cert_revoked(env: _Envoy, plan: Plan) -> str:
     write_text(path, text + f"cert\tsan:{UNKNOWN_SAN}\trevoked\t{core.cert_role(plan, d)}\n", mode=0o600)
     return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
 
+
 # --- the listener's TLS: legacy versions --------------------------------------------------------
 
 TLS_NEEDS = "listen.tls"

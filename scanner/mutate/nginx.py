@@ -689,6 +689,7 @@ def _n_cert_revoked(directory: Path, plan: Plan) -> str:
         old, old + f'"san:{UNKNOWN_SAN}":["revoked","{core.cert_role(plan, d)}"],', 1))
     return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
 
+
 # --- the listener's TLS: legacy versions and every suite of the library ---------------------------
 
 TLS_NEEDS = "listen.tls"
