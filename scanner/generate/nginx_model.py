@@ -117,7 +117,7 @@ UPSTREAM_ERROR_CODES: tuple[int, ...] = (500, 501, 503, 505, 506, 507, 508, 510,
 
 
 @dataclass(frozen=True)
-class Zone:
+class NginxZone:
     name: str
     key: str            # NGINX variable the zone counts by
     rate: str = ""      # "10r/s" for limit_req zones
@@ -253,10 +253,10 @@ class Model:
     cert_rolesets: Mapping[str, tuple[str, ...]]   # like rolesets, over $perimeter_cert_role
     geos: Mapping[str, tuple[str, ...]]
     rolesets: Mapping[str, tuple[str, ...]]
-    rate_zones: tuple[Zone, ...]
-    conn_zones: tuple[Zone, ...]
+    rate_zones: tuple[NginxZone, ...]
+    conn_zones: tuple[NginxZone, ...]
     checks: tuple[BodyCheck, ...]
-    token_zones: tuple[Zone, ...]     # limits.tokens_per_minute: njs, one shared dict
+    token_zones: tuple[NginxZone, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
     owner_secret_file: str                           # responses: owned: njs reads the secret ("" none)
@@ -346,9 +346,9 @@ class _Registry:
     geos: dict[tuple[str, ...], str] = field(default_factory=dict)
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     cert_rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
-    rate: dict[str, Zone] = field(default_factory=dict)      # by Decision.rate_zone
-    conn: dict[str, Zone] = field(default_factory=dict)      # by Decision.conn_zone
-    tokens: dict[str, Zone] = field(default_factory=dict)    # by Decision.token_zone
+    rate: dict[str, NginxZone] = field(default_factory=dict)      # by Decision.rate_zone
+    conn: dict[str, NginxZone] = field(default_factory=dict)      # by Decision.conn_zone
+    tokens: dict[str, NginxZone] = field(default_factory=dict)    # by Decision.token_zone
     jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
     checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str, str], BodyCheck] = field(
         default_factory=dict)
@@ -395,21 +395,21 @@ class _Registry:
         key = tuple(sorted(_name("role", r) for r in roles))
         return self.cert_rolesets.setdefault(key, f"$perimeter_cert_roles_{len(self.cert_rolesets) + 1}")
 
-    def rate_zone(self, d: Decision) -> Zone | None:
+    def rate_zone(self, d: Decision) -> NginxZone | None:
         rate = d.limits.rate
         if rate is None:
             return None
         if d.rate_zone not in self.rate:
-            self.rate[d.rate_zone] = Zone(
+            self.rate[d.rate_zone] = NginxZone(
                 name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=_rate(rate.rps),
                 note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
         return self.rate[d.rate_zone]
 
-    def conn_zone(self, d: Decision) -> Zone | None:
+    def conn_zone(self, d: Decision) -> NginxZone | None:
         if d.limits.concurrency is None:
             return None
         if d.conn_zone not in self.conn:
-            self.conn[d.conn_zone] = Zone(
+            self.conn[d.conn_zone] = NginxZone(
                 name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth),
                 note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
         return self.conn[d.conn_zone]
@@ -420,7 +420,7 @@ class _Registry:
             return ""
         if d.token_zone not in self.tokens:
             who = {"key": "principal", "jwt": "token", "cert": "cert"}.get(d.auth, "address")
-            self.tokens[d.token_zone] = Zone(
+            self.tokens[d.token_zone] = NginxZone(
                 name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
                 burst=d.token_capacity, note=f"audience {d.audience}, per {who}")
         z = self.tokens[d.token_zone]
