@@ -27,7 +27,8 @@ def _vllm_python() -> str | None:
 # (--dist loadfile) gives modules to its workers in collection order, so the longest going
 # first lets them end together.
 LONG_FIRST = ("tests/test_verify.py", "tests/cli/test_probe_defaults.py", "tests/cli/test_probe_defaults_envoy.py",
-              "tests/test_e2e.py", "tests/probe/test_redteam.py", "tests/test_demo.py")
+              "tests/test_e2e.py", "tests/probe/test_witness_vllm.py", "tests/probe/test_redteam.py",
+              "tests/test_demo.py", "tests/differential/test_identity_corpus.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
