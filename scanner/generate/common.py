@@ -70,6 +70,10 @@ def salts(plan: Plan, generator: str) -> tuple[tuple[str, str], ...]:
     return tuple((s, salt(secret, s)) for s in sorted(subjects))
 
 
+# what the principals file holds besides key hashes when responses are owned (generate's notes)
+OWNER_HOLDS = " and the responses secret (responses: owned)"
+
+
 def owner_secret(plan: Plan) -> str:
     """responses: owned: the secret both generators write into their 0600 principals file (read
     by the proxy's master / at script load, never by a worker from the user's file): one line,

@@ -86,7 +86,7 @@ import jinja2
 import yaml
 
 from scanner.errors import GenerateError, InternalError
-from scanner.generate.common import owner_secret
+from scanner.generate.common import OWNER_HOLDS, owner_secret
 from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.shared import files as shared_files
@@ -166,7 +166,8 @@ class EnvoyGenerator:
 def runtime_files(model: Model) -> tuple[RuntimeFile, ...]:
     """What Envoy opens at run time: the key hashes, with ``upstream.api_key_file`` vLLM's key, and
     the JWKS of each auth "jwt" audience (local_jwks by name)."""
-    out = [RuntimeFile(model.keys_file, PRINCIPALS, "key hashes",
+    holds = "key hashes" + (OWNER_HOLDS if model.owner_file else "")
+    out = [RuntimeFile(model.keys_file, PRINCIPALS, holds,
                        "0600, readable by Envoy's user; read when Envoy starts")]
     if model.upstream_key_file:
         out.append(RuntimeFile(model.upstream_key_file, "", "vLLM's API key (upstream.api_key_file)",

@@ -56,7 +56,7 @@ import jinja2
 
 from scanner import resources
 from scanner.errors import GenerateError
-from scanner.generate.common import config_dir, owner_secret
+from scanner.generate.common import OWNER_HOLDS, config_dir, owner_secret
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
     HTTP,
@@ -125,7 +125,6 @@ class NginxGenerator:
 _HOLDS = {PRINCIPALS: "key hashes", UPSTREAM_KEY: "vLLM's API key"}
 
 
-
 def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:
     """What NGINX opens by path (includes, ``js_import``): absolute under ``config_dir``, else
     relative to nginx.conf's directory, which is the output directory as written."""
@@ -138,5 +137,6 @@ def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> 
         if not path.startswith("/"):
             access += "; relative to nginx.conf's directory"
             path = str(PurePosixPath(out_dir) / path) if out_dir else path
-        out.append(RuntimeFile(path, name, _HOLDS.get(name, ""), access if name in _HOLDS else ""))
+        holds = _HOLDS.get(name, "") + (OWNER_HOLDS if name == PRINCIPALS and model.owner_secret_file else "")
+        out.append(RuntimeFile(path, name, holds, access if name in _HOLDS else ""))
     return tuple(out)

@@ -173,7 +173,10 @@ def test_the_secret_is_in_the_generated_principals_file_never_read_by_a_worker(
     text = owned_policy_text().replace("/unused/x", str(tmp_path / "responses.secret"))
     plan = build(load_ref("vllm-0.29.0-default"), loads(text, source="p.yaml", base_dir=REPO / "policies"))
     options = GenerateOptions(output_dir=str(tmp_path / "out"))
-    files = {f.name: f for f in get(kind).render(plan, options).files}
+    config = get(kind).render(plan, options)
+    files = {f.name: f for f in config.files}
+    assert [rf.holds for rf in config.runtime_files if rf.generated == holder] == \
+        ["key hashes and the responses secret (responses: owned)"]
     holders = [name for name, f in files.items() if secret in f.content]
     assert holders == [holder] and files[holder].mode == 0o600
     assert line.format(secret) in files[holder].content.splitlines()
