@@ -33,8 +33,9 @@ def read_secret(path: str, what: str = "cache_salt_secret_file") -> bytes:
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc} "
-                          "(`vllm-perimeter init DIR` makes the secrets of a new deployment)") from None
+        hint = (" (`vllm-perimeter init DIR` makes the secrets of a new deployment)"
+                if what in ("cache_salt_secret_file", "responses_secret_file") else "")
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}{hint}") from None
     if mode & 0o077:
         raise ConfigError(f"{path}: {what} is readable by others (mode {mode & 0o777:o}); chmod 600 it")
     text = read_text(path, what).strip()
