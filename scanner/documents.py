@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scanner.errors import ConfigError
 from scanner.netscan.model import PortAttempt, PortFinding
 from scanner.probe.interface import Attempt, Coverage, Finding
+from scanner.rules import RuleProgram
 
 Severity = Literal["critical", "high", "medium", "low", "info"]
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -606,7 +607,7 @@ class EvidenceManifestDoc(_Doc):
     files: list[ManifestFileDoc]
 
 
-DOCUMENTS: dict[str, type[_Doc]] = {
+DOCUMENTS: dict[str, type[BaseModel]] = {
     "policy": PolicyDoc,
     "principals": PrincipalsDoc,
     "inventory": InventoryDoc,
@@ -615,6 +616,7 @@ DOCUMENTS: dict[str, type[_Doc]] = {
     "netscan-result": NetscanResultDoc,
     "audit-result": AuditResultDoc,
     "evidence-manifest": EvidenceManifestDoc,
+    "rule-program": RuleProgram,
 }
 
 

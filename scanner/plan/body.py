@@ -34,20 +34,21 @@ JSON) and every body of a route with no body rule. The body is read strictly (:f
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scanner import reasons
-from scanner.plan import owner, settle
-from scanner.plan.model import BODY_METHODS, Decision
-from scanner.plan.vllm_json import at, vllm_int, within
+from scanner.plan import interpret
+from scanner.plan.model import Decision
+from scanner.plan.program import compile_decision, inspects
+
+__all__ = ["FORM_TYPES", "Judgement", "document", "forwarded", "inspects", "is_form", "judge", "violations"]
+from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy import media
 from scanner.policy.model import count_of
 
 FORM_TYPES: tuple[str, ...] = ("multipart/form-data", "application/x-www-form-urlencoded")
 HTTP_WS = " \t\n\x0b\x0c\r"   # what NGINX's \s and Lua's %s strip around a media type
-_PLAIN = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,6 @@ class Judgement:
         return reasons.parse(self.reason) if self.reason else ("", "")
 
 
-def inspects(d: Decision) -> bool:
-    """Does the perimeter read this route's bodies at all (both generators decide it so)?"""
-    return (d.kind != "websocket" and d.method in BODY_METHODS
-            and bool(d.limits.json_caps or d.fields.decided or d.media.active or d.token_zone
-                     or d.owner_fields))
-
-
 def is_form(content_type: str | None) -> bool:
     """Is a body with this Content-Type a form (not inspected): all of it before the first ``;``,
     whitespace stripped and case folded, one of :data:`FORM_TYPES`. Nothing vLLM's FastAPI
@@ -93,101 +87,44 @@ def document(raw: bytes) -> object:
     return json.loads(raw.decode("utf-8"), parse_constant=constant)
 
 
-def caps_reason(caps: Mapping[str, int] | tuple[tuple[str, int], ...], doc: Mapping[str, object]) -> str:
-    """The first capped position (a name or a dotted path, sorted) whose value vLLM would read as
-    over its cap (or not read as an integer): ``json-cap:PATH``; "" none."""
-    for path, cap in sorted(dict(caps).items()):
-        if not within(at(doc, path), cap):
-            return reasons.token("json-cap", path)
-    return ""
-
-
-def fields_reason(d: Decision, doc: Mapping[str, object]) -> str:
-    rules = d.fields
-    if not rules.decided:
-        return ""
-    for key, value in doc.items():
-        if rules.mode(key) == "reject":
-            if key in rules.named:
-                return reasons.token("forbidden-field", key)
-            return reasons.token("unknown-field", key if _PLAIN.fullmatch(key) else "not-a-plain-name")
-        cap = rules.counts.get(key)
-        if cap is not None and count_of(value) > cap:
-            return f"json-cap:{key}:count-over-{cap}"
-    return ""
-
-
-def owner_reason(d: Decision, doc: Mapping[str, object],
-                 key: tuple[bytes, str] | None) -> tuple[str, dict[str, str]]:
-    """Each field naming a stored response (present, not null, not stripped) unsealed with
-    ``key`` (the secret, the sender's principal; None: no seal is anyone's): ("not-owner:FIELD",
-    {}) at the first that is not the sender's; else ("", the fields' vLLM ids)."""
-    out: dict[str, str] = {}
-    for name in d.owner_fields:
-        value = doc.get(name)
-        if value is None or d.fields.mode(name) == "strip":
-            continue
-        rid = owner.unseal(key[0], key[1], value) if key else None
-        if rid is None:
-            return reasons.token("not-owner", name), {}
-        out[name] = rid
-    return "", out
-
-
 def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",
               size: int = 0, unsealed: Mapping[str, str] | None = None) -> dict[str, object] | None:
-    """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: less the
-    fields its rules strip, its output budget decided, on a salted route ``cache_salt`` = ``salt``
-    (the perimeter's salt for the sender), then the pins; ``size``: the bytes it was received as
-    (they bound the budget written in, :meth:`Budget.written`); on a settled stream, asking for
-    its usage (:func:`scanner.plan.settle.asking_usage`); None: refused for its absent budget."""
+    """The JSON object the upstream must receive when ``doc`` passes ``d``'s checks: what the
+    route's program writes (:mod:`scanner.plan.program`: fields stripped, the output budget, on a
+    salted route ``cache_salt`` = ``salt``, the pins, on a settled stream asking for its usage),
+    the fields naming stored responses replaced by ``unsealed``; ``size``: the bytes it was
+    received as; None: refused for its absent budget."""
     if d.salt and not salt:
         raise ValueError(f"{d.method} {d.path} writes its own cache_salt: give the expected salt")
-    kept = {k: v for k, v in doc.items() if d.fields.mode(k) != "strip"}
-    out = d.budget.forwarded(kept, size) if d.budget else kept
-    if out is not None and d.salt:
-        out["cache_salt"] = salt
-    if out is not None:
-        out.update(d.fields.pins)
-    if out is not None and d.token_zone and d.envelope_spec.ask_usage:
-        out = settle.asking_usage(out) or out
-    if out is not None and unsealed:
-        out.update(unsealed)
-    return out
+    r = interpret.Run(dict(doc), size, salt)
+    _, out = interpret.run(compile_decision(d), r, stop=False)
+    if out is None or "budget" in r.refused_by:
+        return None
+    return {**out, **unsealed} if unsealed else out
 
 
 def judge(d: Decision, raw: bytes, salt: str = "",
           content_type: str | None = "application/json",
           owner_key: tuple[bytes, str] | None = None) -> Judgement:
     """What the perimeter must do with ``raw`` sent to ``d`` (an allowed route) with this
-    Content-Type; ``salt``: the perimeter's cache salt for the sender on a salted route ("" none
-    known: refused); ``owner_key``: (the responses secret, the sender's principal) on a route
-    with owned fields (None there: every id refused)."""
+    Content-Type: the route's compiled program run by the Python interpreter
+    (:mod:`scanner.plan.interpret`); ``salt``: the perimeter's cache salt for the sender on a
+    salted route ("" none known: refused); ``owner_key``: (the responses secret, the sender's
+    principal) on a route with owned fields (None there: every id refused)."""
     form = is_form(content_type)
-    cost = 0 if not d.token_zone else max(1, len(raw) // 4) if form else d.token_cost(raw)
     if not inspects(d) or not raw or form:
-        return Judgement(cost=cost)
+        return Judgement(cost=0 if not d.token_zone else max(1, len(raw) // 4) if form else d.token_cost(raw))
     try:
         doc = document(raw)
     except (ValueError, RecursionError):
         return Judgement("bad-json")
     if not isinstance(doc, dict):
         return Judgement("bad-json:not-an-object")
-    why = caps_reason(d.cap_paths, doc) or fields_reason(d, doc) or media.reason(doc, d.media)
+    r = interpret.Run(doc, len(raw), salt, owner_key)
+    why, body = interpret.run(compile_decision(d), r)
     if why:
         return Judgement(why)
-    budget = d.enforced_budget
-    if budget is not None and budget.when_absent == "reject" and budget.absent(doc):
-        return Judgement(f"json-cap:{budget.field}:absent")
-    if d.salt and not salt:
-        return Judgement("bad-request:no-salt")
-    why = d.envelope_reason(d.envelope(raw)) if d.envelope_capped else ""
-    if why:
-        return Judgement(why)
-    why, unsealed = owner_reason(d, doc, owner_key)
-    if why:
-        return Judgement(why)
-    return Judgement(body=forwarded(d, doc, salt, len(raw), unsealed), cost=cost)
+    return Judgement(body=body, cost=max(1, r.tokens) if d.token_zone else 0)
 
 
 def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:

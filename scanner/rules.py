@@ -1,0 +1,110 @@
+"""The rule program's instruction set: the models of its steps and of the document (its JSON
+Schema is ``schemas/rule-program.schema.json``). What each instruction does, and the order the
+plan emits them in, is :mod:`scanner.plan.program`'s table; this module is only the vocabulary,
+so that every stage (documents, the generators) can name it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Pin = int | float | str | bool | None
+
+SCHEMA = "vllm-perimeter/rule-program"
+VERSION = 1
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Cap(_Step):
+    op: Literal["cap"] = "cap"
+    path: str
+    max: int
+
+
+class Keys(_Step):
+    op: Literal["keys"] = "keys"
+    unknown: Literal["reject", "strip", "pass"]
+    modes: dict[str, Literal["allow", "reject", "strip"]] = Field(default_factory=dict)
+
+
+class Count(_Step):
+    op: Literal["count"] = "count"
+    field: str
+    max: int
+
+
+class Media(_Step):
+    op: Literal["media"] = "media"
+    urls: Literal["deny", "allow", "pass"]
+    domains: list[str] = Field(default_factory=list)
+    data: int | None = None
+    items: int | None = None
+    embeds: Literal["deny", "allow"] = "allow"
+
+
+class BudgetStep(_Step):
+    op: Literal["budget"] = "budget"
+    fields: list[str]
+    field: str
+    absent: Literal["reject", "inject"]
+    cap: int                # the most written (0: nothing is written)
+    window: int = 0         # the context length the written budget is fitted into (0: none)
+
+
+class Salt(_Step):
+    op: Literal["salt"] = "salt"
+
+
+class EnvelopeStep(_Step):
+    op: Literal["envelope"] = "envelope"
+    items: list[tuple[str, Literal["prompts", "each"]]] = Field(default_factory=list)
+    pairs: list[tuple[str, str]] = Field(default_factory=list)
+    per: list[str] = Field(default_factory=list)
+    out: list[str] = Field(default_factory=list)     # the output budget's fields (none: output 0)
+    rest: int = 0             # the output per sequence when none is sent and none written
+    max_sequences: int | None = None
+    max_tokens: int | None = None
+
+
+class Owned(_Step):
+    op: Literal["owned"] = "owned"
+    fields: list[str]
+
+
+class PinStep(_Step):
+    op: Literal["pin"] = "pin"
+    field: str
+    value: Pin
+
+
+class AskUsage(_Step):
+    op: Literal["ask_usage"] = "ask_usage"
+
+
+Step = Annotated[Cap | Keys | Count | Media | BudgetStep | Salt | EnvelopeStep | Owned | PinStep | AskUsage,
+                 Field(discriminator="op")]
+
+
+class Program(_Step):
+    """One route group's body rules."""
+
+    steps: list[Step]
+
+
+class RuleProgram(BaseModel):
+    """Every program of a plan, by id (the generators' check ids)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["vllm-perimeter-rule-program"] = "vllm-perimeter-rule-program"
+    schema_version: Literal[1] = 1
+    programs: dict[str, Program]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,93 @@
+"""The rule program (scanner/plan/program.py): the compiled form of the bundled policy is its golden
+(tests/plan/golden/, regenerate with VLLM_PERIMETER_UPDATE_GOLDENS=1), it holds to the published
+schema, and the Python interpreter (scanner/plan/interpret.py) runs each instruction as the
+program's table says."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from scanner import documents
+from scanner.plan import interpret
+from scanner.plan.inputs import make_plan
+from scanner.plan.program import compile_plan
+from scanner.rules import (
+    AskUsage,
+    BudgetStep,
+    Cap,
+    Count,
+    EnvelopeStep,
+    Keys,
+    Media,
+    PinStep,
+    Program,
+    Salt,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+CATALOGS = ("vllm-0.29.0-everything", "vllm-0.33.0-everything")
+
+
+@pytest.mark.parametrize("catalog", CATALOGS)
+def test_the_bundled_policy_compiles_to_its_golden(catalog: str) -> None:
+    doc = compile_plan(make_plan(catalog, None).decisions)
+    text = json.dumps(doc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    path = GOLDEN / f"rule-program-{catalog}.json"
+    if os.environ.get("VLLM_PERIMETER_UPDATE_GOLDENS"):
+        path.write_text(text)
+    assert path.read_text() == text, f"{path.name} differs: VLLM_PERIMETER_UPDATE_GOLDENS=1 to accept"
+    documents.validate("rule-program", json.loads(text), path.name)
+    ops = {s["op"] for p in json.loads(text)["programs"].values() for s in p["steps"]}
+    assert {"cap", "keys", "media", "budget", "envelope"} <= ops, ops
+
+
+def _run(*steps: object, body: dict[str, object], size: int = 100, salt: str = "") -> tuple[str, object]:
+    r = interpret.Run(body, size, salt)
+    return interpret.run(Program(steps=list(steps)), r)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("steps", "body", "want"), [
+    ((Cap(path="n", max=4),), {"n": " 4 "}, ""),
+    ((Cap(path="n", max=4),), {"n": "5"}, "json-cap:n"),
+    ((Cap(path="sampling_params.n", max=4),), {"sampling_params": {"n": 5.0}}, "json-cap:sampling_params.n"),
+    ((Keys(unknown="reject", modes={"model": "allow", "x": "reject"}),), {"model": "m", "x": 1}, "forbidden-field:x"),
+    ((Keys(unknown="reject", modes={"model": "allow"}),), {"model": "m", "a b": 1}, "unknown-field:not-a-plain-name"),
+    ((Count(field="stop", max=2),), {"stop": ["a", "b", "c"]}, "json-cap:stop:count-over-2"),
+    ((Media(urls="deny"),), {"messages": [{"image_url": {"url": "https://x.test/a.png"}}]}, "media-url:denied"),
+    ((BudgetStep(fields=["max_tokens"], field="max_tokens", absent="reject", cap=0),), {"model": "m"},
+     "json-cap:max_tokens:absent"),
+    ((Salt(),), {"model": "m"}, "bad-request:no-salt"),
+    ((EnvelopeStep(items=[("prompt", "prompts")], per=["n"], out=["max_tokens"], rest=10, max_sequences=3),),
+     {"prompt": ["a", "b"], "n": 2}, "envelope-sequences:over-3"),
+    ((EnvelopeStep(out=["max_tokens"], rest=10, max_tokens=150),), {"max_tokens": 60}, "envelope-tokens:over-150"),
+])
+def test_each_instruction_refuses_as_its_table_says(steps: tuple[object, ...], body: dict[str, object],
+                                                    want: str) -> None:
+    why, out = _run(*steps, body=body)
+    assert why == want
+    assert (out is None) == bool(want)
+
+
+def test_steps_share_one_working_body_in_program_order() -> None:
+    # the stripped budget field is gone for the budget step, which writes the cap; the pin is what
+    # the envelope reads; the salt and the usage request are written
+    steps = (Keys(unknown="strip", modes={"model": "allow", "stream": "allow", "n": "allow"}),
+             BudgetStep(fields=["max_tokens"], field="max_tokens", absent="inject", cap=50, window=0),
+             Salt(), PinStep(field="n", value=1),
+             EnvelopeStep(per=["n"], out=["max_tokens"], rest=999, max_tokens=10_000), AskUsage())
+    r = interpret.Run({"model": "m", "max_tokens": 4000, "n": 8, "stream": True}, 120, "s1")
+    why, out = interpret.run(Program(steps=list(steps)), r)
+    assert why == ""
+    assert out == {"model": "m", "n": 1, "stream": True, "max_tokens": 50, "cache_salt": "s1",
+                   "stream_options": {"include_usage": True}}
+    assert (r.sequences, r.output, r.tokens) == (1, 50, 170)
+
+
+def test_a_budget_fitted_into_the_window_and_none_below_one() -> None:
+    step = BudgetStep(fields=["max_tokens"], field="max_tokens", absent="inject", cap=500, window=1000)
+    assert _run(step, body={}, size=800)[1] == {"max_tokens": 200}
+    assert _run(step, body={}, size=1000)[1] == {}
