@@ -95,13 +95,14 @@ http {{
 
 
 @contextmanager
-def running(argv: list[str], port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def running(argv: list[str], port: int, log: Path, wait_s: float = 15,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """One server in its own process group, stopped (group, by pid) on the way out."""
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     try:
-        if not wait_for_port("127.0.0.1", port, 15):
+        if not wait_for_port("127.0.0.1", port, wait_s):
             raise SystemExit(f"{argv[0]} did not start (see {log})")
         yield proc
     finally:
