@@ -58,7 +58,7 @@ from typing import Any
 
 import httpx
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import REASON_HEADER, Decision
@@ -68,6 +68,7 @@ from scanner.probe.checks.tokens import budget_capacity
 from scanner.runtime.proxy import Proxy, get
 from scanner.standin import openai_answers
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 
 TARGET = 1.25
 # The figures for the old per-request charge (output budget + bytes / 4): a realistic mix
@@ -341,7 +342,7 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
     policy = loads(budget_policy_text(tpm))
     with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp, ExitStack() as stack:
         work, port = Path(tmp), free_port()
-        s = verify.setup(inventory, policy, work, port, keys_per_role=1)
+        s = loop.setup(inventory, policy, work, port, keys_per_role=1)
         directory = work / proxy.name
         written = proxy.write(s.plan, directory)
         if mutant:
@@ -351,7 +352,7 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
                       if KINDS[k] in allowed)
         stack.enter_context(full_generation(not natural))
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         cred = next(c for c in s.credentials if c.role == "service")
         public = next(v for v in s.vantages if v.name == "public")
         url = f"http://127.0.0.1:{s.plan.listen.port}"
@@ -428,7 +429,7 @@ def saturate(proxy: Proxy, tpm: int, window: float, clients: int, burst: int | N
     inventory = load_ref(CATALOG)
     with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp, ExitStack() as stack:
         work, port = Path(tmp), free_port()
-        s = verify.setup(inventory, loads(budget_policy_text(tpm, burst)), work, port, keys_per_role=1)
+        s = loop.setup(inventory, loads(budget_policy_text(tpm, burst)), work, port, keys_per_role=1)
         d = s.plan.decision("POST", "/v1/chat/completions")
         assert d is not None and d.token_zone
         cost = max(1, tpm // 100)
@@ -437,7 +438,7 @@ def saturate(proxy: Proxy, tpm: int, window: float, clients: int, burst: int | N
         directory = work / proxy.name
         proxy.write(s.plan, directory)
         stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         cred = next(c for c in s.credentials if c.role == "user")
         public = next(v for v in s.vantages if v.name == "public")
         url = f"http://127.0.0.1:{s.plan.listen.port}"

@@ -16,11 +16,11 @@ import statistics
 import sys
 from collections import defaultdict
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime.proxy import get
+from scanner.verify import loop
 
 TARGET_S = 30.0
 
@@ -37,7 +37,7 @@ def main() -> int:
     walls, stuck = [], []
     last = None
     for _ in range(args.runs):
-        run = verify.run(inventory, policy, [get(args.proxy)], options, args.keys)[0]
+        run = loop.run(inventory, policy, [get(args.proxy)], options, args.keys)[0]
         res = run.result
         walls.append(res.elapsed_s)
         stuck.append(sum(1 for c in res.coverage if c.status == "not-proven"))

@@ -26,9 +26,9 @@ def _vllm_python() -> str | None:
 # Modules of minutes (probes paced by the policy's real limits), handed out first: pytest-xdist
 # (--dist loadfile) gives modules to its workers in collection order, so the longest going
 # first lets them end together.
-LONG_FIRST = ("tests/test_verify.py", "tests/cli/test_probe_defaults.py", "tests/cli/test_probe_defaults_envoy.py",
+LONG_FIRST = ("tests/verify/test_mutation.py", "tests/cli/test_probe_defaults.py", "tests/cli/test_probe_defaults_envoy.py",
               "tests/test_e2e.py", "tests/probe/test_witness_vllm.py", "tests/probe/test_redteam.py",
-              "tests/test_demo.py", "tests/differential/test_identity_corpus.py")
+              "tests/verify/test_demo.py", "tests/differential/test_identity_corpus.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,7 +2,7 @@
 (behind its upstream witness), proven by the prober with the same plan: zero findings and every
 subject proved. State-changing requests are sent too: without an engine no handler can act.
 Weakened configs are caught, here against the real app (the full mutation run against the
-stand-in is tests/test_verify.py)."""
+stand-in is tests/verify/test_mutation.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
+from scanner.verify import loop, mutation
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=180)
 # The engine-less app closes its connection after each handler error (500): no upstream
@@ -40,9 +41,9 @@ def _proved(res: ProbeResult) -> None:
 
 
 @pytest.fixture(scope="module")
-def setup(real_vllm, tmp_path_factory) -> verify.Setup:  # type: ignore[no-untyped-def]
+def setup(real_vllm, tmp_path_factory) -> loop.Setup:  # type: ignore[no-untyped-def]
     work = tmp_path_factory.mktemp("e2e")
-    return verify.setup(load_ref("vllm-0.29.0-everything"), load_policy(None), work, real_vllm.port, 2)
+    return loop.setup(load_ref("vllm-0.29.0-everything"), load_policy(None), work, real_vllm.port, 2)
 
 
 def _proxies() -> Iterator[Proxy]:
@@ -63,11 +64,11 @@ def _proxy(name: str) -> Proxy:
 # NGINX 1.22 in front of the real app is slow-marked for CI time (about 80 s); it runs the same
 # generated config as 1.31 in front of the stand-in in CI (tests/generate/test_nginx_live.py)
 @pytest.mark.parametrize("name", ["static-1.31", pytest.param("debian-1.22", marks=pytest.mark.slow), "envoy"])
-def test_proxy_in_front_of_real_vllm_is_proved(setup: verify.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
+def test_proxy_in_front_of_real_vllm_is_proved(setup: loop.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
                                                tmp_path: Path) -> None:
     proxy = _proxy(name)
     proxy.write(setup.plan, tmp_path)
-    res = verify.proxy_run(setup, proxy, tmp_path, OPTIONS, real_vllm.url).result
+    res = loop.proxy_run(setup, proxy, tmp_path, OPTIONS, real_vllm.url).result
     _proved(res)
 
 
@@ -79,10 +80,10 @@ WEAKENINGS = ("nginx.prefix-location-added", "nginx.method-check-removed", "ngin
 
 
 @pytest.mark.parametrize("op_id", WEAKENINGS)
-def test_weakened_config_is_caught(setup: verify.Setup, real_vllm, op_id: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_weakened_config_is_caught(setup: loop.Setup, real_vllm, op_id: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     op = mutate.OPERATORS[op_id]
     proxy = EnvoyProxy() if op.kind == "envoy" else next(_proxies())
-    run = verify.mutant(setup, proxy, op, tmp_path, verify.mutant_options(OPTIONS, op_id), real_vllm.url)
+    run = mutation.mutant(setup, proxy, op, tmp_path, mutation.mutant_options(OPTIONS, op_id), real_vllm.url)
     assert run.status == "caught", run
     assert run.rules and run.rules != ("VP011",), run
 
@@ -102,7 +103,7 @@ REQUIRED = {
 
 
 @pytest.mark.parametrize("name", ["static-1.31", "envoy"])
-def test_vllm_accepts_every_allowed_field_the_proxy_forwards(setup: verify.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
+def test_vllm_accepts_every_allowed_field_the_proxy_forwards(setup: loop.Setup, real_vllm, name: str,  # type: ignore[no-untyped-def]
                                                              tmp_path: Path) -> None:
     """Issue 10: a body holding every field the bundled policy lets end users send (each at its
     model's default, from the inventory) passes the proxy and vLLM's own validation (pydantic and
@@ -122,7 +123,7 @@ def test_vllm_accepts_every_allowed_field_the_proxy_forwards(setup: verify.Setup
     with ExitStack() as stack, httpx.Client(
             base_url=f"http://127.0.0.1:{setup.plan.listen.port}", timeout=20,
             transport=httpx.HTTPTransport(local_address=public.address)) as client:
-        verify.start_checked(proxy, setup.plan, tmp_path, stack)
+        loop.start_checked(proxy, setup.plan, tmp_path, stack)
         for path, needed in REQUIRED.items():
             d, model = setup.plan.decision("POST", path), models[path]
             assert d is not None and d.allowed and model is not None

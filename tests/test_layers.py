@@ -2,7 +2,7 @@
 
 Stages, in the order data flows (a module may import its own stage and earlier ones):
 the shared vocabularies, inventory, policy, limiter (the shared store's zones, which the plan decides), plan, generate, runtime, standin, probe, netscan,
-documents, evidence, audit, mutate, verify, verify_fleet, demo, report, cli.
+documents, evidence, audit, mutate, verify (one proxy, mutation, fleet, demo), report, cli.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "stop", "output", "resources",
         "state_changing", "witness_asgi", "store_url", "rules")
 STAGES = (*BASE, "inventory", "policy", "limiter", "plan", "generate", "runtime", "standin", "probe", "netscan",
-          "documents", "evidence", "audit", "mutate", "verify", "verify_fleet", "demo", "report", "cli")
+          "documents", "evidence", "audit", "mutate", "verify", "report", "cli")
 
 
 def _modules() -> dict[str, Path]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from scanner import demo
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
 from scanner.report import demo as render_demo
+from scanner.verify import demo
 
 
 @click.command("demo")

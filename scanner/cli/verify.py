@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from scanner import stop, verify, verify_fleet
+from scanner import stop
 from scanner.cli.options import MaxTime, load_diff, report_options
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from scanner.inventory.diff import InventoryDiff
@@ -20,6 +20,7 @@ from scanner.report import mutation as render_mutation
 from scanner.report.probe_writers import FORMATS, render
 from scanner.runtime.proxy import PROXIES, get
 from scanner.severity import Severity
+from scanner.verify import fleet, loop, mutation
 
 TEXT_FORMATS = ("table", "markdown")
 AUTO_FLOOR_S = 300.0   # --max-time auto never gives a run less than this
@@ -89,17 +90,17 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     options = ProbeOptions(concurrency=concurrency, rate=0, timeout=timeout, max_time=max_time,
                            auto_floor_s=AUTO_FLOOR_S)
     say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
-    outages: list[verify_fleet.FleetOutage] = []
+    outages: list[fleet.FleetOutage] = []
     if replicas is not None:
-        fleets, mutants = verify_fleet.loop_all(inv, pol, runtimes, options, keys_per_role, replicas, mutate,
-                                                only, say)
-        runs = [verify.ProxyRun(f.proxy, f.result, f.seconds) for f in fleets]
+        fleets, mutants = fleet.loop_all(inv, pol, runtimes, options, keys_per_role, replicas, mutate,
+                                         only, say)
+        runs = [loop.ProxyRun(f.proxy, f.result, f.seconds) for f in fleets]
         outages = [f.outage for f in fleets if f.outage is not None]
     elif mutate:
-        baselines, mutants = verify.mutants(inv, pol, runtimes, options, keys_per_role, only, say)
+        baselines, mutants = mutation.mutants(inv, pol, runtimes, options, keys_per_role, only, say)
         runs = baselines
     else:
-        runs, mutants = verify.run(inv, pol, runtimes, options, keys_per_role, say), []
+        runs, mutants = loop.run(inv, pol, runtimes, options, keys_per_role, say), []
     if diff_refs and fmt != "html":
         raise UsageError("--diff goes with --format html")
     _write_reports(runs, fmt, output, load_diff(diff_refs))
@@ -122,9 +123,9 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     return max(codes, default=EXIT_OK)
 
 
-def _write_reports(runs: list[verify.ProxyRun], fmt: str, output: str | None,
+def _write_reports(runs: list[loop.ProxyRun], fmt: str, output: str | None,
                    diff: InventoryDiff | None) -> None:
-    def text_of(r: verify.ProxyRun) -> str:
+    def text_of(r: loop.ProxyRun) -> str:
         return html.render_probe(r.result, diff) if diff else render(r.result, fmt)
 
     if len(runs) == 1 or (fmt in TEXT_FORMATS and output is None):

@@ -6,10 +6,10 @@ import io
 
 from rich.table import Table
 
-from scanner.demo import DemoResult
 from scanner.output import text_console
 from scanner.probe.interface import COVERAGE_STATUSES, ProbeResult
 from scanner.severity import SEVERITIES
+from scanner.verify.demo import DemoResult
 
 
 def _counts(res: ProbeResult) -> str:

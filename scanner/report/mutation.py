@@ -10,7 +10,8 @@ from rich.table import Table
 
 from scanner.mutate import FAMILIES
 from scanner.output import text_console
-from scanner.verify import MutantRun, ProxyRun
+from scanner.verify.loop import ProxyRun
+from scanner.verify.mutation import MutantRun
 
 
 def score(mutants: Sequence[MutantRun], proxy: str, family: str = "") -> tuple[int, int]:

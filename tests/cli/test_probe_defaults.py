@@ -2,7 +2,7 @@
 proxies, as a user runs it: the bundled policy's own limits, a key per role, a vantage per
 network and one outside them all; its time limit comes from the plan's lower bound.
 
-The deployment is what ``verify`` sets up (scanner.verify: loopback networks, throwaway keys,
+The deployment is what ``verify`` sets up (scanner.verify.loop: loopback networks, throwaway keys,
 the stand-in), but written to files and probed through the command line."""
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import inputs
@@ -29,6 +28,7 @@ from scanner.resources import data_file
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def deployed(tmp_path: Path, proxy_name: str, catalog: str) -> Iterator[Deployme
     principals = tmp_path / "principals.yaml"
     env: dict[str, str] = {}
     key_args: list[str] = []
-    for role in verify.roles_of(inputs.load_policy(None)):
+    for role in loop.roles_of(inputs.load_policy(None)):
         key = keys.new_key()
         keys.append_principal(principals, f"probe-{role}", role, key)
         env[f"PROBE_KEY_{role.upper()}"] = key
@@ -70,14 +70,14 @@ def deployed(tmp_path: Path, proxy_name: str, catalog: str) -> Iterator[Deployme
                       upstream={"host": "127.0.0.1", "port": upstream_port})
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(policy_doc), encoding="utf-8")
-    nets, vantages = verify.loopback(inputs.load_policy(str(policy)))
+    nets, vantages = loop.loopback(inputs.load_policy(str(policy)))
     net_args = [a for n, cidrs in nets.items() for a in ("--network", f"{n}={','.join(cidrs)}")]
     vantage_args = [a for v in vantages for a in ("--vantage", f"{v.name}={v.address}")]
     plan = inputs.make_plan(catalog, str(policy), nets)
     directory = tmp_path / proxy.name
     proxy.write(plan, directory)
     with ExitStack() as stack:
-        verify.start_checked(proxy, plan, directory, stack)
+        loop.start_checked(proxy, plan, directory, stack)
         stack.enter_context(StandinThread(load_ref(catalog), "127.0.0.1", upstream_port))
         yield Deployment(f"http://127.0.0.1:{port}",
                          ("--inventory", catalog, "--policy", str(policy), *net_args, *vantage_args, *key_args),

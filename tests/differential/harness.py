@@ -16,7 +16,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scanner import verify
 from scanner.inventory.model import Inventory
 from scanner.net import free_port
 from scanner.plan.body import Judgement, violations
@@ -28,6 +27,7 @@ from scanner.probe.interface import Credential
 from scanner.reasons import STATUS, parse
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 
 ORACLE = Path(__file__).with_name("vllm_oracle.py")
 PREFIX = "corpus-"
@@ -72,7 +72,7 @@ def unlimited(policy: Policy) -> Policy:
 class Stand:
     """The plan, credentials and vantage of one corpus run."""
 
-    setup: verify.Setup
+    setup: loop.Setup
     directory: Path
     port: int
 
@@ -92,7 +92,7 @@ class Stand:
 
 def stand(inventory: Inventory, policy: Policy, directory: Path) -> Stand:
     port = free_port()
-    return Stand(verify.setup(inventory, unlimited(policy), directory, port), directory, port)
+    return Stand(loop.setup(inventory, unlimited(policy), directory, port), directory, port)
 
 
 def _send(conn: http.client.HTTPConnection, s: Stand, case: Case) -> tuple[int, str]:
@@ -112,7 +112,7 @@ def run(s: Stand, inventory: Inventory, proxy: Proxy, cases: Sequence[Case]) -> 
     answers: dict[str, tuple[int, str]] = {}
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", s.port))
-        verify.start_checked(proxy, s.setup.plan, directory, stack)
+        loop.start_checked(proxy, s.setup.plan, directory, stack)
         port = s.setup.plan.listen.port
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(s.source(), 0))
         for case in cases:

@@ -22,7 +22,6 @@ import httpx
 import pytest
 from cryptography import x509
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import credential
@@ -32,6 +31,7 @@ from scanner.policy.load import loads
 from scanner.probe import tokens_jwt
 from scanner.probe.testca import TestCa
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.differential import identity_corpus as corpus
 from tests.probe.realproxy import proxy_named
 
@@ -84,7 +84,7 @@ TOKEN_PATH, CERT_PATH = "/v1/models", "/version"
 class Live:
     port: int
     witness: str
-    setup: verify.Setup
+    setup: loop.Setup
     source: str
     directory: Path
     proxy: str
@@ -100,7 +100,7 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     policy = loads(POLICY, source=str(tmp / "policy.yaml"), base_dir=tmp)
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp, port)
+    s = loop.setup(inventory, policy, tmp, port)
     # a second root in the client CA bundle, which may have intermediates below it (verify's may not)
     chain_root = TestCa.new("chain root", path_length=None)
     with open(s.ca_file, "ab") as bundle:
@@ -109,7 +109,7 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     proxy.write(s.plan, directory)
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         source = next(v.address for v in s.vantages if v.name == "users")
         yield Live(s.plan.listen.port, standin.url, s, source or "", tmp, request.param, chain_root)
 

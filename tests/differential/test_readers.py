@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.body import is_form, judge
@@ -18,6 +17,7 @@ from scanner.plan.inputs import load_policy
 from scanner.plan.vllm_json import reads_json, vllm_int
 from scanner.probe.interface import ProbeOptions
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -85,7 +85,7 @@ OLD_FORM = {
 def test_a_form_test_that_misreads_json_fails_the_probe(tmp_path: Path, name: str) -> None:
     proxy = proxy_named(name)
     inventory, port = load_ref(CATALOG), free_port()
-    s = verify.setup(inventory, load_policy(None), tmp_path, port)
+    s = loop.setup(inventory, load_policy(None), tmp_path, port)
     written = proxy.write(s.plan, tmp_path / "proxy")
     main = written / ("envoy.yaml" if proxy.kind == "envoy" else "perimeter-http.conf")
     new, old = OLD_FORM[name]
@@ -93,7 +93,7 @@ def test_a_form_test_that_misreads_json_fails_the_probe(tmp_path: Path, name: st
     assert new in text
     main.write_text(text.replace(new, old))
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        res = verify.proxy_run(s, proxy, tmp_path / "proxy", LIMITS, standin.url).result
+        res = loop.proxy_run(s, proxy, tmp_path / "proxy", LIMITS, standin.url).result
     failed = [a for a in res.attempts if a.verdict == "failed" and "x+json" in a.note]
     assert failed and res.exit_code() != 0
     assert {f.rule for f in res.findings} - {"VP011"}, [(f.rule, f.title) for f in res.findings]

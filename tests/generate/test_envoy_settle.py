@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.audit.access_log import Entry, entries
 from scanner.errors import GenerateError
 from scanner.generate.envoy import EnvoyGenerator
@@ -29,6 +29,7 @@ from scanner.plan.model import Plan
 from scanner.runtime import envoy
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.test_token_budget import token_policy
 
 CATALOG = "vllm-0.29.0-default"
@@ -37,9 +38,9 @@ CHAT = "/v1/chat/completions"
 DELAY = 0.15     # the stand-in's spacing of a stream's steps
 
 
-def _plan(tmp: Path) -> verify.Setup:
+def _plan(tmp: Path) -> loop.Setup:
     tmp.mkdir(parents=True, exist_ok=True)
-    return verify.setup(load_ref(CATALOG), token_policy(LIMIT, LIMIT), tmp, free_port())
+    return loop.setup(load_ref(CATALOG), token_policy(LIMIT, LIMIT), tmp, free_port())
 
 
 def _rendered(plan: Plan, tmp: Path, extra: dict[str, str] | None = None) -> str:
@@ -89,7 +90,7 @@ def test_settlement_skipped_charges_the_whole_reservation(tmp_path: Path) -> Non
 
 @dataclass
 class Live:
-    setup: verify.Setup
+    setup: loop.Setup
     directory: Path
     headers: dict[str, str]
     source: str
@@ -134,7 +135,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield Live(s, directory, {**cred.headers(), "Content-Type": "application/json"}, _public(s))
 
 
-def _public(s: verify.Setup) -> str:
+def _public(s: loop.Setup) -> str:
     return next(v.address or "" for v in s.vantages if v.name == "public")
 
 
@@ -307,7 +308,7 @@ def test_a_credit_never_fills_the_bucket_past_its_budget(tmp_path: Path) -> None
     # bucket is full again, so its refund has no deficit to fill (a real refund would be capped by
     # max_tokens): the next request is charged its whole cost. A JSON answer right after a charge
     # leaves a deficit: the next one is charged less.
-    s = verify.setup(load_ref(CATALOG), token_policy(60000), tmp_path, free_port())
+    s = loop.setup(load_ref(CATALOG), token_policy(60000), tmp_path, free_port())
     cred = next(c for c in s.credentials if c.role == "user")
     live = Live(s, tmp_path / "proxy", {**cred.headers(), "Content-Type": "application/json"}, _public(s))
     with StandinThread(load_ref(CATALOG), "127.0.0.1", s.plan.upstream.servers[0][1], stream_delay=0.2), \

@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 import yaml
 
-from scanner import verify
 from scanner.generate.envoy import EnvoyGenerator
 from scanner.generate.interface import GenerateOptions
 from scanner.inventory.catalog import load_ref
 from scanner.limiter import config as limiter_config
 from scanner.plan.model import Plan
 from scanner.runtime.proxy import EnvoyProxy
+from scanner.verify import loop
 from tests.limiter.fleet import CATALOG, fleet_policy
 
 
 def _plan(tmp: Path, on_unavailable: str) -> Plan:
     tmp.mkdir(parents=True, exist_ok=True)
-    return verify.setup(load_ref(CATALOG), fleet_policy(on_unavailable), tmp, 18000).plan
+    return loop.setup(load_ref(CATALOG), fleet_policy(on_unavailable), tmp, 18000).plan
 
 
 def _files(plan: Plan, tmp: Path) -> dict[str, str]:

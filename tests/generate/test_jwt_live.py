@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import reasons, verify
+from scanner import reasons
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import jwt as plan_jwt
@@ -24,6 +24,7 @@ from scanner.policy.load import loads
 from scanner.probe import tokens_jwt
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -61,7 +62,7 @@ routes:
 class Live:
     url: str
     witness: str
-    setup: verify.Setup
+    setup: loop.Setup
     source: str            # the vantage address inside the networks
     proxy: str = ""
 
@@ -79,12 +80,12 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     policy = loads(_policy(tmp), source=str(tmp / "policy.yaml"), base_dir=tmp)
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp, port)
+    s = loop.setup(inventory, policy, tmp, port)
     directory = tmp / "proxy"
     proxy.write(s.plan, directory)
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         source = next(v.address for v in s.vantages if v.name == "users")
         yield Live(f"http://127.0.0.1:{s.plan.listen.port}", standin.url, s, source, request.param)
 

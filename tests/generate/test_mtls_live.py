@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import PRINCIPAL_HEADER, REASON_HEADER
 from scanner.policy.load import loads
 from scanner.probe.testca import TestCa
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -65,7 +65,7 @@ routes:
 class Live:
     url: str
     witness: str
-    setup: verify.Setup
+    setup: loop.Setup
     source: str
     directory: Path
     proxy: str
@@ -79,12 +79,12 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     policy = loads(POLICY, source=str(tmp / "policy.yaml"), base_dir=tmp)
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp, port)
+    s = loop.setup(inventory, policy, tmp, port)
     directory = tmp / "proxy"
     proxy.write(s.plan, directory)
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         source = next(v.address for v in s.vantages if v.name == "cluster")
         yield Live(f"https://127.0.0.1:{s.plan.listen.port}", standin.url, s, source or "", tmp, request.param)
 
@@ -207,8 +207,8 @@ def test_probe_mtls_and_access_checks_prove_the_plan(live: Live) -> None:
     from scanner.probe.interface import ProbeOptions
     from scanner.probe.runner import probe
 
-    options = verify.probe_options(live.setup, ProbeOptions(checks=("mtls", "matrix"), rate=0), live.witness)
-    res = probe(live.setup.plan, verify.target_of(live.setup), live.setup.credentials, live.setup.vantages,
+    options = loop.probe_options(live.setup, ProbeOptions(checks=("mtls", "matrix"), rate=0), live.witness)
+    res = probe(live.setup.plan, loop.target_of(live.setup), live.setup.credentials, live.setup.vantages,
                 options)
     assert not res.findings, [f.title for f in res.findings]
     mtls = [c for c in res.coverage if c.check == "mtls"]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.audit import access_log
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
@@ -30,6 +29,7 @@ from scanner.probe.interface import Credential
 from scanner.runtime.proxy import NginxProxy
 from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM, WITNESS_PATH
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.generate.nginx_harness import get_build
 from tests.probe.realproxy import unpaced
 from tests.probe.test_token_budget import token_policy
@@ -44,7 +44,7 @@ HIDDEN = "hidden"
 
 @dataclass
 class Stand:
-    setup: verify.Setup
+    setup: loop.Setup
     standin: str
     directory: Path
     users: list[Credential]
@@ -65,12 +65,12 @@ def stand(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
     tmp = tmp_path_factory.mktemp("settle")
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, unpaced(token_policy(LIMIT, LIMIT)), tmp, port, keys_per_role=6)
+    s = loop.setup(inventory, unpaced(token_policy(LIMIT, LIMIT)), tmp, port, keys_per_role=6)
     proxy = NginxProxy(build, "nginx")
     proxy.write(s.plan, tmp / "proxy")
     users = [c for c in s.credentials if c.role == "user"]
     with StandinThread(inventory, "127.0.0.1", port, stream_delay=DELAY) as standin, ExitStack() as stack:
-        verify.start_checked(proxy, s.plan, tmp / "proxy", stack)
+        loop.start_checked(proxy, s.plan, tmp / "proxy", stack)
         yield Stand(s, standin.url, tmp, users)
 
 
@@ -110,7 +110,7 @@ def costed(s: Stand, path: str, base: dict[str, object]) -> bytes:
 def log_lines(s: Stand, who: Credential, count: int) -> list[access_log.Entry]:
     """``who``'s access-log entries once there are ``count`` (NGINX writes a line as the request
     ends, which may be just after the client has its answer)."""
-    # the credentials of a role come in the order of its principals (verify.setup)
+    # the credentials of a role come in the order of its principals (loop.setup)
     name = [p.name for p in s.plan.principals if p.role == who.role][s.users.index(who)]
     logs = list((s.directory / "proxy").rglob("access.log"))
     assert len(logs) == 1, logs

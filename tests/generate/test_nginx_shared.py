@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.errors import GenerateError
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
@@ -18,12 +17,13 @@ from scanner.inventory.catalog import load_ref
 from scanner.plan.model import Plan
 from scanner.runtime import nginx
 from scanner.runtime.proxy import NginxProxy
+from scanner.verify import loop
 from tests.limiter.fleet import CATALOG, fleet_policy, replace_shared
 
 
 def _plan(tmp: Path, on_unavailable: str = "deny") -> Plan:
     tmp.mkdir(parents=True, exist_ok=True)
-    return verify.setup(load_ref(CATALOG), fleet_policy(on_unavailable), tmp, 18000).plan
+    return loop.setup(load_ref(CATALOG), fleet_policy(on_unavailable), tmp, 18000).plan
 
 
 def _files(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -107,7 +107,7 @@ def test_a_route_with_only_a_rate_zone_has_no_release(tmp_path: Path) -> None:
                                        "      rate: {rps: 10, burst: 20}\n", 1)
     text += "\nshared:\n  redis: redis://127.0.0.1:6379/0\n  on_unavailable: deny\n"
     (tmp_path / "r").mkdir()
-    plan = verify.setup(load_ref(CATALOG), loads(text), tmp_path / "r", 18000).plan
+    plan = loop.setup(load_ref(CATALOG), loads(text), tmp_path / "r", 18000).plan
     http = _files(plan)["perimeter-http.conf"]
     blocks = {b.split("\n", 1)[0]: b for b in re.split(r"\n    location ", http)}
     seen = {False: 0, True: 0}

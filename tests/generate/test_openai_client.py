@@ -32,7 +32,6 @@ from typing import Any
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.body import judge
@@ -42,6 +41,7 @@ from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin import openai_answers as oa
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.differential.harness import ORACLE, Seen, compare
 from tests.probe.test_token_budget import token_policy
 
@@ -181,7 +181,7 @@ NAMES = tuple(_calls(None))
 class Run:
     """One proxy in front of the stand-in under one policy: each call, and what reached vLLM."""
 
-    setup: verify.Setup
+    setup: loop.Setup
     calls: dict[str, Call]
     records: dict[str, dict[str, Any]]
 
@@ -189,7 +189,7 @@ class Run:
 def _drive(proxy_name: str, policy_name: str, tmp: Path) -> Run:
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, POLICIES[policy_name](), tmp, port)
+    s = loop.setup(inventory, POLICIES[policy_name](), tmp, port)
     proxy = _proxy(proxy_name)
     directory = tmp / proxy.name
     proxy.write(s.plan, directory)
@@ -204,7 +204,7 @@ def _drive(proxy_name: str, policy_name: str, tmp: Path) -> Run:
     calls: dict[str, Call] = {}
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port, stream_delay=DELAY))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         http = stack.enter_context(httpx2.Client(transport=httpx2.HTTPTransport(local_address=source),
                                                  event_hooks={"request": [hook]}))
         client = openai.OpenAI(base_url=f"http://{s.plan.listen.address}:{s.plan.listen.port}/v1",

@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import owner
 from scanner.policy.load import loads
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named, unpaced
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     policy = loads(owned_policy_text(), source="p.yaml", base_dir=REPO / "policies")
     inventory = load_ref("vllm-0.29.0-everything")
     port = free_port()
-    s = verify.setup(inventory, unpaced(policy), tmp, port)
+    s = loop.setup(inventory, unpaced(policy), tmp, port)
     # a secret longer than HMAC-SHA256's 64-byte block: the key is hashed first (njs's crypto,
     # Lua's own HMAC and Python's must agree on that too)
     secret = secrets.token_urlsafe(75)
@@ -80,7 +80,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     proxy.write(s.plan, directory)
     source = s.networks["public"][0].split("/")[0]
     with StandinThread(inventory, "127.0.0.1", port, stream_delay=DELAY) as standin, ExitStack() as stack:
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         base = f"http://127.0.0.1:{s.plan.listen.port}"
 
         def client(label: str) -> httpx.Client:

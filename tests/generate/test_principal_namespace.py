@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.audit import access_log
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
@@ -31,6 +30,7 @@ from scanner.policy.load import loads
 from scanner.probe import tokens_jwt
 from scanner.probe.interface import Credential
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -106,7 +106,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     policy = loads(POLICY, source=str(tmp / "policy.yaml"), base_dir=tmp)
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, policy, tmp, port)
+    s = loop.setup(inventory, policy, tmp, port)
     key = next(c for c in s.credentials if c.role == "service")
     name = next(p.name for p in s.plan.principals if p.role == "service")
     d = s.plan.decision("POST", "/v1/chat/completions")
@@ -115,7 +115,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     proxy.write(s.plan, directory)
     with ExitStack() as stack:
         standin = stack.enter_context(StandinThread(inventory, "127.0.0.1", port))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         source = next(v.address for v in s.vantages if v.name == "users") or ""
         yield Front(f"http://127.0.0.1:{s.plan.listen.port}", standin.url, source, directory, key, name, d.jwt,
                     s.issuer, s.owner_secret.encode())

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.generate.envoy import EnvoyGenerator
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
@@ -25,6 +24,7 @@ from scanner.plan.inputs import load_inventory, load_policy
 from scanner.plan.model import DECISION_HEADER, REASON_HEADER, Plan
 from scanner.policy import keys
 from scanner.policy.model import Health, Listen, Principal, Upstream
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -104,7 +104,7 @@ def _through(tmp_path: Path, name: str, plan: Plan) -> Iterator[tuple[httpx.Clie
     proxy.write(plan, directory)
     with ExitStack() as stack, httpx.Client(base_url=f"http://127.0.0.1:{plan.listen.port}",
                                            timeout=10) as client:
-        verify.start_checked(proxy, plan, directory, stack)
+        loop.start_checked(proxy, plan, directory, stack)
         yield client, stack
 
 

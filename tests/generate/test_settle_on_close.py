@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from scanner import verify
 from scanner.audit import access_log
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
@@ -30,6 +29,7 @@ from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin._witness import ANSWER_PARAM
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.test_token_budget import token_policy
 
 openai = pytest.importorskip("openai")
@@ -46,7 +46,7 @@ MESSAGES = [{"role": "user", "content": "word " * 400}]
 
 @dataclass
 class Stand:
-    setup: verify.Setup
+    setup: loop.Setup
     directory: Path
     user: Credential
     source: str
@@ -83,7 +83,7 @@ def _proxy(name: str) -> Proxy:
 def stand(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stand]:
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, token_policy(LIMIT, LIMIT), tmp_path, port)
+    s = loop.setup(inventory, token_policy(LIMIT, LIMIT), tmp_path, port)
     proxy = _proxy(request.param)
     directory = tmp_path / proxy.name
     proxy.write(s.plan, directory)
@@ -92,7 +92,7 @@ def stand(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stand]:
     with ExitStack() as stack:
         stack.enter_context(StandinThread(inventory, "127.0.0.1", port, stream_delay=0.01,
                                           stream_end_delay=END_DELAY))
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         yield Stand(s, directory, user, source, time.monotonic())
 
 

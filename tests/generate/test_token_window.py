@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import REASON_HEADER, Decision
@@ -27,6 +26,7 @@ from scanner.probe.checks.tokens import body_of_cost
 from scanner.runtime.proxy import Proxy
 from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named, unpaced
 from tests.probe.test_token_budget import token_policy
 
@@ -59,7 +59,7 @@ def saturate(proxy: Proxy, tmp: Path, burst: int | None) -> Saturated:
     generated ``proxy``; the witness answers each it receives 400 itself (no usage: no refund)."""
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, unpaced(token_policy(TPM, burst), 1000), tmp, port)
+    s = loop.setup(inventory, unpaced(token_policy(TPM, burst), 1000), tmp, port)
     d = s.plan.decision("POST", CHAT)
     assert d is not None and d.token_zone
     body = body_of_cost(d, COST, {}, 1 << 20)
@@ -69,7 +69,7 @@ def saturate(proxy: Proxy, tmp: Path, burst: int | None) -> Saturated:
     admitted = refused = 0
     with StandinThread(inventory, "127.0.0.1", port), ExitStack() as stack:
         proxy.write(s.plan, tmp / "proxy")
-        verify.start_checked(proxy, s.plan, tmp / "proxy", stack)
+        loop.start_checked(proxy, s.plan, tmp / "proxy", stack)
         conn = http.client.HTTPConnection(s.plan.listen.address, s.plan.listen.port, timeout=10,
                                           source_address=(public, 0))
         t0 = time.monotonic()

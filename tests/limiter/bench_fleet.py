@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import Plan
@@ -26,6 +25,7 @@ from scanner.policy.load import loads
 from scanner.runtime import fleet
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.limiter.fleet import DEFAULT, PUBLIC
 from tests.probe.realproxy import proxy_named
 
@@ -99,7 +99,7 @@ def main(calls: int) -> None:
     for name in ("envoy", "nginx"):
         tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-setup-"))
         up = free_port()
-        s = verify.setup(inv, loads(policy_text()), tmp, up)
+        s = loop.setup(inv, loads(policy_text()), tmp, up)
         user = next(c for c in s.credentials if c.role == "user")
         proxy = proxy_named(name)
         with StandinThread(inv, "127.0.0.1", up):

@@ -11,7 +11,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import Plan
@@ -21,11 +20,12 @@ from scanner.probe.interface import Credential
 from scanner.runtime import fleet
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.limiter.harness import redis_binary
 
 CATALOG = "vllm-0.29.0-default"
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "vllm-default.yaml"
-PUBLIC = "127.0.0.12"     # verify.loopback's address of the policy's public network
+PUBLIC = "127.0.0.12"     # loop.loopback's address of the policy's public network
 RPS, BURST, CONCURRENCY, TOKENS = 4, 5, 2, 2000
 # the token bucket: the whole minute at once (tokens_burst = TOKENS), as the fleet's tests count
 TOKEN_BURST = TOKENS
@@ -55,7 +55,7 @@ class FleetStack:
         inventory = load_ref(CATALOG)
         up = free_port()
         self.tokens = tokens
-        self.setup = verify.setup(inventory, policy or fleet_policy(on_unavailable, tokens), self.tmp, up)
+        self.setup = loop.setup(inventory, policy or fleet_policy(on_unavailable, tokens), self.tmp, up)
         self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
         if local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
             assert self.plan.shared is not None

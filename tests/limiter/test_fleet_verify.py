@@ -1,4 +1,4 @@
-"""``verify --replicas 2`` (scanner.verify_fleet): two replicas, the limiter and a redis-server in
+"""``verify --replicas 2`` (scanner.verify.fleet): two replicas, the limiter and a redis-server in
 front of the stand-in; the probe's rate and concurrency cases spread over both replicas hold for
 the sum; each fleet mutant (one replica unshared, a per-replica key) is caught by them (exit 1);
 Redis stopped: the failure policy holds and says so. The cheap variant runs the concurrency check
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify, verify_fleet
+from scanner import mutate
 from scanner.errors import EXIT_OK
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions
+from scanner.verify import fleet, loop, mutation
 from tests.limiter.harness import redis_binary
 from tests.probe.realproxy import proxy_named
 
@@ -23,10 +24,10 @@ LIMITS = ProbeOptions(rate=0, timeout=10, max_time=120, checks=("concurrency",))
 
 
 def _fleet(name: str, options: ProbeOptions, mutants: bool, only: tuple[str, ...] = ()
-           ) -> tuple[list[verify_fleet.FleetRun], list[verify.MutantRun]]:
+           ) -> tuple[list[fleet.FleetRun], list[mutation.MutantRun]]:
     redis_binary()
-    return verify_fleet.loop_all(load_ref(CATALOG), load_policy(None), [proxy_named(name)], options, 2, 2,
-                                 mutants, only)
+    return fleet.loop_all(load_ref(CATALOG), load_policy(None), [proxy_named(name)], options, 2, 2,
+                          mutants, only)
 
 
 @pytest.mark.envoy
@@ -38,7 +39,7 @@ def test_envoy_fleet_limits_hold_for_the_sum_and_the_outage_is_reported() -> Non
     assert run.outage is not None and run.outage.holds and run.outage.policy == "deny"
     assert set(run.outage.statuses) == {503} and "shared-store-unavailable" in run.outage.what
     # in the run's result, so every report format says it
-    (line,) = [c for c in run.result.coverage if c.check == verify_fleet.OUTAGE_CHECK]
+    (line,) = [c for c in run.result.coverage if c.check == fleet.OUTAGE_CHECK]
     assert line.status == "proved" and line.why == run.outage.what
 
 
@@ -53,7 +54,7 @@ def test_both_fleet_mutants_are_caught(name: str) -> None:
                                                                         for m in mutants]
 
 def test_fleet_operators_skip_a_single_proxy_and_a_plan_without_shared(tmp_path: Path) -> None:
-    s = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9)
+    s = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9)
     for op in (o for o in mutate.OPERATORS.values() if o.needs == mutate.fleet.NEEDS):
         with pytest.raises(mutate.NotApplicable, match="shared"):
             op.apply(tmp_path, s.plan)

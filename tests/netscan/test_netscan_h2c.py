@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.cli.main import main
 from scanner.documents import validate
 from scanner.inventory.catalog import load_ref
@@ -23,6 +23,7 @@ from scanner.netscan.scan import ScanRequest, run
 from scanner.plan.inputs import load_policy
 from scanner.policy.load import loads
 from scanner.runtime.proxy import EnvoyProxy
+from scanner.verify import loop
 
 POLICY = """\
 schema_version: 1
@@ -41,13 +42,13 @@ ports:
 
 def _envoy(tmp_path: Path, mutant: str, stack: ExitStack) -> int:
     tmp_path.mkdir()
-    s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, free_port())
+    s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, free_port())
     proxy = EnvoyProxy()
     directory = tmp_path / "proxy"
     files = proxy.write(s.plan, directory)
     if mutant:
         mutate.OPERATORS[f"envoy.{mutant}"].apply(files, s.plan)
-    verify.start_checked(proxy, s.plan, directory, stack)
+    loop.start_checked(proxy, s.plan, directory, stack)
     return s.plan.listen.port
 
 

@@ -233,15 +233,15 @@ def test_njs_and_lua_write_and_charge_what_the_reference_does(tmp_path: Path, na
 def _probe_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) -> tuple[int, set[str]]:
     """The limits check through ``name`` generated for a model of 8192 tokens (hand-edited by
     ``edit``: file, old, new): its exit code and the rules of its findings."""
-    from scanner import verify
     from scanner.net import free_port
     from scanner.probe.interface import ProbeOptions
     from scanner.standin.serve import StandinThread
+    from scanner.verify import loop
     from tests.probe.realproxy import unpaced
 
     inv = _inventory(8192)
     port = free_port()
-    s = verify.setup(inv, unpaced(load_policy(None)), tmp_path, port)
+    s = loop.setup(inv, unpaced(load_policy(None)), tmp_path, port)
     proxy = proxy_named(name)
     written = proxy.write(s.plan, tmp_path / "proxy")
     if edit is not None:
@@ -251,7 +251,7 @@ def _probe_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) 
         f.write_text(text.replace(edit[1], edit[2]))
     options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=("limits",))
     with StandinThread(inv, "127.0.0.1", port) as st:
-        res = verify.proxy_run(s, proxy, tmp_path / "proxy", options, st.url).result
+        res = loop.proxy_run(s, proxy, tmp_path / "proxy", options, st.url).result
     budgets = [c for c in res.coverage if c.subject.startswith("budget ")]
     assert budgets and (edit is not None or {c.status for c in budgets} == {"proved"}), budgets
     return res.exit_code(), {f.rule for f in res.findings}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
@@ -21,6 +21,7 @@ from scanner.probe.runner import probe
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 
 
 def proxy_named(name: str) -> Proxy:
@@ -74,18 +75,18 @@ def probe_through(tmp_path: Path, proxy: Proxy, policy: Policy, catalog: str, op
         if mutant:
             mutate.OPERATORS[f"{proxy.kind}.{mutant}"].apply(files, plan)
 
-    # the stand-in on a port it binds itself, then the plan naming it (as verify.loop)
+    # the stand-in on a port it binds itself, then the plan naming it (as loop.loop)
     with StandinThread(inventory, "127.0.0.1", 0, fetch_media=fetch_media) as standin:
-        s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, standin.port,
-                         keys_per_role=keys_per_role)
+        s = loop.setup(inventory, policy if paced else unpaced(policy), tmp_path, standin.port,
+                       keys_per_role=keys_per_role)
         written(s.plan)
         if state_changes:
-            return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
-        with ExitStack() as stack:   # verify.proxy_run, its options as given
-            s = replace(s, plan=verify.start_checked(proxy, s.plan, directory, stack, written))
-            opts = replace(verify.probe_options(s, options, standin.url if witness else ""),
+            return loop.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
+        with ExitStack() as stack:   # loop.proxy_run, its options as given
+            s = replace(s, plan=loop.start_checked(proxy, s.plan, directory, stack, written))
+            opts = replace(loop.probe_options(s, options, standin.url if witness else ""),
                            allow_state_changes=False)
-            return probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
+            return probe(s.plan, loop.target_of(s), s.credentials, s.vantages, opts)
 
 
 def decided(attempts: Sequence[Attempt]) -> list[Attempt]:
@@ -127,6 +128,6 @@ def probe_edited(tmp_path: Path, proxy: Proxy, options: ProbeOptions, edit: Edit
             edit(files)
 
     with StandinThread(inventory, "127.0.0.1", 0) as standin:
-        s = verify.setup(inventory, unpaced(policy or load_policy(None)), tmp_path, standin.port)
+        s = loop.setup(inventory, unpaced(policy or load_policy(None)), tmp_path, standin.port)
         written(s.plan)
-        return verify.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result
+        return loop.proxy_run(s, proxy, directory, options, standin.url if witness else "", written).result

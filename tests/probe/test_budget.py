@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
@@ -31,6 +30,7 @@ from scanner.probe.checks.limits import LimitsCheck
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
 from scanner.runtime.proxy import Proxy
+from scanner.verify import loop
 from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -57,7 +57,7 @@ def test_reject_and_pass() -> None:
 
 
 def test_the_plan_gives_each_generating_route_its_budget(tmp_path: Path) -> None:
-    plan = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
     budgets = {(d.method, d.path): d.budget for d in plan.decisions if d.budget}
     assert budgets[("POST", "/v1/chat/completions")] == CHAT
     assert budgets[("POST", "/v1/completions")] == Budget(("max_tokens",), "max_tokens", 4096, "inject")
@@ -132,7 +132,7 @@ def test_a_body_without_its_budget_is_refused_when_the_policy_says_so(tmp_path: 
 
 
 def test_without_a_witness_an_injected_budget_is_not_claimed(tmp_path: Path) -> None:
-    plan = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
     ctx = CheckContext(plan, Target("http://127.0.0.1:9"), (), (), replace(OPTIONS, witness=""))
     budgets = [s for s in LimitsCheck().subjects(ctx) if s.key.startswith("budget ")]
     assert budgets and all(not s.applies and "witness" in s.why for s in budgets)
@@ -186,13 +186,13 @@ def test_a_rewritten_request_still_streams(tmp_path: Path, name: str) -> None:
     _Sse.got, _Sse.in_time, _Sse.released = [], [], threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        s = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, server.server_address[1])
+        s = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, server.server_address[1])
         directory = tmp_path / "proxy"
         proxy.write(s.plan, directory)
         user = next(c for c in s.credentials if c.label == "role:user")
         public = next(v for v in s.vantages if v.name == "public")   # verify's loopback address for it
         with ExitStack() as stack:
-            verify.start_checked(proxy, s.plan, directory, stack)
+            loop.start_checked(proxy, s.plan, directory, stack)
             url = f"http://127.0.0.1:{s.plan.listen.port}/v1/chat/completions"
             t0 = time.monotonic()
             events = []

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
 from scanner.probe.checks.load import UNCOUNTED
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -34,7 +34,7 @@ def run(tmp_path: Path, proxy: str, raise_inference: int = 1) -> ProbeResult:
     p = proxy_named(proxy)
     inventory = load_ref(CATALOG)
     with StandinThread(inventory, "127.0.0.1", 0) as standin:
-        s = verify.setup(inventory, load_policy(None), tmp_path, standin.port, keys_per_role=2)
+        s = loop.setup(inventory, load_policy(None), tmp_path, standin.port, keys_per_role=2)
 
         def written(plan: Plan) -> None:   # again on another port, when the proxy's was taken
             files = p.write(plan, tmp_path / "proxy")
@@ -46,7 +46,7 @@ def run(tmp_path: Path, proxy: str, raise_inference: int = 1) -> ProbeResult:
                 conf.write_text(edited)
 
         written(s.plan)
-        return verify.proxy_run(s, p, tmp_path / "proxy", OPTIONS, "", written).result
+        return loop.proxy_run(s, p, tmp_path / "proxy", OPTIONS, "", written).result
 
 
 def coverage(result: ProbeResult) -> dict[str, tuple[str, str]]:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.model import Decision
 from scanner.policy.load import loads
 from scanner.probe.interface import ProbeOptions, ProbeResult
+from scanner.verify import loop
 from tests.probe.realproxy import probe_through, proxy_named
 
 CATALOG = "vllm-0.29.0-everything"
@@ -50,7 +50,7 @@ def policy_text(tpm: int = 3000) -> str:
 
 
 def decisions(tmp_path: Path, text: str) -> dict[str, Decision]:
-    plan = verify.setup(load_ref(CATALOG), loads(text), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), loads(text), tmp_path, 9).plan
     return {d.path: d for d in plan.decisions if d.method == "POST"}
 
 
@@ -153,7 +153,7 @@ def _weakened(tmp_path: Path, proxy: str, tpm: int, options: ProbeOptions, edits
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     inventory, port, p = load_ref(CATALOG), free_port(), proxy_named(proxy)
-    s = verify.setup(inventory, unpaced(loads(policy_text(tpm))), tmp_path, port, keys_per_role=keys_per_role)
+    s = loop.setup(inventory, unpaced(loads(policy_text(tpm))), tmp_path, port, keys_per_role=keys_per_role)
     directory = tmp_path / "proxy"
     p.write(s.plan, directory)
     for name, (old, new) in edits.items():
@@ -162,7 +162,7 @@ def _weakened(tmp_path: Path, proxy: str, tpm: int, options: ProbeOptions, edits
         assert old in text, (name, old)
         path.write_text(text.replace(old, new))
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, p, directory, options, standin.url).result
+        return loop.proxy_run(s, p, directory, options, standin.url).result
 
 
 IGNORED = {   # the prompt-list / batch multiplier ignored: only n / best_of counted
@@ -207,7 +207,7 @@ def _bundled_with_budget(tpm: int) -> str:
 def test_the_operators_weaken_the_rendered_envelope_only(tmp_path: Path) -> None:
     from scanner.mutate import core
 
-    plan = verify.setup(load_ref(BUNDLED), loads(DEFAULT.read_text()), tmp_path, 9).plan
+    plan = loop.setup(load_ref(BUNDLED), loads(DEFAULT.read_text()), tmp_path, 9).plan
     ops = {p.name: p for p in core.plan_operators()}
     weak, what = ops["multiplier-ignored"].weaken(plan)
     chat = next(d for d in plan.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -27,6 +26,7 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime.proxy import Proxy
 from scanner.standin._witness import LEAK_MARKER
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub, unpaced
 
 CATALOG = "vllm-0.29.0-default"
@@ -69,7 +69,7 @@ def test_5xx_bodies_are_replaced_and_4xx_pass_on_every_route(tmp_path: Path, nam
 
 def res_plan(tmp_path: Path) -> list[Decision]:
     (tmp_path / "plan").mkdir()
-    return list(verify.setup(load_ref(CATALOG), load_policy(None), tmp_path / "plan", 9).plan.allowed)
+    return list(loop.setup(load_ref(CATALOG), load_policy(None), tmp_path / "plan", 9).plan.allowed)
 
 
 # the interception removed where bodies are forwarded as sent (NGINX's <up>_checked locations)
@@ -103,10 +103,10 @@ def test_hand_weakenings_fail_the_probe(tmp_path: Path, weakening: str) -> None:
 def test_without_a_witness_the_error_body_is_not_applicable(tmp_path: Path) -> None:
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    s = loop.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
     proxy = proxy_named("nginx")
     proxy.write(s.plan, tmp_path / "proxy")
     with StandinThread(inventory, "127.0.0.1", port):
-        res = verify.proxy_run(s, proxy, tmp_path / "proxy", replace(OPTIONS, max_time=120), "").result
+        res = loop.proxy_run(s, proxy, tmp_path / "proxy", replace(OPTIONS, max_time=120), "").result
     subjects = [c for c in res.coverage if c.subject.startswith("error body ")]
     assert subjects and {c.status for c in subjects} == {"not-applicable"}, subjects

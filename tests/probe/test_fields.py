@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.body import forwarded
@@ -24,6 +23,7 @@ from scanner.policy.model import FieldRules, Policy
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import decided, probe_through, proxy_named, unpaced
 
 CATALOG = "vllm-0.29.0-everything"
@@ -151,12 +151,12 @@ def test_a_denied_field_allowed_on_one_route_fails_the_run(tmp_path: Path, name:
     """Every field rule is proved on every route it applies to: allowing kv_transfer_params on one
     route only (the config generated from that plan, probed with the true one) exits 1 there."""
     proxy, inventory, port = proxy_named(name), load_ref(CATALOG), free_port()
-    s = verify.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
+    s = loop.setup(inventory, unpaced(load_policy(None)), tmp_path, port)
     weak, target = _one_route_allows(s.plan, "kv_transfer_params")
     directory = tmp_path / "proxy"
     proxy.write(weak, directory)
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        res = verify.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
+        res = loop.proxy_run(s, proxy, directory, OPTIONS, standin.url).result
     assert res.exit_code() == 1
     hit = [f for f in res.findings if f.rule == "VP005"]
     assert hit and all(f.path == target.path for f in hit), [(f.rule, f.path) for f in res.findings]
@@ -172,7 +172,7 @@ def test_tricky_keys_are_read_as_python_reads_them(tmp_path: Path, proxy: Proxy)
     """Escaped names, duplicates, names no header may carry: each decided as vLLM would read it."""
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, load_policy(None), tmp_path, port)
+    s = loop.setup(inventory, load_policy(None), tmp_path, port)
     directory = tmp_path / "proxy"
     proxy.write(s.plan, directory)
     key = next(c.secret for c in s.credentials if c.role == "user")
@@ -187,7 +187,7 @@ def test_tricky_keys_are_read_as_python_reads_them(tmp_path: Path, proxy: Proxy)
     with ExitStack() as stack, StandinThread(inventory, "127.0.0.1", port), \
             httpx.Client(base_url=f"http://127.0.0.1:{s.plan.listen.port}", timeout=10,
                          transport=httpx.HTTPTransport(local_address=public.address)) as client:
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         for raw, status, reason in cases:
             r = _post(client, key, raw)
             if status is None:

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan import body
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
 from scanner.policy.load import loads
 from scanner.probe import forms
+from scanner.verify import loop
 
 CATALOG = "vllm-0.29.0-default"
 
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
-    return verify.setup(load_ref(CATALOG), load_policy(None), tmp_path_factory.mktemp("forms"), 9).plan
+    return loop.setup(load_ref(CATALOG), load_policy(None), tmp_path_factory.mktemp("forms"), 9).plan
 
 
 def _names(plan: Plan, method: str, path: str) -> list[str]:
@@ -63,7 +63,7 @@ def test_a_stripped_field_makes_a_rewritten_form(tmp_path: Path) -> None:
     assert " use_beam_search, user, " in text
     text = text.replace(" use_beam_search, user, ", " use_beam_search, ", 1)
     text = text.replace("      allow: [add_generation_prompt,", "      strip: [user]\n      allow: [add_generation_prompt,", 1)
-    p = verify.setup(load_ref(CATALOG), loads(text), tmp_path, 9).plan
+    p = loop.setup(load_ref(CATALOG), loads(text), tmp_path, 9).plan
     d = next(x for x in p.allowed if x.fields.names("strip") == ("user",) and x.enforced_budget is None)
     shapes = {f.name: json.loads(f.body) for f in forms.of(d)}
     assert list(shapes) == ["plain", "kept", "rewritten"] and shapes["rewritten"].get("user") == 1, shapes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.errors import GenerateError, PolicyError
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
@@ -26,6 +26,7 @@ from scanner.resources import data_dir
 from scanner.runtime.proxy import EnvoyProxy
 from scanner.standin.grpc_standin import GrpcStandin
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 
 CATALOG = "vllm-0.29.0-default"
 ENGINE = "/vllm.grpc.engine.VllmEngine"
@@ -88,7 +89,7 @@ def grpc_python(vllm_python: str) -> str:
 def _run(tmp_path: Path, python: str, mutant: str = ""):  # type: ignore[no-untyped-def]
     inventory = load_ref(CATALOG)
     http_port, grpc_port = free_port(), free_port()
-    s = verify.setup(inventory, _policy(), tmp_path, http_port, grpc_upstream_port=grpc_port)
+    s = loop.setup(inventory, _policy(), tmp_path, http_port, grpc_upstream_port=grpc_port)
     assert s.plan.grpc is not None
     proxy = EnvoyProxy()
     directory = tmp_path / "envoy"
@@ -98,9 +99,9 @@ def _run(tmp_path: Path, python: str, mutant: str = ""):  # type: ignore[no-unty
     methods = tuple(d.path for d in s.plan.grpc.decisions)
     with ExitStack() as stack, StandinThread(inventory, "127.0.0.1", http_port) as standin, \
             GrpcStandin(python, methods, grpc_port) as upstream:
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         res = probe(s.plan, Target(f"http://127.0.0.1:{s.plan.listen.port}"), s.credentials, s.vantages,
-                    verify.probe_options(s, OPTIONS, standin.url))
+                    loop.probe_options(s, OPTIONS, standin.url))
         return s, res, upstream.calls()
 
 

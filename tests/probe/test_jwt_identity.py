@@ -90,16 +90,16 @@ def test_principal_namespace_collision_caught_by_verify_mutate(tmp_path: Path, p
     """``verify --mutate`` with the operator that drops the token principal's ``jwt:ID:`` prefix:
     the identity check's token whose subject is a key principal's name reaches the upstream named
     as that principal (VP014): caught, by the check the operator names."""
-    from scanner import verify
     from scanner.inventory.catalog import load_ref
     from scanner.policy.load import load
+    from scanner.verify import mutation
 
     (tmp_path / "policy.yaml").write_text((Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text())
     Issuer.new().write_jwks(tmp_path / "jwks.json")
     p = proxy_named(proxy)
-    runs, mutants = verify.mutants(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [p],
-                                   replace(OPTIONS, checks=("identity",)), keys_per_role=1,
-                                   only=(f"{p.kind}.principal-namespace-collision",))
+    runs, mutants = mutation.mutants(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [p],
+                                     replace(OPTIONS, checks=("identity",)), keys_per_role=1,
+                                     only=(f"{p.kind}.principal-namespace-collision",))
     assert runs[0].result.exit_code() == 0, [(f.rule, f.title) for f in runs[0].result.findings]
     (m,) = mutants
     assert m.status == "caught" and m.expected and "VP014" in m.rules, (m.status, m.rules, m.what)
@@ -115,16 +115,16 @@ def test_principal_namespace_collision_caught_by_verify_mutate(tmp_path: Path, p
 def test_verify_keys_tokens_and_open_side_by_side(tmp_path: Path, proxy: str) -> None:
     """Every check through the real proxy (verify's loop): keys, tokens and an open audience in
     one policy; the plan holds (exit 0, every applicable subject proved)."""
-    from scanner import verify
     from scanner.inventory.catalog import load_ref
     from scanner.policy.load import load
+    from scanner.verify import loop
 
     text = (Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text()
     (tmp_path / "policy.yaml").write_text(text)
     Issuer.new().write_jwks(tmp_path / "jwks.json")
     options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=240)
-    (run,) = verify.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
-                        keys_per_role=2)
+    (run,) = loop.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
+                      keys_per_role=2)
     res = run.result
     assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
     assert {c.status for c in res.coverage if c.check == "identity"} == {"proved"}
@@ -138,9 +138,9 @@ def test_verify_token_budget_per_token_principal(tmp_path: Path, proxy: str) -> 
     """The people audience with a token budget (limits.tokens_per_minute): charged and settled per
     token principal, another principal's budget its own (about 200-270 s a proxy: token pacing).
     8000 a minute: the default bucket of 2000 holds the check's requests of 166 (one per multiplier)."""
-    from scanner import verify
     from scanner.inventory.catalog import load_ref
     from scanner.policy.load import load
+    from scanner.verify import loop
 
     text = (Path(__file__).parent / "jwt-keys-and-tokens.yaml").read_text().replace(
         "      timeout_s: 60\n", "      timeout_s: 60\n      tokens_per_minute: 8000\n", 1)
@@ -148,8 +148,8 @@ def test_verify_token_budget_per_token_principal(tmp_path: Path, proxy: str) -> 
     (tmp_path / "policy.yaml").write_text(text)
     Issuer.new().write_jwks(tmp_path / "jwks.json")
     options = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=600)
-    (run,) = verify.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
-                        keys_per_role=2)
+    (run,) = loop.run(load_ref(CATALOG), load(tmp_path / "policy.yaml"), [proxy_named(proxy)], options,
+                      keys_per_role=2)
     res = run.result
     assert res.exit_code(require_proof=True) == 0, [(f.rule, f.title) for f in res.findings]
     assert {c.status for c in res.coverage if c.check == "token-budget"} == {"proved"}

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -21,6 +20,7 @@ from scanner.policy.model import Policy, Rate
 from scanner.probe.checks.load import capacity
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
 
 CATALOG = "vllm-0.29.0-default"
@@ -35,7 +35,7 @@ def run(tmp_path: Path, proxy: str, options: ProbeOptions, edit: Edit | None = N
     """The plan's config for ``proxy``, its main file changed by ``edit``, probed through."""
     p = proxy_named(proxy)
     inventory, port = load_ref(CATALOG), free_port()
-    s = verify.setup(inventory, policy or load_policy(None), tmp_path, port, keys_per_role=2)
+    s = loop.setup(inventory, policy or load_policy(None), tmp_path, port, keys_per_role=2)
     written = p.write(s.plan, tmp_path / "proxy")
     if edit is not None:
         main = written / ("envoy.yaml" if p.kind == "envoy" else "perimeter-http.conf")
@@ -43,7 +43,7 @@ def run(tmp_path: Path, proxy: str, options: ProbeOptions, edit: Edit | None = N
         main.write_text(edit(before))
         assert main.read_text() != before, "the edit changed nothing"
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, p, tmp_path / "proxy", options, standin.url).result
+        return loop.proxy_run(s, p, tmp_path / "proxy", options, standin.url).result
 
 
 def times(n: int, pattern: str) -> Edit:

@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -21,6 +20,7 @@ from scanner.policy.model import Policy
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.policy.test_media import CORPUS, RULES
 from tests.probe.realproxy import decided, probe_through, proxy_named
 
@@ -44,7 +44,7 @@ def _with_media(rules: media.MediaRules, rate: bool = True) -> Policy:
 def test_every_body_of_the_corpus_is_decided_as_python_reads_it(tmp_path: Path, proxy: Proxy) -> None:
     inventory = load_ref(CATALOG)
     port = free_port()
-    s = verify.setup(inventory, _with_media(RULES, rate=False), tmp_path, port)
+    s = loop.setup(inventory, _with_media(RULES, rate=False), tmp_path, port)
     directory = tmp_path / "proxy"
     proxy.write(s.plan, directory)
     key = next(c.secret for c in s.credentials if c.role == "user")
@@ -53,7 +53,7 @@ def test_every_body_of_the_corpus_is_decided_as_python_reads_it(tmp_path: Path, 
     with ExitStack() as stack, StandinThread(inventory, "127.0.0.1", port), \
             httpx.Client(base_url=f"http://127.0.0.1:{s.plan.listen.port}", timeout=10,
                          transport=httpx.HTTPTransport(local_address=public.address)) as client:
-        verify.start_checked(proxy, s.plan, directory, stack)
+        loop.start_checked(proxy, s.plan, directory, stack)
         for what, body, want in CORPUS:
             assert media.reason(json.loads(body), RULES) == want, what      # the oracle agrees
             r = client.post("/v1/chat/completions", content=body,

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import unpaced
 
 CATALOG = "vllm-0.29.0-everything"
@@ -42,11 +42,11 @@ def _probe(tmp_path: Path, proxy: Proxy, edit: Callable[[Path], None], checks: t
     inventory = load_ref(CATALOG)
     port = free_port()
     policy = load_policy(None)
-    s = verify.setup(inventory, policy if paced else unpaced(policy), tmp_path, port, keys_per_role=1)
+    s = loop.setup(inventory, policy if paced else unpaced(policy), tmp_path, port, keys_per_role=1)
     directory = tmp_path / "proxy"
     edit(proxy.write(s.plan, directory))
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, directory, replace(OPTIONS, checks=checks), standin.url).result
+        return loop.proxy_run(s, proxy, directory, replace(OPTIONS, checks=checks), standin.url).result
 
 
 def _route_edit(route: str, old: str, new: str) -> Callable[[Path], None]:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import Edit, but_rates, proxy_named, sub, unpaced
 
 pytestmark = [pytest.mark.nginx, pytest.mark.envoy]
@@ -456,14 +456,14 @@ def probe_weakened(tmp_path: Path, w: Weakening, checks: tuple[str, ...] | None 
     front of the stand-in and probed with the checks of ``w.area`` (or ``checks``) and the witness."""
     proxy, inventory, port = proxy_named(w.proxy), load_ref(CATALOG), free_port()
     policy = load_policy(None)
-    s = verify.setup(inventory, policy if w.paced else unpaced(policy), tmp_path, port)
+    s = loop.setup(inventory, policy if w.paced else unpaced(policy), tmp_path, port)
     written = proxy.write(s.plan, tmp_path / "proxy")
     w.edit(written)
     options = replace(OPTIONS, checks=AREAS[w.area] if checks is None else checks)
     if w.exit == 1 and checks is None:   # as verify's mutants: the first failure decides (exit 1)
         options = replace(options, stop_on_failure=True, lead_check=options.checks[0])
     with StandinThread(inventory, "127.0.0.1", port) as standin:
-        return verify.proxy_run(s, proxy, tmp_path / "proxy", options, standin.url).result
+        return loop.proxy_run(s, proxy, tmp_path / "proxy", options, standin.url).result
 
 
 @pytest.mark.parametrize("proxy", ["nginx", "nginx-debian", "envoy"])

@@ -35,7 +35,7 @@ CHAT = ("POST", "/v1/chat/completions")
 
 
 def _salted(mode: str = "per-principal", secret_file: str = "/nonexistent/salt") -> Policy:
-    policy = load_policy(None)   # verify.setup puts a throwaway secret in its run directory
+    policy = load_policy(None)   # loop.setup puts a throwaway secret in its run directory
     return replace(policy, body=BodyPolicy(cache_salt=mode, chat_template=policy.body.chat_template,  # type: ignore[arg-type]
                                            cache_salt_secret_file=secret_file))
 
@@ -187,12 +187,12 @@ def test_per_audience_salt_is_proved(tmp_path: Path) -> None:
 
 
 def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scanner import verify
-    original = verify.probe_options
+    from scanner.verify import loop
+    original = loop.probe_options
 
-    def no_secret(s: verify.Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
+    def no_secret(s: loop.Setup, base: ProbeOptions, witness: str) -> ProbeOptions:
         return replace(original(s, base, witness), salt_secret="")
-    monkeypatch.setattr(verify, "probe_options", no_secret)
+    monkeypatch.setattr(loop, "probe_options", no_secret)
     res = probe_through(tmp_path, proxy_named("envoy"), _salted(), CATALOG, OPTIONS)
     assert [f.rule for f in res.findings] == ["VP011"], [(f.rule, f.title) for f in res.findings]
     assert {c.subject.split()[0] for c in res.coverage if c.status == "not-proven"} == {"salt"}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -17,6 +16,7 @@ from scanner.policy.load import loads
 from scanner.probe.checks.timeouts import Timeouts, provable
 from scanner.probe.interface import ProbeOptions, ProbeResult, Target
 from scanner.probe.registry import CheckContext
+from scanner.verify import loop
 from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub
 
 CATALOG = "vllm-0.29.0-default"
@@ -66,7 +66,7 @@ def test_a_timeout_changed_by_hand_fails_the_run(tmp_path: Path, name: str, new:
 
 
 def test_without_a_witness_timeouts_are_not_applicable(tmp_path: Path) -> None:
-    s = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, free_port())
+    s = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, free_port())
     ctx = CheckContext(s.plan, Target("http://127.0.0.1:1"), s.credentials, s.vantages, OPTIONS)
     subjects = list(Timeouts().subjects(ctx))
     assert subjects and all(not x.applies and "witness" in x.why for x in subjects)
@@ -107,7 +107,7 @@ def test_a_stream_outlives_the_timeout_while_its_events_flow(tmp_path: Path, nam
 
     text = (Path(__file__).resolve().parents[2] / "policies/vllm-default.yaml").read_text()
     port = free_port()
-    s = verify.setup(load_ref(CATALOG), loads(text.replace("timeout_s: 600\n", "timeout_s: 2\n")), tmp_path, port)
+    s = loop.setup(load_ref(CATALOG), loads(text.replace("timeout_s: 600\n", "timeout_s: 2\n")), tmp_path, port)
     proxy = proxy_named(name)
     cred = next(c for c in s.credentials if c.role == "user")
     public = next(v.address or "" for v in s.vantages if v.name == "public")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scanner import documents, verify
+from scanner import documents
 from scanner.cli.main import main
 from scanner.errors import GenerateError, PolicyError
 from scanner.generate.common import njs_version
@@ -30,6 +30,7 @@ from scanner.probe.checks.tokens import SETTLED_NOTE, TokenBudget, body_of_cost,
 from scanner.probe.interface import Attempt, Credential, ProbeOptions, ProbeResult, Vantage
 from scanner.report.plan import to_table
 from scanner.runtime import nginx
+from scanner.verify import loop
 from tests.probe.realproxy import probe_edited, probe_through, proxy_named, sub
 
 CATALOG = "vllm-0.29.0-default"
@@ -59,7 +60,7 @@ LIVE_ZONE = "token-budget inference:key:8000t/m/2000"
 
 def decisions(tmp_path: Path, policy: Policy) -> dict[tuple[str, str], Decision]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    plan = verify.setup(load_ref(CATALOG), policy, tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), policy, tmp_path, 9).plan
     return {(d.method, d.path): d for d in plan.decisions}
 
 
@@ -78,7 +79,7 @@ def test_the_plan_puts_body_routes_of_the_audience_in_one_token_zone(tmp_path: P
 
 
 def test_the_plan_and_policy_documents_hold_the_budget(tmp_path: Path) -> None:
-    plan = verify.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
     documents.validate("plan", json.loads(plan.to_json()), "plan")
     documents.validate("policy", yaml.safe_load(token_policy_text()), "policy")
     assert "tokens<=2000/min" in to_table(plan)
@@ -224,7 +225,7 @@ def test_the_debian_module_says_which_njs_it_is(tmp_path: Path) -> None:
     if build is None:
         pytest.skip("no Debian NGINX")
     assert njs_version(build.njs_module) == "0.7.9"
-    plan = verify.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), token_policy(), tmp_path, 9).plan
     with pytest.raises(GenerateError, match=r"needs njs >= 0.8 .*this NGINX has njs 0.7.9"):
         NginxGenerator().render(plan, GenerateOptions(extra={"njs_module": build.njs_module}))
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan.model import Plan
 from scanner.policy.load import loads
@@ -22,6 +21,7 @@ from scanner.probe.interface import Attempt, Credential, ProbeOptions, Target, V
 from scanner.probe.registry import CheckContext
 from scanner.probe.runner import _Schedule
 from scanner.report.plan import to_table
+from scanner.verify import loop
 
 CATALOG = "vllm-0.29.0-default"
 DEFAULT = Path(__file__).parents[2] / "policies" / "vllm-default.yaml"
@@ -36,9 +36,9 @@ def policy_text(tpm: int, request_tokens: str = "1114112", burst: int | None = N
                         + (f"      tokens_burst: {burst}\n" if burst else ""), 1)
 
 
-def plan_of(tmp_path: Path, text: str, keys: int = 2) -> tuple[verify.Setup, Plan]:
+def plan_of(tmp_path: Path, text: str, keys: int = 2) -> tuple[loop.Setup, Plan]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    s = verify.setup(load_ref(CATALOG), loads(text), tmp_path, 9, keys_per_role=keys)
+    s = loop.setup(load_ref(CATALOG), loads(text), tmp_path, 9, keys_per_role=keys)
     return s, s.plan
 
 
@@ -134,8 +134,8 @@ def test_a_token_bound() -> None:
 
 # --- cases: their charge, lighter bodies, spread over a role's keys -------------------------------
 
-def ctx_of(s: verify.Setup) -> CheckContext:
-    options = verify.probe_options(s, ProbeOptions(rate=0, max_time=None), "http://127.0.0.1:1")
+def ctx_of(s: loop.Setup) -> CheckContext:
+    options = loop.probe_options(s, ProbeOptions(rate=0, max_time=None), "http://127.0.0.1:1")
     return CheckContext(plan=s.plan, target=Target("http://127.0.0.1:2"), credentials=tuple(s.credentials),
                         vantages=tuple(s.vantages), options=options)
 

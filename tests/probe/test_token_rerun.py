@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from scanner import verify
 from scanner.inventory.catalog import load_ref
 from scanner.plan.model import Plan
 from scanner.policy.load import loads
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.probe.runner import probe
 from scanner.standin.serve import StandinThread
+from scanner.verify import loop
 from tests.probe.realproxy import probe_through, proxy_named
 from tests.probe.test_token_budget import CATALOG, token_policy, token_policy_text
 
@@ -49,12 +49,12 @@ def twice(tmp_path: Path, proxy: str, shared: bool = False) -> tuple[ProbeResult
             (files / name).write_text(changed)
 
     with StandinThread(inventory, "127.0.0.1", 0) as standin, ExitStack() as stack:
-        s = verify.setup(inventory, token_policy(TPM), tmp_path, standin.port, keys_per_role=2)
+        s = loop.setup(inventory, token_policy(TPM), tmp_path, standin.port, keys_per_role=2)
         written(s.plan)
-        s = replace(s, plan=verify.start_checked(p, s.plan, directory, stack, written))
-        opts = verify.probe_options(s, OPTIONS, standin.url)
-        first = probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
-        second = probe(s.plan, verify.target_of(s), s.credentials, s.vantages, opts)
+        s = replace(s, plan=loop.start_checked(p, s.plan, directory, stack, written))
+        opts = loop.probe_options(s, OPTIONS, standin.url)
+        first = probe(s.plan, loop.target_of(s), s.credentials, s.vantages, opts)
+        second = probe(s.plan, loop.target_of(s), s.credentials, s.vantages, opts)
     return first, second
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import mutate, verify
+from scanner import mutate
 from scanner.errors import ConfigError, PolicyError
 from scanner.inventory.catalog import PROFILES, load_ref
 from scanner.net import free_port
@@ -26,6 +26,7 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.secrets import fingerprint
+from scanner.verify import loop, mutation
 from tests.probe.realproxy import but_rates, probe_through, proxy_named, unpaced
 
 CATALOG = "vllm-0.29.0-default"
@@ -49,7 +50,7 @@ def test_the_key_file_is_an_absolute_path_in_the_policy() -> None:
 
 
 def test_the_key_is_in_no_config_text(tmp_path: Path) -> None:
-    s = verify.setup(load_ref(CATALOG), _policy(), tmp_path, 9)
+    s = loop.setup(load_ref(CATALOG), _policy(), tmp_path, 9)
     assert s.upstream_key and s.plan.upstream.api_key_file == str((tmp_path / "upstream-api-key").resolve())
     assert (tmp_path / "upstream-api-key").stat().st_mode & 0o777 == 0o600
     for proxy in (EnvoyProxy(), NginxProxy(nginx.static_build() or nginx.debian_build(), "nginx")):  # type: ignore[arg-type]
@@ -65,7 +66,7 @@ def test_the_key_is_in_no_config_text(tmp_path: Path) -> None:
 
 
 def test_a_bad_key_file_is_a_usage_error(tmp_path: Path) -> None:
-    s = verify.setup(load_ref(CATALOG), _policy(), tmp_path, 9)
+    s = loop.setup(load_ref(CATALOG), _policy(), tmp_path, 9)
     key_file = Path(s.plan.upstream.api_key_file or "")
     for text in ("two words\n", "", "a\nb\n"):
         key_file.write_text(text)
@@ -84,7 +85,7 @@ def _proxy(name: str) -> Proxy:
 
 @pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
 def test_the_stand_in_guarded_by_its_key_is_reached_with_it(name: str) -> None:
-    run = verify.run(load_ref(CATALOG), _policy(), [_proxy(name)], OPTIONS)[0].result
+    run = loop.run(load_ref(CATALOG), _policy(), [_proxy(name)], OPTIONS)[0].result
     assert not run.findings, [(f.rule, f.title, f.evidence[:1]) for f in run.findings]
     seen = [a.upstream for a in run.attempts if a.upstream is not None and a.expected == "allow"]
     assert len(seen) > 50
@@ -95,8 +96,8 @@ def test_the_stand_in_guarded_by_its_key_is_reached_with_it(name: str) -> None:
 @pytest.mark.parametrize("name", ["nginx", "envoy"])
 def test_a_proxy_that_does_not_present_the_key_is_caught(name: str, tmp_path: Path) -> None:
     # in verify, vLLM's guard refuses the guarded routes (an allowed route blocked, VP006) ...
-    runs, mutants = verify.mutants(load_ref(CATALOG), _policy(), [_proxy(name)], OPTIONS,
-                                   only=("upstream-key-not-presented",))
+    runs, mutants = mutation.mutants(load_ref(CATALOG), _policy(), [_proxy(name)], OPTIONS,
+                                     only=("upstream-key-not-presented",))
     assert not runs[0].result.findings
     assert [m.status for m in mutants] == ["caught"], mutants
     # ... and with an unguarded upstream the witness alone sees it, on every allowed route
@@ -108,7 +109,7 @@ def test_a_proxy_that_does_not_present_the_key_is_caught(name: str, tmp_path: Pa
 
 
 def test_without_the_setting_the_mutant_does_not_apply(tmp_path: Path) -> None:
-    plan = verify.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
+    plan = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9).plan
     with pytest.raises(mutate.NotApplicable):
         mutate.OPERATORS["nginx.upstream-key-not-presented"].apply(Path("/nonexistent"), plan)
 
@@ -121,14 +122,14 @@ def test_real_vllm_with_its_api_key_behind_both_proxies(vllm_python: str, tmp_pa
     key, port = keys.new_key(), free_port()
     spec = PROFILES["default"].extraction(vllm_python)
     spec = replace(spec, serve_args=(*spec.serve_args, "--api-key", key))
-    s = verify.setup(load_ref(CATALOG), _policy(), tmp_path, port, upstream_key=key)
+    s = loop.setup(load_ref(CATALOG), _policy(), tmp_path, port, upstream_key=key)
     builds = [b for b in (nginx.static_build(), nginx.debian_build()) if b is not None]
     proxies: list[Proxy] = [NginxProxy(builds[0], builds[0].name, {"upstream_keepalive": "0"}), EnvoyProxy()]
     with RealVllmServer(spec, port=port, witness=True) as server:
         for proxy in proxies:
             directory = tmp_path / proxy.name
             proxy.write(s.plan, directory)
-            res: ProbeResult = verify.proxy_run(s, proxy, directory, OPTIONS, server.url).result
+            res: ProbeResult = loop.proxy_run(s, proxy, directory, OPTIONS, server.url).result
             assert not res.findings, (proxy.name, [(f.rule, f.title, f.evidence[:1]) for f in res.findings])
             guarded = [a for a in res.attempts if a.expected == "allow" and a.path.startswith("/v1/")
                        and a.upstream is not None]

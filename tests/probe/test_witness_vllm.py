@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scanner import mutate, verify, witness_asgi
+from scanner import mutate, witness_asgi
 from scanner.cli.witness import MIDDLEWARE, export
 from scanner.inventory.catalog import PROFILES, load_ref
 from scanner.plan.inputs import load_policy
@@ -25,6 +25,7 @@ from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.probe.witness import WitnessError, fetch
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
 from scanner.standin.real import RealVllmServer
+from scanner.verify import loop, mutation
 from tests.probe.realproxy import Edit, proxy_named, sub
 
 pytestmark = pytest.mark.vllm
@@ -37,7 +38,7 @@ ENGINELESS = {"upstream_keepalive": "0"}   # the engine-less app closes after ea
 class Witnessed:
     server: RealVllmServer
     secret: str
-    setup: verify.Setup
+    setup: loop.Setup
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def witnessed(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
                    env={**spec.env, "PYTHONPATH": str(work / "site"),
                         witness_asgi.ENV_SECRET_FILE: str(secret_file)})
     with RealVllmServer(spec) as server:   # no wrapping by the worker: vLLM's own flag only
-        setup = verify.setup(load_ref("vllm-0.29.0-everything"), load_policy(None), work, server.port, 2)
+        setup = loop.setup(load_ref("vllm-0.29.0-everything"), load_policy(None), work, server.port, 2)
         yield Witnessed(server, read_secret(str(secret_file), "witness secret file").decode(), setup)
 
 
@@ -99,7 +100,7 @@ def test_unmodified_configs_are_proved_through_the_witness_in_vllm(witnessed: Wi
                                                                     tmp_path: Path) -> None:
     proxy = _proxy(kind)
     proxy.write(witnessed.setup.plan, tmp_path)
-    res = verify.proxy_run(witnessed.setup, proxy, tmp_path, _options(witnessed), witnessed.server.url).result
+    res = loop.proxy_run(witnessed.setup, proxy, tmp_path, _options(witnessed), witnessed.server.url).result
     assert not res.unreachable, res.reason
     assert res.findings == (), _summary(res)
     assert res.exit_code() == 0
@@ -134,8 +135,8 @@ def _hand(w: Witnessed, name: str, directory: Path, witness: bool = True) -> Pro
 
     written(w.setup.plan)
     options = replace(OPTIONS, checks=checks)
-    return verify.proxy_run(w.setup, proxy, directory, _options(w, options) if witness else options,
-                            w.server.url if witness else "", written).result
+    return loop.proxy_run(w.setup, proxy, directory, _options(w, options) if witness else options,
+                          w.server.url if witness else "", written).result
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
@@ -162,7 +163,7 @@ OPERATORS = ("nginx.host-from-client", "envoy.host-from-client",
 @pytest.mark.parametrize("op_id", OPERATORS)
 def test_mutants_are_caught_through_the_witness_in_vllm(witnessed: Witnessed, op_id: str, tmp_path: Path) -> None:
     op = mutate.OPERATORS[op_id]
-    run = verify.mutant(witnessed.setup, _proxy(op.kind), op, tmp_path,
-                        _options(witnessed, verify.mutant_options(OPTIONS, op_id)), witnessed.server.url)
+    run = mutation.mutant(witnessed.setup, _proxy(op.kind), op, tmp_path,
+                        _options(witnessed, mutation.mutant_options(OPTIONS, op_id)), witnessed.server.url)
     assert run.status == "caught", run
     assert run.rules and run.rules != ("VP011",), run

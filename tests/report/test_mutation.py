@@ -4,7 +4,7 @@ and operators that do not apply are not counted."""
 from __future__ import annotations
 
 from scanner.report import mutation
-from scanner.verify import MutantRun
+from scanner.verify.mutation import MutantRun
 
 
 def _m(op: str, status: str, family: str = "remove") -> MutantRun:

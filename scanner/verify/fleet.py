@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from scanner import mutate, stop, verify
+from scanner import mutate, stop
 from scanner.errors import EXIT_OK, InternalError, UsageError
 from scanner.inventory.model import Inventory
 from scanner.net import free_port, on_free_port
@@ -41,6 +41,8 @@ from scanner.probe.interface import (
 from scanner.probe.runner import probe
 from scanner.runtime import fleet
 from scanner.runtime.proxy import Proxy
+from scanner.verify.loop import loop, probe_options
+from scanner.verify.mutation import MutantRun, MutantStatus, caught_by, interruptible, mutant_options
 
 MAX_REPLICAS = 8
 OUTAGE_SETTLE_S = 1.5     # after Redis stops: the local buckets (full at first) are what they hold
@@ -221,14 +223,14 @@ def outage(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],
 
 def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], options: ProbeOptions,
              keys_per_role: int, replicas: int, mutants: bool = False, only: Sequence[str] = (),
-             say: Callable[[str], None] = lambda _m: None) -> tuple[list[FleetRun], list[verify.MutantRun]]:
+             say: Callable[[str], None] = lambda _m: None) -> tuple[list[FleetRun], list[MutantRun]]:
     """The fleet run per proxy (and its outage), then with ``mutants`` one run per fleet operator
     (scanner.mutate.fleet) on a fresh fleet whose second replica it weakens."""
     check_replicas(replicas)
     runs: list[FleetRun] = []
-    out: list[verify.MutantRun] = []
-    with verify.loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
-        base_options = verify.probe_options(s, options, witness)
+    out: list[MutantRun] = []
+    with loop(inventory, policy, proxies, keys_per_role) as (s, witness, written):
+        base_options = probe_options(s, options, witness)
         for proxy, directory in written:
             say(f"{proxy.name}: a fleet of {replicas}, the limiter and redis-server; probing through "
                 f"every replica")
@@ -252,8 +254,8 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
                 if op.needs != mutate.fleet.NEEDS or (only and not {op.id, op.name, op.family} & set(only)):
                     continue
                 work = directory.parent / f"{proxy.name}-{op.id}"
-                fast = verify.mutant_options(base_options, op.id)
-                out.append(verify.interruptible(proxy.name, op, partial(
+                fast = mutant_options(base_options, op.id)
+                out.append(interruptible(proxy.name, op, partial(
                     _mutant, s.plan, proxy, op, work, s.credentials, s.vantages, fast, replicas)))
                 say(f"{proxy.name} {op.id}: {out[-1].status} {' '.join(out[-1].rules)}")
                 if stop.requested():
@@ -264,10 +266,10 @@ def loop_all(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opt
 
 
 def _mutant(plan: Plan, proxy: Proxy, op: mutate.Operator, work: Path, credentials: Sequence[Credential],
-            vantages: Sequence[Vantage], options: ProbeOptions, replicas: int) -> verify.MutantRun:
-    def run_of(status: verify.MutantStatus, what: str, **more: object) -> verify.MutantRun:
-        return verify.MutantRun(proxy.name, op.id, op.title, status, what, family=op.family,
-                                catches=op.catches, **more)  # type: ignore[arg-type]
+            vantages: Sequence[Vantage], options: ProbeOptions, replicas: int) -> MutantRun:
+    def run_of(status: MutantStatus, what: str, **more: object) -> MutantRun:
+        return MutantRun(proxy.name, op.id, op.title, status, what, family=op.family,
+                         catches=op.catches, **more)  # type: ignore[arg-type]
     try:
         r = run(plan, proxy, work, credentials, vantages, options, replicas, mutant=op.name)
     except mutate.NotApplicable as exc:
@@ -275,5 +277,5 @@ def _mutant(plan: Plan, proxy: Proxy, op: mutate.Operator, work: Path, credentia
     except InternalError as exc:
         return run_of("invalid", str(exc))
     caught = r.result.exit_code() != EXIT_OK
-    return run_of("caught" if caught else "survived", op.title, rules=verify.caught_by(r.result),
+    return run_of("caught" if caught else "survived", op.title, rules=caught_by(r.result),
                   seconds=r.seconds, checks=tuple(dict.fromkeys(f.check for f in r.result.deviations)))

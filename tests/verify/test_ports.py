@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner import net, verify
+from scanner import net
 from scanner.errors import InternalError, UsageError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
@@ -21,6 +21,7 @@ from scanner.plan.model import Plan
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.process import ManagedProcess
 from scanner.runtime.proxy import Proxy, get
+from scanner.verify import loop, mutation
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("matrix",))
 
@@ -74,9 +75,9 @@ def test_a_proxy_whose_port_is_taken_runs_on_another(name: str, monkeypatch: pyt
     proxy = Recording(proxy_named(name))
     with held() as taken:
         picks = iter([taken])
-        monkeypatch.setattr(verify, "free_port", lambda host="127.0.0.1": next(picks, 0) or net.free_port(host))
-        runs, mutants = verify.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
-                                       only=(f"{proxy.kind}.key-check-removed",))
+        monkeypatch.setattr(loop, "free_port", lambda host="127.0.0.1": next(picks, 0) or net.free_port(host))
+        runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
+                                         only=(f"{proxy.kind}.key-check-removed",))
     # the plan named the taken port: the unmutated proxy and the mutant each tried it, then ran elsewhere
     assert proxy.ports[::2] == [taken, taken] and len(proxy.ports) == 4, (taken, proxy.ports)
     assert taken not in proxy.ports[1::2], (taken, proxy.ports)
@@ -89,12 +90,12 @@ def test_a_proxy_whose_port_is_taken_runs_on_another(name: str, monkeypatch: pyt
 def test_a_start_that_fails_otherwise_is_not_retried(tmp_path: Path) -> None:
     """A config the proxy rejects is an error at once: no second port tried."""
     proxy = Recording(proxy_named("nginx"))
-    s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
+    s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
     conf = proxy.write(s.plan, tmp_path / "proxy")
     (conf / "nginx.conf").write_text("events {}\nhttp { server { listen 127.0.0.1:"
                                      f"{s.plan.listen.port}; nonsense_directive on; }} }}\n")
     with ExitStack() as stack, pytest.raises(InternalError, match="rejected"):
-        verify.start_checked(proxy, s.plan, tmp_path / "proxy", stack)
+        loop.start_checked(proxy, s.plan, tmp_path / "proxy", stack)
     assert proxy.ports == []
 
 
@@ -108,11 +109,11 @@ def test_a_proxy_that_finds_its_port_taken_as_it_binds_moves(name: str, tmp_path
     from scanner.runtime import fleet
 
     proxy = Recording(proxy_named(name))
-    s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
+    s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
     with held() as taken, ExitStack() as stack:
         plan = fleet.replica(s.plan, taken)
         proxy.write(plan, tmp_path / "proxy")
-        now = verify.start_checked(proxy, plan, tmp_path / "proxy", stack)
+        now = loop.start_checked(proxy, plan, tmp_path / "proxy", stack)
         assert proxy.ports == [taken, now.listen.port] and now.listen.port != taken
         conn = http.client.HTTPConnection("127.0.0.1", now.listen.port, timeout=10)
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scanner import stop, verify
+from scanner import stop
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
@@ -22,6 +22,7 @@ from scanner.probe.runner import probe
 from scanner.runtime import nginx
 from scanner.runtime.proxy import NginxProxy
 from scanner.standin.serve import StandinThread
+from scanner.verify.loop import loop, proxy_run
 
 CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
@@ -41,14 +42,14 @@ def run(say: Callable[[str], None], options: ProbeOptions = OPTIONS, keys_per_ro
     build_ = nginx.any_build()
     proxy = NginxProxy(build_, "nginx")
     inventory = load_ref(CATALOG)
-    with verify.loop(inventory, load_policy(None), [proxy], keys_per_role) as (s, witness, written):
+    with loop(inventory, load_policy(None), [proxy], keys_per_role) as (s, witness, written):
         say(f"1/4 plan: {len(s.plan.allowed)} method+path pairs allowed, {len(s.plan.denied)} denied "
             f"(catalog {CATALOG}, policy vllm-default)")
         say(f"2/4 stand-in with its upstream witness on {witness}; NGINX {build_.name} on "
             f"http://127.0.0.1:{s.plan.listen.port} (config checked with nginx -t)")
         names = ", ".join(v.name for v in s.vantages)
         say(f"3/4 probing through NGINX from {len(s.vantages)} loopback vantages ({names})")
-        proxied = verify.proxy_run(s, proxy, written[0][1], options, witness).result
+        proxied = proxy_run(s, proxy, written[0][1], options, witness).result
         if stop.requested():
             raise KeyboardInterrupt
         say("4/4 the same stand-in with only vLLM's --api-key and no proxy (safe mode)")

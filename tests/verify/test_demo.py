@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scanner import demo
 from scanner.runtime import nginx
+from scanner.verify import demo
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
-"""What ``verify --replicas`` records of a Redis outage in the run's result (scanner.verify_fleet.recorded):
+"""What ``verify --replicas`` records of a Redis outage in the run's result (scanner.verify.fleet.recorded):
 a coverage line every report format shows, a deviation when the failure policy did not hold, not
 proven when Redis could not be stopped on any route."""
 
 from __future__ import annotations
 
-from scanner import verify_fleet
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
 from scanner.probe.interface import ProbeResult
 from scanner.report.probe_writers import render
+from scanner.verify import fleet
 
 
 def _result() -> ProbeResult:
@@ -15,14 +15,14 @@ def _result() -> ProbeResult:
                        credentials=(), attempts=(), findings=(), elapsed_s=1.0, unreachable=False)
 
 
-def _outage(holds: bool, route: str = "GET /v1/models") -> verify_fleet.FleetOutage:
+def _outage(holds: bool, route: str = "GET /v1/models") -> fleet.FleetOutage:
     what = "Redis stopped: 44 requests to GET /v1/models through 2 replicas, 44 answered 503"
-    return verify_fleet.FleetOutage("deny", route, (503, 200) if not holds else (503, 503), (), 21, holds,
+    return fleet.FleetOutage("deny", route, (503, 200) if not holds else (503, 503), (), 21, holds,
                                what if route else "Redis was not stopped: no limited GET route")
 
 
 def test_a_held_failure_policy_is_a_proved_line_of_the_report() -> None:
-    r = verify_fleet.recorded(_result(), _outage(True))
+    r = fleet.recorded(_result(), _outage(True))
     assert r.exit_code() == EXIT_OK and not r.findings
     (line,) = r.coverage
     assert line.status == "proved" and line.check == "fleet" and (line.method, line.path) == ("GET", "/v1/models")
@@ -30,7 +30,7 @@ def test_a_held_failure_policy_is_a_proved_line_of_the_report() -> None:
 
 
 def test_a_failure_policy_not_held_fails_the_run() -> None:
-    r = verify_fleet.recorded(_result(), _outage(False))
+    r = fleet.recorded(_result(), _outage(False))
     assert r.exit_code() == EXIT_FINDINGS
     (f,) = r.findings
     assert f.rule == "VP005" and f.check == "fleet" and "shared store down" in f.title
@@ -40,6 +40,6 @@ def test_a_failure_policy_not_held_fails_the_run() -> None:
 
 
 def test_redis_not_stopped_is_not_proven() -> None:
-    r = verify_fleet.recorded(_result(), _outage(False, route=""))
+    r = fleet.recorded(_result(), _outage(False, route=""))
     assert r.exit_code() == EXIT_OK and r.exit_code(require_proof=True) == EXIT_FINDINGS
     assert [f.rule for f in r.findings] == ["VP011"] and r.coverage[0].status == "not-proven"

@@ -1,24 +1,23 @@
-"""``verify``: the closed loop on the stand-in, and the mutation score on every proxy (100%)."""
+"""``verify --mutate`` (scanner.verify.mutation): every operator applies, a sample of every family is caught,
+and the mutation score on every proxy (100%)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from scanner import mutate, verify
-from scanner.cli.main import cli
+from scanner import mutate
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe import registry
 from scanner.probe.interface import ProbeOptions
 from scanner.report import mutation as render_mutation
 from scanner.runtime.proxy import get
+from scanner.verify import loop, mutation
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
 PROXIES = ("nginx", "nginx-debian", "envoy")
@@ -52,7 +51,7 @@ def test_every_operator_not_needing_a_setting_applies_to_the_bundled_policy(name
     # an operator that stops matching the generated config (a template changed under it) must
     # not silently become not applicable (whether the proxy accepts each mutant: the mutant runs)
     proxy = _proxy(name)
-    s = verify.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, 9)
+    s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, 9)
     skipped = {}
     written = proxy.write(s.plan, tmp_path / "generated")
     for op in mutate.operators(proxy.kind):
@@ -65,7 +64,7 @@ def test_every_operator_not_needing_a_setting_applies_to_the_bundled_policy(name
     assert set(skipped) == {op.name for op in mutate.operators(proxy.kind) if op.needs}, skipped
 
 
-def _caught(mutants: list[verify.MutantRun]) -> None:
+def _caught(mutants: list[mutation.MutantRun]) -> None:
     applicable = [m for m in mutants if m.status != "not-applicable"]
     survivors = [(m.operator, m.status, m.what) for m in applicable if m.status != "caught"]
     assert not survivors, survivors
@@ -87,8 +86,8 @@ SAMPLE = ("key-check-removed", "json-cap-raised-x100", "network-widened-8", "met
 def test_a_sample_of_every_family_is_caught(name: str) -> None:
     proxy = _proxy(name)
     only = tuple(op.id for op in mutate.operators(proxy.kind) if op.name in SAMPLE)
-    runs, mutants = verify.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
-                                   keys_per_role=2, only=only)
+    runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
+                                     keys_per_role=2, only=only)
     base = runs[0].result
     assert not base.deviations and not base.unreachable, [f.title for f in base.findings] or base.reason
     assert {m.family for m in mutants} == set(mutate.FAMILIES)
@@ -100,43 +99,13 @@ def test_a_sample_of_every_family_is_caught(name: str) -> None:
 @pytest.mark.parametrize("name", PROXIES)
 def test_mutation_score_is_100_percent(name: str) -> None:
     proxy = _proxy(name)
-    runs, mutants = verify.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
-                                   keys_per_role=2)
+    runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
+                                     keys_per_role=2)
     base = runs[0].result
     assert not base.deviations and not base.unreachable, [f.title for f in base.findings] or base.reason
     for family, (_caught_n, total) in render_mutation.family_scores(mutants, proxy.name).items():
         assert total >= 3, family
     _caught(mutants)
-
-
-def test_verify_cli_json_report_and_exit_0(tmp_path: Path) -> None:
-    out = tmp_path / "verify.json"
-    res = CliRunner().invoke(cli, ["verify", "--inventory", "vllm-0.29.0-default", "--proxy", "nginx",
-                                   "--format", "json", "-o", str(out), "-q"], standalone_mode=False)
-    assert res.exception is None, res.output
-    assert res.return_value == 0
-    doc = json.loads(out.read_text())
-    assert doc["findings"] == [] and doc["coverage"]
-    statuses = {c["status"] for c in doc["coverage"]}
-    assert statuses <= {"proved", "not-applicable"} and "proved" in statuses
-    assert doc["summary"]["coverage"]["concurrency"]["proved"] >= 1   # the witness held requests open
-    witness_params = out.read_text().replace("vp_probe", "").replace("vp_hold", "").replace("vp_answer", "")
-    assert "vp_" not in witness_params   # no key value (keys start vp_; the witness parameters do too)
-
-
-def test_verify_cli_several_proxies_need_an_output_file_for_machine_formats() -> None:
-    res = CliRunner().invoke(cli, ["verify", "--inventory", "vllm-0.29.0-default", "--proxy", "nginx",
-                                   "--proxy", "envoy", "--format", "json"], standalone_mode=False)
-    assert res.exception is not None and "needs -o FILE" in str(res.exception)
-
-
-def test_loopback_vantages_one_per_network_and_one_outside() -> None:
-    nets, vantages = verify.loopback(load_policy(None))
-    assert set(nets) == {"public", "monitoring", "admin"}
-    # monitoring (auth: none, rate-limited per address) has two addresses: buckets of their own
-    assert [v.name for v in vantages] == ["admin", "monitoring", "monitoring-2", "public", "outside"]
-    assert all(c.endswith("/32") for n in nets.values() for c in n) and len(nets["monitoring"]) == 2
-    assert len({v.address for v in vantages}) == 5
 
 
 @pytest.mark.parametrize("name", ("nginx", "envoy"))
@@ -148,8 +117,8 @@ def test_a_limit_removed_from_one_route_of_a_shared_zone_is_caught(name: str) ->
     proxy = _proxy(name)
     only = ("rate-limit-removed", "concurrency-limit-removed")
     # only the load checks: the other checks' cases would spend the same buckets first
-    runs, mutants = verify.mutants(load_ref("vllm-0.29.0-everything"), load_policy(None), [proxy],
-                                   replace(OPTIONS, checks=("rate", "concurrency")), keys_per_role=2, only=only)
+    runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-everything"), load_policy(None), [proxy],
+                                     replace(OPTIONS, checks=("rate", "concurrency")), keys_per_role=2, only=only)
     base = runs[0].result
     assert not base.deviations and not base.unreachable, [f.title for f in base.findings] or base.reason
     members = [c for c in base.coverage if c.check in ("rate", "concurrency") and " via " in c.subject]
