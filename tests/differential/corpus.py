@@ -124,7 +124,15 @@ def _list(n: int, item: str) -> str:
 def extra(draw: st.DrawFn, path: str) -> list[tuple[str, str]]:
     """One to three members added to a route's base body."""
     kind = draw(st.sampled_from(("cap", "cap", "cap", "cap", "dup", "denied", "unknown", "count", "nested",
-                                 "media", "null-budget", "prompts")))
+                                 "media", "null-budget", "prompts", "sequences", "stream")))
+    if kind == "sequences":    # the envelope: prompts x the larger of n and best_of against max_sequences
+        k = draw(st.sampled_from((1, 2, 4, 5, 8, 17)))
+        return [(key("prompt"), _list(k, '"p"')), (draw(spelled("n")), draw(st.sampled_from(("1", "2", "4", '"3"')))),
+                (draw(spelled("best_of")), draw(st.sampled_from(("1", "4", "null", "5.0"))))]
+    if kind == "stream":       # what a settled route writes into a stream (stream_options.include_usage)
+        return [(key("stream"), draw(st.sampled_from(("true", "false", '"yes"', "1", "null")))),
+                (key("stream_options"), draw(st.sampled_from(("null", "{}", '{"include_usage":false}',
+                                                               '{"include_usage":true}', '"x"'))))]
     if kind == "prompts":
         k = draw(st.integers(0, 20))
         item = draw(st.sampled_from(('"p"', "[1,2]", "1", '{"a":1}')))
@@ -292,7 +300,7 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
 )
 
 
-def cases(generated_count: int = 520) -> list[Case]:
+def cases(generated_count: int = 860) -> list[Case]:
     """The whole corpus: the hand-picked bodies, then ``generated_count`` generated ones."""
     out = [Case(f"h{i}", path, raw, ct, ROUTES[path][0], note) for i, (path, raw, ct, note) in enumerate(HAND)]
     for i, (path, raw, ct) in enumerate(draw_many(generated(), generated_count)):

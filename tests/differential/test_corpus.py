@@ -38,7 +38,7 @@ def inventory() -> Inventory:
 @pytest.fixture(scope="module")
 def cases() -> list[Case]:
     out = corpus.cases()
-    assert len(out) >= 500
+    assert len(out) >= 1000
     return out
 
 
