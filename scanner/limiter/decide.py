@@ -11,7 +11,8 @@ reservation given back (the request will not run: it is neither running nor char
 * rate: take ``cost`` (1 per request) from the bucket of burst + 1 refilled at rps;
 * concurrency: hold the request's slot (its id: the caller's, e.g. Envoy's x-request-id, or a
   new random one): a lease of ``slot_lease_s`` renewed by this process (scanner.limiter.store.
-  renew, the service's loop) until released or the zone's ``slot_ttl_s`` has passed;
+  renew, the service's loop) until released, the zone's ``slot_ttl_s`` has passed, or the proxy
+  holding it is gone (store.Owners);
 * tokens: reserve ``cost`` (the request's admitted envelope, Decision.token_cost), clamped to
   the bucket's capacity (``burst``) + 1 (a cost over it never fits: Retry-After 60, as the proxies).
 
@@ -123,14 +124,15 @@ def new_slot() -> str:
 
 
 async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Call],
-                  slot: str = "") -> Admission:
+                  slot: str = "", owner: str = "") -> Admission:
     """Take every call's zone in order, stopping at the first refusal (see the module docstring):
-    one Redis script call for all the zones (store.reserve), atomic across them."""
+    one Redis script call for all the zones (store.reserve), atomic across them. ``owner``: the
+    proxy that holds the slot (store.Owners): its lease is renewed only while that proxy lives."""
     zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
              for c in calls]
     slot = keys.checked("slot", slot) if slot else new_slot()
     reserved = await store.reserve(redis, zones, slot, config.slot_lease_s,
-                                   floor=config.on_unavailable == "local")
+                                   floor=config.on_unavailable == "local", owner=owner)
     done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
     done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
     return Admission(tuple(done), slot)

@@ -8,18 +8,23 @@
     POST /v1/release {"key": K, "zones": [Z, ...], "slot": S}      200 {"released": true}
     POST /v1/release {..., "settle": T, "refund": R}                200 {"released": true, "left": N}
     POST /v1/settle  {"key": K, "zone": Z, "refund": R}            200 {"left": N}
+    POST /v1/alive   {"replica": ID}                               200 {"alive": true}
     GET  /v1/health                                                200 {"store": "ok"}
 
 ``zones`` are taken in order (scanner.limiter.decide.acquire): a rate zone takes 1, a token zone
 ``cost`` (required with one: never a default charge), a concurrency zone holds the slot
 (``slot``: the caller's id, e.g. ``$request_id`` bound to a variable, which njs otherwise reads
 anew each time; or a new one in the answer), to release with. ``"zone": Z`` is short for
-``"zones": [Z]``. A release may carry the settlement of the same request's token zone ``T``
-(one call once answered instead of two). Redis unavailable: **503** ``{"allow": false, "reason":
-"shared-store-unavailable"}``: the proxy answers 503 with that reason; under ``on_unavailable:
-local``, once the outage is as old as the zones' ``local_after_s`` (decide.Outage), an acquire's
-503 adds ``"local": true``: the proxy decides with its local share. A call that cannot be read:
-**400** ``{"error": ...}`` (the proxy refuses). Bodies over 16 KiB: 413. Anything else: 404 / 405.
+``"zones": [Z]``. ``"replica": ID`` (on acquire and release; njs >= 0.8: one id per NGINX
+instance) names the proxy holding the slot: its leases are renewed only while that replica is
+heard from, by those calls or its heartbeat ``/v1/alive`` (scanner.limiter.store.Owners); without
+it a slot is renewed until its zone's slot_ttl_s. A release may carry the settlement of the same
+request's token zone ``T`` (one call once answered instead of two). Redis unavailable: **503**
+``{"allow": false, "reason": "shared-store-unavailable"}``: the proxy answers 503 with that
+reason; under ``on_unavailable: local``, once the outage is as old as the zones'
+``local_after_s`` (decide.Outage), an acquire's 503 adds ``"local": true``: the proxy decides
+with its local share. A call that cannot be read: **400** ``{"error": ...}`` (the proxy refuses).
+Bodies over 16 KiB: 413. Anything else: 404 / 405.
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scanner.errors import LimiterCallError, StoreUnavailableError
-from scanner.limiter import decide, store
+from scanner.limiter import decide, keys, store
 from scanner.limiter.config import LimiterConfig, TokenZone
 
 MAX_BODY = 16 * 1024
 ROUTES: Mapping[str, str] = {"/v1/acquire": "POST", "/v1/release": "POST", "/v1/settle": "POST",
-                             "/v1/health": "GET"}
+                             "/v1/alive": "POST", "/v1/health": "GET"}
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,15 @@ async def handle(redis: store.Client, config: LimiterConfig, method: str, path: 
             await store.ping(redis)
             return Answer(200, {"store": "ok"})
         call = _json(body)
+        owner = _owner(call)
+        store.session(redis).owners.heard(owner)
+        if path == "/v1/alive":
+            if not owner:
+                raise LimiterCallError("replica must be a non-empty string")
+            return Answer(200, {"alive": True})
         if path == "/v1/acquire":
             zones = _zones(call)
-            answer = await _acquire(redis, config, call)
+            answer = await _acquire(redis, config, call, owner)
             outage.answered()
             return answer
         if path == "/v1/release":
@@ -82,14 +93,15 @@ async def handle(redis: store.Client, config: LimiterConfig, method: str, path: 
         return Answer(400, {"error": exc.message})
 
 
-async def _acquire(redis: store.Client, config: LimiterConfig, call: Mapping[str, object]) -> Answer:
+async def _acquire(redis: store.Client, config: LimiterConfig, call: Mapping[str, object],
+                   owner: str = "") -> Answer:
     key, cost = _str(call, "key"), call.get("cost")
     slot = call.get("slot", "")
     if not isinstance(slot, str):
         raise LimiterCallError("slot must be a string")
     calls = [decide.Call(z, key, _cost(cost) if isinstance(decide.zone_of(config, z), TokenZone) else 1)
              for z in _zones(call)]
-    verdict = await decide.acquire(redis, config, calls, slot)
+    verdict = await decide.acquire(redis, config, calls, slot, owner)
     refusal = verdict.refusal
     if refusal is None:
         return Answer(200, {"allow": True, "slot": verdict.slot, "retry_after": 0, "reason": ""})
@@ -107,6 +119,13 @@ async def _release(redis: store.Client, config: LimiterConfig, call: Mapping[str
     held, left = await asyncio.gather(decide.release(redis, config, zones, key, slot),
                                       decide.settle(redis, config, token_zone, key, call.get("refund", 0)))
     return Answer(200, {"released": held, "left": left})
+
+
+def _owner(call: Mapping[str, object]) -> str:
+    """The lease owner a call names (``"replica": ID``: ``replica:ID``), "" when it names none."""
+    if "replica" not in call:
+        return ""
+    return "replica:" + keys.checked("replica", _str(call, "replica"))
 
 
 def _cost(cost: object) -> int:

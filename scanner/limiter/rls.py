@@ -94,8 +94,9 @@ def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
 
 
 async def should_rate_limit(redis: store.Client, config: LimiterConfig,
-                            request: proto.Request) -> proto.Response:
-    """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised)."""
+                            request: proto.Request, owner: str = "") -> proto.Response:
+    """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised);
+    ``owner``: the connection it came on (store.Owners: a slot is renewed while it is open)."""
     if request.domain != config.domain:
         raise LimiterCallError(f"unknown domain {request.domain[:80]!r}")
     if not request.descriptors:
@@ -105,7 +106,8 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
     acquiring = [i for i, p in enumerate(parts) if p[2] == "acquire"]
     statuses: dict[int, proto.DescriptorStatus] = {}
     if acquiring:
-        verdict = await _acquire(redis, config, [parts[i] for i in acquiring], [hits[i] for i in acquiring])
+        verdict = await _acquire(redis, config, [parts[i] for i in acquiring], [hits[i] for i in acquiring],
+                                 owner)
         statuses.update(zip(acquiring, map(_status, verdict.statuses), strict=True))
         refusal = verdict.refusal
     else:
@@ -130,13 +132,13 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
 
 
 async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
-                   hits: Sequence[int]) -> decide.Admission:
+                   hits: Sequence[int], owner: str = "") -> decide.Admission:
     slots = {slot for zone, _k, _o, slot in parts
              if isinstance(decide.zone_of(config, zone), ConcurrencyZone)}
     if "" in slots or len(slots) > 1:
         raise LimiterCallError("a concurrency zone needs one slot entry (the request id) per request")
     calls = [decide.Call(zone, key, n) for (zone, key, _o, _s), n in zip(parts, hits, strict=True)]
-    return await decide.acquire(redis, config, calls, next(iter(slots), ""))
+    return await decide.acquire(redis, config, calls, next(iter(slots), ""), owner)
 
 
 def _hits(config: LimiterConfig, request: proto.Request, d: proto.Descriptor,

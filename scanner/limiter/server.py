@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ GRPC_OK, GRPC_INVALID_ARGUMENT, GRPC_UNIMPLEMENTED, GRPC_UNAVAILABLE, GRPC_INTER
 MAX_MESSAGE = 64 * 1024
 READ = 65536
 Ready = Callable[[str, int], None]
+# each gRPC connection is the owner of the slots acquired on it (store.Owners): ``conn:N``
+_CONNECTIONS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,15 @@ class _Grpc:
         self.bodies: dict[int, bytearray] = {}
         self.paths: dict[int, str] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        # the slots acquired here are renewed while this connection is open (a proxy killed
+        # mid-stream closes it: they come back within the lease)
+        self.owner = f"conn:{next(_CONNECTIONS)}"
 
     async def serve(self, reader: asyncio.StreamReader, first: bytes) -> None:
         self.conn.initiate_connection()
         data = first
+        owners = store.session(self.service.redis).owners
+        owners.opened(self.owner)
         try:
             while data:
                 self._events(self.conn.receive_data(data))
@@ -105,6 +113,7 @@ class _Grpc:
                     await self.writer.drain()
                 data = await reader.read(READ)
         finally:
+            owners.closed(self.owner)
             for task in self.tasks:
                 task.cancel()
 
@@ -152,7 +161,7 @@ class _Grpc:
             return GRPC_INVALID_ARGUMENT, "one uncompressed message of at most 64 KiB", b""
         try:
             request = proto.decode_request(bytes(body[5:]))
-            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request)
+            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request, self.owner)
             self.service.outage.answered()
             return GRPC_OK, "", answer.SerializeToString()
         except StoreUnavailableError:
@@ -252,7 +261,8 @@ async def serve(service: Service, host: str, port: int,
 async def renew_leases(service: Service) -> None:
     """The leases of the slots this service reserved for requests in flight, renewed every third
     of a lease until released (scanner.limiter.store.renew): a slot outlives its lease only while
-    this process lives and its request has not ended; a Redis failure is retried next time."""
+    this process and the proxy holding it live (store.Owners) and its request has not ended; a
+    Redis failure is retried next time."""
     lease = service.config.slot_lease_s
     while True:
         await asyncio.sleep(lease / 3)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import ssl
 import time
 import weakref
@@ -42,7 +43,7 @@ from redis.exceptions import RedisError
 from scanner import store_url as url
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
 from scanner.limiter import keys, scripts
-from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone, Zone
+from scanner.limiter.config import OWNER_SILENT_S, ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
 # that is not there (the proxy turns the answer into 503 shared-store-unavailable).
@@ -207,13 +208,58 @@ class Clock:
         return int(round((time.monotonic() + timeout_s - DEADLINE_MARGIN_S) * 1e6) + self.offset_us)
 
 
+@dataclass(frozen=True)
+class Lease:
+    """One slot this process reserved: renewed until ``until`` (monotonic: the zone's
+    ``slot_ttl_s`` after admission, the longest its request may run) while ``owner`` is alive."""
+
+    until: float
+    owner: str = ""
+
+
 @dataclass
 class Leases:
     """The slots this process reserved for requests still in flight (admitted, not released):
-    ``(slots key, slot id) -> monotonic time`` after which they are no longer renewed (the zone's
-    ``slot_ttl_s``: the longest its requests may run). ``renew`` extends each by the lease."""
+    ``(slots key, slot id) -> Lease``. ``renew`` extends each by the lease while its owner lives."""
 
-    held: dict[tuple[str, str], float] = field(default_factory=dict)
+    held: dict[tuple[str, str], Lease] = field(default_factory=dict)
+
+
+@dataclass
+class Owners:
+    """Who holds the slots this process leases: the proxy that asked, so that a proxy killed
+    mid-stream (SIGKILL: no release ever comes) gets no more renewals and its slots come back
+    within a lease, while a live proxy's long stream keeps its slot.
+
+    * ``conn:N`` (Envoy): the gRPC connection the acquire came on, alive while it is open (a
+      killed Envoy's connections are closed by its kernel);
+    * ``replica:ID`` (NGINX, njs >= 0.8): the replica's id (per NGINX instance: a new one after a
+      restart), alive while heard from (an acquire, a release, its heartbeat every HEARTBEAT_S)
+      within OWNER_SILENT_S;
+    * ``""``: a caller that names none (njs 0.7, a hand-made call): alive while this process is,
+      its slots renewed until the zone's slot_ttl_s as before.
+
+    ``seen`` maps an owner to the monotonic time it was last heard (inf: a connection open)."""
+
+    seen: dict[str, float] = field(default_factory=dict)
+    silent_s: float = OWNER_SILENT_S
+
+    def heard(self, owner: str) -> None:
+        if owner and self.seen.get(owner) != math.inf:
+            self.seen[owner] = time.monotonic()
+
+    def opened(self, owner: str) -> None:
+        self.seen[owner] = math.inf
+
+    def closed(self, owner: str) -> None:
+        self.seen.pop(owner, None)
+
+    def alive(self, owner: str, now: float) -> bool:
+        return not owner or self.seen.get(owner, -math.inf) >= now - self.silent_s
+
+    def forget_silent(self, now: float) -> None:
+        for owner in [o for o, t in self.seen.items() if t < now - self.silent_s]:
+            del self.seen[owner]
 
 
 @dataclass
@@ -224,6 +270,7 @@ class Session:
 
     clock: Clock = field(default_factory=Clock)
     leases: Leases = field(default_factory=Leases)
+    owners: Owners = field(default_factory=Owners)
     timeout_s: float = TIMEOUT_S
     failures: int = 0
     layout: url.Layout = "single"
@@ -261,12 +308,13 @@ async def synced(redis: Client) -> Clock:
 
 
 async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: str, lease_s: float,
-                  floor: bool = False) -> Reserved:
+                  floor: bool = False, owner: str = "") -> Reserved:
     """Take every ``(zone, key, cost)`` in order in ONE script call (scripts.ACQUIRE): all, or on
     the first refusal only the rate zones before it (see scanner.limiter.scripts). The call
     carries its deadline (past it Redis writes nothing: StoreUnavailableError); slots are leases
     of ``lease_s`` (at most the zone's slot_ttl_s), renewed by ``renew`` until released; ``floor``
-    (on_unavailable: local): buckets are not refilled for the time before the last reconnection."""
+    (on_unavailable: local): buckets are not refilled for the time before the last reconnection.
+    ``owner``: the proxy holding the slots (Owners), renewed only while it is alive."""
     clock = await synced(redis)
     names: list[str] = []
     deadline = clock.deadline_us(session(redis).timeout_s)
@@ -297,18 +345,22 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
         until = time.monotonic()
         for zone, key, _cost in zones:
             if isinstance(zone, ConcurrencyZone):
-                held[(keys.slots(zone.name, key), slot)] = until + zone.slot_ttl_s
+                held[(keys.slots(zone.name, key), slot)] = Lease(until + zone.slot_ttl_s, owner)
     return Reserved(refused, tuple(answers))
 
 
 async def renew(redis: Client, lease_s: float) -> int:
     """Extend every slot this client holds for a request in flight by ``lease_s`` (one RENEW per
-    slots key, sent together); forget those released elsewhere, expired, or past their zone's
-    slot_ttl_s. The number renewed. A Redis failure: StoreUnavailableError (kept for next time)."""
-    held = session(redis).leases.held
+    slots key, sent together); forget those released elsewhere, expired, past their zone's
+    slot_ttl_s, or whose owner is gone (Owners: its slots then lapse within the lease). The
+    number renewed. A Redis failure: StoreUnavailableError (kept for next time)."""
+    own = session(redis)
+    held = own.leases.held
     now = time.monotonic()
-    for entry in [e for e, until in held.items() if until <= now]:
-        del held[entry]
+    for entry, lease in list(held.items()):
+        if lease.until <= now or not own.owners.alive(lease.owner, now):
+            del held[entry]
+    own.owners.forget_silent(now)
     by_key: dict[str, list[str]] = {}
     for key, slot in held:
         by_key.setdefault(key, []).append(slot)

@@ -45,6 +45,14 @@ def _live(redis: ManagedProcess, zone: str, key: str) -> int:
     return run(go, redis)
 
 
+def _unexpired(redis: ManagedProcess, zone: str, key: str) -> int:
+    """Slots whose lease has not run out (an expired one stays in the set until the next acquire)."""
+    async def go(r: Redis) -> int:
+        sec, usec = await r.time()
+        return int(await r.zcount(keys.slots(zone, key), f"({int(sec) * 1000 + int(usec) // 1000}", "+inf"))
+    return run(go, redis)
+
+
 def _evalsha_calls(redis: ManagedProcess) -> int:
     async def go(r: Redis) -> int:
         stats = await r.info("commandstats")
@@ -159,3 +167,40 @@ def test_the_floor_refills_no_outage(redis_server: ManagedProcess) -> None:
     assert after[0] == 1 and after[3] == 0             # refused: empty at the floor
     assert plain[0] == 0                                # no floor: an absent bucket is full
     assert absent[0] == 1 and absent[3] == 0           # absent after a floor: empty, not full
+
+
+def test_a_replica_s_slots_are_renewed_while_it_is_heard_from(tmp_path: Path) -> None:
+    """An acquire naming its replica (njs >= 0.8): its slot is renewed while the replica says it
+    is alive (/v1/alive), and no longer once it falls silent: back within OWNER_SILENT_S + the
+    lease; a slot without a replica is renewed as before (until its zone's slot_ttl_s)."""
+    from scanner.limiter.config import HEARTBEAT_S, OWNER_SILENT_S
+
+    redis = redis_process(tmp_path).start()
+    service = limiter_process(tmp_path, url(redis), ZONES_LEASED)
+    try:
+        service.start()
+        client = HttpClient("127.0.0.1", service.port)
+        taken = client.post("/v1/acquire", {"key": "r", "zones": ["conc:2"], "slot": "a", "replica": "A-1"})
+        assert taken[1]["allow"] is True
+        assert _acquire(service.port, "r", ["conc:2"], "plain")[1]["allow"] is True
+        beats = 0
+        end = time.monotonic() + OWNER_SILENT_S + 2 * LEASE_S     # past the silence and the lease
+        while time.monotonic() < end and beats < 50:
+            assert client.post("/v1/alive", {"replica": "A-1"}) == (200, {"alive": True})
+            beats += 1
+            time.sleep(HEARTBEAT_S)
+        assert _unexpired(redis, "conc:2", "r") == 2                   # heard from: kept
+        silent = time.monotonic()                                   # the replica killed: no word
+        for _ in range(200):
+            if _unexpired(redis, "conc:2", "r") == 1:
+                break
+            time.sleep(0.1)
+        back_after = time.monotonic() - silent
+        assert _unexpired(redis, "conc:2", "r") == 1, "the silent replica's slot is still held"
+        assert back_after <= OWNER_SILENT_S + LEASE_S + 0.3, back_after
+        assert client.post("/v1/alive", {})[0] == 400               # a heartbeat names its replica
+        assert client.post("/v1/alive", {"replica": "a b"})[0] == 400
+        client.close()
+    finally:
+        service.stop()
+        redis.stop()
