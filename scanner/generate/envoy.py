@@ -28,10 +28,11 @@ Design (see :mod:`scanner.generate.envoy_model` for the route table):
   removed). Keys are read when Envoy starts: after ``keys rotate``/``revoke``, regenerate and
   hot-restart (``--restart-epoch N+1`` with the same ``--base-id``; streams in flight finish on
   the old process, docs/generate.md "Key files and reload").
-* Body: on routes with caps or forbidden fields the same Lua filter checks the declared
-  size, reads the body and parses the top-level JSON object strictly (escaped keys,
-  duplicates, strings/floats/booleans as pydantic reads them; see
-  ``templates/envoy_json.lua.j2``). ``strip`` rewrites the body without the fields.
+* Body: on routes with body rules the same Lua filter checks the declared size, reads the
+  body, parses the top-level JSON object strictly (escaped keys, duplicates, numbers as
+  pydantic reads them; ``templates/envoy_json.lua.j2``) and runs the route's rule program
+  (:mod:`scanner.plan.program`, rendered as the Lua table ``PROGRAMS`` by :func:`lua_value`)
+  over it; the body leaves with what the steps wrote (stripped fields, budget, salt, pins).
   The buffer filter enforces ``body_bytes`` (413) for Content-Length and chunked bodies.
 * Rate: one ``local_ratelimit`` filter per audience and rate with a descriptor (bucket)
   per principal, keyed on the metadata the key check wrote; auth "none" routes get a
@@ -81,13 +82,14 @@ part of the bootstrap (pass ``--log-path`` to Envoy).
 from __future__ import annotations
 
 import json
+import math
 
 import jinja2
 import yaml
 
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.common import OWNER_HOLDS, owner_secret
-from scanner.generate.envoy_model import PRINCIPALS, Model, build_model
+from scanner.generate.envoy_model import PRINCIPALS, JsonValue, Model, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
@@ -115,6 +117,26 @@ def lua_quote(value: object) -> str:
     return '"' + "".join(out) + '"'
 
 
+def lua_value(value: JsonValue) -> str:
+    """A JSON value as a Lua literal: objects and lists as tables (keys quoted), strings by
+    :func:`lua_quote`, JSON null as the script's ``NULL`` sentinel (so a pin to null stays null)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InternalError(f"no JSON number {value!r} in a rule program")
+        return repr(value)
+    if isinstance(value, str):
+        return lua_quote(value)
+    if isinstance(value, list):
+        return "{" + ", ".join(lua_value(v) for v in value) + "}"
+    return "{" + ", ".join(f"[{lua_quote(k)}] = {lua_value(v)}" for k, v in value.items()) + "}"
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
@@ -123,6 +145,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["q"] = yaml_quote
     env.filters["lua"] = lua_quote
+    env.filters["lua_value"] = lua_value
     env.filters["chomp"] = lambda text: str(text).rstrip("\n")
     return env
 

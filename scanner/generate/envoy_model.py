@@ -52,16 +52,18 @@ from scanner.plan.model import (
     REASON_HEADER,
     SPOOFABLE_HEADERS,
     WEBSOCKET_HEADERS,
-    Budget,
     Decision,
     Plan,
     SharedPlan,
 )
-from scanner.policy.media import MediaRules
-from scanner.policy.model import CertPrincipal, FieldRules, Principal, Rate
+from scanner.plan.program import Programs, compile_decision
+from scanner.policy.model import CertPrincipal, Principal, Rate
+from scanner.rules import Program
 
 LUA_FILTER = "perimeter.lua"
 PRINCIPALS = "envoy-principals.tsv"
+# a JSON document as Python holds it (a rule program's steps)
+JsonValue = dict[str, "JsonValue"] | list["JsonValue"] | str | int | float | bool | None
 STREAM_BUFFER = 1048576    # Envoy's default per-connection buffer limit
 UPSTREAM_HEADER = "x-perimeter-upstream"   # internal: the concurrency cluster Lua picked
 BASE_CLUSTER = "vllm"
@@ -201,17 +203,13 @@ class LuaGroup:
     roles: tuple[str, ...] = ()                  # empty: any principal
     limited: bool = False                        # a concurrency limit: a cluster per principal
     upstreams: tuple[tuple[str, str], ...] = ()  # principal -> concurrency cluster
-    check_body: bool = False                     # JSON caps / field rules
-    fields: FieldRules | None = None             # the route's field rules; None: not checked
+    check_body: bool = False                     # the body read and its program run
+    program: str = ""                            # the id of its rule program (Model.programs)
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
-    caps: tuple[tuple[str, int], ...] = ()       # Decision.cap_paths: names and dotted paths
     websocket: bool = False                      # also pass the WebSocket handshake headers
-    budget: Budget | None = None                 # the output budget decided on every body
-    salt: str = ""                               # "principal" / "audience:NAME": Lua writes that
-                                                 # subject's cache_salt (from the 0600 TSV)
-    media: MediaRules | None = None              # the route's media rules; None: not checked
+    salt: str = ""                               # "principal" / "audience:NAME": the subject whose
+                                                 # cache_salt (from the 0600 TSV) the salt step writes
     grpc: bool = False                           # a gRPC method: also pass gRPC's own headers
-    envelope: LuaEnvelope | None = None          # the admitted envelope Lua computes and caps
     # a token budget (tokens per minute, the bucket's capacity): Lua sets perimeter.cost
     tokens: tuple[int, int] | None = None
     token_zone: str = ""                         # its local_ratelimit filter (the credit ledger's zone)
@@ -219,54 +217,10 @@ class LuaGroup:
     cert: bool = False                           # auth "cert": a client certificate principal
     slot: bool = False                           # a shared concurrency zone: Lua sets perimeter.slot
     # responses: owned (scanner/plan/owner.py): the :path part holding a sealed response id (0:
-    # none), the body fields naming one, and whether answers are sealed (Lua unseals / seals)
+    # none), and whether answers are sealed (Lua unseals / seals; body fields: the owned step)
     owner_param: int = 0
-    owner_fields: tuple[str, ...] = ()
     owner_seal: bool = False
 
-    @property
-    def heads(self) -> tuple[str, ...]:
-        """The first names of the dotted paths check_json reads (nested caps, a nested budget):
-        their top-level values are kept; empty: none (most routes), no path is walked."""
-        budget = (self.budget.field, *self.budget.fields) if self.budget else ()
-        paths = (*(p for p, _ in self.caps), *budget)
-        return tuple(sorted({p.split(".")[0] for p in paths if "." in p}))
-
-
-@dataclass(frozen=True)
-class LuaEnvelope:
-    """What Lua needs for a route's admitted envelope (Decision.envelope): the spec's fields, the
-    output budget's fields in order (empty: none), what a body without one runs (Budget.output:
-    the most written, 0 nothing; the context length it is fitted into, 0 none; vLLM's default
-    bound when nothing is written), the per-request caps (None: none)."""
-
-    items: tuple[tuple[str, str], ...]
-    pairs: tuple[tuple[str, str], ...]
-    per: tuple[str, ...]
-    out: tuple[str, ...]
-    cap: int
-    seq: int | None
-    tok: int | None
-    window: int = 0
-    rest: int = 0
-    settled: bool = False    # a token budget settled from usage (scanner/plan/settle.py): best_of, n read
-    ask: bool = False        # ... and a stream asks for its usage (EnvelopeSpec.ask_usage)
-
-    @property
-    def named(self) -> tuple[str, ...]:
-        """Every top-level field the envelope reads (a dotted path's first name)."""
-        return tuple(sorted({*(f for f, _ in self.items), *(f for p in self.pairs for f in p),
-                             *(f.split(".")[0] for f in (*self.per, *self.out)),
-                             "model", *(("best_of", "n") if self.settled else ())}))
-
-    @staticmethod
-    def of(d: Decision) -> LuaEnvelope:
-        spec, budget = d.envelope_spec, d.budget
-        return LuaEnvelope(items=spec.items, pairs=spec.pairs, per=spec.per_item,
-                           out=budget.fields if budget else (), cap=budget.write_cap if budget else 0,
-                           seq=d.limits.max_sequences, tok=d.limits.max_request_tokens,
-                           window=budget.window if budget else 0, rest=budget.rest if budget else 0,
-                           settled=bool(d.token_zone), ask=bool(d.token_zone) and spec.ask_usage)
 
 
 @dataclass(frozen=True)
@@ -381,7 +335,8 @@ class Model:
     owner_file: str = ""                          # responses: owned: the secret, read by Lua at load
     grpc: GrpcListener | None = None              # the gRPC listener; None: none
     token_filters: tuple[TokenFilter, ...] = ()   # token budgets: after Lua, before the buffer
-    envelopes: bool = False     # some Lua group computes the admitted envelope (caps, token budgets)
+    # the rule programs of the Lua groups (scanner.plan.program: Programs), by id
+    programs: tuple[tuple[str, Program], ...] = ()
     workers: int = 1            # Envoy's --concurrency: each worker holds a share of the credits
     jwt_providers: tuple[JwtProvider, ...] = ()   # auth "jwt" audiences: jwt_authn before Lua
     ca_bundle: str = ""                           # trusted CAs of a remote JWKS
@@ -396,6 +351,11 @@ class Model:
     @property
     def scheme(self) -> str:
         return "https" if self.listen_tls else "http"
+
+    @property
+    def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:
+        """Each program's steps as JSON (the Lua table PROGRAMS)."""
+        return tuple((pid, p.model_dump(mode="json")["steps"]) for pid, p in self.programs)
 
     @property
     def settles(self) -> bool:
@@ -460,6 +420,7 @@ class _Registry:
     concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, TokenFilter] = field(default_factory=dict)   # by Decision.token_zone
     jwt: dict[str, JwtProvider] = field(default_factory=dict)      # by audience
+    programs: Programs = field(default_factory=Programs)          # the groups' rule programs
     shared: SharedPlan | None = None
 
     def jwt_provider(self, d: Decision) -> str:
@@ -526,38 +487,30 @@ class _Registry:
         key_needed = d.auth == "key"
         cert = d.auth == "cert"
         websocket = d.kind == "websocket"
-        caps = d.cap_paths if check_body else ()
         limit = (d.limits.body_bytes or 0) if check_body else 0
         budget = d.enforced_budget if check_body else None
         if budget is not None and budget.field.count(".") > 1:
             raise GenerateError(f"envoy generator: {d.method} {d.path}: an output budget nested deeper "
                                 f"than one object ({budget.field}) is not supported")
-        fields = d.fields if check_body and d.fields.decided else None
+        program = self.programs.add(compile_decision(d)) if check_body else ""
         salt = "" if not (check_body and d.salt) else (
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
-        media = d.media if check_body and d.media.active else None
         grpc = d.kind == "grpc"
         tpm = d.limits.tokens_per_minute
         tokens = (tpm, d.token_capacity) if d.token_zone and tpm else None
         slot = self.shared is not None and any(a.slot for a in shared_actions(self.shared, d))
-        envelope = LuaEnvelope.of(d) if (tokens or (check_body and d.envelope_capped)) else None
         ident = (key_needed, cert, d.roles if key_needed or cert else (), upstream_prefix, check_body,
-                 (fields.unknown, tuple(fields.named.items()), tuple(fields.counts.items()),
-                  tuple(fields.pins.items())) if fields else None, limit, caps,
-                 websocket, budget, salt, replace(media, line=0) if media else None, grpc, tokens, envelope,
-                 self.token_filter(own) if own else "", self.lua_jwt(d), d.roles if d.jwt else (), slot,
-                 d.owner_segment, d.owner_fields if check_body else (), d.owner_seal)
+                 program, limit, websocket, salt, grpc, tokens, self.token_filter(own) if own else "",
+                 self.lua_jwt(d), d.roles if d.jwt else (), slot, d.owner_segment, d.owner_seal)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
                         ) if upstream_prefix else ()
             self.lua[ident] = LuaGroup(
                 id=f"g{len(self.lua) + 1}", key=key_needed, jwt=self.lua_jwt(d), cert=cert,
                 roles=d.roles if key_needed or cert or d.jwt else (), limited=bool(upstream_prefix),
-                upstreams=ups,
-                check_body=check_body, fields=fields,
-                body_limit=limit, caps=caps, websocket=websocket, budget=budget, salt=salt, media=media,
-                grpc=grpc, tokens=tokens, envelope=envelope, token_zone=self.token_filter(own) if own else "",
-                slot=slot, owner_param=d.owner_segment, owner_fields=d.owner_fields if check_body else (),
+                upstreams=ups, check_body=check_body, program=program, body_limit=limit,
+                websocket=websocket, salt=salt, grpc=grpc, tokens=tokens,
+                token_zone=self.token_filter(own) if own else "", slot=slot, owner_param=d.owner_segment,
                 owner_seal=d.owner_seal)
         return self.lua[ident].id
 
@@ -837,7 +790,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         upstream_key_file=plan.upstream.api_key_file or "",
         owner_file=plan.body.responses_secret_file or "" if plan.body.owned else "",
         grpc=grpc, token_filters=tuple(reg.tokens.values()),
-        envelopes=any(g.envelope is not None for g in reg.lua.values()),
+        programs=tuple(reg.programs.document().programs.items()),
         workers=opts.workers, jwt_providers=tuple(reg.jwt.values()), ca_bundle=opts.ca_bundle,
         shared=_shared_limiter(plan),
     )

@@ -20,6 +20,7 @@ from scanner.generate.interface import GenerateOptions
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
+from scanner.rules import Keys, Program, Step
 
 KIND = "envoy"
 ENVOY = "envoy.yaml"
@@ -103,6 +104,50 @@ def _breaker_max(model: Model, plan: Plan) -> tuple[Model, str]:
     return replace(model, clusters=new), f"{prefix}* ({where(d)}): circuit breaker thresholds {big}"
 
 
+def _weakened(op: str, pick: Callable[[Plan], Decision],
+              change: Callable[[Step], Step | None] = lambda s: None, ops: tuple[str, ...] = ()) -> ModelEdit:
+    """A model edit: the route of ``pick(plan)`` gets a copy of its Lua group whose rule program has
+    each ``op`` step (and each of ``ops``) changed (None: removed), rendered from the model."""
+    def edit(model: Model, plan: Plan) -> tuple[Model, str]:
+        d = pick(plan)
+        name = f"allow:{d.method} {d.path}"
+        route = next((r for r in model.routes if r.name == name), None)
+        group = next((g for g in model.lua_groups if route and g.id == route.lua_group), None)
+        programs = dict(model.programs)
+        if route is None or group is None or not group.program:
+            raise NotApplicable(f"{where(d)}: no rule program")
+        old = programs[group.program]
+        steps = [t for t in (change(s) if s.op in (op, *ops) else s for s in old.steps) if t is not None]
+        if not any(s.op == op for s in old.steps):
+            raise NotApplicable(f"{where(d)}: no {op} step")
+        pid, gid = f"{group.program}x", f"{group.id}x"
+        programs[pid] = Program(steps=steps)
+        routes = tuple(replace(r, lua_group=gid) if r.name == name else r for r in model.routes)
+        return replace(model, routes=routes, programs=tuple(programs.items()),
+                       lua_groups=(*model.lua_groups, replace(group, id=gid, program=pid))), \
+            f"{where(d)}: its program without {op}"
+    return edit
+
+
+def _client_salt(step: Step) -> Step | None:
+    """The salt step gone, and the client's cache_salt kept (stripped where the salt is written)."""
+    if isinstance(step, Keys) and step.modes.get("cache_salt") == "strip":
+        return step.model_copy(update={"modes": {**step.modes, "cache_salt": "allow"}})
+    return None if step.op == "salt" else step
+
+
+_model_op("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
+          "one route passes the fields the policy forbids", ('limits',),
+          _weakened("keys", core.field_checked))
+_model_op("media-check-removed", "remove", "a route with media rules",
+          "one route passes any media URL, data and embeddings", ('media',),
+          _weakened("media", core.media_checked))
+_model_op("budget-not-enforced", "remove", "a route with an output budget",
+          "one route forwards bodies without an output budget as sent", ('limits',),
+          _weakened("budget", core.budgeted))
+_model_op("salt-not-rewritten", "forward", "a salted route",
+          "one route forwards the client's cache_salt (no tenant salt)", ('limits',),
+          _weakened("salt", core.salted, _client_salt, ops=("keys",)), needs="body.cache_salt")
 _model_op("parameter-any", "loosen", "a template route's match",
           "a template parameter matches .+ (any characters, slashes too)",
           ("bypass", "upstream"), _parameter_any)
@@ -151,23 +196,6 @@ class _Envoy:
 
     def save(self) -> None:
         self.path.write_text(yaml.safe_dump(self.doc, sort_keys=False), encoding="utf-8")
-
-
-def _group_copy(env: _Envoy, route: dict[str, Any], **changes: str) -> str:
-    """Give ``route`` a copy of its Lua group with some fields replaced (Lua source text)."""
-    gid = route["metadata"]["filter_metadata"]["perimeter.lua"]["g"]
-    lua = env.lua
-    m = re.search(r'\n  \["' + re.escape(gid) + r'"\] = \{\n(.*?)\n  \},', lua, re.S)
-    if m is None:
-        raise NotApplicable(f"no Lua group {gid}")
-    body = m.group(1)
-    for key, value in changes.items():
-        body = re.sub(r"(\n|^)(    " + key + r" = )[^\n]*,",
-                      lambda x, v=value: f"{x.group(1)}{x.group(2)}{v},", body)
-    new_id = f"{gid}x"
-    env.lua = lua.replace("local GROUPS = {\n", f'local GROUPS = {{\n  ["{new_id}"] = {{\n{body}\n  }},\n', 1)
-    route["metadata"]["filter_metadata"]["perimeter.lua"]["g"] = new_id
-    return new_id
 
 
 def _fixed_cluster(route: dict[str, Any]) -> None:
@@ -243,30 +271,6 @@ def _e_method(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
-@_e("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
-    "one route passes the fields the policy forbids", ('limits',))
-def _e_fields(env: _Envoy, plan: Plan) -> str:
-    d = core.field_checked(plan)
-    _group_copy(env, env.allowed(d), fields="false")
-    return f"{d.method} {d.path}"
-
-
-@_e("media-check-removed", "remove", "a route with media rules",
-    "one route passes any media URL, data and embeddings", ('media',))
-def _e_media(env: _Envoy, plan: Plan) -> str:
-    d = core.media_checked(plan)
-    _group_copy(env, env.allowed(d), media="nil")
-    return f"{d.method} {d.path}"
-
-
-@_e("budget-not-enforced", "remove", "a route with an output budget",
-    "one route forwards bodies without an output budget as sent", ('limits',))
-def _e_budget(env: _Envoy, plan: Plan) -> str:
-    d = core.budgeted(plan)
-    _group_copy(env, env.allowed(d), budget="nil")
-    return f"{d.method} {d.path}"
-
-
 @_e("ownership-unbound", "remove", "the Lua filter's response seal",
     "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
     ('ownership',), needs="body.responses")
@@ -277,18 +281,6 @@ def _e_unbound(env: _Envoy, plan: Plan) -> str:
         raise NotApplicable("no response seal in the Lua filter")
     env.lua = env.lua.replace(old, '"response:" .. "\\n" .. rid')
     return "owner_tag computed without the principal"
-
-
-@_e("salt-not-rewritten", "forward", "a salted route",
-    "one route forwards the client's cache_salt (no tenant salt)", ('limits',), needs="body.cache_salt")
-def _e_salt(env: _Envoy, plan: Plan) -> str:
-    d = core.salted(plan)
-    gid = _group_copy(env, env.allowed(d), salt="nil")
-    lua = env.lua
-    a = lua.index(f'\n  ["{gid}"] = {{\n')
-    b = lua.index("\n  },", a)
-    env.lua = lua[:a] + lua[a:b].replace('["cache_salt"] = "strip"', '["cache_salt"] = "allow"') + lua[b:]
-    return f"{d.method} {d.path}"
 
 
 @_e("token-budget-removed", "remove", "a token zone",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scanner.errors import GenerateError
+from scanner.errors import GenerateError, InternalError
 from scanner.generate import interface
-from scanner.generate.envoy import EnvoyGenerator, lua_quote, yaml_quote
-from scanner.generate.envoy_model import bucket, duration
+from scanner.generate.envoy import EnvoyGenerator, lua_quote, lua_value, yaml_quote
+from scanner.generate.envoy_model import JsonValue, bucket, duration
 from scanner.generate.interface import GeneratedConfig, GenerateOptions
 from scanner.generate.write import write_config
 from scanner.inventory.model import load as load_inventory
@@ -363,3 +363,15 @@ def test_quoting() -> None:
     assert yaml.safe_load("k: " + yaml_quote('a "b"\n: c')) == {"k": 'a "b"\n: c'}
     assert yaml.safe_load(yaml_quote("n")) == "n"  # never a YAML boolean
     assert lua_quote('a"b\\c\n') == '"a\\"b\\\\c\\010"'
+
+
+def test_lua_value_writes_json_as_lua_tables_and_null_as_the_sentinel() -> None:
+    steps: list[JsonValue] = [{"op": "pin", "field": "seed", "value": None}, {"op": "cap", "path": "n", "max": 4},
+             {"op": "media", "data": 1.5, "domains": [], "embeds": "deny", "x": True, "y": False}]
+    assert lua_value(steps) == ('{{["op"] = "pin", ["field"] = "seed", ["value"] = NULL}, '
+                                '{["op"] = "cap", ["path"] = "n", ["max"] = 4}, '
+                                '{["op"] = "media", ["data"] = 1.5, ["domains"] = {}, ["embeds"] = "deny", '
+                                '["x"] = true, ["y"] = false}}')
+    assert lua_value("é\n") == lua_quote("é\n") and lua_value(None) != lua_value("null")
+    with pytest.raises(InternalError):
+        lua_value(float("inf"))

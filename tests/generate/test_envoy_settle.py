@@ -1,5 +1,5 @@
 """Envoy 1.40: token budgets settled from usage (issue 19 item 3; the rules: scanner/plan/settle.py).
-The Lua asks a stream for its usage where the plan says so (LuaEnvelope.of: EnvelopeSpec.ask_usage),
+The Lua asks a stream for its usage where the plan says so (its program's ask_usage step: EnvelopeSpec.ask_usage),
 reads the usage from the JSON answer or the stream's events as they go by, drops the usage-only
 event it asked for, and credits the unused reservation to the principal's next requests (the
 bucket's charge, perimeter.hits, lowered by it). One Envoy in front of the stand-in for the module."""
@@ -21,11 +21,11 @@ from scanner import mutate
 from scanner.audit.access_log import Entry, entries
 from scanner.errors import GenerateError
 from scanner.generate.envoy import EnvoyGenerator
-from scanner.generate.envoy_model import LuaEnvelope
+from scanner.generate.envoy_model import build_model
 from scanner.generate.interface import GenerateOptions
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
-from scanner.plan.model import Plan
+from scanner.plan.model import Decision, Plan
 from scanner.runtime import envoy
 from scanner.runtime.proxy import Proxy
 from scanner.standin.serve import StandinThread
@@ -59,13 +59,18 @@ def test_the_lua_asks_where_the_plan_says_and_the_bucket_is_charged_hits(tmp_pat
     tokens = [f for f in hcm["http_filters"] if f["name"].startswith("perimeter.tokens")]
     assert tokens and all(r["hits_addend"]["format"] == "%DYNAMIC_METADATA(perimeter:hits)%"
                           for f in tokens for r in f["typed_config"]["rate_limits"])
-    settled = [d for d in plan.allowed if d.token_zone]
-    asking = {d.path for d in settled if LuaEnvelope.of(d).ask}
+    model = build_model(plan, GenerateOptions(output_dir=str(tmp_path)))
+    groups, programs = {g.id: g for g in model.lua_groups}, dict(model.programs)
+
+    def asks(d: Decision) -> bool:
+        group = groups[next(r.lua_group for r in model.routes if r.name == f"allow:{d.method} {d.path}")]
+        return bool(group.program) and any(s.op == "ask_usage" for s in programs[group.program].steps)
+
+    asking = {d.path for d in plan.allowed if asks(d)}
     assert CHAT in asking and "/v1/completions" in asking        # their models take stream_options
-    assert all(LuaEnvelope.of(d).ask == d.envelope_spec.ask_usage for d in settled)
-    assert not any(LuaEnvelope.of(d).ask for d in plan.allowed if not d.token_zone)
+    assert all(asks(d) == (bool(d.token_zone) and d.envelope_spec.ask_usage) for d in plan.allowed)
     lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
-    assert lua.count("ask = true") >= 1 and "local WORKERS = 1\n" in lua
+    assert lua.count('{["op"] = "ask_usage"}') >= 1 and "local WORKERS = 1\n" in lua
     four = _rendered(plan, tmp_path, {"workers": "4"})
     assert "local WORKERS = 4\n" in four and "\n# --concurrency 4 " in four   # and the run line says so
 
