@@ -63,6 +63,7 @@ from scanner.generate.common import (
 )
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
+from scanner.limiter.config import HEARTBEAT_S
 from scanner.plan import jwt as plan_jwt
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
@@ -278,6 +279,9 @@ class Model:
     jwt_principal_max: int = plan_jwt.PRINCIPAL_MAX   # the longest token principal (jwt:ID:CLAIM)
     limiter: str = ""           # the fleet's limiter's HTTP door (policy shared:); "" none
     fetch_keepalive: bool = False   # njs >= 0.9: js_fetch_keepalive
+    # njs >= 0.8 with the limiter: this NGINX says it is alive this often (js_periodic
+    # perimeter.heartbeat), so its slots are renewed while it lives (0: none)
+    heartbeat_ms: int = 0
 
 
 # --- validation helpers ------------------------------------------------------------------
@@ -755,4 +759,6 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
         jwt=tuple(reg.jwt.values()),
         limiter=_limiter(plan), fetch_keepalive=bool(opts.njs) and version_tuple(opts.njs) >= (0, 9),
+        heartbeat_ms=round(HEARTBEAT_S * 1000)
+        if _limiter(plan) and (not opts.njs or version_tuple(opts.njs) >= (0, 8)) else 0,
     )

@@ -48,9 +48,26 @@ def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path)
     assert http.count("post_action @perimeter_after;") >= len(specs)
     assert "location @perimeter_after {" in http and "location @perimeter_shared_503 {" in http
     njs = files["perimeter.js"]
-    assert re.search(r"export default \{[^}]*\blimit, after, onward\};", njs)
+    assert re.search(r"export default \{[^}]*\blimit, after, onward, heartbeat\};", njs)
     assert files["limiter-zones.json"] and files["ratelimit-config.yaml"]
     assert _files(plan) == files                                        # deterministic
+
+
+def test_the_replica_heartbeat_only_where_njs_has_js_periodic(tmp_path: Path) -> None:
+    """njs >= 0.8 (and an njs not named: assumed so): one replica id in a shared dict and a
+    js_periodic heartbeat every HEARTBEAT_S, so the limiter keeps this NGINX's slots while it
+    lives (scanner.limiter.store.Owners); njs 0.7 has neither: none written."""
+    from scanner.limiter.config import HEARTBEAT_S
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    plan = loop.setup(load_ref(CATALOG), fleet_policy("deny", tokens=False), tmp_path, 18000).plan
+    beat = f"js_periodic perimeter.heartbeat interval={round(HEARTBEAT_S * 1000)}ms;"
+    for njs in ("0.9.9", "0.8.1", ""):
+        http = _files(plan, {"njs": njs} if njs else None)["perimeter-http.conf"]
+        assert http.count(beat) == 1 and "js_shared_dict_zone zone=perimeter_replica:32k;" in http, njs
+    old = _files(plan, {"njs": "0.7.9"})["perimeter-http.conf"]
+    assert "js_periodic" not in old and "perimeter_replica" not in old
+    assert "perimeter_replica" not in _files(replace(plan, shared=None), {"njs": "0.9.9"})["perimeter-http.conf"]
 
 
 def test_without_shared_nothing_changes(tmp_path: Path) -> None:

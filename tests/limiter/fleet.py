@@ -48,7 +48,7 @@ class FleetStack:
 
     def __init__(self, proxy: Proxy, on_unavailable: str = "deny", stream_delay: float = 0.25,
                  tokens: bool = True, local_after_s: dict[str, float] | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, slot_lease_s: float | None = None) -> None:
         redis_binary()    # skipped (or failed on CI) without redis-server
         self.proxy = proxy.kind
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-"))
@@ -61,6 +61,9 @@ class FleetStack:
             assert self.plan.shared is not None
             after = {**self.plan.shared.zones.local_after_s, **local_after_s}
             self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, local_after_s=after))
+        if slot_lease_s is not None:   # a test's shorter lease (the limiter's default otherwise)
+            assert self.plan.shared is not None
+            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, slot_lease_s=slot_lease_s))
         self.fleet = fleet.Fleet(self.plan, proxy, self.tmp, (free_port(), free_port()))
         self.written = self.fleet.write()
         self.standin = StandinThread(inventory, "127.0.0.1", up, stream_delay=stream_delay)

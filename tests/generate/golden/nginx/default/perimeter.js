@@ -888,6 +888,36 @@ function limiterCall(v, path, call) {
                                                   headers: {'Content-Type': 'application/json'}});
 }
 
+// This NGINX instance as the limiter knows it (njs >= 0.8): one id for all its workers, in the
+// shared dict perimeter_replica, made by the first that asks (a restarted NGINX has a new one).
+// The limiter renews the slots an acquire naming it took while it is heard from (heartbeat), so
+// the slots of an NGINX killed mid-stream come back within seconds (scanner/limiter/store.py
+// Owners). null without the dict (njs 0.7): slots are then renewed until the zone's slot_ttl_s.
+function replicaId() {
+    var d = typeof ngx.shared === 'object' ? ngx.shared.perimeter_replica : undefined;
+    var id;
+    if (!d) {
+        return null;
+    }
+    id = d.get('id');
+    if (id === undefined) {
+        d.add('id', Date.now().toString(36) + '-' + Math.random().toString(36).slice(2, 12));
+        id = d.get('id');
+    }
+    return typeof id === 'string' && id ? id : null;
+}
+
+// js_periodic (njs >= 0.8, every scanner/limiter/config.py HEARTBEAT_S): this replica is alive.
+function heartbeat(s) {
+    var id = replicaId();
+    if (id === null) {
+        return;
+    }
+    return limiterCall(s.variables, '/v1/alive', {replica: id}).then(function () {}, function (e) {
+        ngx.log(ngx.WARN, 'perimeter limiter heartbeat: ' + e);
+    });
+}
+
 // Resolves true (admitted: $perimeter_held) or false (answered). cost: the token cost (null: the
 // route has no token zone).
 function acquire(r, v, cost) {
@@ -900,6 +930,9 @@ function acquire(r, v, cost) {
     call = {key: s.key, zones: s.zones, slot: v.perimeter_slot};
     if (cost !== null) {
         call.cost = cost;
+    }
+    if (replicaId() !== null) {
+        call.replica = replicaId();     // the slot is this replica's: renewed while it lives
     }
     return limiterCall(v, '/v1/acquire', call).then(function (reply) {
         return reply.status === 200 || reply.status === 503 ? reply.json() : null;
@@ -1732,4 +1765,4 @@ function jwt(r) {
         });
 }
 
-export default {keyHash, certWho, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after, onward};
+export default {keyHash, certWho, read, body, direct, jwt, settleHeaders, settle, ownedPath, limit, after, onward, heartbeat};
