@@ -424,7 +424,7 @@ def saturate(proxy: Proxy, tpm: int, window: float, clients: int, burst: int | N
     """``clients`` threads of one principal (role user) sending requests of cost tpm // 100 back
     to back for ``window`` seconds, answered 400 by the witness (no refund)."""
     from scanner.probe.checks.tokens import body_of_cost
-    from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM
+    from scanner.witness_asgi import ANSWER_PARAM, PROBE_PARAM
 
     inventory = load_ref(CATALOG)
     with tempfile.TemporaryDirectory(prefix="bench-budget-") as tmp, ExitStack() as stack:

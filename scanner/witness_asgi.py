@@ -1,4 +1,14 @@
-"""A witness inside vLLM: ASGI middleware that records what vLLM received for the prober's own
+"""The witness protocol, and the witness inside vLLM that speaks it.
+
+**The protocol** (one module: the stand-in's witness, ``scanner/standin/_witness.py``, and the
+prober import it from here): the probe's query parameters (``vp_probe``, ``vp_hold``,
+``vp_hold_group``, ``vp_answer``, ``vp_tag``), the read paths and headers, the record of a request
+(:func:`record_of`), the hold (:func:`held_for`), the error answer (:func:`error_body`) and the
+HMAC of tags, reads and seals (:func:`mac`). The stand-in's witness records every request and
+answers reads at :data:`STANDIN_READ_PATH` without a MAC (a verify run's own loopback upstream);
+the witness below records only tagged requests and answers only MAC'd reads, sealed.
+
+**The witness inside vLLM**: ASGI middleware that records what vLLM received for the prober's own
 requests, and for nothing else. Standard library only, one file, no import of this project:
 ``vllm-perimeter witness export DIR`` writes it as ``DIR/vllm_perimeter_witness.py`` and vLLM
 loads it with its own ``--middleware`` flag::
@@ -63,6 +73,7 @@ from typing import Any
 
 ENV_SECRET_FILE = "VLLM_PERIMETER_WITNESS_SECRET_FILE"
 READ_PATH = "/__perimeter__/witness"
+STANDIN_READ_PATH = "/__standin__/witness"   # the stand-in's witness: every record, no MAC (loopback)
 SEAL_HEADER = "x-perimeter-witness-seal"
 PRINCIPAL_HEADER = "x-perimeter-principal"
 PROBE_PARAM = "vp_probe"
@@ -92,7 +103,7 @@ BUDGET_FIELDS: tuple[str, ...] = ("max_tokens", "max_completion_tokens", "max_ou
 log = logging.getLogger("vllm_perimeter_witness")
 
 
-# --- the shared protocol (the prober imports these) ------------------------------------------------
+# --- the protocol (the stand-in's witness and the prober import these) ------------------------------
 
 def mac(secret: bytes, *parts: str) -> str:
     """HMAC-SHA256 over the parts (each one length-prefixed: no two lists give one text), hex."""
@@ -151,6 +162,106 @@ def error_body(status: int, probe: str) -> bytes:
                f"{LEAK_MARKER}>")
     return json.dumps({"error": {"message": message, "type": "InternalServerError" if status >= 500
                                  else "BadRequestError", "code": status}}).encode()
+
+
+def probe_params(query: list[tuple[str, str]]) -> dict[str, str]:
+    """The probe's own parameters of a parsed query (the first of each; "" absent)."""
+    first: dict[str, str] = {}
+    for k, v in query:
+        first.setdefault(k, v)
+    return {k: first.get(k, "") for k in SIGNED}
+
+
+def record_of(scope: Mapping[str, Any], body: bytes) -> dict[str, Any]:
+    """What a witness records of a request (its ``vp_probe`` id, "" none): the method, the raw path
+    as the proxy sent it, the query without the probe's own parameters, every header (credentials
+    only as :func:`fingerprint`), the body's size and sha256, the text of a JSON object body up to
+    :data:`MAX_BODY_TEXT` (of a larger one an ``outline``: top-level names and members of at most
+    :data:`MAX_OUTLINE_MEMBER`), and its output ``budget`` fields as vLLM will parse them."""
+    query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    record: dict[str, Any] = {
+        "id": probe_params(query)[PROBE_PARAM],
+        "method": scope.get("method", ""),
+        "path": (scope.get("raw_path") or scope.get("path", "").encode()).decode("latin-1"),
+        "query": urllib.parse.urlencode([(k, v) for k, v in query if k not in OWN_PARAMS]),
+        "headers": [[k.decode("latin-1").lower(), header_value(k, v)] for k, v in scope.get("headers", [])],
+        "body_bytes": len(body),
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+        "body": None,
+    }
+    obj = json_object(body)
+    if obj is not None:
+        if len(body) <= MAX_BODY_TEXT:
+            record["body"] = body.decode("utf-8", "replace")
+        else:
+            record["outline"] = {"keys": sorted(obj), "short": {
+                k: v for k, v in obj.items() if len(json.dumps(v)) <= MAX_OUTLINE_MEMBER}}
+        record["budget"] = {k: obj[k] for k in BUDGET_FIELDS if k in obj}
+    return record
+
+
+def held_for(hold_start: dict[str, float], params: Mapping[str, str], now: float) -> float:
+    """How long to hold a request: ``vp_hold`` ms (at most :data:`MAX_HOLD_MS`; 0 none), or what is
+    left of its group's hold (``vp_hold_group``: the group's first arrival, kept in ``hold_start``
+    on the clock of ``now``, plus the hold)."""
+    hold = params.get(HOLD_PARAM, "")
+    if not hold.isdigit():
+        return 0.0
+    seconds = min(int(hold), MAX_HOLD_MS) / 1000
+    group = params.get(HOLD_GROUP_PARAM, "")
+    if not group:
+        return seconds
+    if group not in hold_start and len(hold_start) >= MAX_HOLD_GROUPS:
+        hold_start.clear()
+    start = hold_start.setdefault(group, now)
+    return max(0.0, start + seconds - now)
+
+
+async def answered(send: Any, params: Mapping[str, str]) -> bool:
+    """Answer the request in the app's place when ``vp_answer`` asks for a status (400 - 599):
+    :func:`error_body`; False when it does not ask."""
+    status = params.get(ANSWER_PARAM, "")
+    if not (status.isdigit() and 400 <= int(status) <= 599):
+        return False
+    payload = error_body(int(status), params.get(PROBE_PARAM, ""))
+    await send({"type": "http.response.start", "status": int(status),
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+    return True
+
+
+def header_value(name: bytes, value: bytes) -> str:
+    """A header's value as recorded: a credential header's only as its :func:`fingerprint`."""
+    text = value.decode("latin-1")
+    return fingerprint(text) if name.decode("latin-1").lower() in SECRET_HEADERS else text
+
+
+async def read_body(receive: Any, chunks: list[bytes]) -> bool:
+    """Read the body into ``chunks`` (up to MAX_BODY); True if more was left unread."""
+    size = 0
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request":
+            return False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return False
+        if size > MAX_BODY:
+            return True
+
+
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, if it is one."""
+    if not body.lstrip().startswith(b"{"):
+        return None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 # --- the middleware -----------------------------------------------------------------------------------
@@ -214,7 +325,7 @@ class Witness:
         chunks: list[bytes] = []
         more = True
         try:
-            more = await _read_body(receive, chunks)
+            more = await read_body(receive, chunks)
         except Exception as exc:   # what was read goes on to vLLM, then the rest as it comes
             self._failed("body", exc)
         body = b"".join(chunks)
@@ -244,13 +355,7 @@ class Witness:
                 if held > 0:
                     record["held_ms"] = round(held * 1000, 3)
                     await asyncio.sleep(held)
-                status = probe.params.get(ANSWER_PARAM, "")
-                if status.isdigit() and 400 <= int(status) <= 599:
-                    payload = error_body(int(status), probe.params.get(PROBE_PARAM, ""))
-                    await send({"type": "http.response.start", "status": int(status),
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(payload)).encode())]})
-                    await send({"type": "http.response.body", "body": payload})
+                if await answered(send, probe.params):
                     return
             await self.app(scope, replayed, send)
         finally:
@@ -276,7 +381,7 @@ class Witness:
             return self._admit_read(first)
         ts, _, rest = first.get(TAG_PARAM, "").partition(".")
         nonce, _, given = rest.partition(".")
-        params = {k: first.get(k, "") for k in SIGNED}
+        params = probe_params(query)
         if not params[PROBE_PARAM] or not self._fresh(ts, nonce):
             return None
         if not hmac.compare_digest(given, mac(self.secret, "tag", ts, nonce, *params.values())):
@@ -322,31 +427,8 @@ class Witness:
     # -- the records --
     def _record(self, scope: MutableMapping[str, Any], probe: _Probe, body: bytes,
                 in_flight: int) -> dict[str, Any]:
-        query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"),
-                                       keep_blank_values=True)
-        pid = probe.params[PROBE_PARAM]
-        record: dict[str, Any] = {
-            "id": pid,
-            "method": scope.get("method", ""),
-            "path": (scope.get("raw_path") or scope.get("path", "").encode()).decode("latin-1"),
-            "query": urllib.parse.urlencode([(k, v) for k, v in query if k not in OWN_PARAMS]),
-            "headers": [[k.decode("latin-1").lower(), _value(k, v)] for k, v in scope.get("headers", [])],
-            "body_bytes": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-            "body": None,
-            "arrivals": 1,
-            "in_flight": in_flight,
-            "nonce": probe.nonce,
-            "at": time.time(),
-        }
-        obj = _json_object(body)
-        if obj is not None:
-            if len(body) <= MAX_BODY_TEXT:
-                record["body"] = body.decode("utf-8", "replace")
-            else:
-                record["outline"] = {"keys": sorted(obj), "short": {
-                    k: v for k, v in obj.items() if len(json.dumps(v)) <= MAX_OUTLINE_MEMBER}}
-            record["budget"] = {k: obj[k] for k in BUDGET_FIELDS if k in obj}
+        record = {**record_of(scope, body), "arrivals": 1, "in_flight": in_flight, "nonce": probe.nonce,
+                  "at": time.time()}
         self._store(record)
         return record
 
@@ -378,20 +460,7 @@ class Witness:
         return payload, seal(self.secret, probe.nonce, payload)
 
     def _held_for(self, params: Mapping[str, str]) -> float:
-        """How long to hold a request (``vp_hold`` ms, at most 30 s), or what is left of its
-        group's hold (``vp_hold_group``: the group's first arrival plus the hold)."""
-        hold = params.get(HOLD_PARAM, "")
-        if not hold.isdigit():
-            return 0.0
-        seconds = min(int(hold), MAX_HOLD_MS) / 1000
-        group = params.get(HOLD_GROUP_PARAM, "")
-        if not group:
-            return seconds
-        now = time.monotonic()
-        if group not in self.hold_start and len(self.hold_start) >= MAX_HOLD_GROUPS:
-            self.hold_start.clear()
-        start = self.hold_start.setdefault(group, now)
-        return max(0.0, start + seconds - now)
+        return held_for(self.hold_start, params, time.monotonic())
 
     def _failed(self, where: str, exc: BaseException) -> None:
         if where not in self.failed:
@@ -406,34 +475,3 @@ def _header(scope: Mapping[str, Any], name: str) -> str:
         if k.lower() == want:
             return str(v.decode("latin-1"))
     return ""
-
-
-def _value(name: bytes, value: bytes) -> str:
-    text = value.decode("latin-1")
-    return fingerprint(text) if name.decode("latin-1").lower() in SECRET_HEADERS else text
-
-
-async def _read_body(receive: Any, chunks: list[bytes]) -> bool:
-    """Read the body into ``chunks`` (up to MAX_BODY); True if more was left unread."""
-    size = 0
-    while True:
-        message = await receive()
-        if message.get("type") != "http.request":
-            return False
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if not message.get("more_body", False):
-            return False
-        if size > MAX_BODY:
-            return True
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    if not body.lstrip().startswith(b"{"):
-        return None
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None

@@ -4,9 +4,13 @@ everything else, and everything when the witness itself fails, reaches the app u
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -172,10 +176,29 @@ def test_without_a_secret_the_witness_does_nothing(tmp_path: Any, monkeypatch: p
     assert w.Witness(_echo).secret == b"k" * 43
 
 
-def test_the_protocol_is_the_stand_in_s() -> None:
-    """The prober speaks one set of parameters to both witnesses."""
-    assert (w.PROBE_PARAM, w.HOLD_PARAM, w.HOLD_GROUP_PARAM, w.ANSWER_PARAM, w.LEAK_MARKER, w.MAX_HOLD_MS) == (
-        standin_witness.PROBE_PARAM, standin_witness.HOLD_PARAM, standin_witness.HOLD_GROUP_PARAM,
-        standin_witness.ANSWER_PARAM, standin_witness.LEAK_MARKER, standin_witness.MAX_HOLD_MS)
-    assert w.error_body(502, "p-1") == standin_witness.error_body(502, "p-1")
-    assert w.fingerprint("Bearer abc") == standin_witness.fingerprint("Bearer abc")
+def test_the_stand_in_s_witness_holds_no_copy_of_the_protocol() -> None:
+    """One protocol: the stand-in's witness defines none of this module's names (its own recorder
+    aside, ``Witness``: every request, reads without a MAC) and uses this module's own objects."""
+    tree = ast.parse(Path(standin_witness.__file__).read_text(encoding="utf-8"))
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert defined & set(vars(w)) == {"Witness"}, defined & set(vars(w))
+    used = [a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "scanner.witness_asgi"
+            for a in n.names]
+    assert {"record_of", "held_for", "answered", "read_body", "probe_params", "STANDIN_READ_PATH"} <= set(used)
+    assert all(getattr(standin_witness, name) is getattr(w, name) for name in used)
+
+
+def test_in_vllms_python_the_stand_in_s_witness_loads_this_very_file() -> None:
+    """scanner/inventory/_worker.py wraps the real vLLM app in the stand-in's witness inside vLLM's
+    Python, where this package is not installed: the protocol it speaks is this file, loaded by path."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import _worker; W = _worker.standin_witness(); "
+            "p = sys.modules['scanner.witness_asgi']; g = W.__call__.__globals__; "
+            "assert 'scanner' not in sys.modules; "
+            "assert all(g[n] is getattr(p, n) for n in ('record_of', 'held_for', 'answered', 'read_body')); "
+            "print(p.__file__)")
+    # -I -S: no site-packages, no PYTHONPATH, no current directory: only the files and the stdlib
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(Path(w.__file__).parent / "inventory")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).resolve() == Path(w.__file__).resolve()

@@ -25,15 +25,27 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def _load(relative: str, name: str) -> Any:
+def _load(relative: str, name: str, register: bool = False) -> Any:
     """Load a standard-library-only module of this project by path, without putting this
-    folder on sys.path (the worker runs in vLLM's Python, not ours)."""
+    folder on sys.path (the worker runs in vLLM's Python, not ours); ``register``: importable
+    by ``name`` afterwards (in sys.modules)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def standin_witness() -> Any:
+    """The stand-in's witness (scanner/standin/_witness.py, its ``Witness`` class). It imports the
+    witness protocol, ``scanner.witness_asgi``; vLLM's Python has no ``scanner`` package, so that one
+    file is loaded by path under its own module name first."""
+    if "scanner.witness_asgi" not in sys.modules:
+        _load(os.path.join("..", "witness_asgi.py"), "scanner.witness_asgi", register=True)
+    return _load(os.path.join("..", "standin", "_witness.py"), "_vllm_perimeter_witness").Witness
 
 
 _walker = _load("_walker.py", "_vllm_perimeter_walker")
@@ -308,7 +320,7 @@ def serve_vllm(req: dict[str, Any], result_path: str) -> None:
 
     app, args, facts = _build_vllm(req)
     if req.get("witness"):   # record what reaches the app, for the prober (scanner/standin/_witness.py)
-        app = _load(os.path.join("..", "standin", "_witness.py"), "_vllm_perimeter_witness").Witness(app)
+        app = standin_witness()(app)
     _write_result(result_path, {"ok": True, "data": {**facts, "pid": os.getpid()}})
     uvicorn.run(
         app, host=str(req.get("host", "127.0.0.1")), port=int(req["port"]), lifespan="off",

@@ -81,8 +81,7 @@ from scanner.probe.token_pace import (
 from scanner.probe.verdict import verdict
 from scanner.probe.witness import WitnessError, fetch, seen_verdict
 from scanner.severity import severity_rank
-from scanner.standin._witness import ANSWER_PARAM, HOLD_GROUP_PARAM, HOLD_PARAM, PROBE_PARAM
-from scanner.witness_asgi import TAG_PARAM
+from scanner.witness_asgi import ANSWER_PARAM, HOLD_GROUP_PARAM, HOLD_PARAM, PROBE_PARAM, TAG_PARAM
 from scanner.witness_asgi import tag as witness_tag
 
 PerCheck = dict[str, list[tuple[Case, Attempt]]]   # check id -> its cases with their last attempts

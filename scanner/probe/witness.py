@@ -1,5 +1,6 @@
-"""The prober's side of the upstream witness (``scanner/standin/_witness.py``): fetch what
-reached the upstream for this run, and what that changes in each attempt's verdict.
+"""The prober's side of the upstream witness (the stand-in's, or the one inside vLLM; the protocol
+of both: ``scanner/witness_asgi.py``): fetch what reached the upstream for this run, and what that
+changes in each attempt's verdict.
 
 With a witness, every request carries ``vp_probe=<run>-<n>`` in its query. A request the
 plan denies that the witness saw was let through, whatever the answer looked like; an
@@ -24,7 +25,6 @@ from scanner.plan.model import (
 )
 from scanner.probe.cases import Case
 from scanner.probe.interface import Attempt, Upstream
-from scanner.standin._witness import WITNESS_PATH
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and upgrade requests: never forwarded as the client sent them.
 HOP_BY_HOP: tuple[str, ...] = ("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization",
@@ -58,7 +58,7 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False,
         url = base_url.rstrip("/") + witness_asgi.READ_PATH
     else:
         params = {"id" if exact else "prefix": prefix}
-        url = base_url.rstrip("/") + WITNESS_PATH
+        url = base_url.rstrip("/") + witness_asgi.STANDIN_READ_PATH
     async with httpx.AsyncClient(timeout=max(timeout, 10.0), trust_env=False) as client:
         try:
             resp = await client.get(url, params=params)

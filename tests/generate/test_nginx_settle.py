@@ -27,9 +27,9 @@ from scanner.plan.model import Decision, Plan
 from scanner.probe.checks.tokens import body_of_cost
 from scanner.probe.interface import Credential
 from scanner.runtime.proxy import NginxProxy
-from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM, WITNESS_PATH
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
+from scanner.witness_asgi import ANSWER_PARAM, PROBE_PARAM, STANDIN_READ_PATH
 from tests.generate.nginx_harness import get_build
 from tests.probe.realproxy import unpaced
 from tests.probe.test_token_budget import token_policy
@@ -94,7 +94,7 @@ def send(s: Stand, who: Credential, path: str, body: bytes, query: str = "",
 def witnessed(s: Stand, probe: str) -> dict[str, object]:
     host, port = s.standin.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("GET", f"{WITNESS_PATH}?id={probe}")
+    conn.request("GET", f"{STANDIN_READ_PATH}?id={probe}")
     records = json.loads(conn.getresponse().read())["records"]
     conn.close()
     assert len(records) == 1, records

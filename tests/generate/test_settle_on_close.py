@@ -27,9 +27,9 @@ from scanner.net import free_port
 from scanner.probe.interface import Credential
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
-from scanner.standin._witness import ANSWER_PARAM
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
+from scanner.witness_asgi import ANSWER_PARAM
 from tests.probe.test_token_budget import token_policy
 
 openai = pytest.importorskip("openai")

@@ -24,9 +24,9 @@ from scanner.net import free_port
 from scanner.plan.model import REASON_HEADER, Decision
 from scanner.probe.checks.tokens import body_of_cost
 from scanner.runtime.proxy import Proxy
-from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
+from scanner.witness_asgi import ANSWER_PARAM, PROBE_PARAM
 from tests.probe.realproxy import proxy_named, unpaced
 from tests.probe.test_token_budget import token_policy
 

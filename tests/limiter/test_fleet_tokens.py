@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from scanner.probe.checks.tokens import body_of_cost
-from scanner.standin._witness import ANSWER_PARAM, PROBE_PARAM
+from scanner.witness_asgi import ANSWER_PARAM, PROBE_PARAM
 from tests.limiter.fleet import FleetStack, fleet_policy
 from tests.probe.realproxy import proxy_named
 

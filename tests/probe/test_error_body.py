@@ -4,7 +4,7 @@ the perimeter answers its own JSON error with the request id, the status kept. A
 validation answers) passes byte for byte.
 
 The witness answers ``vp_answer=<status>`` itself with a body holding a marker
-(scanner/standin/_witness.py, error_body); the upstream check's "error body" aspect sends a 500 and
+(scanner/witness_asgi.py, error_body); the upstream check's "error body" aspect sends a 500 and
 a 400 through every allowed HTTP route. Hand weakenings of the generated configs (NGINX: the
 interception removed, or the 5xx pages dropped so the server's 4xx pages intercept; Envoy: the
 custom_response filter removed) make the probe exit 1.
@@ -24,9 +24,9 @@ from scanner.plan.model import Decision
 from scanner.probe import forms
 from scanner.probe.interface import ProbeOptions, ProbeResult
 from scanner.runtime.proxy import Proxy
-from scanner.standin._witness import LEAK_MARKER
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
+from scanner.witness_asgi import LEAK_MARKER
 from tests.probe.realproxy import Edit, probe_edited, proxy_named, sub, unpaced
 
 CATALOG = "vllm-0.29.0-default"

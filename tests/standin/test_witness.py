@@ -11,8 +11,9 @@ import httpx
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.probe.witness import fetch
-from scanner.standin._witness import WITNESS_PATH, Witness
+from scanner.standin._witness import Witness
 from scanner.standin.serve import StandinThread
+from scanner.witness_asgi import STANDIN_READ_PATH
 
 
 async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -26,7 +27,7 @@ def _records(ids: list[str]) -> list[dict[str, Any]]:
                                      base_url="http://w") as client:
             for pid in ids:
                 assert (await client.post(f"/v1/x?vp_probe={pid}", content=b"{}")).status_code == 200
-            got = await client.get(WITNESS_PATH, params={"prefix": "run-"})
+            got = await client.get(STANDIN_READ_PATH, params={"prefix": "run-"})
             return list(got.json()["records"])
     return asyncio.run(run())
 

@@ -21,7 +21,7 @@ from scanner.probe.coverage import Subject, na
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Finding
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
-from scanner.standin._witness import MAX_HOLD_MS
+from scanner.witness_asgi import MAX_HOLD_MS
 
 # How much longer than the timeout the witness holds the request, and how late the perimeter's
 # 504 may come (a proxy's timer and the event loop's scheduling); how early it may come.

@@ -30,7 +30,7 @@ from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.safe import NEUTRAL_JSON
 from scanner.probe.witness import CONNECTION_NAMED, UNDERSCORED
 from scanner.reasons import ANY
-from scanner.standin._witness import LEAK_MARKER, error_body
+from scanner.witness_asgi import LEAK_MARKER, error_body
 
 NO_WITNESS = "needs a witness upstream (verify, or --witness with the stand-in)"
 # Harmless spellings of an allowed path that a normalising proxy forwards as the path itself.
