@@ -133,6 +133,27 @@ def egroup(method: str, path: str, old: str, new: str) -> Edit:
     return edit
 
 
+def eprogram(method: str, path: str, old: str, new: str) -> Edit:
+    """``old`` (a regex) replaced by ``new`` in the rule program of the Envoy route ``method path``'s
+    Lua group (its line of the Lua table PROGRAMS), as a new program of that group alone."""
+    def edit(conf: Path) -> None:
+        full = (conf / ENVOY).read_text()
+        start = full.index(eroute(method, path))
+        g = re.compile(r'"perimeter\.lua": \{g: "(g\d+)"\}').search(full, start, full.index(EROUTE_END, start + 1))
+        assert g, (method, path)
+        head = full.index(f'["{g.group(1)}"] = {{')
+        pid = re.compile(r'program = PROGRAMS\["(r\d+)"\]').search(full, head, full.index(EGROUP_END, head))
+        assert pid, (method, path)
+        line = re.compile(r'\n( +)\["' + pid.group(1) + r'"\] = (\{[^\n]*\}),\n').search(full)
+        assert line, pid.group(1)
+        changed = re.sub(old, new, line.group(2))
+        assert changed != line.group(2), (method, path, old)
+        added = f'{line.group(1)}["{pid.group(1)}x"] = {changed},\n'
+        (conf / ENVOY).write_text(full[:line.end()] + added + full[line.end():])
+        egroup(method, path, re.escape(f'PROGRAMS["{pid.group(1)}"]'), f'PROGRAMS["{pid.group(1)}x"]')(conf)
+    return edit
+
+
 def nloc(path: str) -> str:
     """The head of the NGINX exact location of ``path``."""
     return f"    location = {path} {{\n"
@@ -402,23 +423,27 @@ WEAKENINGS: dict[str, Weakening] = {
                                 text(ENVOY, "max_request_bytes: 1048605}", "max_request_bytes: 10485760}"),
                                 text(ENVOY, "request_body_buffer_limit: 1048605", "request_body_buffer_limit: 10485760"))),
     "envoy: a denied field allowed on /v1/completions (kv_transfer_params)": W(
-        "envoy", "limits", egroup("POST", "/v1/completions", r'\["kv_transfer_params"\] = "reject"',
-                                 '["kv_transfer_params"] = "allow"')),
+        "envoy", "limits", eprogram("POST", "/v1/completions", r'\["kv_transfer_params"\] = "reject"',
+                                   '["kv_transfer_params"] = "allow"')),
     "envoy: unknown fields allowed (/v1/chat/completions)": W(
-        "envoy", "limits", egroup("POST", "/v1/chat/completions", r'unknown = "reject"', 'unknown = "allow"')),
+        "envoy", "limits", eprogram("POST", "/v1/chat/completions", r'\["unknown"\] = "reject"',
+                                   '["unknown"] = "pass"')),
     "envoy: a JSON cap raised x10 (/v1/chat/completions max_tokens)": W(
-        "envoy", "limits", egroup("POST", "/v1/chat/completions", r'\["max_tokens"\] = 4096,', '["max_tokens"] = 40960,')),
+        "envoy", "limits", eprogram("POST", "/v1/chat/completions", r'(\["path"\] = "max_tokens", \["max"\] = )4096\b',
+                                   r"\g<1>40960")),
     "envoy: a count raised x10 (/v1/chat/completions stop)": W(
-        "envoy", "limits", egroup("POST", "/v1/chat/completions", r'\["stop"\] = 16,', '["stop"] = 160,')),
+        "envoy", "limits", eprogram("POST", "/v1/chat/completions", r'(\["field"\] = "stop", \["max"\] = )16\b',
+                                   r"\g<1>160")),
     "envoy: the output budget raised x10 (/v1/chat/completions)": W(
-        "envoy", "limits", egroup("POST", "/v1/chat/completions", r'field = "max_completion_tokens", cap = 4096',
-                                 'field = "max_completion_tokens", cap = 40960')),
+        "envoy", "limits", eprogram("POST", "/v1/chat/completions",
+                                   r'(\["field"\] = "max_completion_tokens", \["absent"\] = "inject", \["cap"\] = )4096\b',
+                                   r"\g<1>40960")),
     "envoy: the body check off for /tokenize's group (check = false)": W(
         "envoy", "limits", egroup("POST", "/tokenize", r"check = true,", "check = false,")),
     "envoy: media URLs allowed (/v1/chat/completions)": W(
-        "envoy", "media", egroup("POST", "/v1/chat/completions", r'urls = "deny"', 'urls = "allow"')),
+        "envoy", "media", eprogram("POST", "/v1/chat/completions", r'\["urls"\] = "deny"', '["urls"] = "allow"')),
     "envoy: media items x10 (/v1/chat/completions)": W(
-        "envoy", "media", egroup("POST", "/v1/chat/completions", r"items = 8,", "items = 80,")),
+        "envoy", "media", eprogram("POST", "/v1/chat/completions", r'\["items"\] = 8\b', '["items"] = 80')),
     # --- headers: Envoy
     "envoy: Authorization forwarded": W(
         "envoy", "upstream", sub(ENVOY, r'\n +- "authorization"', "")),
