@@ -16,19 +16,12 @@
 //            field the rules do not name, has no native fast path): the exact check at once, one
 //            VM and one internal redirect less; the named location's tests done here (a body
 //            NGINX kept in a file: 400; $perimeter_media_key decides the media walk).
-//   body     js_content for the bodies that fast path could not clear: parsed here
-//            and checked exactly as vLLM's pydantic models would read them; then a
-//            redirect to <named>_checked (or _rewrite), or to @perimeter_400 with a reason.
-//            A route's output budget is decided here on every body: when none of the fields
-//            it is read from is present and not null, the cap is written in (or refused).
-//            On a salted route (cache_salt: per-principal / per-audience) every body leaves
-//            with cache_salt = $perimeter_salt, the client's replaced. Media URLs, data and
-//            embeddings anywhere in the body are decided by the route's media rules.
-//            The admitted envelope (sequences, output budget per sequence, input estimate) is
-//            computed here on routes with per-request caps or a token budget; over a cap: 400.
-//            A route with a token budget (limits.tokens_per_minute, njs >= 0.8) is charged its
-//            envelope's tokens here at admission, once every other check passed (chargeTokens);
-//            a stream there not asking for its usage is made to ask (askUsage).
+//   body     js_content for the bodies that fast path could not clear: parsed here, then the
+//            check's rule program runs over it (run, OPS: one function per instruction of
+//            scanner/plan/program.py, exactly as scanner/plan/interpret.py; the programs are
+//            perimeter-rules.js, generated with the config); then admission (chargeTokens, or the
+//            fleet's limiter) and a redirect to <named>_checked (or _rewrite: the body as the
+//            program rewrote it), or to @perimeter_400 / 403 with the first step's reason.
 //   jwt      js_content on the locations of an auth "jwt" audience: verifies the bearer token
 //            (size, form, alg in the allowlist and the key's, kid, signature with WebCrypto, exp /
 //            nbf / iat with the skew, issuer, audience, required claims, role), sets
@@ -51,6 +44,7 @@
 //            asks it instead, with the token cost); post_action: the slot released and the token
 //            reservation settled once the answer is sent.
 import crypto from 'crypto';
+import RULES from 'perimeter-rules.js';
 
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
@@ -220,28 +214,6 @@ function ownedPath(r) {
     return segs.join('/');
 }
 
-// Body fields naming a stored response ("previous_response_id"): each present, not null and not
-// stripped must be sealed for the sender; its vLLM id collected in `out`. A reason or ''.
-function checkOwned(r, obj, spec, strip, out) {
-    var names = spec.split(',');
-    var secret = null;
-    var i, rid;
-    for (i = 0; i < names.length; i++) {
-        if (!has(obj, names[i]) || obj[names[i]] === null || strip.indexOf(names[i]) >= 0) {
-            continue;
-        }
-        if (secret === null) {
-            secret = ownerSecret(r);
-        }
-        rid = unseal(secret, r.variables.perimeter_who || '', obj[names[i]]);
-        if (rid === null) {
-            return 'not-owner:' + names[i];
-        }
-        out.push([names[i], rid]);
-    }
-    return '';
-}
-
 // The response ids of an answer (or one event's data) where vLLM writes them (owner.answer_ids).
 function answerIds(doc) {
     var out = [];
@@ -349,42 +321,6 @@ function lastName(path) {
     return path.substring(path.lastIndexOf('.') + 1);
 }
 
-// "max_tokens=4096 n=4 sampling_params.n=4" (names and dotted paths, sorted) -> checks; returns a
-// deny reason or ''.
-function checkCaps(obj, caps) {
-    var items = caps ? caps.split(' ') : [];
-    var i, eq, name, cap, n, value;
-    for (i = 0; i < items.length; i++) {
-        eq = items[i].indexOf('=');
-        name = items[i].substring(0, eq);
-        cap = Number(items[i].substring(eq + 1));
-        value = valueAt(obj, name);
-        if (value !== undefined && value !== null) {
-            n = vllmInt(value);
-            if (n !== n) {
-                return 'json-cap:' + name + ':not-a-number';
-            }
-            if (n > cap) {
-                return 'json-cap:' + name + ':over-' + cap;
-            }
-        }
-    }
-    return '';
-}
-
-// A pinned value as the spec writes it: n:NUMBER, s:STRING, b:true|false, z: (null).
-function pinValue(text) {
-    var kind = text.substring(0, 1);
-    var rest = text.substring(2);
-    if (kind === 'n') {
-        return Number(rest);
-    }
-    if (kind === 'b') {
-        return rest === 'true';
-    }
-    return kind === 's' ? rest : null;
-}
-
 // How many items a field holds (scanner/policy/model.py count_of).
 function countOf(v) {
     if (v === null) {
@@ -394,128 +330,6 @@ function countOf(v) {
         return v.length;
     }
     return typeof v === 'object' ? Object.keys(v).length : 1;
-}
-
-// The route's field rules, "reject allow=model,messages reject=kv_transfer_params strip=cache_salt
-// count=stop:16 pin=priority:n:0": what to do with fields it does not name (reject, strip or
-// pass), then the named lists, the count caps and the pins. Returns a deny reason ('' if none),
-// collects the fields to strip and the pins to write. A named field is decided when present
-// (null included); a client's own field name enters a reason only when it is a plain name.
-function checkFields(obj, spec, strip, pins) {
-    var parts = spec ? spec.split(' ') : [];
-    var lists = [];
-    var counts = '';
-    var i, j, eq, names, keys, key, mode, colon, at, cap, plain;
-    if (parts.length === 0) {
-        return '';
-    }
-    // each list stays one ",a,b," string searched natively: no object of every name per request
-    for (i = 1; i < parts.length; i++) {
-        eq = parts[i].indexOf('=');
-        mode = parts[i].substring(0, eq);
-        if (mode === 'count') {
-            counts = ',' + parts[i].substring(eq + 1) + ',';
-        } else if (mode === 'pin') {
-            names = parts[i].substring(eq + 1).split(',');
-            for (j = 0; j < names.length; j++) {
-                colon = names[j].indexOf(':');
-                lists.push(['allow', ',' + names[j].substring(0, colon) + ',']);
-                pins.push([names[j].substring(0, colon), pinValue(names[j].substring(colon + 1))]);
-            }
-        } else {
-            lists.push([mode, ',' + parts[i].substring(eq + 1) + ',']);
-        }
-    }
-    keys = Object.keys(obj);
-    for (i = 0; i < keys.length; i++) {
-        key = keys[i];
-        mode = '';
-        // a name with a separator in it is no listed name (the lists hold plain names only)
-        plain = key !== '' && key.indexOf(',') === -1 && key.indexOf(':') === -1;
-        if (plain) {
-            for (j = lists.length - 1; j >= 0 && mode === ''; j--) {   // the last list naming it
-                if (lists[j][1].indexOf(',' + key + ',') !== -1) {
-                    mode = lists[j][0];
-                }
-            }
-        }
-        if (mode === 'reject') {
-            return 'forbidden-field:' + key;
-        }
-        if (mode === '' && parts[0] !== 'pass') {
-            if (parts[0] === 'reject') {
-                return 'unknown-field:' + (/^[A-Za-z0-9_]{1,64}$/.test(key) ? key : 'not-a-plain-name');
-            }
-            mode = parts[0];
-        }
-        if (mode === 'strip') {
-            strip.push(key);
-        }
-        at = plain ? counts.indexOf(',' + key + ':') : -1;
-        if (at !== -1) {
-            cap = Number(counts.substring(at + key.length + 2, counts.indexOf(',', at + 1)));
-            if (countOf(obj[key]) > cap) {
-                return 'json-cap:' + key + ':count-over-' + cap;
-            }
-        }
-    }
-    return '';
-}
-
-// "max_completion_tokens,max_tokens max_completion_tokens 4096 inject [8192 8192]": when every
-// field read is absent or null (vLLM's default: the rest of the context window), refuse, or drop
-// the nulls and write the budget in (Budget.written: the cap, fitted into the context length
-// when known; 0 written: the body as sent). Returns a deny reason or ''; sets rewrite.done.
-function budgetFit(cap, window, nbytes) {
-    var fit;
-    if (cap <= 0) {
-        return 0;
-    }
-    if (window <= 0) {
-        return cap;
-    }
-    fit = Math.min(cap, window - nbytes);
-    return fit >= 1 ? fit : 0;
-}
-
-function checkBudget(obj, spec, rewrite, nbytes) {
-    var parts = spec ? spec.split(' ') : [];
-    var fields, i, fit, value, parent;
-    if (parts.length !== 4 && parts.length !== 6) {
-        return '';
-    }
-    fields = parts[0].split(',');
-    for (i = 0; i < fields.length; i++) {
-        value = valueAt(obj, fields[i]);
-        if (value !== undefined && value !== null) {
-            rewrite.from = 'sent';
-            rewrite.out = whole(value);
-            return '';
-        }
-    }
-    rewrite.from = 'default';
-    rewrite.out = parts.length === 6 ? Number(parts[5]) : Number(parts[2]);
-    if (parts[3] === 'reject') {
-        return 'json-cap:' + parts[1] + ':absent';
-    }
-    fit = budgetFit(Number(parts[2]), parts.length === 6 ? Number(parts[4]) : 0, nbytes);
-    if (fit === 0) {
-        return '';
-    }
-    parent = parentAt(obj, parts[1]);   // a dotted field: written only into an object there
-    if (parent === null) {
-        return '';                      // none: vLLM refuses the body as sent
-    }
-    for (i = 0; i < fields.length; i++) {
-        if (parentAt(obj, fields[i]) === parent) {
-            delete parent[lastName(fields[i])];
-        }
-    }
-    parent[lastName(parts[1])] = fit;
-    rewrite.done = true;
-    rewrite.from = 'written';
-    rewrite.out = fit;
-    return '';
 }
 
 // Media items (scanner/policy/media.py): every key below, at any depth, with a value other than
@@ -602,7 +416,7 @@ function hostListed(host, port, domains) {
 }
 
 function dataReason(data, limit) {
-    return (limit !== '-' && data.length > Number(limit)) ? 'media-data:over-' + limit : '';
+    return (limit !== null && data.length > limit) ? 'media-data:over-' + limit : '';
 }
 
 function urlReason(url, m) {
@@ -629,45 +443,7 @@ function urlReason(url, m) {
     return hostListed(c[1].toLowerCase(), c[2] || '', m.domains) ? '' : 'media-url:host';
 }
 
-// "urls=deny items=8 data=- embeds=deny domains=a.example,*.b.example:8443"; returns a reason or ''.
-// seen: "0" only where NGINX's regex found no media key in the body (in any spelling): there is
-// no item to walk for
-function checkMedia(obj, spec, seen) {
-    var m = {domains: []};
-    var parts, i, eq, items, why, limit;
-    if (!spec || seen === '0') {
-        return '';
-    }
-    parts = spec.split(' ');
-    for (i = 0; i < parts.length; i++) {
-        eq = parts[i].indexOf('=');
-        m[parts[i].substring(0, eq)] = parts[i].substring(eq + 1);
-    }
-    m.domains = m.domains ? m.domains.split(',') : [];
-    items = [];
-    mediaItems(obj, items);
-    for (i = 0; i < items.length; i++) {
-        if (items[i][0] === 'url') {
-            why = urlReason(items[i][1], m);
-        } else if (items[i][0] === 'data') {
-            why = dataReason(items[i][1], m.data);
-        } else {
-            why = (items[i][0] === 'embeds' && m.embeds === 'deny') ? 'media-embeds' : '';
-        }
-        if (why) {
-            return why;
-        }
-    }
-    limit = m.items;
-    return (limit !== '-' && items.length > Number(limit)) ? 'media-items:over-' + limit : '';
-}
-
-// The admitted envelope (scanner/plan/envelope.py, Decision.envelope): "items=prompt:prompts,
-// messages:prompts pairs=query:documents per=n,best_of out=max_completion_tokens,max_tokens:4096
-// seq=16 tok=70000" (a list "-": none; seq/tok "-": no cap). sequences = (items, at least 1) x
-// (the largest per-item count, at least 1); output per sequence = the first out field present and
-// not null, whole and >= 0 (none present, nothing written: vLLM's default bound or the cap;
-// no budget: 0); input = body bytes. Runs after checkBudget wrote the budget into obj.
+// The admitted envelope's counts (scanner/plan/envelope.py count, pairs).
 function itemCount(v, rule) {
     var i, k;
     if (v === null || v === undefined) {
@@ -698,92 +474,6 @@ function pairCount(a, b) {
 function whole(v) {
     var n = vllmInt(v);
     return (n === n && n > 0) ? n : 0;
-}
-
-function envelopeSpec(text) {
-    var e = {items: [], pairs: [], per: [], out: [], cap: 0, seq: '-', tok: '-', ask: false};
-    var parts = text ? text.split(' ') : [];
-    var i, eq, key, val, list, j, colon;
-    for (i = 0; i < parts.length; i++) {
-        eq = parts[i].indexOf('=');
-        key = parts[i].substring(0, eq);
-        val = parts[i].substring(eq + 1);
-        if (key === 'seq' || key === 'tok') {
-            e[key] = val;
-            continue;
-        }
-        if (key === 'usage') {          // usage=ask: a settled stream asks for its usage (askUsage)
-            e.ask = val === 'ask';
-            continue;
-        }
-        if (key === 'out') {
-            colon = val.lastIndexOf(':');
-            e.cap = Number(val.substring(colon + 1));
-            val = val.substring(0, colon);
-        }
-        list = val === '-' ? [] : val.split(',');
-        for (j = 0; j < list.length; j++) {
-            colon = list[j].indexOf(':');
-            e[key].push(colon < 0 ? list[j] : [list[j].substring(0, colon), list[j].substring(colon + 1)]);
-        }
-    }
-    return e;
-}
-
-function envelopeOf(obj, nbytes, e) {
-    var items = 0;
-    var per = 1;
-    var out = 0;
-    var i, f, v;
-    if (obj === null) {
-        return {seq: 1, out: 0, input: nbytes, tokens: nbytes};
-    }
-    for (i = 0; i < e.items.length; i++) {
-        f = e.items[i][0];
-        items += has(obj, f) ? itemCount(obj[f], e.items[i][1]) : 0;
-    }
-    for (i = 0; i < e.pairs.length; i++) {
-        items += pairCount(has(obj, e.pairs[i][0]) ? itemCount(obj[e.pairs[i][0]], 'each') : 0,
-                           has(obj, e.pairs[i][1]) ? itemCount(obj[e.pairs[i][1]], 'each') : 0);
-    }
-    for (i = 0; i < e.per.length; i++) {
-        v = valueAt(obj, e.per[i]);
-        if (v !== undefined && v !== null) {
-            per = Math.max(per, whole(v));
-        }
-    }
-    if (e.out.length > 0) {
-        out = e.cap;
-        for (i = 0; i < e.out.length; i++) {
-            v = valueAt(obj, e.out[i]);
-            if (v !== undefined && v !== null) {
-                out = whole(v);
-                break;
-            }
-        }
-    }
-    items = Math.max(1, items) * per;
-    return {seq: items, out: out, input: nbytes, tokens: items * out + nbytes};
-}
-
-// The access log's view of an inspected body: its model (a string, at most 128 characters), the
-// sequences, the output budget per sequence and where it came from (sent, written, default).
-function logEnvelope(v, obj, env, rewrite) {
-    v.perimeter_model = typeof obj.model === 'string' ? obj.model.substring(0, 128) : '';
-    v.perimeter_sequences = String(env.seq);
-    v.perimeter_output = rewrite.from ? String(rewrite.out) : '';
-    v.perimeter_output_from = rewrite.from || '';
-}
-
-// The route's per-request caps (limits.max_sequences, max_request_tokens): a reason or ''.
-function envelopeReason(env, e) {
-    if (e.seq !== '-' && env.seq > Number(e.seq)) {
-        return 'envelope-sequences:over-' + e.seq;
-    }
-    if (e.tok !== '-' && env.tokens > Number(e.tok)) {
-        return 'envelope-tokens:over-' + e.tok;
-    }
-    return '';
 }
 
 // Token budgets: "t1 2000 principal 500" (zone, tokens per minute N, counted per principal or
@@ -830,7 +520,7 @@ function withBucket(key, limit, cap, f) {
 // Charge the request's cost to its principal's (or address's) bucket: admitted (the level less the
 // cost stored) when the bucket holds the cost, else refused (429) with Retry-After, the seconds
 // until it will (a cost over the capacity never fits: 60). true: admitted; false: answered.
-function chargeTokens(r, v, env) {
+function chargeTokens(r, v, tokens) {
     // a fleet's replica deciding alone (on_unavailable: local): its share of the budget
     var spec = v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
     var parts, limit, cap, who, cost, key, out;
@@ -843,7 +533,7 @@ function chargeTokens(r, v, env) {
     who = parts[2] === 'principal' ? v.perimeter_principal
         : (parts[2] === 'token' ? v.perimeter_jwt_principal : r.remoteAddress);
     // over the capacity never fits: counted as cap + 1 (a finite, exact amount)
-    cost = Math.min(Math.max(1, env.tokens), cap + 1);
+    cost = Math.min(Math.max(1, tokens), cap + 1);
     v.perimeter_charged = String(cost);
     key = parts[0] + ':' + who;
     try {
@@ -1024,17 +714,17 @@ function after(r) {
 
 // Admission of a checked body: the token charge (local, chargeTokens) or the limiter (every zone
 // of the route, with the cost), then `then`. Returns the limiter's promise, if it was asked.
-function admit(r, v, env, then) {
+function admit(r, v, tokens, then) {
     var cost;
     if (!v.perimeter_shared || v.perimeter_fallback === '1') {
-        if (chargeTokens(r, v, env)) {
+        if (chargeTokens(r, v, tokens)) {
             then();
         }
         return null;
     }
     cost = null;
     if (v.perimeter_tokens) {
-        cost = Math.max(1, env.tokens);
+        cost = Math.max(1, tokens);
         v.perimeter_charged = String(cost);
         v.perimeter_settle = v.perimeter_shared.split(' ').filter(function (z) {
             return z.indexOf('tokens:') === 0;
@@ -1331,15 +1021,208 @@ function settle(r, data, flags) {
     r.sendBuffer(out, flags);
 }
 
+// --- the rule program (scanner/plan/program.py; scanner/plan/interpret.py is the reference) ----
+// perimeter-rules.js: checks ($perimeter_check -> program id) and programs (lists of steps), data
+// compiled with the config. A run: one working copy of the body (s.doc), the steps in program
+// order; each op is (step, s) -> reason ('' passes), the first reason refuses the body; the steps
+// write into s.doc. s: size (body bytes), strip (the fields keys stripped), written (the budget
+// written in), env / seq / out / tokens (the envelope ran, its sequences, output, tokens), from /
+// budget (the output budget sent, written or vLLM's default, for the access log), asked (the stream asks for its usage), changed
+// (the body leaves rewritten), seen (the media prefilter: '0' no media key), r, v.
+var PLAIN = /^[A-Za-z0-9_]{1,64}$/;
+
+function nothing(value) {
+    return value === undefined || value === null;
+}
+
+var OPS = {
+    cap: function (p, s) {
+        var value = valueAt(s.doc, p.path);
+        var n;
+        if (nothing(value)) {
+            return '';
+        }
+        n = vllmInt(value);
+        if (n !== n) {
+            return 'json-cap:' + p.path + ':not-a-number';
+        }
+        return n > p.max ? 'json-cap:' + p.path + ':over-' + p.max : '';
+    },
+    keys: function (p, s) {
+        var keys = Object.keys(s.doc);
+        var i, key, mode;
+        for (i = 0; i < keys.length; i++) {
+            key = keys[i];
+            mode = has(p.modes, key) ? p.modes[key] : (p.unknown === 'pass' ? 'allow' : p.unknown);
+            if (mode === 'reject') {
+                return has(p.modes, key) ? 'forbidden-field:' + key
+                    : 'unknown-field:' + (PLAIN.test(key) ? key : 'not-a-plain-name');
+            }
+            if (mode === 'strip') {
+                s.strip.push(key);
+                delete s.doc[key];
+                s.changed = true;
+            }
+        }
+        return '';
+    },
+    count: function (p, s) {
+        return countOf(has(s.doc, p.field) ? s.doc[p.field] : null) > p.max
+            ? 'json-cap:' + p.field + ':count-over-' + p.max : '';
+    },
+    media: function (p, s) {
+        var items = [];
+        var i, why;
+        if ((s.seen === null ? (s.v.perimeter_media_key === '0' ? '0' : '') : s.seen) === '0') {
+            return '';                  // NGINX's regex found no media key (in any spelling)
+        }
+        mediaItems(s.doc, items);
+        for (i = 0; i < items.length; i++) {
+            if (items[i][0] === 'url') {
+                why = urlReason(items[i][1], p);
+            } else if (items[i][0] === 'data') {
+                why = dataReason(items[i][1], p.data);
+            } else {
+                why = (items[i][0] === 'embeds' && p.embeds === 'deny') ? 'media-embeds' : '';
+            }
+            if (why) {
+                return why;
+            }
+        }
+        return (p.items !== null && items.length > p.items) ? 'media-items:over-' + p.items : '';
+    },
+    budget: function (p, s) {
+        var i, value, fit, parent;
+        for (i = 0; i < p.fields.length; i++) {
+            value = valueAt(s.doc, p.fields[i]);
+            if (!nothing(value)) {
+                s.from = 'sent';
+                s.budget = whole(value);
+                return '';
+            }
+        }
+        s.from = 'default';
+        s.budget = p.cap;
+        if (p.absent === 'reject') {
+            return 'json-cap:' + p.field + ':absent';
+        }
+        fit = p.cap ? (p.window ? Math.min(p.cap, p.window - s.size) : p.cap) : 0;
+        parent = parentAt(s.doc, p.field);   // a dotted field: written only into an object there
+        if (fit < 1 || parent === null) {
+            return '';                       // vLLM's own default (or it refuses the body as sent)
+        }
+        for (i = 0; i < p.fields.length; i++) {
+            if (parentAt(s.doc, p.fields[i]) === parent) {
+                delete parent[lastName(p.fields[i])];
+            }
+        }
+        parent[lastName(p.field)] = fit;
+        s.from = 'written';
+        s.budget = s.written = fit;
+        s.changed = true;
+        return '';
+    },
+    salt: function (p, s) {
+        var salt = s.v.perimeter_salt || '';   // the route's principal's or audience's
+        if (!salt) {
+            return 'bad-request:no-salt';       // none known: refused, never unsalted
+        }
+        s.doc.cache_salt = salt;
+        s.changed = true;
+        return '';
+    },
+    pin: function (p, s) {
+        s.doc[p.field] = p.value;
+        s.changed = true;
+        return '';
+    },
+    envelope: function (p, s) {
+        var doc = s.doc;
+        var items = 0;
+        var per = 1;
+        var i, f, value;
+        for (i = 0; i < p.items.length; i++) {
+            f = p.items[i][0];
+            items += has(doc, f) ? itemCount(doc[f], p.items[i][1]) : 0;
+        }
+        for (i = 0; i < p.pairs.length; i++) {
+            items += pairCount(has(doc, p.pairs[i][0]) ? itemCount(doc[p.pairs[i][0]], 'each') : 0,
+                               has(doc, p.pairs[i][1]) ? itemCount(doc[p.pairs[i][1]], 'each') : 0);
+        }
+        for (i = 0; i < p.per.length; i++) {
+            value = valueAt(doc, p.per[i]);
+            per = nothing(value) ? per : Math.max(per, whole(value));
+        }
+        s.env = true;
+        s.seq = Math.max(1, items) * per;
+        s.out = p.out.length ? p.rest : 0;
+        for (i = 0; i < p.out.length; i++) {
+            value = valueAt(doc, p.out[i]);
+            if (!nothing(value)) {
+                s.out = whole(value);
+                break;
+            }
+        }
+        s.tokens = s.seq * s.out + s.size;
+        if (p.max_sequences !== null && s.seq > p.max_sequences) {
+            return 'envelope-sequences:over-' + p.max_sequences;
+        }
+        return (p.max_tokens !== null && s.tokens > p.max_tokens) ? 'envelope-tokens:over-' + p.max_tokens : '';
+    },
+    owned: function (p, s) {
+        var secret = ownerSecret(s.r);
+        var i, name, rid;
+        for (i = 0; i < p.fields.length; i++) {
+            name = p.fields[i];
+            if (!has(s.doc, name) || s.doc[name] === null || s.strip.indexOf(name) >= 0) {
+                continue;
+            }
+            rid = unseal(secret, s.v.perimeter_who || '', s.doc[name]);
+            if (rid === null) {
+                return 'not-owner:' + name;
+            }
+            s.doc[name] = rid;          // vLLM's own id
+            s.changed = true;
+        }
+        return '';
+    },
+    ask_usage: function (p, s) {
+        if (askUsage(s.doc)) {
+            s.asked = s.changed = true;
+        }
+        return '';
+    }
+};
+
+function run(steps, s) {
+    var i, why;
+    for (i = 0; i < steps.length; i++) {
+        why = OPS[steps[i].op](steps[i], s);
+        if (why) {
+            return why;
+        }
+    }
+    return '';
+}
+
+// The check's program; none (a config and its rules out of step): the check fails, closed.
+function programOf(v) {
+    var id = has(RULES.checks, v.perimeter_check) ? RULES.checks[v.perimeter_check] : '';
+    if (!has(RULES.programs, id)) {
+        throw new Error('no rule program for check ' + v.perimeter_check);
+    }
+    return RULES.programs[id];
+}
+
 // seen: the media decision ('': walk); null: NGINX's, $perimeter_media_key (perimeter.direct).
 function exact(r, v, seen) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
-    var obj, reason, strip, pins, rewrite, salt, e, env, owned;
+    var obj, s, reason;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
-        return admit(r, v, envelopeOf(null, nbytes, null), function () {
+        return admit(r, v, nbytes, function () {
             r.internalRedirect(v.perimeter_up + '_checked');
         });
     }
@@ -1353,70 +1236,33 @@ function exact(r, v, seen) {
         deny(r, 'bad-json:not-an-object');
         return;
     }
-    reason = checkCaps(obj, v.perimeter_caps);
-    strip = [];
-    pins = [];
-    rewrite = {done: false};
-    if (!reason) {
-        reason = checkFields(obj, v.perimeter_fields, strip, pins);
-    }
-    if (!reason && v.perimeter_media) {
-        reason = checkMedia(obj, v.perimeter_media, seen === null ? (v.perimeter_media_key === '0' ? '0' : '') : seen);
-    }
-    if (!reason) {
-        reason = checkBudget(obj, v.perimeter_budget, rewrite, nbytes);
-    }
-    // the salt of this route's principal or audience; '' (none known): refused, never unsalted
-    salt = v.perimeter_salt_subject ? (v.perimeter_salt || '') : null;
-    if (!reason && salt === '') {
-        reason = 'bad-request:no-salt';
-    }
-    if (!reason && v.perimeter_envelope) {
-        e = envelopeSpec(v.perimeter_envelope);
-        env = envelopeOf(obj, nbytes, e);
-        reason = envelopeReason(env, e);
-    }
-    owned = [];
-    if (!reason && v.perimeter_owner_fields) {
-        reason = checkOwned(r, obj, v.perimeter_owner_fields, strip, owned);
-    }
-    env = env || envelopeOf(obj, nbytes, {items: [], pairs: [], per: [], out: []});
-    logEnvelope(v, obj, env, rewrite);
+    s = {doc: obj, size: nbytes, strip: [], written: null, env: false, seq: 1, out: 0, tokens: nbytes, from: '', budget: 0,
+         asked: false, changed: false, seen: seen, r: r, v: v};
+    reason = run(programOf(v), s);
+    // the access log: the model, the sequences, the output budget and where it came from
+    v.perimeter_model = typeof s.doc.model === 'string' ? s.doc.model.substring(0, 128) : '';
+    v.perimeter_sequences = String(s.seq);
+    v.perimeter_output = s.from ? String(s.env ? s.out : s.budget) : '';
+    v.perimeter_output_from = s.from;
     if (reason) {
         deny(r, reason);
         return;
     }
-    return admit(r, v, env, function () {
-        forward(r, v, obj, e, strip, pins, rewrite, salt, owned);
+    return admit(r, v, s.tokens, function () {
+        forward(r, v, s);
     });
 }
 
-// The admitted body on its way: stripped, salted, pinned, asking for its usage as decided.
-function forward(r, v, obj, e, strip, pins, rewrite, salt, owned) {
-    var changed, i;
-    if (v.perimeter_settle && unreported(obj)) {
+// The admitted body on its way: as sent, or as the program rewrote it (<up>_rewrite).
+function forward(r, v, s) {
+    if (v.perimeter_settle && unreported(s.doc)) {
         v.perimeter_settle = v.perimeter_settle.replace(/ [0-9]+ -$/, ' 0 -');
     }
-    changed = strip.length > 0 || rewrite.done || salt !== null || pins.length > 0 || owned.length > 0;
-    for (i = 0; i < strip.length; i++) {
-        delete obj[strip[i]];
-    }
-    if (salt !== null) {
-        obj.cache_salt = salt;
-    }
-    for (i = 0; i < pins.length; i++) {
-        obj[pins[i][0]] = pins[i][1];
-    }
-    for (i = 0; i < owned.length; i++) {   // vLLM's own ids, unsealed (scanner/plan/body.py forwarded)
-        obj[owned[i][0]] = owned[i][1];
-    }
-    // a settled stream asks for its usage (after the pins, as scanner/plan/body.py forwarded)
-    if (v.perimeter_settle && e && e.ask && askUsage(obj)) {
+    if (v.perimeter_settle && s.asked) {
         v.perimeter_settle = v.perimeter_settle.replace(/-$/, 'a');
-        changed = true;
     }
-    if (changed) {
-        v.perimeter_body_out = JSON.stringify(obj);
+    if (s.changed) {
+        v.perimeter_body_out = JSON.stringify(s.doc);
         r.internalRedirect(v.perimeter_up + '_rewrite');
         return;
     }

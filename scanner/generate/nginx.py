@@ -18,7 +18,11 @@ Output files (names relative to the output directory):
     when NGINX starts and on ``nginx -s reload`` (after ``keys rotate``/``revoke``: regenerate,
     reload; requests in flight finish on the old workers). ``generate`` prints where it is read.
 ``perimeter.js``
-    The njs module: key hashing, the exact JSON body check and token budgets.
+    The njs module: key hashing, the interpreter of the rule programs (the exact JSON body
+    check) and token budgets.
+``perimeter-rules.js``
+    The plan's rule programs (scanner/plan/program.py) as an njs module that ``perimeter.js``
+    imports (resolved next to it): data compiled once with the config, not parsed per request.
 
 Generator options (``GenerateOptions.extra``):
 
@@ -65,9 +69,11 @@ from scanner.generate.nginx_model import (
     NJS,
     PRINCIPALS,
     PROXY,
+    RULES,
     UPSTREAM_KEY,
     Model,
     build_model,
+    rules_module,
 )
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
@@ -85,7 +91,8 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-# The files the plan decides (nginx.conf holds process settings; the njs module is fixed text).
+# The files the plan decides (nginx.conf holds process settings; the njs module is fixed text), and
+# the rule programs' module (RULES, rendered by plan_files from the model).
 PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-principals.conf.j2", 0o600),
                   (PROXY, "nginx-proxy.conf.j2", 0o644))
 
@@ -94,10 +101,11 @@ def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[Gener
     """The plan's files rendered from ``model`` (the generator's, or a mutant's)."""
     secret = owner_secret(plan)
     try:
-        return tuple(GeneratedFile(name, env.get_template(t).render(m=model, owner_secret=secret), mode)
-                     for name, t, mode in PLAN_TEMPLATES)
+        files = tuple(GeneratedFile(name, env.get_template(t).render(m=model, owner_secret=secret), mode)
+                      for name, t, mode in PLAN_TEMPLATES)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: template error: {exc}") from exc
+    return (*files, GeneratedFile(RULES, rules_module(model)))
 
 
 class NginxGenerator:

@@ -48,6 +48,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from scanner import patterns
 from scanner.errors import GenerateError
@@ -75,12 +76,13 @@ from scanner.plan.model import (
     PRINCIPAL_HEADER,
     REASON_HEADER,
     WEBSOCKET_HEADERS,
-    Budget,
     Decision,
     Plan,
 )
+from scanner.plan.program import Programs, compile_decision, inspects
 from scanner.policy.media import MEDIA_KEYS, MediaRules
-from scanner.policy.model import FieldRules, Limits, Pin
+from scanner.policy.model import FieldRules, Limits
+from scanner.rules import AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
 
 UPSTREAM = "vllm_upstream"
 MAIN = "nginx.conf"
@@ -88,6 +90,7 @@ HTTP = "perimeter-http.conf"
 PRINCIPALS = "perimeter-principals.conf"
 PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
+RULES = "perimeter-rules.js"         # the rule programs, imported by perimeter.js (rules_module)
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
 BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
@@ -130,29 +133,18 @@ class NginxZone:
 @dataclass(frozen=True)
 class BodyCheck:
     id: str
-    caps: str           # "max_tokens=4096 n=4 sampling_params.n=4": what the njs slow path enforces
-                        # (Decision.cap_paths: a name at the top level, a dotted path nested)
+    program: str        # the id of the check's rule program (Model.programs; scanner/plan/program.py),
+                        # which njs runs on every body the native fast path does not clear
     regex: str          # the native fast path (see nginx_regex.unsafe_body)
-    budget: str = ""    # "max_completion_tokens,max_tokens max_completion_tokens 4096 inject": the
-                        # output budget njs decides on every body (absence has no fast path)
-    fields: str = ""    # "reject allow=model,messages reject=kv_transfer_params strip=cache_salt":
-                        # the route's field rules (unknown fields first); "" none
     parse_all: bool = False   # njs parses every body: an absent budget, or fields the rules do
                               # not name, have no native fast path
     salt: str = ""      # "principal" / "principal-cert" (a certificate principal's) / "audience:NAME":
-                        # njs writes cache_salt = $perimeter_salt
-                        # (the subject's salt, from the 0600 principals file) into every body
-    media: str = ""     # "urls=deny items=8 data=- embeds=deny domains=": the media rules njs
-                        # applies (checkMedia); a body with a media key never takes the fast path
+                        # whose salt ($perimeter_salt, from the 0600 principals file) the program's
+                        # salt step writes as cache_salt
     media_regex: str = ""   # a media key in any spelling (MEDIA_KEY_REGEX): on a parse_all route,
                             # a body it does not match skips njs's walk ($perimeter_media_key 0)
     tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
                         # tokens per minute, counted per principal (a key's), token (a jwt's) or address
-    envelope: str = ""  # "items=prompt:prompts pairs=- per=n out=max_tokens:4096 seq=16 tok=-": the
-                        # admitted envelope njs computes (envelopeOf) and caps; "" none; with
-                        # " usage=ask" a settled stream asks for its usage (askUsage)
-    owner: str = ""     # "previous_response_id": body fields naming a stored response, unsealed by
-                        # njs (checkOwned, responses: owned); a body naming one never takes the fast path
 
 
 @dataclass(frozen=True)
@@ -257,6 +249,7 @@ class Model:
     rate_zones: tuple[NginxZone, ...]
     conn_zones: tuple[NginxZone, ...]
     checks: tuple[BodyCheck, ...]
+    programs: Mapping[str, Program]       # the checks' rule programs by id (perimeter-rules.js)
     token_zones: tuple[NginxZone, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
@@ -354,8 +347,9 @@ class _Registry:
     conn: dict[str, NginxZone] = field(default_factory=dict)      # by Decision.conn_zone
     tokens: dict[str, NginxZone] = field(default_factory=dict)    # by Decision.token_zone
     jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
-    checks: dict[tuple[tuple[tuple[str, int], ...], str, str, str, str, str, str, str], BodyCheck] = field(
-        default_factory=dict)
+    checks: dict[tuple[str, str, str], BodyCheck] = field(default_factory=dict)   # by (program, salt, tokens)
+    programs: Programs = field(default_factory=Programs)
+    compiled: dict[str, Program] = field(default_factory=dict)     # programs by id
 
     def geo(self, cidrs: tuple[str, ...]) -> str | None:
         if set(cidrs) >= EVERYWHERE:
@@ -430,81 +424,71 @@ class _Registry:
         z = self.tokens[d.token_zone]
         return f"{z.name} {z.tokens} {z.key} {z.burst}"
 
-    def check(self, caps: tuple[tuple[str, int], ...], rules: FieldRules, budget: Budget | None,
-              salt: str = "", media: MediaRules | None = None, tokens: str = "",
-              envelope: str = "", owner: tuple[str, ...] = ()) -> BodyCheck:
-        spec = budget_text(budget) if budget else ""
-        fields = _fields_spec(rules)
-        media_spec = _media_spec(media) if media is not None and media.active else ""
-        key = (tuple(sorted(caps)), fields, spec, salt, media_spec, tokens, envelope, ",".join(owner))
+    def check(self, d: Decision, rules: FieldRules, salt: str, media: MediaRules, tokens: str,
+              owner: tuple[str, ...]) -> BodyCheck:
+        """The body check of a block whose inspected decision is ``d``: its rule program (shared by
+        every check with the same rules) and what NGINX decides natively around it."""
+        compiled = compile_decision(d)
+        program = self.programs.add(compiled)
+        self.compiled[program] = compiled
+        key = (program, salt, tokens)
         if key not in self.checks:
-            cid = f"c{len(self.checks) + 1}"
             named = tuple(sorted({*rules.names("reject"), *rules.names("strip"), *rules.counts,
-                                  *(MEDIA_KEYS if media_spec else ()), *owner}))
+                                  *(MEDIA_KEYS if media.active else ()), *owner}))
+            caps = d.cap_paths
             self.checks[key] = BodyCheck(
-                id=cid, caps=" ".join(f"{k}={v}" for k, v in key[0]),
+                id=f"c{len(self.checks) + 1}", program=program,
                 # the regex sees a name wherever it is (a nested copy too): the top-level names
-                regex=unsafe_body({k: v for k, v in caps if "." not in k}, named), budget=spec, fields=fields,
-                parse_all=(bool(spec) or bool(salt) or bool(tokens) or bool(envelope) or bool(rules.pins)
-                           or (rules.decided and rules.unknown != "pass")),
-                salt=salt, media=media_spec, tokens=tokens, envelope=envelope,
-                media_regex=MEDIA_KEY_REGEX if media_spec else "", owner=",".join(owner))
+                regex=unsafe_body({k: v for k, v in caps if "." not in k}, named),
+                parse_all=(d.enforced_budget is not None or bool(salt) or bool(tokens) or d.envelope_capped
+                           or bool(d.token_zone)
+                           or bool(rules.pins) or (rules.decided and rules.unknown != "pass")),
+                salt=salt, tokens=tokens, media_regex=MEDIA_KEY_REGEX if media.active else "")
         return self.checks[key]
 
 
-def budget_text(budget: Budget) -> str:
-    """njs's form of a route's output budget (templates/nginx-perimeter.js, checkBudget): the
-    fields read, the field written, the most written (0: nothing), what to do when absent, and,
-    when the serve arguments bound vLLM's default, the context length it is fitted into (0: none)
-    and vLLM's default bound (Budget.written, Budget.rest)."""
-    text = f"{','.join(budget.fields)} {budget.field} {budget.write_cap} {budget.when_absent}"
-    return f"{text} {budget.window} {budget.rest}" if budget.default.known else text
+def writes(program: Program) -> bool:
+    """Does ``program`` change a body it admits (a field stripped, a budget written, a salt, a pin,
+    an unsealed id, a stream asking for its usage): the block's ``<up>_rewrite`` forwards those."""
+    for s in program.steps:
+        if isinstance(s, Keys) and (s.unknown == "strip" or "strip" in s.modes.values()):
+            return True
+        if isinstance(s, Salt | PinStep | Owned | AskUsage):
+            return True
+        if isinstance(s, BudgetStep) and s.absent == "inject":
+            return True
+    return False
 
 
-def envelope_text(d: Decision) -> str:
-    """njs's form of a route's admitted envelope and its caps (templates/nginx-perimeter.js,
-    envelopeSpec): the spec's fields, the output budget's fields and cap, the per-request caps;
-    ``usage=ask`` on a route with a token budget whose model takes ``stream_options`` (a settled
-    stream asks for its usage: scanner/plan/settle.py asking_usage, njs askUsage)."""
-    budget, lim = d.budget, d.limits
-    out = f"{','.join(budget.fields)}:{budget.rest}" if budget else "-:0"
-    def cap(n: int | None) -> str:
-        return "-" if n is None else str(n)
-    ask = " usage=ask" if d.token_zone and d.envelope_spec.ask_usage else ""
-    return (f"{d.envelope_spec.text} out={out} seq={cap(lim.max_sequences)} tok={cap(lim.max_request_tokens)}"
-            f"{ask}")
+RULES_HEAD = ("// vllm-perimeter rule programs (generated with the NGINX config; do not edit).\n"
+              "// checks: $perimeter_check -> program id; programs: the steps njs runs (perimeter.js run).\n"
+              "export default ")
 
 
-def _media_spec(m: MediaRules) -> str:
-    """njs's form of a route's media rules (templates/nginx-perimeter.js, checkMedia)."""
-    def num(n: int | None) -> str:
-        return "-" if n is None else str(n)
-    return (f"urls={m.urls} items={num(m.max_items)} data={num(m.data_max_bytes)} embeds={m.embeds} "
-            f"domains={','.join(m.domains)}")
+def rules_module(model: Model) -> str:
+    """The generated njs module ``perimeter-rules.js`` that perimeter.js imports: every body
+    check's program id and the programs (scanner/plan/program.py), data compiled once with the
+    config, never parsed per request. After its head, the module is one JSON document."""
+    def dump(value: object) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    checks = dump({c.id: c.program for c in model.checks})
+    programs = ",\n".join(f"  {dump(pid)}: {dump(p.model_dump(mode='json')['steps'])}"
+                          for pid, p in model.programs.items())
+    return f'{RULES_HEAD}{{\n "checks": {checks},\n "programs": {{\n{programs}\n }}\n}};\n'
 
 
-def _fields_spec(rules: FieldRules) -> str:
-    """njs's form of a route's field rules (templates/nginx-perimeter.js, checkFields)."""
-    if not rules.decided:
-        return ""
-    lists = [f"{mode}={','.join(rules.names(mode))}" for mode in ("allow", "reject", "strip")
-             if rules.names(mode)]
-    if rules.counts:
-        lists.append("count=" + ",".join(f"{k}:{n}" for k, n in sorted(rules.counts.items())))
-    if rules.pins:
-        lists.append("pin=" + ",".join(f"{k}:{pin_text(v)}" for k, v in sorted(rules.pins.items())))
-    return " ".join([rules.unknown, *lists])
+def read_rules(text: str) -> dict[str, Any]:
+    """The document of a ``perimeter-rules.js`` (rules_module's inverse: tests, reviews)."""
+    if not text.startswith(RULES_HEAD):
+        raise ValueError("not a perimeter-rules.js module")
+    doc: dict[str, Any] = json.loads(text[len(RULES_HEAD):].rstrip().removesuffix(";"))
+    return doc
 
 
-def pin_text(value: Pin) -> str:
-    """n:NUMBER, s:STRING, b:true|false or z: (null): how njs and Lua read a pin."""
-    if value is None:
-        return "z:"
-    if isinstance(value, bool):
-        return f"b:{'true' if value else 'false'}"
-    if isinstance(value, int | float):
-        return f"n:{value!r}"
-    return f"s:{value}"
+def _rules_key(rules: FieldRules) -> tuple[object, ...]:
+    """A route's field rules as a comparable value (what two methods of one path must share)."""
+    return (rules.unknown, tuple(sorted(rules.named.items())), tuple(sorted(rules.counts.items())),
+            tuple(sorted((k, repr(v)) for k, v in rules.pins.items())))
 
 
 def _passed(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -524,7 +508,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
     rate = (lim.rate.rps, lim.rate.burst) if lim.rate else None
     return (d.kind, d.audience, d.auth, d.roles, d.networks, lim.body_bytes,
             d.cap_paths, rate, lim.concurrency, lim.timeout_s, lim.when_absent,
-            _fields_spec(d.fields), d.salt, d.media, d.token_zone, lim.max_sequences, lim.max_request_tokens,
+            _rules_key(d.fields), d.salt, d.media, d.token_zone, lim.max_sequences, lim.max_request_tokens,
             d.envelope_spec, d.owner_param, d.owner_fields, d.owner_seal)
 
 
@@ -536,7 +520,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
     rules = next((x.fields for x in ds if x.fields.decided), d.fields)
     media = next((x.media for x in ds if x.media.active), d.media)
     tokens = next((reg.token_zone(x) for x in ds if x.token_zone), "")
-    envelope = next((envelope_text(x) for x in ds if x.token_zone or x.envelope_capped), "")
+    envelope = any(x.token_zone or x.envelope_capped for x in ds)
     owner = next((x.owner_fields for x in ds if x.owner_fields), ())
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
                and bool(lim.json_caps or rules.decided or media.active or tokens or envelope or owner))
@@ -548,11 +532,12 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         own = replace(d, limits=plan.shared.local_limits(d))
     own_rate = reg.rate_zone(own) if own else None
     own_conn = reg.conn_zone(own) if own else None
-    budget = next((x.enforced_budget for x in ds if x.enforced_budget), None)
     salted = next((x for x in ds if x.salt), None)
     salt = (("principal-cert" if salted.auth == "cert" else "principal") if salted.salt == "principal"
             else f"audience:{_name('audience', salted.audience)}") if salted else ""
-    check = reg.check(d.cap_paths, rules, budget, salt, media, tokens, envelope, owner) if inspect else None
+    # the decision whose body rules the check runs (the methods of one block share them)
+    body = next((x for x in ds if inspects(x)), next((x for x in ds if x.method in BODY_METHODS), d))
+    check = reg.check(body, rules, salt, media, tokens, owner) if inspect else None
     if d.auth not in ("key", "none", "jwt", "cert"):
         raise GenerateError(f"nginx generator: unknown auth {d.auth!r} for {d.method} {d.path}")
     return Block(
@@ -575,10 +560,7 @@ def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Blo
         local_conn_zone=own_conn.name if own_conn else "",
         local_conn=own.limits.concurrency or 0 if own else 0,
         local_tokens=reg.token_zone(own) if own and own.token_zone else "",
-        rewrite=check is not None and (bool(rules.names("strip")) or rules.unknown == "strip" or bool(salt)
-                                       or bool(rules.pins) or check.envelope.endswith(" usage=ask")
-                                       or bool(owner)
-                                       or (budget is not None and budget.when_absent == "inject")),
+        rewrite=check is not None and writes(reg.compiled[check.program]),
         jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
         jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
         owner_param=d.owner_segment,
@@ -751,7 +733,8 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         cert_rolesets={var: roles for roles, var in reg.cert_rolesets.items()},
         certs_json=_certs_json(plan),
         rate_zones=tuple(reg.rate.values()), conn_zones=tuple(reg.conn.values()),
-        checks=tuple(reg.checks.values()), token_zones=tuple(reg.tokens.values()),
+        checks=tuple(reg.checks.values()), programs=dict(reg.compiled),
+        token_zones=tuple(reg.tokens.values()),
         locations=locations,
         upstream_key_file=plan.upstream.api_key_file or "",
         owner_secret_file=_file("responses_secret_file", plan.body.responses_secret_file or "")

@@ -1,6 +1,7 @@
 """NGINX mutation operators: the plan's weakenings rendered by the NGINX generator, the
-generator's model changed in one marked place (a location's match, a zone's key), and edits of
-one directive of the rendered perimeter-http.conf / perimeter-proxy.conf / principals map."""
+generator's model changed in one marked place (a location's match, a zone's key, a body check's
+rule program without one of its steps), and edits of one directive of the rendered
+perimeter-http.conf / perimeter-proxy.conf / principals map."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
+from scanner.rules import Keys, Program, Step
 
 KIND = "nginx"
 ModelEdit = Callable[[Model, Plan], tuple[Model, str]]
@@ -55,9 +57,9 @@ def _op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ..
 
 
 def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
-              edit: ModelEdit) -> None:
+              edit: ModelEdit, needs: str = "") -> None:
     register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches,
-                      lambda directory, plan: render(directory, plan, edit)))
+                      lambda directory, plan: render(directory, plan, edit), needs))
 
 
 # --- model edits: one location's match, one zone's key ---------------------------------------
@@ -132,6 +134,36 @@ def _key_route(plan: Plan) -> Decision:
                      lambda d: d.auth == "key" and d.limits.concurrency is not None, last=True)
 
 
+def _program(pick: core.Pick, change: Callable[[list[Step]], list[Step]], what: str) -> ModelEdit:
+    """The body check of the route ``pick`` chooses runs its rule program changed by ``change``
+    (a new program; the other checks keep theirs)."""
+    def edit(model: Model, plan: Plan) -> tuple[Model, str]:
+        d = pick(plan)
+        loc = next((loc for loc in model.locations if loc.route == d.path), None)
+        check = next((b.check for b in (loc.blocks if loc else ()) if d.method in b.methods), None)
+        if check is None:
+            raise NotApplicable(f"no body check on {where(d)}")
+        old = list(model.programs[check.program].steps)
+        steps = change(old)
+        if steps == old:
+            raise NotApplicable(f"{where(d)}: nothing to change in its rule program")
+        pid = f"r{len(model.programs) + 1}"
+        return replace(model, programs={**model.programs, pid: Program(steps=steps)},
+                       checks=tuple(replace(c, program=pid) if c.id == check.id else c for c in model.checks)
+                       ), f"{where(d)}: {what}"
+    return edit
+
+
+def _without(op: str) -> Callable[[list[Step]], list[Step]]:
+    return lambda steps: [s for s in steps if s.op != op]
+
+
+def _unsalted(steps: list[Step]) -> list[Step]:
+    """No salt step, and the client's cache_salt allowed through the field rules."""
+    return [s.model_copy(update={"modes": {**s.modes, "cache_salt": "allow"}}) if isinstance(s, Keys) else s
+            for s in _without("salt")(steps)]
+
+
 _model_op("anchor-dollar", "loosen", "a template route's location",
           "a template location ends in $ instead of \\z (a final newline matches)", ("bypass", "upstream"),
           _anchor_dollar)
@@ -202,19 +234,6 @@ def _proxying(target: str) -> str:
             "        proxy_set_header Connection \"\";\n        include \"perimeter-proxy.conf\";\n")
 
 
-def _blank_check_entry(directory: Path, d: Decision, variable: str) -> None:
-    """Empty the entry of ``d``'s body check in the map that sets ``variable`` (njs then skips
-    that part of the check)."""
-    text = _read(directory, HTTP)
-    a, b = _route_span(text, d.path)
-    m = re.search(r"set \$perimeter_check (c\d+);", text[a:b])
-    if m is None:
-        raise NotApplicable(f"no body check on {d.path}")
-    at = text.index(f"map $perimeter_check {variable} {{")
-    line = re.compile(r'(\n    ' + m.group(1) + r' )"[^"\n]*";')
-    _write(directory, HTTP, text, text[:at] + line.sub(r'\1"";', text[at:], count=1))
-
-
 # switch: the limit stays written, NGINX only logs what it would refuse
 
 @_op("rate-dry-run", "switch", "a rate-limited route (per principal)",
@@ -283,7 +302,7 @@ def _n_principal(directory: Path, plan: Plan) -> str:
     return where(d)
 
 
-# remove: a check the plan has no separate word for (it lives in the njs maps or the method test)
+# remove: a check the plan has no separate word for (the method test, the njs module)
 
 @_op("method-check-removed", "remove", "a GET route", "one route's method check removed", ("matrix",))
 def _n_method(directory: Path, plan: Plan) -> str:
@@ -292,28 +311,15 @@ def _n_method(directory: Path, plan: Plan) -> str:
     return where(d)
 
 
-@_op("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
-     "one route passes the fields the policy forbids", ("limits",))
-def _n_fields(directory: Path, plan: Plan) -> str:
-    d = core.field_checked(plan)
-    _blank_check_entry(directory, d, "$perimeter_fields")
-    return where(d)
-
-
-@_op("media-check-removed", "remove", "a route with media rules",
-     "one route passes any media URL, data and embeddings", ("media",))
-def _n_media(directory: Path, plan: Plan) -> str:
-    d = core.media_checked(plan)
-    _blank_check_entry(directory, d, "$perimeter_media")
-    return where(d)
-
-
-@_op("budget-not-enforced", "remove", "a route with an output budget",
-     "one route forwards bodies without an output budget as sent", ("limits",))
-def _n_budget(directory: Path, plan: Plan) -> str:
-    d = core.budgeted(plan)
-    _blank_check_entry(directory, d, "$perimeter_budget")
-    return where(d)
+_model_op("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
+          "one route passes the fields the policy forbids", ("limits",),
+          _program(core.field_checked, _without("keys"), "rule program without keys"))
+_model_op("media-check-removed", "remove", "a route with media rules",
+          "one route passes any media URL, data and embeddings", ("media",),
+          _program(core.media_checked, _without("media"), "rule program without media"))
+_model_op("budget-not-enforced", "remove", "a route with an output budget",
+          "one route forwards bodies without an output budget as sent", ("limits",),
+          _program(core.budgeted, _without("budget"), "rule program without budget"))
 
 
 @_op("token-budget-removed", "remove", "a token zone",
@@ -522,20 +528,9 @@ def _n_priority(directory: Path, plan: Plan) -> str:
     return "proxy_set_header X-Vllm-Priority"
 
 
-@_op("salt-not-rewritten", "forward", "a salted route",
-     "one route forwards the client's cache_salt (no tenant salt)", ("limits",), needs="body.cache_salt")
-def _n_salt(directory: Path, plan: Plan) -> str:
-    d = core.salted(plan)
-    _blank_check_entry(directory, d, "$perimeter_salt_subject")
-    text = _read(directory, HTTP)
-    a, b = _route_span(text, d.path)
-    m = re.search(r"set \$perimeter_check (c\d+);", text[a:b])
-    assert m is not None   # _blank_check_entry found it
-    at = text.index("map $perimeter_check $perimeter_fields {")
-    entry = re.compile(r'(\n    ' + m.group(1) + r' "[^"\n]*)";')
-    # njs reads the lists in order, the last one naming a field wins: the client's cache_salt passes
-    _write(directory, HTTP, text, text[:at] + entry.sub(r'\1 allow=cache_salt";', text[at:], count=1))
-    return where(d)
+_model_op("salt-not-rewritten", "forward", "a salted route",
+          "one route forwards the client's cache_salt (no tenant salt)", ("limits",),
+          _program(core.salted, _unsalted, "rule program without salt"), needs="body.cache_salt")
 
 
 # --- bearer tokens (auth: jwt): the njs verification weakened ---------------------------------

@@ -22,6 +22,7 @@ import yaml
 from scanner.errors import GenerateError
 from scanner.generate import kubernetes as k8s
 from scanner.generate.interface import GeneratedConfig, GenerateOptions, get
+from scanner.generate.nginx_model import RULES
 from scanner.inventory.catalog import load_ref
 from scanner.netscan.ports import KNOWN_PORTS
 from scanner.plan.model import Plan
@@ -326,11 +327,14 @@ def test_deployment_runs_the_config_from_its_mounts(tmp_path: Path, proxy: str) 
     projected = next(v for v in spec["volumes"] if v["name"] == "config")["projected"]["sources"]
     paths = {i["path"] for s in projected for i in next(iter(s.values()))["items"]}
     assert paths == {f.name for f in config.files}
-    # every file the config opens by absolute path is under the mount
+    # every file the config opens by absolute path is under the mount; the rule programs' module
+    # is imported by perimeter.js from its own directory (the mount too)
     text = "\n".join(f.content for f in config.files)
-    for name in (f.name for f in config.files if f.name != config.main):
+    for name in (f.name for f in config.files if f.name not in (config.main, RULES)):
         if proxy == "nginx" or name.endswith(".tsv"):
             assert f"{k8s.CONFIG_DIR}/{name}" in text, name
+    if proxy == "nginx":
+        assert RULES in paths and f"import RULES from '{RULES}';" in text
     # hardened pod
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0

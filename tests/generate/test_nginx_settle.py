@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from scanner.audit import access_log
+from scanner.generate.nginx_model import read_rules
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import settle
@@ -163,8 +164,9 @@ def test_only_token_budget_locations_run_a_body_filter(stand: Stand) -> None:
              .splitlines()[2:] if c.strip()}
     assert zoned
     # a settled stream asks for its usage on the zone's routes whose model takes stream_options only
-    asking = {line.split()[0] for line in text.split("map $perimeter_check $perimeter_envelope {")[1]
-              .split("}")[0].splitlines() if line.endswith(' usage=ask";')}
+    rules = read_rules(next((stand.directory / "proxy").rglob("perimeter-rules.js")).read_text())
+    asking = {c for c, pid in rules["checks"].items()
+              if any(step["op"] == "ask_usage" for step in rules["programs"][pid])}
     assert asking and asking <= zoned
     # the bundled policy (no budget) has no body filter anywhere: no cost elsewhere
     golden = Path(__file__).parent / "golden" / "nginx" / "default" / "perimeter-http.conf"

@@ -166,11 +166,11 @@ def _weakened(tmp_path: Path, proxy: str, tpm: int, options: ProbeOptions, edits
 
 
 IGNORED = {   # the prompt-list / batch multiplier ignored: only n / best_of counted
-    "nginx": {"perimeter.js": ("items = Math.max(1, items) * per;", "items = per;")},
+    "nginx": {"perimeter.js": ("s.seq = Math.max(1, items) * per;", "s.seq = per;")},
     "envoy": {"envoy.yaml": ("r.seq, r.out, r.from = math.max(1, items) * per,", "r.seq, r.out, r.from = per,")},
 }
 RAISED = {    # max_sequences 6 -> 60
-    "nginx": {"perimeter-http.conf": (" seq=6 ", " seq=60 ")},
+    "nginx": {"perimeter-rules.js": ('"max_sequences":6,', '"max_sequences":60,')},
     "envoy": {"envoy.yaml": ('["max_sequences"] = 6,', '["max_sequences"] = 60,')},
 }
 

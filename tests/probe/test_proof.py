@@ -5,6 +5,7 @@ every one must now give findings."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scanner.generate.nginx_model import RULES_HEAD, read_rules
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
@@ -76,12 +78,12 @@ def test_raised_body_limit_is_caught_though_the_matrix_spends_the_rate_budget(tm
 
 def test_json_caps_removed_from_every_inference_route_are_caught(tmp_path: Path) -> None:
     def edit(conf: Path) -> None:
-        http = conf / "perimeter-http.conf"
-        text = http.read_text()
-        new = re.sub(r'(map \$perimeter_check \$perimeter_caps \{\n    default "";\n)(.*?)(\n\})',
-                     lambda m: m.group(1) + re.sub(r'"[^"]*"', '""', m.group(2)) + m.group(3), text, flags=re.S)
-        assert new != text
-        http.write_text(new)
+        # every rule program without its cap steps
+        rules = conf / "perimeter-rules.js"
+        doc = read_rules(rules.read_text())
+        capped = {pid: [s for s in steps if s["op"] != "cap"] for pid, steps in doc["programs"].items()}
+        assert capped != doc["programs"]
+        rules.write_text(RULES_HEAD + json.dumps({**doc, "programs": capped}) + ";\n")
 
     res = _probe(tmp_path, _nginx(), edit, ("matrix", "limits"))
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):

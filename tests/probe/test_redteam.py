@@ -8,12 +8,17 @@ front of the stand-in and its witness, with the checks of its area, the probe mu
 
 from __future__ import annotations
 
+import copy
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from scanner.generate.nginx_model import RULES, RULES_HEAD, read_rules
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -98,20 +103,43 @@ def _location_sets(text: str, path: str, var: str) -> str:
     return m.group(1)
 
 
-def cmap(name: str, path: str, old: str, new: str) -> Edit:
-    """``old`` replaced by ``new`` in the line of the route ``path``'s check id in the NGINX map
-    ``$perimeter_<name>`` (the ids are numbered by the generator: looked up, never assumed)."""
+Steps = list[dict[str, Any]]
+
+
+def program(path: str, change: Callable[[Steps], Steps]) -> Edit:
+    """The rule program of the NGINX route ``path``'s body check (its id looked up, never assumed)
+    replaced by ``change`` of it, as a new program of that check alone (perimeter-rules.js)."""
     def edit(conf: Path) -> None:
-        f = conf / HTTP
-        full = f.read_text()
-        cid = _location_sets(full, path, "check")
-        start = full.index(f"map $perimeter_check $perimeter_{name} {{\n")
-        line = full.index(f'\n    {cid} "', start, full.index("\n}\n", start)) + 1
-        end = full.index("\n", line) + 1
-        changed = re.sub(old, new, full[line:end])
-        assert changed != full[line:end], (name, path, old)
-        f.write_text(full[:line] + changed + full[end:])
+        f = conf / RULES
+        doc = read_rules(f.read_text())
+        cid = _location_sets((conf / HTTP).read_text(), path, "check")
+        old = doc["programs"][doc["checks"][cid]]
+        new = change(copy.deepcopy(old))
+        assert new != old, path
+        pid = f"r{len(doc['programs']) + 1}"
+        doc["programs"][pid], doc["checks"][cid] = new, pid
+        f.write_text(RULES_HEAD + json.dumps(doc) + ";\n")
     return edit
+
+
+def step(op: str, key: str, old: object, new: object, **match: object) -> Callable[[Steps], Steps]:
+    """Each ``op`` step (whose fields include ``match``) with ``key`` = ``new`` (it was ``old``)."""
+    def change(steps: Steps) -> Steps:
+        for s in steps:
+            if s["op"] == op and all(s.get(k) == v for k, v in match.items()):
+                assert s[key] == old, (op, key, s[key])
+                s[key] = new
+        return steps
+    return change
+
+
+def mode(field: str, new: str) -> Callable[[Steps], Steps]:
+    def change(steps: Steps) -> Steps:
+        for s in steps:
+            if s["op"] == "keys":
+                s["modes"] = {**s["modes"], field: new}
+        return steps
+    return change
 
 
 def named(path: str, old: str, new: str) -> Edit:
@@ -272,26 +300,25 @@ WEAKENINGS: dict[str, Weakening] = {
     "nginx: client_max_body_size 0 on /tokenize": W(
         "nginx", "limits", block(HTTP, nloc("/tokenize"), r"client_max_body_size \d+;", "client_max_body_size 0;")),
     "nginx: a denied field allowed on /v1/chat/completions (kv_transfer_params)": W(
-        "nginx", "limits", cmap("fields", "/v1/chat/completions", r"(reject allow=)([^\"]*?) reject=([^\"]*?)kv_transfer_params,",
-                                r"\1kv_transfer_params,\2 reject=\3")),
+        "nginx", "limits", program("/v1/chat/completions", mode("kv_transfer_params", "allow"))),
     "nginx: unknown fields passed on /v1/messages": W(
-        "nginx", "limits", cmap("fields", "/v1/messages", r'"reject allow=', '"pass allow=')),
+        "nginx", "limits", program("/v1/messages", step("keys", "unknown", "reject", "pass"))),
     "nginx: a JSON cap raised x10 (/v1/chat/completions max_tokens)": W(
-        "nginx", "limits", cmap("caps", "/v1/chat/completions", r" max_tokens=4096 ", " max_tokens=40960 ")),
+        "nginx", "limits", program("/v1/chat/completions", step("cap", "max", 4096, 40960, path="max_tokens"))),
     "nginx: a count raised x10 (/v1/completions stop)": W(
-        "nginx", "limits", cmap("fields", "/v1/completions", r"stop:16\b", "stop:160")),
+        "nginx", "limits", program("/v1/completions", step("count", "max", 16, 160, field="stop"))),
     "nginx: the body fast path sends bodies straight upstream on /is_scaling_elastic_ep": W(
         "nginx", "limits", named("/is_scaling_elastic_ep", r'        if \(\$perimeter_json_body ~ "\\x22[^\n]*\n', "")),
     "nginx: the output budget raised x10 (/v1/chat/completions)": W(
-        "nginx", "limits", cmap("budget", "/v1/chat/completions", r" 4096 inject", " 40960 inject")),
+        "nginx", "limits", program("/v1/chat/completions", step("budget", "cap", 4096, 40960))),
     "nginx: the output budget removed for /v1/responses": W(
-        "nginx", "limits", cmap("budget", "/v1/responses", r"[^\n]+\n", "")),
+        "nginx", "limits", program("/v1/responses", lambda steps: [s for s in steps if s["op"] != "budget"])),
     "nginx: media URLs allowed (/v1/chat/completions)": W(
-        "nginx", "media", cmap("media", "/v1/chat/completions", "urls=deny", "urls=allow")),
+        "nginx", "media", program("/v1/chat/completions", step("media", "urls", "deny", "allow"))),
     "nginx: media items x10 (/v1/messages)": W(
-        "nginx", "media", cmap("media", "/v1/messages", "items=8 ", "items=80 ")),
+        "nginx", "media", program("/v1/messages", step("media", "items", 8, 80))),
     "nginx: media data size x10 (/v1/responses)": W(
-        "nginx", "media", cmap("media", "/v1/responses", "data=524288 ", "data=5242880 ")),
+        "nginx", "media", program("/v1/responses", step("media", "data", 524288, 5242880))),
     "nginx: image_url left out of the media fast-path regex": W(
         "nginx", "media", text(HTTP, "|\\x22(?:i|\\x5cu0069)(?:m|\\x5cu006[dD])(?:a|\\x5cu0061)(?:g|\\x5cu0067)"
                                "(?:e|\\x5cu0065)(?:_|\\x5cu005[fF])(?:u|\\x5cu0075)(?:r|\\x5cu0072)(?:l|\\x5cu006[cC])"
