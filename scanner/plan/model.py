@@ -149,7 +149,7 @@ class Budget:
         size)`` is never refused for a prompt that fits; when that is below 1 (a body of
         ``max_model_len`` bytes or more), nothing is written and vLLM's default applies. Nothing
         either when that default is within the cap (:attr:`quiet`); the cap when the context
-        length is not known. njs (``budgetFit``) and Lua (``budget_fit``) compute the same from
+        length is not known. njs (``budgetFit``) and Lua (``OPS.budget``) compute the same from
         :attr:`write_cap` and :attr:`window`."""
         if not self.write_cap:
             return None
