@@ -16,9 +16,9 @@ models and serving code):
 
 :class:`EnvelopeSpec` is the route's statement of those fields (from its request model in the
 inventory, :func:`spec_for`); :func:`envelope` the Python reference of what a body asks for;
-the NGINX generator renders the spec for njs (``envelope`` in templates/nginx-perimeter.js) and
-the Envoy generator for Lua (``envelope`` in templates/envoy_perimeter.lua.j2), which compute
-the same numbers.
+the plan compiles the spec into the rule program's envelope step (scanner/plan/program.py), which
+njs (``OPS.envelope`` in templates/nginx-perimeter.js) and Lua (templates/envoy_perimeter.lua.j2)
+run: the same numbers.
 
 The input estimate is the body's size in bytes: a byte-level BPE token covers at least one byte
 of text, and JSON spends at least that byte on it (an escape more), a token id in a list costs at

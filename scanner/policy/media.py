@@ -1,6 +1,6 @@
 """Media in request bodies: which URLs, data and embeddings an audience may send for vLLM to
 fetch or decode (``media:`` in a policy audience), and the one reading of a body both proxies
-implement (``templates/nginx-perimeter.js`` checkMedia, ``templates/envoy_json.lua.j2``
+implement (``templates/nginx-perimeter.js`` OPS.media, ``templates/envoy_json.lua.j2``
 media_check) and the prober expects.
 
 vLLM fetches every ``http(s)`` URL in an ``image_url``, ``audio_url`` or ``video_url`` part (and
