@@ -53,8 +53,9 @@ AUTO_FLOOR_S = 300.0   # --max-time auto never gives a run less than this
               help="A fleet: N replicas of each proxy (2-8), the limiter and a redis-server (the "
                    "policy's shared: section, or on_unavailable: deny); the rate, concurrency and "
                    "token-budget cases are spread over every replica (the limits must hold for the "
-                   "sum), then Redis is stopped and the failure policy tried. With --mutate: the "
-                   "fleet's operators (one replica unshared, a per-replica key).")
+                   "sum), slots must come back after their requests, then Redis is stopped and the "
+                   "failure policy tried. With --mutate: the fleet's operators (one replica unshared, "
+                   "a per-replica key, an orphaned slot, a failover burst).")
 @report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,

@@ -6,7 +6,14 @@ than the policy in sum.
 * ``replica-unshared``: the replica generated without the shared store: its own local limits at
   the policy's full value (as if deployed from a policy without ``shared:``);
 * ``replica-zone-key``: the replica counts in zones of its own (every zone name with the
-  replica's name appended, known to the limiter): per-replica keys on the shared store.
+  replica's name appended, known to the limiter): per-replica keys on the shared store;
+* ``replica-orphaned-slot``: the replica never releases a slot after the answer (NGINX: njs
+  ``after`` sends no release, the refund still settled; Envoy: the release descriptors gone): each
+  request's slot stays held while that replica lives, up to the zone's slot_ttl_s (caught by
+  ``verify.fleet.slots_back``: sequential requests refused 429 concurrency);
+* ``replica-failover-burst``: the replica decides alone as soon as the store fails, with the
+  policy's full values (not its share) and no wait (local_after_s): a fresh full burst per replica
+  at the failover (caught by ``verify.fleet.outage``: admitted with Redis stopped beyond the policy).
 
 Both ``needs`` a fleet: single-proxy ``verify --mutate`` skips them (scanner.verify)."""
 
@@ -25,6 +32,7 @@ from scanner.plan.model import Plan
 
 NEEDS = "fleet"
 CATCHES = ("rate", "concurrency", "token-budget")
+FLEET = ("fleet",)      # scanner.verify.fleet's own checks (slots_back, outage)
 SUFFIX = ".replica2"
 RENDER = {"envoy": envoy.render, "nginx": nginx.render}
 # the files naming the limiter's zones, per proxy
@@ -68,6 +76,75 @@ def _zone_key(kind: str) -> Operator:
                     "a per-replica key (the zones named with the replica's name)", CATCHES, apply, NEEDS)
 
 
+def _replace_once(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    if text.count(old) != 1:
+        raise NotApplicable(f"{path.name} does not hold {old.strip()!r} once")
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _drop_blocks(path: Path, marker: str) -> int:
+    """Remove every YAML list item ``- actions:`` whose block holds ``marker``; how many."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    out: list[str] = []
+    dropped = i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.lstrip().startswith("- actions:"):
+            indent = len(line) - len(line.lstrip())
+            end = i + 1
+            while end < len(lines) and (len(lines[end]) - len(lines[end].lstrip()) > indent
+                                        or not lines[end].strip()):
+                end += 1
+            if any(marker in x for x in lines[i:end]):
+                dropped += 1
+                i = end
+                continue
+        out.append(line)
+        i += 1
+    path.write_text("".join(out), encoding="utf-8")
+    return dropped
+
+
+def _orphaned_slot(kind: str) -> Operator:
+    def apply(directory: Path, plan: Plan) -> str:
+        _shared(plan)
+        assert plan.shared is not None
+        if not any(z.startswith("conc:") for z in plan.shared.zones.zones):
+            raise NotApplicable("the plan has no shared concurrency zone")
+        if kind == "nginx":
+            _replace_once(directory / nginx.NJS, "    if (conc.length) {\n", "    if (conc.length < 0) {\n")
+        elif not _drop_blocks(directory / "envoy.yaml", "descriptor_value: release}"):
+            raise NotApplicable("envoy.yaml releases no slot")
+        return "the second replica never releases a slot after the answer (its refunds still settled)"
+    return Operator(f"{kind}.replica-orphaned-slot", kind, "remove", "the second replica of a fleet",
+                    "one replica's slots never released (orphaned until its lease's owner dies)", FLEET,
+                    apply, NEEDS)
+
+
+def _failover_burst(kind: str) -> Operator:
+    def apply(directory: Path, plan: Plan) -> str:
+        _shared(plan)
+        assert plan.shared is not None
+        shared = plan.shared
+        alone = replace(plan, shared=replace(shared, on_unavailable="local", local=dict(shared.zones.zones),
+                                             zones=replace(shared.zones, on_unavailable="local",
+                                                           local_after_s={})))
+        RENDER[kind](directory, alone)
+        if kind == "nginx":   # on the limiter's first "store unavailable", not once it says "local"
+            _replace_once(directory / nginx.NJS, "(down || a.local === true)",
+                          "(down || a.reason === 'shared-store-unavailable')")
+        else:                 # the limiter's unavailable answer lets the request on to the shares
+            _replace_once(directory / "envoy.yaml", "failure_mode_deny: true", "failure_mode_deny: false")
+        return ("the second replica decides alone as soon as the store fails, at the policy's full "
+                "values (a fresh full burst at the failover)")
+    return Operator(f"{kind}.replica-failover-burst", kind, "loosen", "the second replica of a fleet",
+                    "one replica's failover hands out a fresh full burst (full local values, no wait)",
+                    FLEET, apply, NEEDS)
+
+
 for _kind in ("envoy", "nginx"):
     register(_unshared(_kind))
     register(_zone_key(_kind))
+    register(_orphaned_slot(_kind))
+    register(_failover_burst(_kind))

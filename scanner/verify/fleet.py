@@ -3,7 +3,10 @@ limiter and one redis-server on loopback (scanner.runtime.fleet), in front of th
 probe spreads its rate, concurrency and token-budget cases over every replica (scanner.probe.fleet),
 so each limit must hold for their sum. Then Redis is stopped and the failure policy is tried
 through every replica (:func:`outage`): ``deny`` answers 503 shared-store-unavailable, ``local``
-admits no more than the policy in sum and refuses the rest with 429; never unlimited.
+admits no more than the policy in sum and refuses the rest with 429; never unlimited. Before
+that, :func:`slots_back`: one principal's requests one after another through each replica, more
+than its concurrency, none refused 429 concurrency (a slot not released when its request ended is
+an orphan: the principal is locked out of it until the lease's owner is gone or slot_ttl_s).
 
 The plan is the policy's with the fleet's addresses (scanner.runtime.fleet.plan_for: a policy
 without ``shared:`` gets ``on_unavailable: deny``). Mutation operators of the fleet
@@ -66,6 +69,19 @@ class FleetOutage:
 
 
 @dataclass(frozen=True)
+class FleetSlots:
+    """What sequential requests (nothing else in flight) through each replica got: ``holds`` when
+    none was refused (every slot came back when its request ended)."""
+
+    route: str                        # "GET /v1/models" ("" none to try)
+    statuses: tuple[int, ...]         # replica by replica
+    reasons: tuple[str, ...]
+    limit: int                        # the route's concurrency: limit + 1 sent through each replica
+    holds: bool
+    what: str
+
+
+@dataclass(frozen=True)
 class FleetRun:
     proxy: str
     replicas: int
@@ -73,6 +89,7 @@ class FleetRun:
     seconds: float
     outage: FleetOutage | None = None
     mutant: str = ""
+    slots: FleetSlots | None = None
 
 
 def check_replicas(n: int) -> int:
@@ -89,7 +106,8 @@ def fleet_plan(plan: Plan, replicas: int) -> Plan:
 def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential], vantages: Sequence[Vantage],
         options: ProbeOptions, replicas: int, mutant: str = "", outage_too: bool = True) -> FleetRun:
     """Write, validate and start the fleet (the second replica weakened by ``mutant``), probe it
-    through every replica, then (not for a mutant) stop Redis and try the failure policy."""
+    through every replica, check that slots come back (slots_back), then stop Redis and try the
+    failure policy (a mutant's too: a replica's failover burst shows only there)."""
     t0 = time.monotonic()
     check_replicas(replicas)
 
@@ -111,16 +129,20 @@ def run(plan: Plan, proxy: Proxy, work: Path, credentials: Sequence[Credential],
 
     result: ProbeResult
     down: FleetOutage | None = None
+    back: FleetSlots | None = None
     with ExitStack() as stack:
         fp, f = on_free_port(started, plan.listen.port)
         stack.callback(f.stop)
         urls = f.urls
         result = probe(fp, Target(urls[0]), credentials, vantages, replace(options, replicas=urls[1:]))
-        if outage_too and not mutant:
+        if outage_too and not stop.requested():
+            back = slots_back(fp, f, credentials, vantages)
             down = outage(fp, f, credentials, vantages)
+    if back is not None:
+        result = recorded_slots(result, back)
     if down is not None:
         result = recorded(result, down)
-    return FleetRun(proxy.name, replicas, result, round(time.monotonic() - t0, 2), down, mutant)
+    return FleetRun(proxy.name, replicas, result, round(time.monotonic() - t0, 2), down, mutant, back)
 
 
 OUTAGE_CHECK = "fleet"
@@ -131,20 +153,35 @@ def recorded(result: ProbeResult, o: FleetOutage) -> ProbeResult:
     a coverage line (proved: the failure policy held), and a finding when it did not (VP005: the
     limits were not what the policy says with the store down) or Redis could not be stopped on
     any route (VP011: not proven)."""
-    method, _, path = o.route.partition(" ")
-    subject = f"shared store unavailable (on_unavailable: {o.policy})"
-    status: CoverageStatus = "proved" if o.holds else "failed" if o.route else "not-proven"
-    cov = Coverage(OUTAGE_CHECK, subject, status, why=o.what, attempts=len(o.statuses), method=method,
-                   path=path)
-    if o.holds:
+    return _record(result, f"shared store unavailable (on_unavailable: {o.policy})", o.route, o.holds,
+                   o.what, len(o.statuses), "failure policy not held with the shared store down",
+                   OUTAGE_CHECK)
+
+
+def recorded_slots(result: ProbeResult, back: FleetSlots) -> ProbeResult:
+    """``result`` with whether slots came back (slots_back): a coverage line, and a finding when a
+    sequential request was refused (VP005) or there was no route to try (VP011: not proven)."""
+    return _record(result, "slots released (a principal's sequential requests)", back.route, back.holds,
+                   back.what, len(back.statuses), "slots not released when their requests ended",
+                   f"{OUTAGE_CHECK}:slots")
+
+
+def _record(result: ProbeResult, subject: str, route: str, holds: bool, what: str, attempts: int,
+            title: str, key: str) -> ProbeResult:
+    """``result`` with one of the fleet's own checks: proved, failed (VP005 on ``route``, its
+    ``title``; ``key`` tells its finding id apart) or, without a route to try, not proven (VP011)."""
+    method, _, path = route.partition(" ")
+    status: CoverageStatus = "proved" if holds else "failed" if route else "not-proven"
+    cov = Coverage(OUTAGE_CHECK, subject, status, why=what, attempts=attempts, method=method, path=path)
+    if holds:
         found: tuple[Finding, ...] = ()
-    elif not o.route:
-        found = (findings.not_proven(OUTAGE_CHECK, [subject], "*", "*", o.what, []),)
+    elif not route:
+        found = (findings.not_proven(OUTAGE_CHECK, [subject], "*", "*", what, []),)
     else:
         rule = findings.RULES["VP005"]
-        found = (Finding(id=findings.finding_id("VP005", method, path, "*", OUTAGE_CHECK), rule="VP005",
-                         severity=rule.severity, title=f"failure policy not held with the shared store "
-                         f"down: {o.route}", method=method, path=path, vantage="*", detail=o.what,
+        found = (Finding(id=findings.finding_id("VP005", method, path, "*", key),
+                         rule="VP005", severity=rule.severity, title=f"{title}: {route}",
+                         method=method, path=path, vantage="*", detail=what,
                          remediation=rule.remediation, check=OUTAGE_CHECK),)
     return replace(result, coverage=(*result.coverage, cov), findings=(*result.findings, *found))
 
@@ -152,15 +189,17 @@ def recorded(result: ProbeResult, o: FleetOutage) -> ProbeResult:
 # --- Redis stopped ---------------------------------------------------------------------------------
 
 
-def _tried(plan: Plan, credentials: Sequence[Credential],
-           vantages: Sequence[Vantage]) -> tuple[Decision, Credential, Vantage] | None:
-    """A route to try the outage on: an allowed GET with a shared rate zone, a key it admits and a
-    vantage in its networks."""
+def _tried(plan: Plan, credentials: Sequence[Credential], vantages: Sequence[Vantage],
+           zone: str = "rate:") -> tuple[Decision, Credential, Vantage] | None:
+    """A route to try the outage on: an allowed GET with a shared rate zone (and a ``zone`` one),
+    a key it admits and a vantage in its networks."""
     shared = plan.shared
     assert shared is not None
     for d in sorted(plan.allowed, key=lambda d: (d.path, d.method)):
+        zones = shared.route_zones(d)
         if d.method != "GET" or d.kind != "http" or not d.exact or d.auth != "key" or not d.rate_zone \
-                or not any(z.startswith("rate:") for z in shared.route_zones(d)):
+                or not any(z.startswith("rate:") for z in zones) \
+                or not any(z.startswith(zone) for z in zones):
             continue
         cred = next((c for c in credentials if c.kind == "role" and (not d.roles or c.role in d.roles)), None)
         nets = [ipaddress.ip_network(n, strict=False) for n in d.networks]
@@ -183,6 +222,50 @@ def _get(port: int, path: str, cred: Credential, vantage: Vantage) -> tuple[int,
         return 0, type(exc).__name__
     finally:
         conn.close()
+
+
+# at most this many sequential requests through each replica (a concurrency above it: not proven)
+SLOTS_MAX = 130
+
+
+def slots_back(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],
+               vantages: Sequence[Vantage]) -> FleetSlots:
+    """One principal's requests to a route with a shared concurrency zone, one after another
+    (each answered before the next: never more than one in flight), concurrency + 1 through each
+    replica, paced at the route's rate (a rate refusal waits and goes again). Each request's slot
+    must come back when it ends: one refused 429 concurrency is a slot that did not (a release
+    lost, a replica that never sends it)."""
+    tried = _tried(plan, credentials, vantages, "conc:")
+    if tried is None:
+        return FleetSlots("", (), (), 0, False, "no limited GET route with a shared concurrency zone, a key "
+                          "and a vantage to try slots on")
+    d, cred, vantage = tried
+    rate, limit = d.limits.rate, d.limits.concurrency or 0
+    route = f"{d.method} {d.path}"
+    if limit + 1 > SLOTS_MAX:
+        return FleetSlots(route, (), (), limit, False, f"{route}: concurrency {limit} needs more than "
+                          f"{SLOTS_MAX} requests a replica")
+    step = 1.0 / rate.rps if rate else 0.0
+    time.sleep(min(3.0, (rate.burst + 1) * step) if rate else 0.0)   # the probe's rate spent: refilled
+    answers: list[tuple[int, str]] = []
+    for port in f.ports:
+        for _ in range(limit + 1):
+            got = _get(port, d.path, cred, vantage)
+            for _retry in range(20):
+                if got != (429, "rate"):
+                    break
+                time.sleep(step)
+                got = _get(port, d.path, cred, vantage)
+            answers.append(got)
+            time.sleep(step)
+    statuses = tuple(a[0] for a in answers)
+    refused = sum(1 for a in answers if a == (429, "concurrency"))
+    holds = all(s == 200 for s in statuses)
+    what = (f"{len(answers)} requests to {route} one after another, {limit + 1} through each of "
+            f"{len(f.ports)} replicas (concurrency {limit}): {statuses.count(200)} admitted, {refused} "
+            f"refused 429 concurrency" + ("" if holds else f", statuses {sorted(set(statuses))}")
+            + (" (slots not released when their requests ended)" if refused else ""))
+    return FleetSlots(route, statuses, tuple(a[1] for a in answers), limit, holds, what)
 
 
 def outage(plan: Plan, f: fleet.Fleet, credentials: Sequence[Credential],

@@ -39,8 +39,12 @@ def test_envoy_fleet_limits_hold_for_the_sum_and_the_outage_is_reported() -> Non
     assert run.outage is not None and run.outage.holds and run.outage.policy == "deny"
     assert set(run.outage.statuses) == {503} and "shared-store-unavailable" in run.outage.what
     # in the run's result, so every report format says it
-    (line,) = [c for c in run.result.coverage if c.check == fleet.OUTAGE_CHECK]
+    (line,) = [c for c in run.result.coverage if c.check == fleet.OUTAGE_CHECK and "unavailable" in c.subject]
     assert line.status == "proved" and line.why == run.outage.what
+    # and the slots came back: sequential requests through each replica, none refused
+    (slots,) = [c for c in run.result.coverage if c.check == fleet.OUTAGE_CHECK and "slots" in c.subject]
+    assert slots.status == "proved" and run.slots is not None and slots.why == run.slots.what
+    assert run.slots.statuses == (200,) * (2 * (run.slots.limit + 1))
 
 
 @pytest.mark.slow
@@ -48,10 +52,28 @@ def test_envoy_fleet_limits_hold_for_the_sum_and_the_outage_is_reported() -> Non
                                   pytest.param("nginx", marks=pytest.mark.nginx)])
 def test_both_fleet_mutants_are_caught(name: str) -> None:
     """About 50 s a proxy: the baseline and one fleet per mutant."""
-    _runs, mutants = _fleet(name, LIMITS, True)
+    _runs, mutants = _fleet(name, LIMITS, True, ("replica-unshared", "replica-zone-key"))
     assert {m.operator for m in mutants} == {f"{name}.replica-unshared", f"{name}.replica-zone-key"}
     assert all(m.status == "caught" and m.expected for m in mutants), [(m.operator, m.status, m.checks)
                                                                         for m in mutants]
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param("envoy", marks=pytest.mark.envoy),
+                                  pytest.param("nginx", marks=pytest.mark.nginx)])
+def test_an_orphaned_slot_and_a_failover_burst_are_caught(name: str) -> None:
+    """Issue 27, item 9 (about 50 s a proxy): the second replica never releasing its slots is
+    caught by sequential requests refused 429 concurrency (fleet.slots_back); its failover handing
+    out a full burst at once by the requests it admits with Redis stopped (fleet.outage). The
+    unmutated fleet passes both."""
+    runs, mutants = _fleet(name, LIMITS, True, ("replica-orphaned-slot", "replica-failover-burst"))
+    (run,) = runs
+    assert run.slots is not None and run.slots.holds and run.outage is not None and run.outage.holds
+    assert run.result.exit_code() == EXIT_OK
+    by = {m.operator.partition(".")[2]: m for m in mutants}
+    assert set(by) == {"replica-orphaned-slot", "replica-failover-burst"}
+    assert all(m.status == "caught" and m.expected and m.rules == ("VP005", "failed") for m in mutants), \
+        [(m.operator, m.status, m.rules, m.checks) for m in mutants]
+
 
 def test_fleet_operators_skip_a_single_proxy_and_a_plan_without_shared(tmp_path: Path) -> None:
     s = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9)
@@ -68,5 +90,5 @@ def test_the_whole_probe_through_a_fleet(name: str) -> None:
     runs, mutants = _fleet(name, ProbeOptions(rate=0, timeout=15, max_time=300), True)
     (run,) = runs
     assert run.result.exit_code() == EXIT_OK and run.outage is not None and run.outage.holds
-    assert len(mutants) == 2 and all(m.status == "caught" for m in mutants)
+    assert len(mutants) == 4 and all(m.status == "caught" for m in mutants)
 

@@ -1,6 +1,7 @@
 """What ``verify --replicas`` records of a Redis outage in the run's result (scanner.verify.fleet.recorded):
 a coverage line every report format shows, a deviation when the failure policy did not hold, not
-proven when Redis could not be stopped on any route."""
+proven when Redis could not be stopped on any route; the same for slots that did not come back
+(recorded_slots)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,24 @@ def test_redis_not_stopped_is_not_proven() -> None:
     r = fleet.recorded(_result(), _outage(False, route=""))
     assert r.exit_code() == EXIT_OK and r.exit_code(require_proof=True) == EXIT_FINDINGS
     assert [f.rule for f in r.findings] == ["VP011"] and r.coverage[0].status == "not-proven"
+
+
+def _slots(refused: int, route: str = "GET /v1/models") -> fleet.FleetSlots:
+    statuses = (200,) * (34 - refused) + (429,) * refused
+    what = f"34 requests to GET /v1/models one after another: {34 - refused} admitted, {refused} refused 429 concurrency"
+    return fleet.FleetSlots(route, statuses if route else (), (), 16, route != "" and not refused,
+                            what if route else "no limited GET route with a shared concurrency zone")
+
+
+def test_slots_that_came_back_are_a_proved_line_and_orphans_fail_the_run() -> None:
+    ok = fleet.recorded_slots(_result(), _slots(0))
+    assert ok.exit_code() == EXIT_OK and [c.status for c in ok.coverage] == ["proved"]
+    bad = fleet.recorded_slots(_result(), _slots(9))
+    (f,) = bad.findings
+    assert bad.exit_code() == EXIT_FINDINGS and f.rule == "VP005" and f.check == "fleet"
+    assert "slots not released" in f.title and "9 refused 429 concurrency" in f.detail
+    # both fleet checks failing: two findings, told apart
+    both = fleet.recorded(bad, _outage(False))
+    assert len({x.id for x in both.findings}) == 2
+    none = fleet.recorded_slots(_result(), _slots(0, route=""))
+    assert none.exit_code(require_proof=True) == EXIT_FINDINGS and [x.rule for x in none.findings] == ["VP011"]
