@@ -92,11 +92,13 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
                            auto_floor_s=AUTO_FLOOR_S)
     say = (lambda _m: None) if quiet else (lambda m: click.echo(m, err=True))
     outages: list[fleet.FleetOutage] = []
+    slots: list[fleet.FleetSlots] = []
     if replicas is not None:
         fleets, mutants = fleet.loop_all(inv, pol, runtimes, options, keys_per_role, replicas, mutate,
                                          only, say)
         runs = [loop.ProxyRun(f.proxy, f.result, f.seconds) for f in fleets]
         outages = [f.outage for f in fleets if f.outage is not None]
+        slots = [f.slots for f in fleets if f.slots is not None]
     elif mutate:
         baselines, mutants = mutation.mutants(inv, pol, runtimes, options, keys_per_role, only, say)
         runs = baselines
@@ -107,6 +109,8 @@ def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_p
     _write_reports(runs, fmt, output, load_diff(diff_refs))
     if mutate:
         click.echo(render_mutation.render(runs, mutants), nl=False)
+    for b in slots:     # sequential requests through each replica (a deviation when one was refused)
+        click.echo(f"fleet: {b.what}: {'slots come back' if b.holds else 'slots DO NOT come back'}", err=True)
     for o in outages:   # what happened when Redis was stopped (a deviation when the policy did not hold)
         click.echo(f"fleet: {o.what}: the failure policy {'holds' if o.holds else 'DOES NOT HOLD'}", err=True)
     codes = [r.result.exit_code(fail_on, require_proof) for r in runs]

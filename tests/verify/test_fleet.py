@@ -5,10 +5,13 @@ proven when Redis could not be stopped on any route; the same for slots that did
 
 from __future__ import annotations
 
+import pytest
+
 from scanner.errors import EXIT_FINDINGS, EXIT_OK
 from scanner.probe.interface import ProbeResult
 from scanner.report.probe_writers import render
 from scanner.verify import fleet
+from tests.cli.inprocess import in_process, run  # noqa: F401  (in_process: the fixture)
 
 
 def _result() -> ProbeResult:
@@ -65,3 +68,27 @@ def test_slots_that_came_back_are_a_proved_line_and_orphans_fail_the_run() -> No
     assert len({x.id for x in both.findings}) == 2
     none = fleet.recorded_slots(_result(), _slots(0, route=""))
     assert none.exit_code(require_proof=True) == EXIT_FINDINGS and [x.rule for x in none.findings] == ["VP011"]
+
+
+@pytest.mark.usefixtures("in_process")
+def test_the_cli_says_whether_slots_came_back_and_fails_when_not(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``verify --replicas 2`` with the fleet's run stubbed (the live runs: tests/limiter/
+    test_fleet_verify.py): one stderr line per fleet check, exit 1 when slots did not come back."""
+    from scanner.verify import fleet as fleet_module
+
+    def runs(refused: int) -> object:
+        def loop_all(*_a: object, **_k: object) -> tuple[list[fleet.FleetRun], list[object]]:
+            result = fleet.recorded(fleet.recorded_slots(_result(), _slots(refused)), _outage(True))
+            return [fleet.FleetRun("nginx", 2, result, 1.0, _outage(True), slots=_slots(refused))], []
+        return loop_all
+
+    monkeypatch.setattr(fleet_module, "loop_all", runs(0))
+    code, _out, err = run(capsys, "verify", "--inventory", "vllm-0.29.0-default", "--replicas", "2",
+                          "--format", "json", "-q")
+    assert code == EXIT_OK and "0 refused 429 concurrency: slots come back" in err
+    assert "the failure policy holds" in err
+    monkeypatch.setattr(fleet_module, "loop_all", runs(9))
+    code, _out, err = run(capsys, "verify", "--inventory", "vllm-0.29.0-default", "--replicas", "2",
+                          "--format", "json", "-q")
+    assert code == EXIT_FINDINGS and "9 refused 429 concurrency: slots DO NOT come back" in err
