@@ -26,7 +26,7 @@ from tests.limiter.fleet import CONCURRENCY, FleetStack, chat
 from tests.probe.realproxy import proxy_named
 
 LEASE_S = 3.0
-STREAM_DELAY_S = 1.0     # the stand-in's 10 tokens a stream, one a second: about 11 s a stream
+STREAM_DELAY_S = 1.5     # the stand-in's 10 tokens a stream, 1.5 s apart: about 16 s a stream
 # back within: Envoy the lease (its connection closes at the kill), NGINX the silence that marks a
 # replica gone + the lease; plus the limiter's renewal step (a third of a lease) and a poll's step
 BOUND_S = {"envoy": LEASE_S + LEASE_S / 3 + 0.5, "nginx": OWNER_SILENT_S + LEASE_S + LEASE_S / 3 + 0.5}
@@ -51,8 +51,9 @@ def test_a_long_stream_on_a_live_replica_keeps_its_slot(stack: FleetStack) -> No
     held = [stack.open(0, "POST", "/v1/chat/completions", chat(10, stream=True)) for _ in range(CONCURRENCY)]
     start = time.monotonic()
     assert [h.status for h in held] == [200] * CONCURRENCY
-    # past the lease and the silence that would mark the replica gone: still both slots held
-    time.sleep(OWNER_SILENT_S + LEASE_S + 0.5)
+    # past the silence that would mark the replica gone, the lease and a renewal step: without
+    # its heartbeat (or its connection) the slots would be gone by now; both still held
+    time.sleep(OWNER_SILENT_S + LEASE_S + LEASE_S / 3 + 1.0)
     assert _refused_for_concurrency(stack, 1), "a live replica's stream lost its slot"
     assert _refused_for_concurrency(stack, 0)
     for h in held:
