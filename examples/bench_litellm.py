@@ -34,9 +34,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
+from bench_nginx import upstream_conf  # noqa: E402
 from bench_soak import (  # noqa: E402
     bare_argv,
     chat_body,
+    group_pids,
     nginx_argv,
     percentile_us,
     perimeter,
@@ -59,24 +61,6 @@ ANSWER = json.dumps({
     "usage": {"prompt_tokens": 900, "completion_tokens": 1, "total_tokens": 901}})
 
 
-def upstream_conf(run: Path, port: int) -> str:
-    return f"""worker_processes 1;
-pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {run}/cb; proxy_temp_path {run}/pt; fastcgi_temp_path {run}/ft;
-    uwsgi_temp_path {run}/ut; scgi_temp_path {run}/st;
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        keepalive_requests 1000000;
-        location / {{ client_max_body_size 1m; default_type application/json; return 200 '{ANSWER}'; }}
-    }}
-}}
-"""
-
-
 def litellm_argv(python: Path, directory: Path, port: int, up: int) -> list[str]:
     directory.mkdir(parents=True)
     config = {
@@ -93,12 +77,8 @@ def litellm_argv(python: Path, directory: Path, port: int, up: int) -> list[str]
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its children (a master and its workers)."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
     total = 0
-    for p in pids:
+    for p in group_pids(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -114,7 +94,7 @@ def upstream(tmp: Path) -> Iterator[int]:
     port = free_port()
     run = tmp / "upstream"
     run.mkdir()
-    (run / "nginx.conf").write_text(upstream_conf(run, port), encoding="utf-8")
+    (run / "nginx.conf").write_text(upstream_conf(run, port, ANSWER), encoding="utf-8")
     with running(nginx_argv(str(nginx_binary()), run, run / "nginx.conf"), port, tmp / "upstream.out"):
         yield port
 

@@ -89,7 +89,7 @@ def start(binary: str, prefix: Path, conf: Path, port: int, name: str) -> Proc:
     return Proc(name, proc, prefix / "nginx.pid")
 
 
-def upstream_conf(run: Path, port: int) -> str:
+def upstream_conf(run: Path, port: int, answer: str = '{"ok":true}') -> str:
     return f"""worker_processes 1;
 pid {run}/nginx.pid;
 error_log {run}/error.log warn;
@@ -101,7 +101,7 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         keepalive_requests 1000000;
-        location / {{ client_max_body_size 1m; default_type application/json; return 200 '{{"ok":true}}'; }}
+        location / {{ client_max_body_size 1m; default_type application/json; return 200 '{answer}'; }}
     }}
 }}
 """

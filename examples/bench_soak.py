@@ -115,14 +115,19 @@ def running(argv: list[str], port: int, log: Path, wait_s: float = 15,
                 proc.wait(timeout=10)
 
 
-def group_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its children (an NGINX master and its workers)."""
+def group_pids(pid: int) -> list[int]:
+    """``pid`` and its children (an NGINX master and its workers)."""
     pids = [pid]
     children = Path(f"/proc/{pid}/task/{pid}/children")
     if children.exists():
         pids += [int(p) for p in children.read_text().split()]
+    return pids
+
+
+def group_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its children (an NGINX master and its workers)."""
     total = 0
-    for p in pids:
+    for p in group_pids(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
