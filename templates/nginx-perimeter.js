@@ -19,7 +19,7 @@
 //   body     js_content for the bodies that fast path could not clear: parsed here, then the
 //            check's rule program runs over it (run, OPS: one function per instruction of
 //            scanner/plan/program.py, exactly as scanner/plan/interpret.py; the programs are
-//            perimeter-rules.js, generated with the config); then admission (chargeTokens, or the
+//            perimeter-rules.json, preloaded once as perimeter_rules); then admission (chargeTokens, or the
 //            fleet's limiter) and a redirect to <named>_checked (or _rewrite: the body as the
 //            program rewrote it), or to @perimeter_400 / 403 with the first step's reason.
 //   jwt      js_content on the locations of an auth "jwt" audience: verifies the bearer token
@@ -44,7 +44,6 @@
 //            asks it instead, with the token cost); post_action: the slot released and the token
 //            reservation settled once the answer is sent.
 import crypto from 'crypto';
-import RULES from 'perimeter-rules.js';
 
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
@@ -1022,8 +1021,8 @@ function settle(r, data, flags) {
 }
 
 // --- the rule program (scanner/plan/program.py; scanner/plan/interpret.py is the reference) ----
-// perimeter-rules.js: checks ($perimeter_check -> program id) and programs (lists of steps), data
-// compiled with the config. A run: one working copy of the body (s.doc), the steps in program
+// perimeter_rules (js_preload_object of perimeter-rules.json, loaded once, shared by every VM):
+// checks ($perimeter_check -> program id) and programs (lists of steps). A run: one working copy of the body (s.doc), the steps in program
 // order; each op is (step, s) -> reason ('' passes), the first reason refuses the body; the steps
 // write into s.doc. s: size (body bytes), strip (the fields keys stripped), written (the budget
 // written in), env / seq / out / tokens (the envelope ran, its sequences, output, tokens), from /
@@ -1207,11 +1206,12 @@ function run(steps, s) {
 
 // The check's program; none (a config and its rules out of step): the check fails, closed.
 function programOf(v) {
-    var id = has(RULES.checks, v.perimeter_check) ? RULES.checks[v.perimeter_check] : '';
-    if (!has(RULES.programs, id)) {
+    var rules = perimeter_rules;
+    var id = has(rules.checks, v.perimeter_check) ? rules.checks[v.perimeter_check] : '';
+    if (!has(rules.programs, id)) {
         throw new Error('no rule program for check ' + v.perimeter_check);
     }
-    return RULES.programs[id];
+    return rules.programs[id];
 }
 
 // seen: the media decision ('': walk); null: NGINX's, $perimeter_media_key (perimeter.direct).

@@ -20,9 +20,9 @@ Output files (names relative to the output directory):
 ``perimeter.js``
     The njs module: key hashing, the interpreter of the rule programs (the exact JSON body
     check) and token budgets.
-``perimeter-rules.js``
-    The plan's rule programs (scanner/plan/program.py) as an njs module that ``perimeter.js``
-    imports (resolved next to it): data compiled once with the config, not parsed per request.
+``perimeter-rules.json``
+    The plan's rule programs (scanner/plan/program.py), which NGINX loads once at configure time
+    (``js_preload_object``) into an immutable object every njs VM shares: not parsed per request.
 
 Generator options (``GenerateOptions.extra``):
 
@@ -73,7 +73,7 @@ from scanner.generate.nginx_model import (
     UPSTREAM_KEY,
     Model,
     build_model,
-    rules_module,
+    rules_json,
 )
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
@@ -92,7 +92,7 @@ def _environment() -> jinja2.Environment:
 
 
 # The files the plan decides (nginx.conf holds process settings; the njs module is fixed text), and
-# the rule programs' module (RULES, rendered by plan_files from the model).
+# the rule programs (RULES, rendered by plan_files from the model).
 PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-principals.conf.j2", 0o600),
                   (PROXY, "nginx-proxy.conf.j2", 0o644))
 
@@ -105,7 +105,7 @@ def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[Gener
                       for name, t, mode in PLAN_TEMPLATES)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: template error: {exc}") from exc
-    return (*files, GeneratedFile(RULES, rules_module(model)))
+    return (*files, GeneratedFile(RULES, rules_json(model)))
 
 
 class NginxGenerator:

@@ -48,7 +48,6 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from scanner import patterns
 from scanner.errors import GenerateError
@@ -90,14 +89,15 @@ HTTP = "perimeter-http.conf"
 PRINCIPALS = "perimeter-principals.conf"
 PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
-RULES = "perimeter-rules.js"         # the rule programs, imported by perimeter.js (rules_module)
+RULES = "perimeter-rules.json"       # the rule programs: njs's preloaded object (rules_json)
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
 BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
 # media items ($perimeter_media_key 0).
 MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
-INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "upstream_key": UPSTREAM_KEY}
+INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
+            "upstream_key": UPSTREAM_KEY}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
 EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
@@ -249,7 +249,7 @@ class Model:
     rate_zones: tuple[NginxZone, ...]
     conn_zones: tuple[NginxZone, ...]
     checks: tuple[BodyCheck, ...]
-    programs: Mapping[str, Program]       # the checks' rule programs by id (perimeter-rules.js)
+    programs: Mapping[str, Program]       # the checks' rule programs by id (perimeter-rules.json)
     token_zones: tuple[NginxZone, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
@@ -460,29 +460,17 @@ def writes(program: Program) -> bool:
     return False
 
 
-RULES_HEAD = ("// vllm-perimeter rule programs (generated with the NGINX config; do not edit).\n"
-              "// checks: $perimeter_check -> program id; programs: the steps njs runs (perimeter.js run).\n"
-              "export default ")
-
-
-def rules_module(model: Model) -> str:
-    """The generated njs module ``perimeter-rules.js`` that perimeter.js imports: every body
-    check's program id and the programs (scanner/plan/program.py), data compiled once with the
-    config, never parsed per request. After its head, the module is one JSON document."""
+def rules_json(model: Model) -> str:
+    """``perimeter-rules.json``: every body check's program id and the programs
+    (scanner/plan/program.py), which NGINX loads once at configure time into one immutable object
+    all njs VMs share (``js_preload_object perimeter_rules``): data compiled with the config, never
+    parsed or built per request. One program a line."""
     def dump(value: object) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     checks = dump({c.id: c.program for c in model.checks})
     programs = ",\n".join(f"  {dump(pid)}: {dump(p.model_dump(mode='json')['steps'])}"
                           for pid, p in model.programs.items())
-    return f'{RULES_HEAD}{{\n "checks": {checks},\n "programs": {{\n{programs}\n }}\n}};\n'
-
-
-def read_rules(text: str) -> dict[str, Any]:
-    """The document of a ``perimeter-rules.js`` (rules_module's inverse: tests, reviews)."""
-    if not text.startswith(RULES_HEAD):
-        raise ValueError("not a perimeter-rules.js module")
-    doc: dict[str, Any] = json.loads(text[len(RULES_HEAD):].rstrip().removesuffix(";"))
-    return doc
+    return f'{{\n "checks": {checks},\n "programs": {{\n{programs}\n }}\n}}\n'
 
 
 def _rules_key(rules: FieldRules) -> tuple[object, ...]:

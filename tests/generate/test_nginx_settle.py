@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scanner.audit import access_log
-from scanner.generate.nginx_model import read_rules
+from scanner.generate.nginx_model import RULES
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan import settle
@@ -164,7 +164,7 @@ def test_only_token_budget_locations_run_a_body_filter(stand: Stand) -> None:
              .splitlines()[2:] if c.strip()}
     assert zoned
     # a settled stream asks for its usage on the zone's routes whose model takes stream_options only
-    rules = read_rules(next((stand.directory / "proxy").rglob("perimeter-rules.js")).read_text())
+    rules = json.loads(next((stand.directory / "proxy").rglob(RULES)).read_text())
     asking = {c for c, pid in rules["checks"].items()
               if any(step["op"] == "ask_usage" for step in rules["programs"][pid])}
     assert asking and asking <= zoned

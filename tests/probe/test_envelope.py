@@ -170,7 +170,7 @@ IGNORED = {   # the prompt-list / batch multiplier ignored: only n / best_of cou
     "envoy": {"envoy.yaml": ("r.seq, r.out, r.from = math.max(1, items) * per,", "r.seq, r.out, r.from = per,")},
 }
 RAISED = {    # max_sequences 6 -> 60
-    "nginx": {"perimeter-rules.js": ('"max_sequences":6,', '"max_sequences":60,')},
+    "nginx": {"perimeter-rules.json": ('"max_sequences":6,', '"max_sequences":60,')},
     "envoy": {"envoy.yaml": ('["max_sequences"] = 6,', '["max_sequences"] = 60,')},
 }
 

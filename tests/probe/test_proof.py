@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scanner.generate.nginx_model import RULES_HEAD, read_rules
+from scanner.generate.nginx_model import RULES
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe.interface import ProbeOptions, ProbeResult
@@ -79,11 +79,11 @@ def test_raised_body_limit_is_caught_though_the_matrix_spends_the_rate_budget(tm
 def test_json_caps_removed_from_every_inference_route_are_caught(tmp_path: Path) -> None:
     def edit(conf: Path) -> None:
         # every rule program without its cap steps
-        rules = conf / "perimeter-rules.js"
-        doc = read_rules(rules.read_text())
+        rules = conf / RULES
+        doc = json.loads(rules.read_text())
         capped = {pid: [s for s in steps if s["op"] != "cap"] for pid, steps in doc["programs"].items()}
         assert capped != doc["programs"]
-        rules.write_text(RULES_HEAD + json.dumps({**doc, "programs": capped}) + ";\n")
+        rules.write_text(json.dumps({**doc, "programs": capped}))
 
     res = _probe(tmp_path, _nginx(), edit, ("matrix", "limits"))
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from scanner.generate.nginx_model import RULES, RULES_HEAD, read_rules
+from scanner.generate.nginx_model import RULES
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.inputs import load_policy
@@ -108,17 +108,17 @@ Steps = list[dict[str, Any]]
 
 def program(path: str, change: Callable[[Steps], Steps]) -> Edit:
     """The rule program of the NGINX route ``path``'s body check (its id looked up, never assumed)
-    replaced by ``change`` of it, as a new program of that check alone (perimeter-rules.js)."""
+    replaced by ``change`` of it, as a new program of that check alone (perimeter-rules.json)."""
     def edit(conf: Path) -> None:
         f = conf / RULES
-        doc = read_rules(f.read_text())
+        doc = json.loads(f.read_text())
         cid = _location_sets((conf / HTTP).read_text(), path, "check")
         old = doc["programs"][doc["checks"][cid]]
         new = change(copy.deepcopy(old))
         assert new != old, path
         pid = f"r{len(doc['programs']) + 1}"
         doc["programs"][pid], doc["checks"][cid] = new, pid
-        f.write_text(RULES_HEAD + json.dumps(doc) + ";\n")
+        f.write_text(json.dumps(doc))
     return edit
 
 
