@@ -1069,6 +1069,16 @@ var OPS = {
         return countOf(has(s.doc, p.field) ? s.doc[p.field] : null) > p.max
             ? 'json-cap:' + p.field + ':count-over-' + p.max : '';
     },
+    values: function (p, s) {           // JSON equality: the type too (1 is not "1" nor true)
+        var value = has(s.doc, p.field) ? s.doc[p.field] : null;
+        var i;
+        for (i = 0; value !== null && i < p.values.length; i++) {
+            if (typeof value === typeof p.values[i] && value === p.values[i]) {
+                return '';
+            }
+        }
+        return value === null ? '' : 'json-cap:' + p.field + ':not-listed';
+    },
     media: function (p, s) {
         var items = [];
         var i, why;
