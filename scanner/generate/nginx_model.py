@@ -272,7 +272,7 @@ class Model:
     jwt_principal_max: int = plan_jwt.PRINCIPAL_MAX   # the longest token principal (jwt:ID:CLAIM)
     limiter: str = ""           # the fleet's limiter's HTTP door (policy shared:); "" none
     fetch_keepalive: bool = False   # njs >= 0.9: js_fetch_keepalive
-    # njs >= 0.8 with the limiter: this NGINX says it is alive this often (js_periodic
+    # njs >= 0.8.1 with the limiter: this NGINX says it is alive this often (js_periodic
     # perimeter.heartbeat), so its slots are renewed while it lives (0: none)
     heartbeat_ms: int = 0
 
@@ -731,5 +731,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
         jwt=tuple(reg.jwt.values()),
         limiter=_limiter(plan), fetch_keepalive=bool(opts.njs) and version_tuple(opts.njs) >= (0, 9),
         heartbeat_ms=round(HEARTBEAT_S * 1000)
-        if _limiter(plan) and (not opts.njs or version_tuple(opts.njs) >= (0, 8)) else 0,
+        if _limiter(plan) and (not opts.njs or version_tuple(opts.njs) >= (0, 8, 1)) else 0,
     )

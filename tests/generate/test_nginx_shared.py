@@ -54,7 +54,7 @@ def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path)
 
 
 def test_the_replica_heartbeat_only_where_njs_has_js_periodic(tmp_path: Path) -> None:
-    """njs >= 0.8 (and an njs not named: assumed so): one replica id in a shared dict and a
+    """njs >= 0.8.1 (and an njs not named: assumed so): one replica id in a shared dict and a
     js_periodic heartbeat every HEARTBEAT_S, so the limiter keeps this NGINX's slots while it
     lives (scanner.limiter.store.Owners); njs 0.7 has neither: none written."""
     from scanner.limiter.config import HEARTBEAT_S
@@ -65,8 +65,9 @@ def test_the_replica_heartbeat_only_where_njs_has_js_periodic(tmp_path: Path) ->
     for njs in ("0.9.9", "0.8.1", ""):
         http = _files(plan, {"njs": njs} if njs else None)["perimeter-http.conf"]
         assert http.count(beat) == 1 and "js_shared_dict_zone zone=perimeter_replica:32k;" in http, njs
-    old = _files(plan, {"njs": "0.7.9"})["perimeter-http.conf"]
-    assert "js_periodic" not in old and "perimeter_replica" not in old
+    for njs in ("0.7.9", "0.8.0"):   # js_periodic is njs 0.8.1's
+        old = _files(plan, {"njs": njs})["perimeter-http.conf"]
+        assert "js_periodic" not in old and "perimeter_replica" not in old, njs
     assert "perimeter_replica" not in _files(replace(plan, shared=None), {"njs": "0.9.9"})["perimeter-http.conf"]
 
 

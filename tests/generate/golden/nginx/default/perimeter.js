@@ -596,7 +596,7 @@ function replicaId() {
     return typeof id === 'string' && id ? id : null;
 }
 
-// js_periodic (njs >= 0.8, every scanner/limiter/config.py HEARTBEAT_S): this replica is alive.
+// js_periodic (njs >= 0.8.1, every scanner/limiter/config.py HEARTBEAT_S): this replica is alive.
 function heartbeat(s) {
     var id = replicaId();
     if (id === null) {
