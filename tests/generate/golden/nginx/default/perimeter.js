@@ -611,7 +611,7 @@ function heartbeat(s) {
 // route has no token zone).
 function acquire(r, v, cost) {
     var s = sharedOf(r, v);
-    var call;
+    var call, replica;
     if (s === null || v.perimeter_held === '1') {
         return Promise.resolve(true);
     }
@@ -620,8 +620,9 @@ function acquire(r, v, cost) {
     if (cost !== null) {
         call.cost = cost;
     }
-    if (replicaId() !== null) {
-        call.replica = replicaId();     // the slot is this replica's: renewed while it lives
+    replica = replicaId();
+    if (replica !== null) {
+        call.replica = replica;         // the slot is this replica's: renewed while it lives
     }
     return limiterCall(v, '/v1/acquire', call).then(function (reply) {
         return reply.status === 200 || reply.status === 503 ? reply.json() : null;
