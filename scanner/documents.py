@@ -83,6 +83,9 @@ class FieldsDoc(_Doc):
     pin: dict[str, int | float | str | bool | None] = Field(
         default={}, description="the value a field leaves with, the client's replaced (strings: letters, "
         "digits, _.:/-)")
+    values: dict[str, list[int | float | str | bool | None]] = Field(
+        default={}, description="the values a field may hold when present and not null (JSON equality: 1 "
+        "is not \"1\"): 400 json-cap:NAME:not-listed")
 
 
 class MediaDoc(_Doc):
@@ -433,6 +436,8 @@ class DecisionFieldsDoc(_Doc):
     counts: dict[str, int] = Field(default={}, description="most items per field (list, object keys)")
     pins: dict[str, int | float | str | bool | None] = Field(default={},
                                                               description="values every body leaves with")
+    values: dict[str, list[int | float | str | bool | None]] = Field(
+        default={}, description="the values a field may hold when present and not null")
     salt: Literal["principal", "audience"] | None = Field(
         default=None, description="every JSON body leaves with the perimeter's cache_salt of the "
         "principal (or audience), the client's replaced")

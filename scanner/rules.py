@@ -39,6 +39,12 @@ class Count(_Step):
     max: int
 
 
+class Values(_Step):
+    op: Literal["values"] = "values"
+    field: str
+    values: list[Pin]
+
+
 class Media(_Step):
     op: Literal["media"] = "media"
     urls: Literal["deny", "allow", "pass"]
@@ -87,8 +93,8 @@ class AskUsage(_Step):
     op: Literal["ask_usage"] = "ask_usage"
 
 
-Step = Annotated[Cap | Keys | Count | Media | BudgetStep | Salt | EnvelopeStep | Owned | PinStep | AskUsage,
-                 Field(discriminator="op")]
+Step = Annotated[Cap | Keys | Count | Values | Media | BudgetStep | Salt | EnvelopeStep | Owned | PinStep
+                 | AskUsage, Field(discriminator="op")]
 
 
 class Program(_Step):

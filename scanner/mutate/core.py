@@ -135,6 +135,10 @@ def budgeted(plan: Plan) -> Decision:
     return pick(plan, "with an output budget", lambda d: d.enforced_budget is not None)
 
 
+def listed(plan: Plan) -> Decision:
+    return pick(plan, "with listed values (fields.values)", lambda d: bool(d.fields.values))
+
+
 def salted(plan: Plan) -> Decision:
     return pick(plan, "with a cache salt (cache_salt: per-principal / per-audience)", lambda d: bool(d.salt))
 
@@ -460,6 +464,10 @@ def unknown_moved(plan: Plan) -> tuple[Plan, str]:
     return with_decision(plan, d, new), f"{where(d)}: unknown fields stripped, not refused"
 
 
+def values_unlisted(d: Decision) -> tuple[Decision, str]:
+    return replace(d, fields=replace(d.fields, values={})), f"any value of {', '.join(d.fields.values)}"
+
+
 def fields_cleared(d: Decision) -> tuple[Decision, str]:
     return replace(d, fields=FieldRules()), "no field rules"
 
@@ -521,6 +529,9 @@ def plan_operators() -> tuple[PlanOperator, ...]:
                      "one route's field rules removed (every field passes)", ("limits",),
                      on(lambda p: pick(p, "with field rules", lambda d: d.fields.decided, last=True),
                         fields_cleared)),
+        PlanOperator("values-check-removed", "remove", "a route with listed values",
+                     "one route lets any value of its listed-values fields through", ("limits",),
+                     on(listed, values_unlisted), needs="fields.values"),
         PlanOperator("multiplier-ignored", "remove", "a route with envelope caps and n / best_of",
                      "one route's envelope ignores a multiplier (n): caps and budget count fewer sequences",
                      ("limits", "token-budget"), on(multiplied, multiplier_dropped)),

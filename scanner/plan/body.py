@@ -46,6 +46,7 @@ __all__ = ["FORM_TYPES", "Judgement", "document", "forwarded", "inspects", "is_f
 from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy import media
 from scanner.policy.model import count_of
+from scanner.rules import Values
 
 FORM_TYPES: tuple[str, ...] = ("multipart/form-data", "application/x-www-form-urlencoded")
 HTTP_WS = " \t\n\x0b\x0c\r"   # what NGINX's \s and Lua's %s strip around a media type
@@ -113,7 +114,8 @@ def judge(d: Decision, raw: bytes, salt: str = "",
     principal) on a route with owned fields (None there: every id refused)."""
     form = is_form(content_type)
     if not inspects(d) or not raw or form:
-        return Judgement(cost=0 if not d.token_zone else max(1, len(raw) // 4) if form else d.token_cost(raw))
+        # not read as JSON: the body's bytes (the input estimate), as both proxies charge it
+        return Judgement(cost=max(1, len(raw)) if d.token_zone else 0)
     try:
         doc = document(raw)
     except (ValueError, RecursionError):
@@ -144,6 +146,8 @@ def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:
         if key in rules.counts and count_of(value) > rules.counts[key]:
             out.append(f"count {key}: {count_of(value)} > {rules.counts[key]}")
     out += [f"pin {k}: {doc.get(k)!r}" for k, v in rules.pins.items() if doc.get(k, object()) != v]
+    out += [f"value {k}: {doc[k]!r}" for k, vs in rules.values.items()
+            if interpret.op_values(Values(field=k, values=list(vs)), interpret.Run(doc, 0))]
     if d.salt and doc.get("cache_salt") != salt:
         out.append("salt: not the perimeter's")
     why = media.reason(doc, d.media)

@@ -195,7 +195,7 @@ def _misnamed(inventory: Inventory, policy: Policy) -> None:
         return
     known = {f.name for m in models for f in m.fields} | _catalog_field_names()
     for a in sorted(policy.audiences.values(), key=lambda a: a.fields.line):
-        wrong = sorted({*a.fields.named, *a.fields.counts, *a.fields.pins} - known,
+        wrong = sorted({*a.fields.named, *a.fields.counts, *a.fields.pins, *a.fields.values} - known,
                        key=lambda n: (a.fields.lines.get(n, a.fields.line), n))
         if wrong:
             line = a.fields.lines.get(wrong[0], a.fields.line)
@@ -265,8 +265,7 @@ def _fields(route: Route, method: str, audience: Audience, body: BodyPolicy) -> 
     named.update(audience.fields.named)
     if body.salted:   # the perimeter's own salt replaces any client's (see _salt)
         named["cache_salt"] = "strip"
-    return FieldRules(named=dict(sorted(named.items())), unknown=audience.fields.unknown,
-                      counts=audience.fields.counts, pins=audience.fields.pins, line=audience.fields.line)
+    return replace(audience.fields, named=dict(sorted(named.items())))   # every other rule as the audience's
 
 
 def _media(route: Route, method: str, audience: Audience) -> tuple[MediaRules, tuple[str, ...]]:

@@ -33,6 +33,7 @@ from scanner.rules import (
     PinStep,
     Program,
     Salt,
+    Values,
 )
 
 _PLAIN = re.compile(r"[A-Za-z0-9_]{1,64}")
@@ -80,6 +81,22 @@ def op_keys(s: Keys, r: Run) -> str:
 
 def op_count(s: Count, r: Run) -> str:
     return f"json-cap:{s.field}:count-over-{s.max}" if count_of(r.doc.get(s.field)) > s.max else ""
+
+
+def _json_type(v: object) -> str:
+    return "bool" if isinstance(v, bool) else "number" if isinstance(v, int | float) else type(v).__name__
+
+
+def _same(a: object, b: object) -> bool:
+    """JSON equality: the same JSON type (a bool is no number, 1 is not "1") and value (1 is 1.0)."""
+    return _json_type(a) == _json_type(b) and a == b
+
+
+def op_values(s: Values, r: Run) -> str:
+    v = r.doc.get(s.field)
+    if v is None or any(_same(v, x) for x in s.values):
+        return ""
+    return f"json-cap:{s.field}:not-listed"
 
 
 def op_media(s: Media, r: Run) -> str:
@@ -156,8 +173,9 @@ def op_ask_usage(s: AskUsage, r: Run) -> str:
 
 
 OPS: dict[str, Callable[[Any, Run], str]] = {
-    "cap": op_cap, "keys": op_keys, "count": op_count, "media": op_media, "budget": op_budget,
-    "salt": op_salt, "envelope": op_envelope, "owned": op_owned, "pin": op_pin, "ask_usage": op_ask_usage,
+    "cap": op_cap, "keys": op_keys, "count": op_count, "values": op_values, "media": op_media,
+    "budget": op_budget, "salt": op_salt, "envelope": op_envelope, "owned": op_owned, "pin": op_pin,
+    "ask_usage": op_ask_usage,
 }
 
 

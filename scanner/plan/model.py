@@ -423,6 +423,8 @@ class Decision:
                        "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,
                        **({"counts": dict(self.fields.counts)} if self.fields.counts else {}),
                        **({"pins": dict(self.fields.pins)} if self.fields.pins else {}),
+                       **({"values": {k: list(v) for k, v in self.fields.values.items()}}
+                          if self.fields.values else {}),
                        **({"salt": self.salt} if self.salt else {})},
             "media": {**self.media.to_dict(), "at": list(self.media_at)} if self.media.active else None,
             **({"owner": self.owner_dict()} if self.owned else {}),

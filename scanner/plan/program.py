@@ -15,7 +15,7 @@ that leaves is that copy once every step passed. What the steps share besides it
 * ``salt``: the cache salt of the sender ("" none known), ``owner``: (secret, principal);
 * ``strip``: the fields ``keys`` stripped (``owned`` skips them).
 
-The order the compiler emits: cap, keys, count, media, budget, salt, pin, envelope, owned,
+The order the compiler emits: cap, keys, count, values, media, budget, salt, pin, envelope, owned,
 ask_usage.
 
 The instructions (``op``), what each refuses, what each writes:
@@ -34,6 +34,9 @@ keys       each top-level field in document order:           deletes the fields 
 count      ``json-cap:FIELD:count-over-MAX``: the field holds nothing
            more items (a list's length, an object's keys, 1
            for any other value, 0 for null)
+values     ``json-cap:FIELD:not-listed``: the field present,  nothing
+           not null, and equal to none of ``values`` (JSON
+           equality: types too, 1 is not "1" nor true)
 media      media anywhere in the body (scanner/policy/media)  nothing
 budget     ``json-cap:FIELD:absent``: every field in          ``absent: inject``: FIELD = min(cap,
            ``fields`` absent or null and ``absent: reject``   window - size) (cap without a window) when
@@ -76,6 +79,7 @@ from scanner.rules import (
     RuleProgram,
     Salt,
     Step,
+    Values,
 )
 
 
@@ -89,6 +93,7 @@ def compile_decision(d: Decision) -> Program:
         modes.update({n: "allow" for n in sorted(rules.pins)})
         steps.append(Keys(unknown=rules.unknown, modes=modes))  # type: ignore[arg-type]
         steps += [Count(field=f, max=n) for f, n in sorted(rules.counts.items())]
+        steps += [Values(field=f, values=list(v)) for f, v in sorted(rules.values.items())]
     if d.media.active:
         m = d.media
         steps.append(Media(urls=m.urls, domains=list(m.domains), data=m.data_max_bytes, items=m.max_items,

@@ -408,8 +408,9 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 def _fields(node: Node) -> FieldRules:
     """``fields: {unknown: reject, allow: [...], deny: [...], strip: [...], counts: {NAME: N},
-    pin: {NAME: VALUE}}``; each field in one list; a pinned field in none of deny and strip."""
-    m = node.mapping(("unknown", *_FIELD_LISTS, "counts", "pin"))
+    pin: {NAME: VALUE}, values: {NAME: [VALUE, ...]}}``; each field in one list; a pinned field in
+    none of deny and strip."""
+    m = node.mapping(("unknown", *_FIELD_LISTS, "counts", "pin", "values"))
     named: dict[str, str] = {}
     lines: dict[str, int] = {}
     for key, mode in _FIELD_LISTS.items():
@@ -440,8 +441,20 @@ def _fields(node: Node) -> FieldRules:
             raise value.fail(f"field {name!r} is {named[name]}ed: a pinned field reaches vLLM with its pin")
         pins[name] = _pin(value)
         lines.setdefault(name, value.line)
+    values: dict[str, tuple[Pin, ...]] = {}
+    for name, value in m["values"].entries() if "values" in m else ():
+        if not _FIELD_NAME.match(name):
+            raise value.fail(f"{name!r} is not a request field name (letters, digits, '_')")
+        if named.get(name, "allow") != "allow" or name in pins:
+            raise value.fail(f"field {name!r} is not one that passes as sent: values apply to allowed fields")
+        listed = tuple(_pin(item) for item in value.items())
+        if not listed:
+            raise value.fail(f"field {name!r}: list at least one value")
+        values[name] = listed
+        lines.setdefault(name, value.line)
     return FieldRules(named=dict(sorted(named.items())), unknown=unknown, counts=dict(sorted(counts.items())),
-                      pins=dict(sorted(pins.items())), line=node.line, lines=lines)
+                      pins=dict(sorted(pins.items())), values=dict(sorted(values.items())), line=node.line,
+                      lines=lines)
 
 
 def _pin(node: Node) -> Pin:

@@ -119,6 +119,8 @@ class FieldRules:
     counts: Mapping[str, int] = field(default_factory=dict)
     # field -> the value every body leaves with (number, string, boolean or null), the client's replaced
     pins: Mapping[str, Pin] = field(default_factory=dict)
+    # field -> the values it may hold when present and not null (JSON equality: 1 is not "1")
+    values: Mapping[str, tuple[Pin, ...]] = field(default_factory=dict)
     line: int = 0
     # field name -> the policy line naming it (errors only)
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -138,7 +140,7 @@ class FieldRules:
         """Does anything here act on a body (a field not allowed, or unknown ones not passed, a
         count or a pin)?"""
         return (self.unknown != "pass" or any(m != "allow" for m in self.named.values())
-                or bool(self.counts) or bool(self.pins))
+                or bool(self.counts) or bool(self.pins) or bool(self.values))
 
 
 def count_of(value: object) -> int:

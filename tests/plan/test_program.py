@@ -26,6 +26,7 @@ from scanner.rules import (
     PinStep,
     Program,
     Salt,
+    Values,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -57,6 +58,11 @@ def _run(*steps: object, body: dict[str, object], size: int = 100, salt: str = "
     ((Keys(unknown="reject", modes={"model": "allow", "x": "reject"}),), {"model": "m", "x": 1}, "forbidden-field:x"),
     ((Keys(unknown="reject", modes={"model": "allow"}),), {"model": "m", "a b": 1}, "unknown-field:not-a-plain-name"),
     ((Count(field="stop", max=2),), {"stop": ["a", "b", "c"]}, "json-cap:stop:count-over-2"),
+    ((Values(field="service_tier", values=["auto", 1]),), {"service_tier": "auto"}, ""),
+    ((Values(field="service_tier", values=["auto", 1]),), {"service_tier": None}, ""),
+    ((Values(field="service_tier", values=["auto", 1]),), {"service_tier": 1.0}, ""),
+    ((Values(field="service_tier", values=["auto", 1]),), {"service_tier": "1"}, "json-cap:service_tier:not-listed"),
+    ((Values(field="service_tier", values=["auto", 1]),), {"service_tier": True}, "json-cap:service_tier:not-listed"),
     ((Media(urls="deny"),), {"messages": [{"image_url": {"url": "https://x.test/a.png"}}]}, "media-url:denied"),
     ((BudgetStep(fields=["max_tokens"], field="max_tokens", absent="reject", cap=0),), {"model": "m"},
      "json-cap:max_tokens:absent"),

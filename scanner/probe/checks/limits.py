@@ -260,6 +260,8 @@ class LimitsCheck(BaseCheck):
                 yield Subject(f"json-cap {name} {where}", d.method, d.path, why=why)
             for name in sorted(d.fields.counts):
                 yield Subject(f"json-count {name} {where}", d.method, d.path, why=why)
+            for name in sorted(d.fields.values):
+                yield Subject(f"json-values {name} {where}", d.method, d.path, why=why)
             if d.fields.pins:
                 yield (Subject(f"pin {where}", d.method, d.path, why=why) if ctx.witness else
                        na(f"pin {where}", "a pinned value is visible only to a witness upstream",
@@ -332,6 +334,7 @@ class LimitsCheck(BaseCheck):
             yield from self._budget(ctx, d, out)
             yield from self._salt(ctx, d, out, len(cells))
             yield from self._counts(ctx, d, out)
+            yield from self._values(ctx, d, out)
             yield from self._pins(ctx, d, out)
             yield from self._envelope(ctx, d, out)
 
@@ -406,6 +409,21 @@ class LimitsCheck(BaseCheck):
                            out.json({name: ["x"] * (n + 1)}), f"{name} with {n + 1} items > count cap {n}")
             yield out.case(f"json-count {name}", "allow", (), out.json({name: ["x"] * n}),
                            f"{name} with exactly {n} items")
+
+    def _values(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
+        """Each listed-values field: a value outside the list refused (the first listed one in
+        another JSON type, and a string no list holds), each listed value let through."""
+        for name, listed in sorted(d.fields.values.items()):
+            first = listed[0]
+            other = str(first) if not isinstance(first, str) else "probe-x1-" + first
+            for bad in (other, "probe-not-listed"):
+                if bad not in listed:
+                    yield out.case(f"json-values {name}", "deny", (R.token("json-cap", name),),
+                                   out.json({name: bad}), f"{name} = {bad!r}: not one of {list(listed)}")
+            for good in listed:
+                if good is not None:
+                    yield out.case(f"json-values {name}", "allow", (), out.json({name: good}),
+                                   f"{name} = {good!r}: listed")
 
     def _pins(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
         """Pinned fields: a client's other value and no value both reach vLLM as the pin (witness)."""
@@ -482,7 +500,9 @@ class LimitsCheck(BaseCheck):
         # (a field naming a stored response under responses: owned: the ownership check's)
         skip = {*d.limits.json_caps, *(d.budget.fields if d.budget else ()), *out.base,
                 *(k for k, n in d.fields.counts.items() if n < 1), *d.owner_fields}
-        allowed = {f: "probe-x1" for f in rules.names("allow") if f not in skip}
+        # a field with listed values holds its first one (the json-values cases try the others)
+        allowed = {f: rules.values[f][0] if f in rules.values else "probe-x1" for f in rules.names("allow")
+                   if f not in skip}
         if allowed and rules.unknown != "pass":   # over-blocking: every field it allows passes
             yield out.case("fields", "allow", (), out.json(allowed),
                            f"every field the policy allows here ({len(allowed)})")
