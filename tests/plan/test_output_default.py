@@ -260,7 +260,7 @@ def _probe_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) 
 @pytest.mark.parametrize(("name", "edit"), [
     ("nginx", None), ("envoy", None),
     # the budget no longer fitted into the context length: the cap written into a long body
-    ("nginx", ("perimeter-http.conf", " inject 8192 8192", " inject 0 8192")),
+    ("nginx", ("perimeter-rules.json", '"op":"budget","window":8192}', '"op":"budget","window":0}')),
     ("envoy", ("envoy.yaml", '["cap"] = 4096, ["window"] = 8192}', '["cap"] = 4096, ["window"] = 0}')),
 ])
 def test_the_probe_proves_the_fitted_budget(tmp_path: Path, name: str, edit: tuple[str, str, str] | None) -> None:

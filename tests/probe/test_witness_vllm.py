@@ -121,7 +121,7 @@ HAND: dict[str, tuple[str, Edit, tuple[str, ...], str]] = {
                                                    r"\n\1stat_prefix: perimeter\n\1preserve_external_request_id: true\n",
                                                    count=1), ("upstream",), "VP013"),
     # every output budget the proxy writes in, x10
-    "nginx-written-budget-raised": ("nginx", sub(NGINX_HTTP, r'( \w+) (\d+) inject";', r'\1 \g<2>0 inject";'),
+    "nginx-written-budget-raised": ("nginx", sub("perimeter-rules.json", r'"cap":(\d+),"field"', r'"cap":\g<1>0,"field"'),
                                     ("limits",), "VP015"),
 }
 
