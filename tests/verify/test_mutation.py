@@ -12,6 +12,7 @@ import pytest
 
 from scanner import mutate
 from scanner.inventory.catalog import load_ref
+from scanner.mutate import fleet as mutate_fleet
 from scanner.plan.inputs import load_policy
 from scanner.probe import registry
 from scanner.probe.interface import ProbeOptions
@@ -35,7 +36,8 @@ def _proxy(name: str):  # type: ignore[no-untyped-def]
 
 
 def test_every_family_has_at_least_3_operators_per_proxy_each_with_checks_that_exist() -> None:
-    checks = {*registry.ids(), "unreachable"}
+    # the probe's checks, a proxy that stops answering, and verify --replicas's own fleet checks
+    checks = {*registry.ids(), "unreachable", *mutate_fleet.FLEET}
     for kind in ("nginx", "envoy"):
         for family, ops in mutate.families(kind).items():
             assert len(ops) >= 3, (kind, family, [op.id for op in ops])
