@@ -57,6 +57,7 @@ from scanner.plan.model import (
     SharedPlan,
 )
 from scanner.plan.program import Programs, compile_decision
+from scanner.plan.vllm_json import utf8_whitespace
 from scanner.policy.model import CertPrincipal, Principal, Rate
 from scanner.rules import Program
 
@@ -351,6 +352,12 @@ class Model:
     @property
     def scheme(self) -> str:
         return "https" if self.listen_tls else "http"
+
+    @property
+    def whitespace(self) -> tuple[str, ...]:
+        """vLLM's whitespace around a numeric string (scanner/plan/vllm_json.py WHITESPACE), each
+        a UTF-8 string for Lua's WS table: generated, not copied."""
+        return tuple(w.decode("utf-8") for w in utf8_whitespace())
 
     @property
     def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:

@@ -59,7 +59,7 @@ from pathlib import Path, PurePosixPath
 import jinja2
 
 from scanner import resources
-from scanner.errors import GenerateError
+from scanner.errors import GenerateError, InternalError
 from scanner.generate.common import OWNER_HOLDS, config_dir, owner_secret
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
@@ -77,6 +77,7 @@ from scanner.generate.nginx_model import (
 )
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
+from scanner.plan.vllm_json import js_whitespace_class
 from scanner.policy.keys import read_upstream_key
 
 
@@ -108,6 +109,19 @@ def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[Gener
     return (*files, GeneratedFile(RULES, rules_json(model)))
 
 
+NJS_TEMPLATE = "nginx-perimeter.js"
+WS_LINE = "var INT_WS = null;   // generated: vllm_json.WHITESPACE (generate/nginx.py njs_module)"
+
+
+def njs_module(text: str) -> str:
+    """The njs module as NGINX loads it: the tables it shares with Lua generated from Python
+    (vLLM's whitespace around a numeric string: ``INT_WS``)."""
+    if WS_LINE not in text:
+        raise InternalError("templates/nginx-perimeter.js: the INT_WS line the generator fills is missing")
+    ws = js_whitespace_class()
+    return text.replace(WS_LINE, f"var INT_WS = /^{ws}+|{ws}+$/g;   // generated: vllm_json.WHITESPACE", 1)
+
+
 class NginxGenerator:
     name = "nginx"
 
@@ -116,7 +130,7 @@ class NginxGenerator:
         env = _environment()
         try:
             main = env.get_template("nginx.conf.j2").render(m=model)
-            njs = Path(resources.data_file("templates", "nginx-perimeter.js")).read_text(encoding="utf-8")
+            njs = njs_module(Path(resources.data_file("templates", NJS_TEMPLATE)).read_text(encoding="utf-8"))
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
         files = [GeneratedFile(MAIN, main), *plan_files(env, model, plan), GeneratedFile(NJS, njs)]

@@ -33,6 +33,27 @@ INT_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?", re.ASCII)
 INT64 = 2 ** 63
 
 
+def js_whitespace_class() -> str:
+    """:data:`WHITESPACE` as a JavaScript regex character class (njs's ``INT_WS``), runs of
+    consecutive code points written as ranges: generated into the njs module, not copied."""
+    points = sorted(ord(c) for c in WHITESPACE)
+    runs: list[list[int]] = []
+    for p in points:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+
+    def esc(p: int) -> str:
+        return chr(p) if p == 0x20 else f"\\x{p:02x}" if p < 0x100 else f"\\u{p:04x}"
+    return "[" + "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in runs) + "]"
+
+
+def utf8_whitespace() -> tuple[bytes, ...]:
+    """:data:`WHITESPACE` as UTF-8 byte strings (Lua's ``WS`` table), generated into the Lua."""
+    return tuple(sorted(c.encode("utf-8") for c in WHITESPACE))
+
+
 def reads_json(content_type: str | None) -> bool:
     """Does vLLM's FastAPI parse a body with this ``Content-Type`` as JSON (None: no header)?"""
     if not content_type:

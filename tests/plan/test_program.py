@@ -97,3 +97,21 @@ def test_a_budget_fitted_into_the_window_and_none_below_one() -> None:
     step = BudgetStep(fields=["max_tokens"], field="max_tokens", absent="inject", cap=500, window=1000)
     assert _run(step, body={}, size=800)[1] == {"max_tokens": 200}
     assert _run(step, body={}, size=1000)[1] == {}
+
+
+def test_the_whitespace_tables_both_runtimes_get_are_generated_from_vllm_json() -> None:
+    # njs's INT_WS class and Lua's WS table are written from WHITESPACE by the generators
+    import re
+
+    from scanner.generate.nginx import njs_module
+    from scanner.plan.vllm_json import WHITESPACE, js_whitespace_class, utf8_whitespace
+    from scanner.resources import data_file
+
+    cls = re.compile(js_whitespace_class())
+    assert {chr(c) for c in range(0x3100) if cls.fullmatch(chr(c))} == set(WHITESPACE)
+    assert {w.decode() for w in utf8_whitespace()} == set(WHITESPACE) and len(WHITESPACE) == 25
+    njs = njs_module((Path(data_file("templates", "nginx-perimeter.js"))).read_text(encoding="utf-8"))
+    assert f"var INT_WS = /^{js_whitespace_class()}+|" in njs and "var INT_WS = null" not in njs
+    golden = (Path(__file__).parent.parent / "generate/golden/envoy/default/envoy.yaml").read_text()
+    table = next(line for line in golden.splitlines() if "local WS = {" in line)
+    assert table.count("] = true") == len(WHITESPACE) and '["\\227\\128\\128"]' in table   # U+3000

@@ -266,7 +266,7 @@ function sealLine(line, own) {
 // with Unicode whitespace trimmed (Rust's set, not U+FEFF) when it is an optional sign, ASCII
 // digits with single underscores between them and an optional '.' with zeros only. NaN when
 // vLLM refuses it (hex, exponents, '1__0', '10.5', other digits, lists, objects).
-var INT_WS = /^[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+|[\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/g;
+var INT_WS = /^[\x09-\x0d \x85\xa0\u1680\u2000-\u200a\u2028-\u2029\u202f\u205f\u3000]+|[\x09-\x0d \x85\xa0\u1680\u2000-\u200a\u2028-\u2029\u202f\u205f\u3000]+$/g;   // generated: vllm_json.WHITESPACE
 var INT_TEXT = /^[+-]?[0-9](?:_?[0-9])*(?:\.0+)?$/;
 var INT64 = 9223372036854775808;
 
