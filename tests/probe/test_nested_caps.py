@@ -17,10 +17,12 @@ OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=(
 GEN = "/inference/v1/generate"
 SUBJECTS = (f"json-cap sampling_params.n POST {GEN}", f"json-cap sampling_params.max_tokens POST {GEN}",
             f"budget POST {GEN}")
-# the nested n cap dropped from the rendered config (the plan the probe reads still has it)
+# the nested n cap dropped from the rendered rule program (its cap step reads a field no body has;
+# the plan the probe reads still has it)
 WEAKENED: dict[str, Edit] = {
-    "nginx": sub("perimeter-http.conf", r" sampling_params\.n=8", ""),
-    "envoy": sub("envoy.yaml", r'\["sampling_params\.n"\] = 8, ', ""),
+    "nginx": sub("perimeter-rules.json", r'"op":"cap","path":"sampling_params\.n"', '"op":"cap","path":"sampling_params.dropped"'),
+    "envoy": sub("envoy.yaml", r'\["op"\] = "cap", \["path"\] = "sampling_params\.n"',
+                 '["op"] = "cap", ["path"] = "sampling_params.dropped"'),
 }
 
 
