@@ -111,7 +111,8 @@ def measure(url: str, post: Path, pid: int, seconds: int, connections: int) -> d
             "cpu_us_per_request": used / max(1.0, rps * seconds) * 1e6}
 
 
-def bench(kind: str, python: Path, seconds: int, rounds: int, connections: int) -> dict[str, object]:
+def bench(kind: str, python: Path, seconds: int, rounds: int, connections: int,
+          request: str = "chat") -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="bench-litellm-") as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
         up = stack.enter_context(upstream(tmp))
@@ -123,10 +124,12 @@ def bench(kind: str, python: Path, seconds: int, rounds: int, connections: int) 
         procs = {n: stack.enter_context(running(argv, ports[n], tmp / f"{n}.out", wait_s=90,
                                                 env={**os.environ, **LOOPBACK_ONLY}))
                  for n, argv in argvs.items()}
-        posts = {"bare": script(tmp, "bare.lua", "POST", "", chat_body()),
-                 "perimeter": script(tmp, "perimeter.lua", "POST", key, chat_body()),
-                 "litellm": script(tmp, "litellm.lua", "POST", MASTER_KEY, chat_body())}
-        urls = {n: f"http://127.0.0.1:{p}/v1/chat/completions" for n, p in ports.items()}
+        method, path, body = ("POST", "/v1/chat/completions", chat_body()) if request == "chat" else \
+            ("GET", "/v1/models", "")
+        posts = {"bare": script(tmp, "bare.lua", method, "", body),
+                 "perimeter": script(tmp, "perimeter.lua", method, key, body),
+                 "litellm": script(tmp, "litellm.lua", method, MASTER_KEY, body)}
+        urls = {n: f"http://127.0.0.1:{p}{path}" for n, p in ports.items()}
         for n in urls:
             wrk(urls[n], posts[n], 2, 1)                      # warm-up
         runs: dict[str, list[dict[str, float]]] = {n: [] for n in urls}
@@ -134,8 +137,8 @@ def bench(kind: str, python: Path, seconds: int, rounds: int, connections: int) 
             for n in urls:
                 runs[n].append(measure(urls[n], posts[n], procs[n].pid, seconds, connections))
     med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
-    return {"proxy": kind, "seconds": seconds, "rounds": rounds, "connections": connections,
-            "median": med,
+    return {"proxy": kind, "request": request, "seconds": seconds, "rounds": rounds,
+            "connections": connections, "median": med,
             **{f"added_{p}_us": {n: round(med[n][f"{p}_us"] - med["bare"][f"{p}_us"], 1)
                                   for n in ("perimeter", "litellm")} for p in ("p50", "p99")}}
 
@@ -147,18 +150,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--litellm", type=Path, default=LITELLM, help="the python of LiteLLM's own venv")
+    ap.add_argument("--request", default="chat", choices=("chat", "models"),
+                    help="chat: the 4 KB chat POST; models: a keyed GET /v1/models")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not args.litellm.exists():
         raise SystemExit(f"no LiteLLM venv at {args.litellm}: "
                          "python -m venv it and pip install 'litellm[proxy]'")
-    res = bench(args.proxy, args.litellm, args.seconds, args.rounds, args.connections)
+    res = bench(args.proxy, args.litellm, args.seconds, args.rounds, args.connections, args.request)
     if args.json:
         print(json.dumps(res, indent=1))
         return
     med = res["median"]
     assert isinstance(med, dict)
-    print(f"{args.proxy}: {args.rounds} rounds x {args.seconds} s, {args.connections} connections (medians)")
+    print(f"{args.proxy} {args.request}: {args.rounds} rounds x {args.seconds} s, "
+          f"{args.connections} connections (medians)")
     for n in ("bare", "perimeter", "litellm"):
         m = med[n]
         print(f"  {n:9} p50 {m['p50_us']:8.0f} us  p99 {m['p99_us']:8.0f} us  {m['rps']:8.0f} req/s  "

@@ -127,6 +127,7 @@ http {{
         proxy_buffering off;
         proxy_set_header Connection "";
         location = /v1/chat/completions {{ proxy_pass http://up/v1/chat/completions; }}
+        location = /v1/models {{ proxy_pass http://up/v1/models; }}
     }}
 }}
 """
