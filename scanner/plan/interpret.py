@@ -11,14 +11,15 @@ that leaves is that copy once every step passed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from scanner import reasons
 from scanner.plan import envelope as env_mod
 from scanner.plan import owner, settle
-from scanner.plan.vllm_json import at, vllm_int, within
+from scanner.plan.model import whole, write_budget
+from scanner.plan.vllm_json import at, within
 from scanner.policy import media as media_mod
 from scanner.policy.model import count_of
 from scanner.rules import (
@@ -48,7 +49,6 @@ class Run:
     salt: str = ""
     owner: tuple[bytes, str] | None = None
     strip: set[str] = field(default_factory=set)
-    written: int | None = None                # the output budget written in (budget)
     sequences: int = 1
     output: int = 0
     refused_by: list[str] = field(default_factory=list)    # the ops that refused (run(stop=False))
@@ -56,10 +56,6 @@ class Run:
     @property
     def tokens(self) -> int:
         return self.sequences * self.output + self.size
-
-
-def _whole(value: object) -> int:
-    return max(0, vllm_int(value) or 0)
 
 
 def op_cap(s: Cap, r: Run) -> str:
@@ -105,16 +101,6 @@ def op_media(s: Media, r: Run) -> str:
     return media_mod.reason(r.doc, rules)
 
 
-def _write(obj: Mapping[str, Any], names: list[str], fields: list[str], fit: int) -> dict[str, Any]:
-    """``obj`` with ``fit`` at the dotted path ``names``, less the budget ``fields`` at that level."""
-    head, rest = names[0], names[1:]
-    if not rest:
-        drop = {f for f in fields if "." not in f}
-        return {**{k: v for k, v in obj.items() if k not in drop}, head: fit}
-    inner = [f.partition(".")[2] for f in fields if f.startswith(head + ".")]
-    return {**obj, head: _write(obj[head], rest, inner, fit)}
-
-
 def op_budget(s: BudgetStep, r: Run) -> str:
     if any(at(r.doc, f) is not None for f in s.fields):
         return ""
@@ -124,8 +110,7 @@ def op_budget(s: BudgetStep, r: Run) -> str:
     parent = s.field.rpartition(".")[0]
     if fit < 1 or (parent and not isinstance(at(r.doc, parent), dict)):
         return ""        # nothing written: vLLM's own default (or it refuses the body as sent)
-    r.written = fit
-    r.doc = _write(r.doc, s.field.split("."), s.fields, fit)
+    r.doc = write_budget(r.doc, s.field.split("."), s.fields, fit)
     return ""
 
 
@@ -138,9 +123,9 @@ def op_salt(s: Salt, r: Run) -> str:
 
 def op_envelope(s: EnvelopeStep, r: Run) -> str:
     spec = env_mod.EnvelopeSpec(items=tuple(s.items), pairs=tuple(s.pairs), per_item=tuple(s.per))
-    r.sequences = env_mod.sequences(spec, r.doc, _whole)
+    r.sequences = env_mod.sequences(spec, r.doc, whole)
     value = next((at(r.doc, f) for f in s.out if at(r.doc, f) is not None), None)
-    r.output = (_whole(value) if value is not None else s.rest) if s.out else 0
+    r.output = (whole(value) if value is not None else s.rest) if s.out else 0
     if s.max_sequences is not None and r.sequences > s.max_sequences:
         return f"envelope-sequences:over-{s.max_sequences}"
     if s.max_tokens is not None and r.tokens > s.max_tokens:

@@ -8,7 +8,7 @@ config and the proof of that config cannot disagree about intent.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from dataclasses import field as dataclass_field
 from functools import cached_property
@@ -176,7 +176,7 @@ class Budget:
             return dict(body)
         if not self.writable(body):   # no object to write it into: vLLM refuses the body as sent
             return dict(body)
-        return _write(body, self.field.split("."), self.fields, fit)
+        return write_budget(body, self.field.split("."), self.fields, fit)
 
     def to_dict(self) -> dict[str, Any]:
         return {"fields": list(self.fields), "field": self.field, "cap": self.cap,
@@ -184,8 +184,8 @@ class Budget:
                 **({"default": self.default.to_dict()} if self.default.known else {})}
 
 
-def _write(obj: Mapping[str, object], names: list[str], fields: tuple[str, ...],
-           fit: int) -> dict[str, object]:
+def write_budget(obj: Mapping[str, object], names: list[str], fields: Sequence[str],
+                 fit: int) -> dict[str, object]:
     """``obj`` with the budget ``fit`` written at the dotted path ``names`` (its parent an object),
     less the budget ``fields`` at that level (nulls: every one absent or null)."""
     head, rest = names[0], names[1:]
@@ -195,11 +195,11 @@ def _write(obj: Mapping[str, object], names: list[str], fields: tuple[str, ...],
     inner = tuple(f.partition(".")[2] for f in fields if f.startswith(head + "."))
     sub = obj[head]
     assert isinstance(sub, dict)
-    return {**obj, head: _write(sub, rest, inner, fit)}
+    return {**obj, head: write_budget(sub, rest, inner, fit)}
 
 
-def _whole(value: object) -> int:
-    """A budget field's value as the token charge reads it: the integer vLLM reads
+def whole(value: object) -> int:
+    """A budget or sequence field's value as the token charge reads it: the integer vLLM reads
     (:func:`scanner.plan.vllm_json.vllm_int`) floored at 0; anything vLLM refuses 0."""
     return max(0, vllm_int(value) or 0)
 
@@ -342,11 +342,11 @@ class Decision:
         if budget is not None:
             value = next((at(obj, f) for f in budget.fields if at(obj, f) is not None), None)
             if value is not None:
-                out = _whole(value)
+                out = whole(value)
             else:   # what is written in, else (nothing, or nowhere to write it) vLLM's default
                 out = budget.output(len(body)) if budget.writable(obj) else budget.rest
         model = obj.get("model")
-        return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, _whole), output=out,
+        return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, whole), output=out,
                         input=len(body), model=model if isinstance(model, str) else "")
 
     def envelope_reason(self, env: Envelope) -> str:
