@@ -89,7 +89,7 @@ import yaml
 
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.common import OWNER_HOLDS, owner_secret
-from scanner.generate.envoy_model import PRINCIPALS, JsonValue, Model, build_model
+from scanner.generate.envoy_model import PRINCIPALS, EnvoyModel, JsonValue, build_model
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
@@ -156,7 +156,7 @@ def _check_paths(options: GenerateOptions) -> None:
             raise GenerateError(f"envoy generator: {what} {value!r} holds a control character")
 
 
-def render_model(model: Model, secret: str = "") -> tuple[str, str]:
+def render_model(model: EnvoyModel, secret: str = "") -> tuple[str, str]:
     """The bootstrap YAML and the principals file for a model."""
     env = _environment()
     lua = env.get_template("envoy_perimeter.lua.j2").render(m=model)
@@ -186,7 +186,7 @@ class EnvoyGenerator:
         )
 
 
-def runtime_files(model: Model) -> tuple[RuntimeFile, ...]:
+def runtime_files(model: EnvoyModel) -> tuple[RuntimeFile, ...]:
     """What Envoy opens at run time: the key hashes, with ``upstream.api_key_file`` vLLM's key, and
     the JWKS of each auth "jwt" audience (local_jwks by name)."""
     holds = "key hashes" + (OWNER_HOLDS if model.owner_file else "")

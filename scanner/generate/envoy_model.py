@@ -205,7 +205,7 @@ class LuaGroup:
     limited: bool = False                        # a concurrency limit: a cluster per principal
     upstreams: tuple[tuple[str, str], ...] = ()  # principal -> concurrency cluster
     check_body: bool = False                     # the body read and its program run
-    program: str = ""                            # the id of its rule program (Model.programs)
+    program: str = ""                            # the id of its rule program (EnvoyModel.programs)
     body_limit: int = 0                          # bytes; 0 = none (checked bodies only)
     websocket: bool = False                      # also pass the WebSocket handshake headers
     salt: str = ""                               # "principal" / "audience:NAME": the subject whose
@@ -283,7 +283,7 @@ class GrpcListener:
 
 
 @dataclass(frozen=True)
-class UpstreamTls:
+class UpstreamTlsContext:
     ca: str
     sni: str = ""
     san_dns: str = ""
@@ -304,7 +304,7 @@ class Balance:
 
 
 @dataclass(frozen=True)
-class Model:
+class EnvoyModel:
     stamp: Stamp
     listen_address: str
     listen_port: int
@@ -316,7 +316,7 @@ class Model:
     upstream_endpoints: tuple[tuple[str, int], ...]   # every replica (host, port)
     upstream_ip: bool                                  # all are IP addresses: a STATIC cluster
     balance: Balance | None                            # None: one vLLM
-    upstream_tls: UpstreamTls | None
+    upstream_tls: UpstreamTlsContext | None
     host_header: str                                   # the Host vLLM receives (the plan's)
     trusted_proxies: tuple[Cidr, ...]
     access_log: str
@@ -419,7 +419,7 @@ def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tupl
 
 
 @dataclass
-class _Registry:
+class _EnvoyRegistry:
     principals: tuple[Principal, ...]
     lua: dict[tuple[object, ...], LuaGroup] = field(default_factory=dict)
     rate: dict[str, RateFilter] = field(default_factory=dict)      # by Decision.rate_zone
@@ -566,7 +566,7 @@ def _regex(path: str) -> str:
     return "" if patterns.is_exact(path) else patterns.to_regex(path)
 
 
-def _allowed_route(reg: _Registry, d: Decision) -> RouteView:
+def _allowed_route(reg: _EnvoyRegistry, d: Decision) -> RouteView:
     _check_name("audience", d.audience)
     for role in d.roles:
         _check_name("role", role)
@@ -656,7 +656,7 @@ def _path_order(path: str) -> tuple[int, int, str]:
     return (0 if patterns.is_exact(path) else 1, params, path)
 
 
-def _routes(reg: _Registry, plan: Plan) -> tuple[RouteView, ...]:
+def _routes(reg: _EnvoyRegistry, plan: Plan) -> tuple[RouteView, ...]:
     by_path: dict[str, list[Decision]] = {}
     for d in plan.decisions:
         if d.kind == "mount" or d.method == "*":
@@ -673,7 +673,7 @@ def _routes(reg: _Registry, plan: Plan) -> tuple[RouteView, ...]:
     return tuple(out)
 
 
-def _grpc(reg: _Registry, plan: Plan) -> GrpcListener | None:
+def _grpc(reg: _EnvoyRegistry, plan: Plan) -> GrpcListener | None:
     """The gRPC listener: a route per allowed method (content-type application/grpc only), a 404
     for every other method of the inventory and for anything else."""
     g = plan.grpc
@@ -702,13 +702,13 @@ def _grpc(reg: _Registry, plan: Plan) -> GrpcListener | None:
 # --- TLS -------------------------------------------------------------------------------
 
 
-def _upstream_tls(plan: Plan, opts: EnvoyOptions) -> UpstreamTls | None:
+def _upstream_tls(plan: Plan, opts: EnvoyOptions) -> UpstreamTlsContext | None:
     tls = upstream_tls(plan, "envoy", opts.ca_bundle)
     if tls is None:
         return None
     # Envoy checks the certificate against a SAN only when told to: the server name if given,
     # else the upstream host (DNS name or IP address).
-    return UpstreamTls(ca=tls.ca, sni=tls.server_name, san_dns=tls.server_name,
+    return UpstreamTlsContext(ca=tls.ca, sni=tls.server_name, san_dns=tls.server_name,
                        san_ip=tls.host if tls.host_is_ip and not tls.server_name else "",
                        client_cert=tls.client_cert, client_key=tls.client_key)
 
@@ -755,7 +755,7 @@ def _balance(plan: Plan) -> Balance | None:
 # --- entry point -----------------------------------------------------------------------
 
 
-def build_model(plan: Plan, options: GenerateOptions) -> Model:
+def build_model(plan: Plan, options: GenerateOptions) -> EnvoyModel:
     opts = EnvoyOptions.parse(options.extra)
     why = jwt_refusal(plan, "envoy") or cert_refusal(plan, "envoy")
     if why:
@@ -763,14 +763,14 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
-    reg = _Registry(plan.principals, shared=plan.shared)
+    reg = _EnvoyRegistry(plan.principals, shared=plan.shared)
     routes = _routes(reg, plan)
     grpc = _grpc(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):
         raise GenerateError("envoy generator: ports must be in 1..65535")
     tls = plan.listen.tls
     listen_tls = (tls.cert, tls.key) if tls else None
-    return Model(
+    return EnvoyModel(
         stamp=Stamp.of(plan),
         listen_address=_ip("listen address", plan.listen.address),
         listen_port=plan.listen.port, listen_tls=listen_tls,

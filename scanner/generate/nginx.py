@@ -71,7 +71,7 @@ from scanner.generate.nginx_model import (
     PROXY,
     RULES,
     UPSTREAM_KEY,
-    Model,
+    NginxModel,
     build_model,
     rules_json,
 )
@@ -98,7 +98,7 @@ PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-princ
                   (PROXY, "nginx-proxy.conf.j2", 0o644))
 
 
-def plan_files(env: jinja2.Environment, model: Model, plan: Plan) -> tuple[GeneratedFile, ...]:
+def plan_files(env: jinja2.Environment, model: NginxModel, plan: Plan) -> tuple[GeneratedFile, ...]:
     """The plan's files rendered from ``model`` (the generator's, or a mutant's)."""
     secret = owner_secret(plan)
     try:
@@ -147,7 +147,7 @@ class NginxGenerator:
 _HOLDS = {PRINCIPALS: "key hashes", UPSTREAM_KEY: "vLLM's API key"}
 
 
-def runtime_files(model: Model, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:
+def runtime_files(model: NginxModel, options: GenerateOptions, written: set[str]) -> tuple[RuntimeFile, ...]:
     """What NGINX opens by path (includes, ``js_import``): absolute under ``config_dir``, else
     relative to nginx.conf's directory, which is the output directory as written."""
     out_dir = config_dir("nginx", "", options.output_dir)

@@ -133,7 +133,7 @@ class NginxZone:
 @dataclass(frozen=True)
 class BodyCheck:
     id: str
-    program: str        # the id of the check's rule program (Model.programs; scanner/plan/program.py),
+    program: str        # the id of the check's rule program (NginxModel.programs; scanner/plan/program.py),
                         # which njs runs on every body the native fast path does not clear
     regex: str          # the native fast path (see nginx_regex.unsafe_body)
     parse_all: bool = False   # njs parses every body: an absent budget, or fields the rules do
@@ -216,7 +216,7 @@ class Location:
 
 
 @dataclass(frozen=True)
-class Model:
+class NginxModel:
     stamp: Stamp
     runtime_dir: str
     access_log: str
@@ -337,7 +337,7 @@ def _method_test(methods: tuple[str, ...]) -> str:
 # --- the model -------------------------------------------------------------------------
 
 @dataclass
-class _Registry:
+class _NginxRegistry:
     """Deterministic ids for shared objects (geo sets, role sets, zones, checks)."""
 
     geos: dict[tuple[str, ...], str] = field(default_factory=dict)
@@ -460,7 +460,7 @@ def writes(program: Program) -> bool:
     return False
 
 
-def rules_json(model: Model) -> str:
+def rules_json(model: NginxModel) -> str:
     """``perimeter-rules.json``: every body check's program id and the programs
     (scanner/plan/program.py), which NGINX loads once at configure time into one immutable object
     all njs VMs share (``js_preload_object perimeter_rules``): data compiled with the config, never
@@ -500,7 +500,7 @@ def _profile(d: Decision) -> tuple[object, ...]:
             d.envelope_spec, d.owner_param, d.owner_fields, d.owner_seal)
 
 
-def _block(reg: _Registry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
+def _block(reg: _NginxRegistry, plan: Plan, ds: tuple[Decision, ...], up: str) -> Block:
     d = ds[0]
     methods = tuple(sorted(x.method for x in ds))
     lim = d.limits
@@ -587,7 +587,7 @@ def _limiter(plan: Plan) -> str:
     return s.limiter_url
 
 
-def _location(reg: _Registry, plan: Plan, index: int, route: str,
+def _location(reg: _NginxRegistry, plan: Plan, index: int, route: str,
               decisions: tuple[Decision, ...], scheme: str) -> Location:
     _path(route)
     exact = patterns.is_exact(route)
@@ -676,7 +676,7 @@ def _upstream_tls(plan: Plan, opts: NginxOptions) -> dict[str, str]:
     return out
 
 
-def build_model(plan: Plan, options: GenerateOptions) -> Model:
+def build_model(plan: Plan, options: GenerateOptions) -> NginxModel:
     opts = NginxOptions.parse(options.extra)
     why = jwt_refusal(plan, "nginx") or cert_refusal(plan, "nginx")
     if why:
@@ -684,7 +684,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     if plan.grpc is not None:
         raise GenerateError("nginx generator: the policy's grpc: listener is generated for Envoy only "
                             "(`generate envoy`); NGINX's HTTP listener refuses gRPC and HTTP/2 cleartext")
-    reg = _Registry()
+    reg = _NginxRegistry()
     up_tls = _upstream_tls(plan, opts)
     scheme = "https" if up_tls else "http"
     locations = tuple(_location(reg, plan, i + 1, route, ds, scheme)
@@ -701,7 +701,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> Model:
     if reg.tokens and opts.njs and version_tuple(opts.njs) < (0, 8):
         raise GenerateError(f"nginx generator: tokens_per_minute needs njs >= 0.8 (js_shared_dict_zone); "
                             f"this NGINX has njs {opts.njs}: use the static build or Envoy")
-    return Model(
+    return NginxModel(
         stamp=Stamp.of(plan),
         runtime_dir=_file("runtime_dir", options.runtime_dir.rstrip("/") or "/"),
         access_log=_file("access_log", options.access_log),

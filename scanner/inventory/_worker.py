@@ -40,12 +40,12 @@ def _load(relative: str, name: str, register: bool = False) -> Any:
 
 
 def standin_witness() -> Any:
-    """The stand-in's witness (scanner/standin/_witness.py, its ``Witness`` class). It imports the
+    """The stand-in's witness (scanner/standin/_witness.py, its ``LoopbackWitness`` class). It imports the
     witness protocol, ``scanner.witness_asgi``; vLLM's Python has no ``scanner`` package, so that one
     file is loaded by path under its own module name first."""
     if "scanner.witness_asgi" not in sys.modules:
         _load(os.path.join("..", "witness_asgi.py"), "scanner.witness_asgi", register=True)
-    return _load(os.path.join("..", "standin", "_witness.py"), "_vllm_perimeter_witness").Witness
+    return _load(os.path.join("..", "standin", "_witness.py"), "_vllm_perimeter_witness").LoopbackWitness
 
 
 _walker = _load("_walker.py", "_vllm_perimeter_walker")

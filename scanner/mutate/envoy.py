@@ -15,7 +15,7 @@ import yaml
 import scanner.mutate.core as core
 from scanner.generate.common import owner_secret
 from scanner.generate.envoy import render_model
-from scanner.generate.envoy_model import PRINCIPALS, Model, RouteView, build_model
+from scanner.generate.envoy_model import PRINCIPALS, EnvoyModel, RouteView, build_model
 from scanner.generate.interface import GenerateOptions
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
@@ -24,7 +24,7 @@ from scanner.rules import Keys, Program, Step
 
 KIND = "envoy"
 ENVOY = "envoy.yaml"
-ModelEdit = Callable[[Model, Plan], tuple[Model, str]]
+ModelEdit = Callable[[EnvoyModel, Plan], tuple[EnvoyModel, str]]
 
 
 # --- rendering: the weakened plan or model, written over the generated files -----------------
@@ -54,8 +54,8 @@ def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[s
 
 # --- model edits: one route's match, one rate filter's buckets, one cluster's thresholds -----
 
-def _route(model: Model, d: Decision, change: Callable[[RouteView], RouteView],
-           what: str) -> tuple[Model, str]:
+def _route(model: EnvoyModel, d: Decision, change: Callable[[RouteView], RouteView],
+           what: str) -> tuple[EnvoyModel, str]:
     """``change`` the allowed route of ``d`` and the 405 route of its path (same match)."""
     names = {f"allow:{d.method} {d.path}", f"method:{d.path}"}
     routes = [change(r) if r.name in names else r for r in model.routes]
@@ -67,22 +67,22 @@ def _route(model: Model, d: Decision, change: Callable[[RouteView], RouteView],
 PARAMETER = "[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}"
 
 
-def _parameter_any(model: Model, plan: Plan) -> tuple[Model, str]:
+def _parameter_any(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     return _route(model, core.template_last(plan),
                   lambda r: replace(r, regex=r.regex.replace(PARAMETER, ".+")), "path parameter -> .+")
 
 
-def _case_insensitive(model: Model, plan: Plan) -> tuple[Model, str]:
+def _case_insensitive(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     return _route(model, core.template(plan), lambda r: replace(r, regex="(?i)" + r.regex) if r.regex else r,
                   "case-insensitive regex")
 
 
-def _anchor_dropped(model: Model, plan: Plan) -> tuple[Model, str]:
+def _anchor_dropped(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     return _route(model, core.template(plan), lambda r: replace(r, regex=r.regex.removesuffix("$") + ".*"),
                   "end anchor dropped (a prefix of the path matches)")
 
 
-def _rate_by_address(model: Model, plan: Plan) -> tuple[Model, str]:
+def _rate_by_address(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.rated_by_principal(plan)
     name = next((r.rate_filter for r in model.routes if r.name == f"allow:{d.method} {d.path}"), "")
     filters = [replace(f, per_address=True) if f.name == name and not f.per_address else f
@@ -92,7 +92,7 @@ def _rate_by_address(model: Model, plan: Plan) -> tuple[Model, str]:
     return replace(model, rate_filters=tuple(filters)), f"{name} ({where(d)}) keyed by client address"
 
 
-def _breaker_max(model: Model, plan: Plan) -> tuple[Model, str]:
+def _breaker_max(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     """The circuit breakers of one concurrency zone (a cluster per principal) at their maximum."""
     d = core.limited(plan)
     prefix = f"vllm.{d.audience}.c{d.limits.concurrency}."
@@ -108,7 +108,7 @@ def _weakened(op: str, pick: Callable[[Plan], Decision],
               change: Callable[[Step], Step | None] = lambda s: None, ops: tuple[str, ...] = ()) -> ModelEdit:
     """A model edit: the route of ``pick(plan)`` gets a copy of its Lua group whose rule program has
     each ``op`` step (and each of ``ops``) changed (None: removed), rendered from the model."""
-    def edit(model: Model, plan: Plan) -> tuple[Model, str]:
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
         d = pick(plan)
         name = f"allow:{d.method} {d.path}"
         route = next((r for r in model.routes if r.name == name), None)

@@ -13,14 +13,14 @@ from pathlib import Path
 import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, Model, build_model
+from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, NginxModel, build_model
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
 from scanner.rules import Keys, Program, Step
 
 KIND = "nginx"
-ModelEdit = Callable[[Model, Plan], tuple[Model, str]]
+ModelEdit = Callable[[NginxModel, Plan], tuple[NginxModel, str]]
 
 
 # --- rendering: the weakened plan or model, written over the generated files -----------------
@@ -64,8 +64,8 @@ def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[s
 
 # --- model edits: one location's match, one zone's key ---------------------------------------
 
-def _location(model: Model, d: Decision, change: Callable[[Location], Location],
-              what: str) -> tuple[Model, str]:
+def _location(model: NginxModel, d: Decision, change: Callable[[Location], Location],
+              what: str) -> tuple[NginxModel, str]:
     locs = list(model.locations)
     i = next((i for i, loc in enumerate(locs) if loc.route == d.path), -1)
     if i < 0:
@@ -80,25 +80,25 @@ def _location(model: Model, d: Decision, change: Callable[[Location], Location],
 PARAMETER = "[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}"
 
 
-def _anchor_dollar(model: Model, plan: Plan) -> tuple[Model, str]:
+def _anchor_dollar(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     return _location(model, core.template(plan), lambda loc: replace(
         loc, match=loc.match.replace('\\z"', '$"'), capture=loc.capture.replace("\\z", "$")),
         "regex anchor \\z -> $")
 
 
-def _parameter_any(model: Model, plan: Plan) -> tuple[Model, str]:
+def _parameter_any(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     return _location(model, core.template_last(plan), lambda loc: replace(
         loc, match=loc.match.replace(PARAMETER, ".+"), capture=loc.capture.replace(PARAMETER, ".+")),
         "path parameter -> .+")
 
 
-def _case_insensitive(model: Model, plan: Plan) -> tuple[Model, str]:
+def _case_insensitive(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     return _location(model, core.template(plan), lambda loc: replace(
         loc, match=loc.match.replace('~ "^', '~* "^'), capture="(?i)" + loc.capture),
         "case-insensitive match")
 
 
-def _exact_to_prefix(model: Model, plan: Plan) -> tuple[Model, str]:
+def _exact_to_prefix(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     return _location(model, core.exact_get(plan),
                      lambda loc: replace(loc, match=loc.match.removeprefix("= ")),
                      "exact location -> prefix location")
@@ -106,7 +106,7 @@ def _exact_to_prefix(model: Model, plan: Plan) -> tuple[Model, str]:
 
 def _zone_by_address(attr: str, pick: core.Pick) -> ModelEdit:
     """The zone of the route ``pick`` chooses counts per client address, not per principal."""
-    def edit(model: Model, plan: Plan) -> tuple[Model, str]:
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
         d = pick(plan)
         zones = list(getattr(model, attr))
         name = _zone_of(model, d, attr)
@@ -120,7 +120,7 @@ def _zone_by_address(attr: str, pick: core.Pick) -> ModelEdit:
     return edit
 
 
-def _zone_of(model: Model, d: Decision, attr: str) -> str:
+def _zone_of(model: NginxModel, d: Decision, attr: str) -> str:
     loc = next((loc for loc in model.locations if loc.route == d.path), None)
     block = next((b for b in (loc.blocks if loc else ()) if d.method in b.methods), None)
     name = block and (block.rate_zone if attr == "rate_zones" else block.conn_zone)
@@ -137,7 +137,7 @@ def _key_route(plan: Plan) -> Decision:
 def _program(pick: core.Pick, change: Callable[[list[Step]], list[Step]], what: str) -> ModelEdit:
     """The body check of the route ``pick`` chooses runs its rule program changed by ``change``
     (a new program; the other checks keep theirs)."""
-    def edit(model: Model, plan: Plan) -> tuple[Model, str]:
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
         d = pick(plan)
         loc = next((loc for loc in model.locations if loc.route == d.path), None)
         check = next((b.check for b in (loc.blocks if loc else ()) if d.method in b.methods), None)

@@ -148,7 +148,7 @@ class ProbeOptions:
 
 
 @dataclass(frozen=True)
-class Upstream:
+class WitnessRecord:
     """What the upstream witness recorded for one probe request (credentials as fingerprints)."""
 
     method: str
@@ -203,7 +203,7 @@ class Attempt:
     tries: int = 1                 # 1 for the first send of a case, 2.. for retries
     probe_id: str = ""             # correlates the request with the upstream witness's record
     subject: str = ""              # the plan decision or limit this attempt is evidence for
-    upstream: Upstream | None = None  # what reached the upstream (a witness run only)
+    upstream: WitnessRecord | None = None  # what reached the upstream (a witness run only)
     answer_body: str = ""          # the answer's body (latin-1) of a case with ``answer`` (first 8 KiB)
                                    # or ``read_answer`` (first 64 KiB)
 

@@ -46,9 +46,9 @@ from scanner.probe.interface import (
     ProbeResult,
     Started,
     Target,
-    Upstream,
     Vantage,
     Witnessed,
+    WitnessRecord,
 )
 from scanner.probe.owned import sealed_target
 from scanner.probe.pace import (
@@ -547,7 +547,7 @@ class _Run:
             return a
         return chk.review(self.ctx, case, seen_verdict(case, a, seen.get(a.probe_id)))
 
-    def finals(self, records: dict[str, Upstream] | None) -> tuple[PerCheck, list[Attempt]]:
+    def finals(self, records: dict[str, WitnessRecord] | None) -> tuple[PerCheck, list[Attempt]]:
         """Each sent case with its last attempt (witness verdicts applied), per check id; and
         the attempts the witness's view changed."""
         out: PerCheck = {}
@@ -604,7 +604,7 @@ async def run_probe(plan: Plan, target: Target, credentials: Sequence[Credential
                      options.client) for url in options.replicas]
     run = _Run(ctx, items, sender, options, schedule, tuple(others))
     reason = ""
-    records: dict[str, Upstream] | None = None
+    records: dict[str, WitnessRecord] | None = None
     try:
         reason = await _preflight(sender, ctx)
         if not reason:

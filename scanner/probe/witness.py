@@ -24,7 +24,7 @@ from scanner.plan.model import (
     VLLM_REQUEST_HEADERS,
 )
 from scanner.probe.cases import Case
-from scanner.probe.interface import Attempt, Upstream
+from scanner.probe.interface import Attempt, WitnessRecord
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and upgrade requests: never forwarded as the client sent them.
 HOP_BY_HOP: tuple[str, ...] = ("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization",
@@ -47,7 +47,7 @@ class WitnessError(Exception):
 
 
 async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False,
-                secret: str = "") -> dict[str, Upstream]:
+                secret: str = "") -> dict[str, WitnessRecord]:
     """probe id -> what the upstream saw, for the requests whose id starts with ``prefix`` (a
     run: ``"<run>-"``), or (``exact``) for the one request of that id. With ``secret``: from the
     witness inside vLLM (scanner/witness_asgi.py), a read MAC'd with it whose answer must carry
@@ -75,11 +75,11 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False,
             records = resp.json()["records"]
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise WitnessError(f"witness {base_url}: cannot read its records: {exc}") from None
-    out: dict[str, Upstream] = {}
+    out: dict[str, WitnessRecord] = {}
     for r in records:
         if prefix and not str(r["id"]).startswith(prefix):
             continue
-        out[str(r["id"])] = Upstream(
+        out[str(r["id"])] = WitnessRecord(
             method=str(r["method"]), path=str(r["path"]), query=str(r.get("query", "")),
             headers=tuple((str(k), str(v)) for k, v in r.get("headers", ()) if str(k) in WATCHED),
             body_bytes=int(r.get("body_bytes", 0)), body_sha256=str(r.get("body_sha256", "")),
@@ -88,7 +88,7 @@ async def fetch(base_url: str, prefix: str, timeout: float, exact: bool = False,
     return out
 
 
-def seen_verdict(case: Case, a: Attempt, seen: Upstream | None) -> Attempt:
+def seen_verdict(case: Case, a: Attempt, seen: WitnessRecord | None) -> Attempt:
     """``a`` with what the witness saw, and the verdict that follows from it (also for a
     request that got no answer: what reached the upstream is known all the same). A gRPC call
     goes to the gRPC listener, which the (HTTP) witness does not see: as answered."""

@@ -53,7 +53,7 @@ from scanner.witness_asgi import (
 MAX_KEPT = 200_000   # the records the stand-in keeps (a verify run's; the oldest go first)
 
 
-class Witness:
+class LoopbackWitness:
     """Wrap an ASGI app: record every HTTP request that reaches it (see the module docstring)."""
 
     def __init__(self, app: Any, max_records: int = MAX_KEPT, fetch_media: bool = False) -> None:

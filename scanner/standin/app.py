@@ -32,7 +32,7 @@ from scanner.inventory.model import VLLM_GUARDED_PREFIXES, Inventory
 from scanner.inventory.model import Route as InvRoute
 from scanner.plan.vllm_json import loads, reads_json
 from scanner.standin import openai_answers, stored
-from scanner.standin._witness import Witness
+from scanner.standin._witness import LoopbackWitness
 from scanner.state_changing import is_state_changing, validation_error
 
 STATS_PATH = "/__standin__/stats"
@@ -183,7 +183,7 @@ def build_app(inventory: Inventory, api_keys: tuple[str, ...] = (), fetch_media:
     the seconds between a stream's steps (scanner.standin.openai_answers); ``stream_end_delay``:
     the seconds a stream's body stays open after its last event (``[DONE]``)."""
     app, counters = _app(inventory, api_keys, stream_delay, stream_end_delay)
-    return cast(ASGIApp, Witness(app, fetch_media=fetch_media)), counters
+    return cast(ASGIApp, LoopbackWitness(app, fetch_media=fetch_media)), counters
 
 
 def _app(inventory: Inventory, api_keys: tuple[str, ...], stream_delay: float,

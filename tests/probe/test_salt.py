@@ -81,12 +81,12 @@ def test_forwarded_body_carries_the_salt_over_the_clients() -> None:
 
 def test_a_large_body_is_judged_by_the_witness_outline() -> None:
     from scanner.probe.checks.limits import body_received
-    from scanner.probe.interface import Upstream
+    from scanner.probe.interface import WitnessRecord
     sent = json.dumps({"model": "m", "pad": "a" * 70_000, "cache_salt": "mine"}).encode()
     want = {"model": "m", "pad": "a" * 70_000, "cache_salt": "s" * 64}
 
-    def seen(short: dict[str, object], keys: tuple[str, ...] = ("cache_salt", "model", "pad")) -> Upstream:
-        return Upstream("POST", "/", body_bytes=len(sent), outline={"keys": list(keys), "short": short})
+    def seen(short: dict[str, object], keys: tuple[str, ...] = ("cache_salt", "model", "pad")) -> WitnessRecord:
+        return WitnessRecord("POST", "/", body_bytes=len(sent), outline={"keys": list(keys), "short": short})
     assert body_received(sent, seen({"model": "m", "cache_salt": "s" * 64}), want) == ("proved", "")
     verdict, why = body_received(sent, seen({"model": "m", "cache_salt": "mine"}), want)
     assert verdict == "failed" and 'cache_salt: "mine" reached the upstream' in why

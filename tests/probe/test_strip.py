@@ -14,7 +14,7 @@ import pytest
 from scanner.plan.inputs import load_policy
 from scanner.policy.model import Policy
 from scanner.probe.checks.limits import body_received
-from scanner.probe.interface import ProbeOptions, ProbeResult, Upstream
+from scanner.probe.interface import ProbeOptions, ProbeResult, WitnessRecord
 from scanner.runtime.proxy import Proxy
 from tests.probe.realproxy import decided, probe_through, proxy_named
 
@@ -23,8 +23,8 @@ OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=(
 STRIP = {"cache_salt", "chat_template", "chat_template_kwargs"}
 
 
-def _seen(body: bytes, text: bool = True) -> Upstream:
-    return Upstream("POST", "/v1/chat/completions", body_bytes=len(body),
+def _seen(body: bytes, text: bool = True) -> WitnessRecord:
+    return WitnessRecord("POST", "/v1/chat/completions", body_bytes=len(body),
                     body_sha256=hashlib.sha256(body).hexdigest(), body=body.decode() if text else None)
 
 

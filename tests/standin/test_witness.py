@@ -11,7 +11,7 @@ import httpx
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.probe.witness import fetch
-from scanner.standin._witness import Witness
+from scanner.standin._witness import LoopbackWitness
 from scanner.standin.serve import StandinThread
 from scanner.witness_asgi import STANDIN_READ_PATH
 
@@ -23,7 +23,7 @@ async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def _records(ids: list[str]) -> list[dict[str, Any]]:
     async def run() -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=Witness(_ok)),
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=LoopbackWitness(_ok)),
                                      base_url="http://w") as client:
             for pid in ids:
                 assert (await client.post(f"/v1/x?vp_probe={pid}", content=b"{}")).status_code == 200

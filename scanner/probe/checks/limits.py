@@ -29,9 +29,9 @@ from scanner.probe.interface import (
     Attempt,
     Credential,
     Finding,
-    Upstream,
     Vantage,
     Verdict,
+    WitnessRecord,
 )
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.token_pace import light_body
@@ -600,7 +600,7 @@ def review_forwarded(ctx: CheckContext, case: Case, a: Attempt) -> Attempt:
     return a if verdict == "proved" else replace(a, verdict=verdict, why=why)
 
 
-def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: Upstream) -> str | None:
+def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: WitnessRecord) -> str | None:
     """The cache_salt the upstream must receive on ``d`` from ``cred`` ("" none; None: unknown
     sender). Without the secret: whatever 64-hex salt the witness saw (the "salt" subject then
     stays not proven), so the other fields of the body are still checked."""
@@ -629,7 +629,7 @@ def expected_salt(ctx: CheckContext, d: Decision, cred: Credential, seen: Upstre
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def body_received(sent: bytes, seen: Upstream, want: Mapping[str, object] | None) -> tuple[Verdict, str]:
+def body_received(sent: bytes, seen: WitnessRecord, want: Mapping[str, object] | None) -> tuple[Verdict, str]:
     """("proved" | "failed" | "inconclusive", why): did the upstream receive what the plan says
     for ``sent``: ``want`` (the JSON object :meth:`Plan.forwarded_body` gives), or ``sent``
     byte for byte when the plan changes nothing in it?"""

@@ -215,7 +215,7 @@ def media_routes(ctx: CheckContext, check: str) -> Iterator[tuple[Decision, Out,
 
 
 @register
-class Media(BaseCheck):
+class MediaCheck(BaseCheck):
     """Media URLs, data and embeddings in the bodies of every route the plan gives media rules."""
 
     id: ClassVar[str] = "media"

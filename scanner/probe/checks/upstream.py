@@ -25,7 +25,7 @@ from scanner.probe.coverage import Subject, na
 from scanner.probe.expect import Expectation, in_networks
 from scanner.probe.findings import group, make
 from scanner.probe.interface import Attempt, Credential, Finding, Vantage
-from scanner.probe.interface import Upstream as Seen
+from scanner.probe.interface import WitnessRecord as Seen
 from scanner.probe.registry import BaseCheck, CheckContext, Results, register
 from scanner.probe.safe import NEUTRAL_JSON
 from scanner.probe.witness import CONNECTION_NAMED, UNDERSCORED
