@@ -80,3 +80,30 @@ def test_no_stage_imports_a_later_one() -> None:
     upward = [(a, b) for a, bs in _graph().items() if a != "scanner" for b in bs
               if b != "scanner" and _stage(b) > _stage(a) and _stage(b) >= len(BASE)]
     assert not upward, upward
+
+
+MAX_NAMES_DEFINED_TWICE = 5
+
+
+def _class_definitions() -> dict[str, list[str]]:
+    """Every class name of scanner/ -> the modules defining a class of that name."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for name, f in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                out[node.name].append(name)
+    return out
+
+
+def test_one_name_per_concept() -> None:
+    """A class name defined in two places names two things: at most a few, none today (issue 29)."""
+    twice = {n: mods for n, mods in _class_definitions().items() if len(mods) > 1}
+    assert len(twice) <= MAX_NAMES_DEFINED_TWICE, twice
+
+
+def test_the_class_count_sees_every_definition() -> None:
+    """The walk finds classes wherever they are defined (a module's top level, inside a function)."""
+    found = _class_definitions()
+    assert found["Decision"] == ["scanner.plan.model"]
+    assert found["BaseCheck"] == ["scanner.probe.registry"]
+    assert len(found) > 300

@@ -8,7 +8,6 @@ together admit what the policy says (issue 21).
 Modules, one concept each:
 
 * ``config``   the zones file (kind rate | concurrency | tokens and their values), frozen models;
-* ``url``      the store's URL: one Redis, Sentinel (redis+sentinel://) or Cluster (redis+cluster://);
 * ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
 * ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
 * ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS) and
@@ -18,8 +17,11 @@ Modules, one concept each:
 * ``rls``      ShouldRateLimit: the descriptor scheme (and its envoyproxy/ratelimit mapping);
 * ``http_api`` the JSON door for njs (``/v1/acquire``, ``/v1/release``, ``/v1/settle``);
 * ``server``   one port, both doors (gRPC over h2c, sniffed by its preface; HTTP/1.1 with h11);
-* ``zones``    the zones file from a plan, a route's zones in order, the ``local`` per-replica share;
 * ``envoy_ratelimit`` the zones as an envoyproxy/ratelimit configuration (rate and token zones).
+
+Beside them: the store's URL (one Redis, Sentinel ``redis+sentinel://`` or Cluster
+``redis+cluster://``) is :mod:`scanner.store_url`; the zones file from a plan, a route's zones
+in order and the ``local`` per-replica share are :mod:`scanner.plan.zones`.
 
 Errors (in the project's tree, scanner/errors.py)::
 
