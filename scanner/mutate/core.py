@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
 from scanner.policy.model import FieldRules, Limits, Rate
+from scanner.probe.checks.load import stream_body
 from scanner.probe.checks.timeouts import provable
 
 # remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
@@ -208,6 +209,16 @@ def timed(plan: Plan) -> Decision:
 
 def limited(plan: Plan) -> Decision:
     return pick(plan, "with a concurrency limit", lambda d: d.limits.concurrency is not None)
+
+
+def limited_generation(plan: Plan) -> Decision:
+    """A route with a concurrency limit, one whose streams the plan admits first (the client can
+    hold a generation open there without a witness: scanner.probe.checks.load.stream_body)."""
+    try:
+        return pick(plan, "with a concurrency limit and streams", lambda d: d.limits.concurrency is not None
+                    and not d.state_changing and stream_body(d) is not None)
+    except NotApplicable:
+        return limited(plan)
 
 
 def plain_get(plan: Plan) -> Decision:
@@ -544,7 +555,8 @@ def plan_operators() -> tuple[PlanOperator, ...]:
                      "one route's burst x100", ("rate",),
                      on(rated, raised("burst", 100))),
         PlanOperator("concurrency-raised-x10", "raise", "a route with a concurrency limit",
-                     "one route's concurrency x10", ("concurrency",), on(limited, raised("concurrency", 10))),
+                     "one route's concurrency x10", ("concurrency",),
+                     on(limited_generation, raised("concurrency", 10))),
         PlanOperator("json-cap-raised-x100", "raise", "a route with JSON caps", "one route's JSON caps x100",
                      ("limits",), on(capped, raised("json_caps", 100))),
         PlanOperator("count-caps-raised-x10", "raise", "a route with count caps",

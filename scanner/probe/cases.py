@@ -50,6 +50,8 @@ class Case:
                                    # on a fresh connection: the listener must refuse it
     dribble: bool = False          # without a witness: held open by the client, its body's last byte
                                    # sent only after hold_ms (or an answer came first; scanner.probe.send)
+    stream_hold: bool = False      # without a witness: a stream held open by the client, its answer read
+                                   # until hold_ms after the send, then the connection closed (open_ms)
     answer: int = 0                # ask the witness upstream to answer this status itself (vp_answer);
                                    # the answer's body is kept in the attempt (answer_body)
     read_answer: bool = False      # keep the answer's body in the attempt (answer_body, first 64 KiB):

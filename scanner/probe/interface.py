@@ -206,6 +206,8 @@ class Attempt:
     upstream: WitnessRecord | None = None  # what reached the upstream (a witness run only)
     answer_body: str = ""          # the answer's body (latin-1) of a case with ``answer`` (first 8 KiB)
                                    # or ``read_answer`` (first 64 KiB)
+    open_ms: float = 0.0           # a stream held by the client (Case.stream_hold): how long its answer was
+                                   # still coming from the upstream when the client closed it (0: ended first)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _ATTEMPT_FIELDS}

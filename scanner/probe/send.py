@@ -172,6 +172,24 @@ class Sender:
         finally:
             conn.close()
 
+    async def _send_streamed(self, case: Case, start: float) -> tuple[int, Mapping[str, str], bytes, float]:
+        """A stream held open by the client (``Case.stream_hold``): the whole request sent, its
+        answer read until ``hold_ms`` after ``start``, then the connection closed. Also the
+        milliseconds its answer was still coming from the upstream when the client closed it,
+        counted from its head (0: it ended first, or no answer came): a stream's head comes from
+        the upstream, so it was being answered there that long (Envoy counts a request in flight
+        only once forwarded: the held body of Case.dribble never reaches its circuit breaker)."""
+        conn = await self._connect(case.vantage, case.credential)
+        deadline = start + case.hold_ms / 1000
+        try:
+            await conn.write(raw_request(case, self._host, self._prefix))
+            status, headers = await conn.head(case.send_method)
+            head_at = time.monotonic()   # a head only after the hold (queued) was not being answered in it
+            still = status < 300 and head_at < deadline and await conn.read_until(deadline)
+            return status, headers, conn.body, (time.monotonic() - head_at) * 1000 if still else 0.0
+        finally:
+            conn.close()
+
     async def _offer(self, case: Case, start: float) -> Attempt:
         """A handshake offering only ``case.tls_offer``, then the case's request if it completed:
         the error TLS_REFUSED when the listener refused it, CANNOT_OFFER when this host's TLS
@@ -218,6 +236,11 @@ class Sender:
                 status, headers, h2 = await _bounded(self._send_h2c(case), self.timeout_for(case))
                 a = _attempt(case, start, status=status, headers=headers)
                 return replace(a, error=H2_SPOKEN) if h2 else a
+            if case.stream_hold and self.factory is None:
+                status, headers, body, open_ms = await _bounded(self._send_streamed(case, start),
+                                                                self.timeout_for(case))
+                a = _attempt(case, start, status=status, headers=headers)
+                return replace(a, open_ms=round(open_ms, 2))
             if case.dribble and self.factory is None:
                 status, headers, body = await _bounded(self._send_dribbled(case), self.timeout_for(case))
             elif not self.use_httpx or (case.raw and self.factory is None):
@@ -443,6 +466,44 @@ class _Conn:
                 return status, headers, keep
             elif isinstance(event, h11.ConnectionClosed):
                 raise ConnectionError("connection closed without an answer")
+
+    async def head(self, method: str) -> tuple[int, dict[str, str]]:
+        """(status, headers in lower case) of the next answer, its body left to read."""
+        self.h11.send(h11.Request(method=method, target="/", headers=[("Host", "probe")]))
+        self.h11.send(h11.EndOfMessage())
+        self.body = b""
+        while True:
+            event = await self._event()
+            if isinstance(event, h11.Response):
+                return event.status_code, {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+            if isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("connection closed without an answer")
+
+    async def read_until(self, deadline: float) -> bool:
+        """Read the answer's body (its first READ_KEPT bytes kept) until it ends (False) or the
+        monotonic ``deadline`` passes with more still to come (True)."""
+        while True:
+            try:
+                event = await _bounded(self._event(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return True
+            if isinstance(event, h11.Data) and len(self.body) < READ_KEPT:
+                self.body += bytes(event.data[:READ_KEPT - len(self.body)])
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return False
+
+    async def _event(self) -> Any:
+        """The next h11 event, reading from the connection as needed."""
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if self.eof:
+                raise ConnectionError("connection closed without a complete answer")
+            data = await self.reader.read(65536)
+            if not data:
+                self.eof = True
+            self.h11.receive_data(data)
 
     def close(self) -> None:
         self.writer.close()

@@ -21,14 +21,16 @@ a second principal or address that subject is not proven, and says what to pass.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from scanner import reasons as R
 from scanner.generate.envoy_model import bucket
 from scanner.generate.nginx_model import enforced_rps
+from scanner.plan import body as plan_body
 from scanner.plan.model import Decision
 from scanner.policy.model import Rate
 from scanner.probe import coverage as cov
@@ -50,6 +52,16 @@ FOLLOW_WINDOW_S = 1.0
 UNCOUNTED = ("every request held open by its client was let through, and no zone of this run refused one: "
              "this proxy counts a request only once it is forwarded (Envoy buffers the body first); "
              "in flight at the upstream needs a witness (--witness)")
+# ... so on a zone with a generation route the client holds streams instead: each request whole, its
+# answer read until the hold ends (Case.stream_hold). A stream's head comes from the upstream, so an
+# answer still coming when the client closes it was in flight there (Attempt.open_ms), whichever
+# proxy counts it: more of them at once than the limit is the limit raised.
+STREAM_PROMPT = "Count from one to one thousand, one number a line."
+STREAM_ITEMS = {"messages": [{"role": "user", "content": STREAM_PROMPT}], "prompt": STREAM_PROMPT,
+                "input": STREAM_PROMPT}
+SHORT_STREAMS = ("{ended} of {n} streams were not being answered when the client's hold ended (answered "
+                 "whole before it, or only after it: queued), and none was refused: a generation that "
+                 "outlasts the hold needs a served model")
 
 Assessment = tuple[CoverageStatus, str, int]
 Assessed = tuple[Assessment, list[Attempt]]
@@ -164,6 +176,24 @@ def representative(ctx: CheckContext, decisions: Sequence[Decision]) -> Decision
     usable = [d for d in decisions if not d.state_changing or ctx.options.allow_state_changes]
     usable.sort(key=lambda d: (d.method != "GET", d.method not in ("POST", "GET"), d.path))
     return next((d for d in usable if ctx.allowed_cell(d)), None)
+
+
+def stream_body(d: Decision) -> bytes | None:
+    """A stream request ``d`` admits as sent that the upstream generates for: on a generation route
+    (its model takes ``stream_options`` and the plan gives it an output budget) whose first item
+    field is a conversation or a prompt, ``"stream": true`` and the output budget at its cap (the
+    stream lasts as long as the plan lets a generation run); None when there is no such body."""
+    budget = d.enforced_budget
+    items = [f for f, _rule in d.envelope_spec.items if f in STREAM_ITEMS]
+    if not d.envelope_spec.ask_usage or budget is None or not items or d.fields.mode("stream") != "allow" \
+            or "stream" in d.fields.pins:
+        return None
+    doc: dict[str, object] = {items[0]: STREAM_ITEMS[items[0]], "stream": True}
+    if "." not in budget.field and d.fields.mode(budget.field) == "allow":
+        doc[budget.field] = budget.cap
+    raw = json.dumps(doc).encode()
+    judged = plan_body.judge(d, raw, salt="0" * 64 if d.salt else "")
+    return None if judged.refused else raw
 
 
 def phased(case: Case, phase: int, reasons: tuple[str, ...], burst: str = "", hold_ms: int = 0,
@@ -411,6 +441,25 @@ class Concurrency(ZoneCheck):
                                       f"(more than {MAX_HOLD_S:.0f}s)")
         return s
 
+    def layout(self, ctx: CheckContext) -> list[Zone]:
+        """Without a witness a zone with a generation route is exercised on it (the first by path
+        whose streams the plan admits, :func:`stream_body`): the client holds streams there."""
+        out = super().layout(ctx)
+        return out if ctx.witness else [self._streamed(ctx, z) for z in out]
+
+    @staticmethod
+    def _streamed(ctx: CheckContext, z: Zone) -> Zone:
+        found = sorted((d for d in z.decisions if (not d.state_changing or ctx.options.allow_state_changes)
+                        and stream_body(d) is not None and ctx.allowed_cell(d)), key=lambda d: d.path)
+        if not found or found[0] is z.rep:
+            return z
+        return replace(z, rep=found[0], cell=ctx.allowed_cells(found[0])[0])
+
+    @staticmethod
+    def streams(ctx: CheckContext, z: Zone) -> bytes | None:
+        """The body of the streams the client holds on the zone's route (None: held bodies)."""
+        return None if ctx.witness or z.rep is None else stream_body(z.rep)
+
     def held(self, ctx: CheckContext, z: Zone) -> int:
         """Requests in flight at once: the held ones and one per checkable member."""
         other = z.other(ctx)
@@ -418,17 +467,27 @@ class Concurrency(ZoneCheck):
             (1 if other is not None and other[1] is not None else 0)
 
     def on_rep(self, ctx: CheckContext, z: Zone) -> int:
-        """Requests held on the zone's route: with a witness 2 x limit + 2 (Envoy queues up to the
-        limit more); without one limit + 1 held by the client (a queued one is never forwarded)."""
+        """Requests held on the zone's route: with a witness, or streams held by the client, 2 x
+        limit + 2 (Envoy queues up to the limit more); else limit + 1 held by the client (a queued
+        one is never forwarded)."""
         limit = (z.rep.limits.concurrency if z.rep else 0) or 0
-        return 2 * limit + 2 if ctx.witness else limit + 1
+        return 2 * limit + 2 if ctx.witness or self.streams(ctx, z) is not None else limit + 1
 
     def held_case(self, ctx: CheckContext, case: Case, z: Zone, hold_ms: int) -> Case:
-        """``case`` held ``hold_ms`` by the witness, or without one by the client: its body's last
-        byte sent only then (a GET gets ``{}``; the request is still vLLM's to answer)."""
+        """``case`` held ``hold_ms`` by the witness, or without one by the client: on a zone with
+        streams, the zone's route a stream read until then and its other routes and the other
+        principal sent whole while the streams run; else its body's last byte sent only then (a
+        GET gets ``{}``; the request is still vLLM's to answer)."""
         held = phased(case, 1, ("concurrency",), hold_ms=hold_ms, hold_group=z.key)
         if ctx.witness:
             return held
+        streamed = self.streams(ctx, z)
+        if streamed is not None:   # the zone's route: a stream; the others plain, while the streams run
+            if z.rep is None or (case.path, case.subject) != (z.rep.path, z.key):
+                return replace(held, hold_ms=0, hold_group="")
+            headers = tuple((k, v) for k, v in held.headers if k.lower() != "content-type")
+            return replace(held, body=streamed, json_body=True, as_sent=True, stream_hold=True,
+                           headers=(*headers, ("Content-Type", "application/json")))
         if held.body is None:
             held = replace(held, body=b"{}", headers=(*held.headers, ("Content-Type", "application/json")))
         return replace(held, dribble=True)
@@ -443,7 +502,8 @@ class Concurrency(ZoneCheck):
             if hold > MAX_HOLD_S:
                 continue
             n, hold_ms = self.on_rep(ctx, z), math.ceil(hold * 1000)
-            by = "" if ctx.witness else ", by the client"
+            by = ("" if ctx.witness else ", a stream held by the client" if self.streams(ctx, z)
+                  else ", by the client")
             lead = None
             for i in range(n):
                 base = ctx.case(self.id, d.method, d.path, cell[0], cell[1], "limit", subject=z.key,
@@ -470,7 +530,8 @@ class Concurrency(ZoneCheck):
         out = super().assessed(ctx, results)
         every = [a for _c, a in results]
         if not ctx.witness:
-            return self.uncounted(out)
+            streamed = {z.key for z in self.layout(ctx) if self.streams(ctx, z) is not None}
+            return self.uncounted(out, streamed)
         for z in self.layout(ctx):
             limit = z.rep.limits.concurrency if z.rep else None
             if limit is None or z.key not in out:
@@ -484,21 +545,57 @@ class Concurrency(ZoneCheck):
         return out
 
     @staticmethod
-    def uncounted(out: dict[str, Assessed]) -> dict[str, Assessed]:
+    def uncounted(out: dict[str, Assessed], streamed: Collection[str] = ()) -> dict[str, Assessed]:
         """Without a witness: a zone that let every request held open by the client through fails
         only when another zone of the run showed that this proxy counts such requests (refused
-        one for concurrency); else it is not proven (:data:`UNCOUNTED`)."""
-        def counts(a: Assessed) -> bool:
-            return any(R.proves("concurrency", x.status, x.reason) for x in a[1])
+        one for concurrency: a refused stream shows nothing of held bodies); else it is not proven
+        (:data:`UNCOUNTED`). The subjects of a zone of ``streamed`` (streams held by the client)
+        fail on the upstream's own evidence: left as judged."""
+        def held(key: str) -> bool:   # a subject of a zone whose bodies the client held
+            return not any(key == s or key.startswith(s + " ") for s in streamed)
 
-        if any(counts(a) for a in out.values()):
+        if any(R.proves("concurrency", x.status, x.reason) for k, a in out.items() if held(k) for x in a[1]):
             return out
-        return {k: ((("not-proven", UNCOUNTED, a[0][2]), a[1]) if a[0][0] == "failed" else a)
+        return {k: ((("not-proven", UNCOUNTED, a[0][2]), a[1]) if a[0][0] == "failed" and held(k) else a)
                 for k, a in out.items()}
+
+    @staticmethod
+    def answering(streams: Sequence[Attempt], start: float, end: float) -> int:
+        """How many of ``streams`` were being answered by the upstream from ``start`` to ``end``."""
+        return sum(1 for a in streams if a.open_ms > 0 and answered_at(a) - a.open_ms / 1000 <= start
+                   and answered_at(a) >= end)
+
+    @staticmethod
+    def answered_at_once(attempts: Sequence[Attempt]) -> int:
+        """The most streams whose answers were coming from the upstream at the same moment: each
+        from its head (closed at ``sent_at + latency_ms``, open ``open_ms`` before) to its close."""
+        edges = sorted(e for a in attempts if a.open_ms > 0 for e in (
+            (answered_at(a) - a.open_ms / 1000, 1), (answered_at(a), -1)))
+        most = now = 0
+        for _at, step in edges:   # a close sorts before an opening at the same instant
+            now += step
+            most = max(most, now)
+        return most
 
     def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         limited = [a for a in attempts if R.proves("concurrency", a.status, a.reason)]
+        limit = (z.rep.limits.concurrency if z.rep else 0) or 0
+        if self.streams(ctx, z) is not None:
+            at_once = self.answered_at_once(attempts)
+            if at_once > limit:
+                return "failed", (f"{at_once} streams were being answered by the upstream at once (held "
+                                  f"open by the client) where the plan allows {limit}: the limit is above "
+                                  "the plan"), n
+            if limited:
+                return "proved", (f"{len(limited)} of {n} streams held by the client refused for concurrency "
+                                  f"(at most {at_once} answered at once)"), n
+            ended = sum(1 for a in attempts if a.outcome == "reached" and a.open_ms == 0)
+            if ended:
+                return "not-proven", SHORT_STREAMS.format(ended=ended, n=n), n
+            other = next((a for a in attempts if a.verdict != "proved" or a.outcome != "reached"), None)
+            return "not-proven", (other.why if other else "") or (
+                f"at most {at_once} streams answered at once and none refused"), n
         if limited:
             return "proved", f"{len(limited)} of {n} held requests refused for concurrency", n
         if all(a.verdict == "proved" and a.outcome == "reached" for a in attempts):
@@ -516,6 +613,12 @@ class Concurrency(ZoneCheck):
         early = member_failure(attempts)
         if early is not None:
             return early
+        limit = (z.rep.limits.concurrency if z.rep else 0) or 0
+        if self.streams(ctx, z) is not None:   # let through: was the zone full all the while?
+            if all(self.answering(zone, a.sent_at, answered_at(a)) >= limit for a in attempts):
+                return "failed", (f"let through while {limit} streams to {where} were being answered (the "
+                                  "zone full): this route does not count against the zone's limit"), n
+            return "not-proven", f"the streams held on {where} did not fill the zone while it was sent", n
         if not any(R.proves("concurrency", a.status, a.reason) for a in zone):
             return "not-proven", f"the requests held on {where} did not fill the zone", n
         return "failed", (f"let through while the zone was full (requests held on {where} were refused "
