@@ -8,8 +8,11 @@ import http.client
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
+
+from redis import Redis
 
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
@@ -82,6 +85,22 @@ class FleetStack:
         self.fleet.stop()
         self.standin.__exit__(None, None, None)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def slots_held(self) -> int:
+        """How many concurrency slots the fleet's store holds now (every principal, every zone)."""
+        with Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=2) as redis:
+            return sum(int(redis.zcard(k)) for k in redis.scan_iter(match="*:s", count=1000))
+
+    def released(self, timeout_s: float = 3.0) -> None:
+        """Wait until no slot is held (at most ``timeout_s``): a slot is released when its stream
+        ends, off the client's path (Envoy ``apply_on_stream_done``, NGINX ``post_action``), so a
+        client's next request can reach the limiter before its last one's release does (on a
+        busy machine, two releases late refuse a sequential third request 429 ``concurrency``
+        at a concurrency of 2, and that refusal still counts in the rate zone before it)."""
+        end = time.monotonic() + timeout_s
+        while self.slots_held() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not self.slots_held(), "slots still held after their requests ended"
 
     def open(self, replica: int, method: str = "GET", path: str = "/v1/models",
              body: dict[str, object] | None = None, who: Credential | None = None) -> http.client.HTTPResponse:
