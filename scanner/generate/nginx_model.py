@@ -148,6 +148,43 @@ class BodyCheck:
 
 
 @dataclass(frozen=True)
+class BlockWeakening:
+    """A mutation operator's switches on one block (scanner/mutate/nginx.py). The generator sets
+    none: every switch off is the plan's config."""
+
+    method_unchecked: bool = False      # no ``if`` on the request method (nor the dispatch on it)
+    rate_dry_run: bool = False          # limit_req_dry_run on: NGINX only logs what it would refuse
+    conn_dry_run: bool = False          # limit_conn_dry_run on
+    principal_from_client: bool = False  # the principal header forwarded as the client sent it
+    upgrade: bool = False               # Upgrade and Connection "upgrade" passed on (a plain route)
+    raw_target: bool = False            # proxy_pass without a URI or rewrite: the raw request target
+    checked_errors_passed: bool = False  # <up>_checked: vLLM's 5xx bodies reach the client
+    checked_timeout: str = ""           # <up>_checked: this upstream timeout, not the block's
+
+
+@dataclass(frozen=True)
+class Weakening:
+    """A mutation operator's switches on the whole config (scanner/mutate/nginx.py). The generator
+    sets none: every switch off is the plan's config."""
+
+    rate_dry_run: bool = False          # limit_req_dry_run on for the server
+    real_ip_from_anyone: bool = False   # the client address from X-Forwarded-For, whoever sends it
+    host_from_client: bool = False      # the client's Host forwarded upstream
+    h2c: bool = False                   # the plain listener also speaks HTTP/2 (prior knowledge)
+    grpc_accepted: bool = False         # no application/grpc refusal
+    catch_all_proxied: bool = False     # location / proxies instead of answering 404
+    exposed: tuple[str, ...] = ()       # matches of proxying locations added after location /
+    tls_legacy: bool = False            # TLS 1.0 / 1.1 and every cipher suite on the listener
+    cert_any_ca: bool = False           # client certificates from any CA, the verification unread
+    tokens_uncharged: bool = False      # njs charges no token budget ($perimeter_tokens empty)
+    unsettled: bool = False             # no settlement body filter (js_body_filter perimeter.settle)
+    any_key: tuple[str, str] | None = None   # (principal, role) an unknown key is taken for
+    client_headers: bool = False        # proxy_pass_request_headers on: every client header passed
+    upstream_key_dropped: bool = False  # vLLM's own key not sent upstream
+    from_client: tuple[str, ...] = ()   # headers forwarded as the client sent them
+
+
+@dataclass(frozen=True)
 class Block:
     """One set of checks and one way to proxy: the body of a location."""
 
@@ -191,6 +228,7 @@ class Block:
     local_conn_zone: str = ""
     local_conn: int = 0
     local_tokens: str = ""      # the share's token spec (BodyCheck.tokens' form); "" none
+    weak: BlockWeakening = BlockWeakening()   # a mutation operator's switches (none set here)
 
 
 @dataclass(frozen=True)
@@ -275,6 +313,7 @@ class NginxModel:
     # njs >= 0.8.1 with the limiter: this NGINX says it is alive this often (js_periodic
     # perimeter.heartbeat), so its slots are renewed while it lives (0: none)
     heartbeat_ms: int = 0
+    weak: Weakening = Weakening()   # a mutation operator's switches (none set here)
 
 
 # --- validation helpers ------------------------------------------------------------------

@@ -5,6 +5,7 @@ perimeter-http.conf / perimeter-proxy.conf / principals map."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -13,7 +14,7 @@ from pathlib import Path
 import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_model import HTTP, MAIN, PRINCIPALS, PROXY, Location, NginxModel, build_model
+from scanner.generate.nginx_model import MAIN, PRINCIPALS, Block, Location, NginxModel, build_model
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
@@ -57,9 +58,14 @@ def _op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ..
 
 
 def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
-              edit: ModelEdit, needs: str = "") -> None:
-    register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches,
-                      lambda directory, plan: render(directory, plan, edit), needs))
+              edit: ModelEdit, needs: str = "", applies: Callable[[Plan], object] | None = None) -> None:
+    """An operator that renders the plan from the generator's model changed by ``edit``;
+    ``applies`` (the plan alone) may say NotApplicable before anything is read."""
+    def apply(directory: Path, plan: Plan) -> str:
+        if applies is not None:
+            applies(plan)
+        return render(directory, plan, edit)
+    register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches, apply, needs))
 
 
 # --- model edits: one location's match, one zone's key ---------------------------------------
@@ -182,133 +188,79 @@ _model_op("conn-zone-by-address", "source", "a concurrency zone counted per prin
           _zone_by_address("conn_zones", _key_route))
 
 
-# --- text edits of the rendered files --------------------------------------------------------
+# --- switches of the generator's model: Weakening (the config), BlockWeakening (a route's blocks) --
 
-def _read(directory: Path, name: str) -> str:
-    return (directory / name).read_text(encoding="utf-8")
-
-
-def _write(directory: Path, name: str, old: str, new: str) -> None:
-    if old == new:
-        raise NotApplicable(f"{name}: nothing to change")
-    (directory / name).write_text(new, encoding="utf-8")
-
-
-def _route_span(text: str, route: str) -> tuple[int, int]:
-    """The part of perimeter-http.conf that serves ``route``: from its comment to the next."""
-    start = text.find(f"\n    # {route}: ")
-    if start < 0:
-        raise NotApplicable(f"no location for {route}")
-    end = text.find("\n    # ", start + 1)
-    return start, end if end > 0 else len(text)
+def _weaken(what: str, **switches: object) -> ModelEdit:
+    """The whole config with the given :class:`Weakening` switches."""
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+        weak = replace(model.weak, **switches)  # type: ignore[arg-type]
+        if weak == model.weak:
+            raise NotApplicable(f"{what}: nothing to change")
+        return replace(model, weak=weak), what
+    return edit
 
 
-def _edit_route(directory: Path, route: str, edit: Callable[[str], str]) -> None:
-    text = _read(directory, HTTP)
-    a, b = _route_span(text, route)
-    _write(directory, HTTP, text, text[:a] + edit(text[a:b]) + text[b:])
+def _weaken_route(pick: core.Pick, what: str, checked: bool = False,
+                  switches: Callable[[Block], dict[str, object]] | None = None, **fixed: object) -> ModelEdit:
+    """The blocks of the route ``pick`` chooses (``checked``: only the block forwarding its method's
+    checked bodies, ``<up>_checked``) with the given :class:`BlockWeakening` switches."""
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+        d = pick(plan)
 
-
-def _drop_lines(pattern: str) -> Callable[[str], str]:
-    rx = re.compile(r"\n[ \t]*" + pattern + r"[^\n]*")
-    return lambda block: rx.sub("", block)
-
-
-def _after_lines(pattern: str, line: str) -> Callable[[str], str]:
-    """``line`` after each line matching ``pattern`` (same indentation)."""
-    rx = re.compile(r"(\n([ \t]*)" + pattern + r"[^\n]*)")
-    return lambda block: rx.sub(lambda m: f"{m.group(1)}\n{m.group(2)}{line}", block)
-
-
-def _insert_location(directory: Path, location: str) -> None:
-    """Add a location just before the generated ones (after ``location /``)."""
-    text = _read(directory, HTTP)
-    anchor = "        return 404;\n    }\n"
-    at = text.index("    location / {")
-    at = text.index(anchor, at) + len(anchor)
-    _write(directory, HTTP, text, text[:at] + location + text[at:])
-
-
-def _proxying(target: str) -> str:
-    return (f"        proxy_pass {target};\n        proxy_set_header Host $proxy_host;\n"
-            "        proxy_set_header Connection \"\";\n        include \"perimeter-proxy.conf\";\n")
+        def change(loc: Location) -> Location:
+            blocks = []
+            for b in loc.blocks:
+                if not checked or (b.check is not None and d.method in b.methods):
+                    more = switches(b) if switches is not None else {}
+                    b = replace(b, weak=replace(b.weak, **fixed, **more))  # type: ignore[arg-type]
+                blocks.append(b)
+            return replace(loc, blocks=tuple(blocks))
+        if checked and not any(b.check is not None and d.method in b.methods
+                               for loc in model.locations if loc.route == d.path for b in loc.blocks):
+            raise NotApplicable(f"{where(d)}: no location forwarding checked bodies as sent")
+        new, _ = _location(model, d, change, what)
+        return new, f"{where(d)}: {what}" if what else where(d)
+    return edit
 
 
 # switch: the limit stays written, NGINX only logs what it would refuse
 
-@_op("rate-dry-run", "switch", "a rate-limited route (per principal)",
-     "limit_req_dry_run on in one route's location", ("rate",))
-def _rate_dry_run(directory: Path, plan: Plan) -> str:
-    d = core.rated_by_principal(plan)
-    _edit_route(directory, d.path, _after_lines(r"limit_req zone=", "limit_req_dry_run on;"))
-    return f"{where(d)}: limit_req_dry_run on"
+_model_op("rate-dry-run", "switch", "a rate-limited route (per principal)",
+          "limit_req_dry_run on in one route's location", ("rate",),
+          _weaken_route(core.rated_by_principal, "limit_req_dry_run on", rate_dry_run=True))
+_model_op("rate-dry-run-address", "switch", "a rate-limited route (per client address)",
+          "limit_req_dry_run on in one auth-none route's location", ("rate",),
+          _weaken_route(core.rated_by_address, "limit_req_dry_run on", rate_dry_run=True))
+_model_op("conn-dry-run", "switch", "a route with a concurrency limit",
+          "limit_conn_dry_run on in one route's location", ("concurrency",),
+          _weaken_route(core.limited, "limit_conn_dry_run on", conn_dry_run=True))
 
 
-@_op("rate-dry-run-address", "switch", "a rate-limited route (per client address)",
-     "limit_req_dry_run on in one auth-none route's location", ("rate",))
-def _rate_dry_run_address(directory: Path, plan: Plan) -> str:
-    d = core.rated_by_address(plan)
-    _edit_route(directory, d.path, _after_lines(r"limit_req zone=", "limit_req_dry_run on;"))
-    return f"{where(d)}: limit_req_dry_run on"
-
-
-@_op("conn-dry-run", "switch", "a route with a concurrency limit",
-     "limit_conn_dry_run on in one route's location", ("concurrency",))
-def _conn_dry_run(directory: Path, plan: Plan) -> str:
-    d = core.limited(plan)
-    _edit_route(directory, d.path, _after_lines(r"limit_conn perimeter_conn_", "limit_conn_dry_run on;"))
-    return f"{where(d)}: limit_conn_dry_run on"
-
-
-@_op("rate-dry-run-server", "switch", "the server", "limit_req_dry_run on for the whole server", ("rate",))
-def _rate_dry_run_server(directory: Path, plan: Plan) -> str:
+def _rate_dry_run_server(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     core.rated(plan)
-    text = _read(directory, HTTP)
-    _write(directory, HTTP, text, text.replace("    limit_req_status 429;\n",
-                                               "    limit_req_status 429;\n    limit_req_dry_run on;\n", 1))
-    return "limit_req_dry_run on (server)"
+    return _weaken("limit_req_dry_run on (server)", rate_dry_run=True)(model, plan)
+
+
+_model_op("rate-dry-run-server", "switch", "the server", "limit_req_dry_run on for the whole server",
+          ("rate",), _rate_dry_run_server)
 
 
 # source: a fact the perimeter decides taken from the client
 
-@_op("network-from-forwarding-header", "source", "the server", "client address taken from X-Forwarded-For",
-     ("spoof", "matrix"))
-def _n_xff(directory: Path, plan: Plan) -> str:
-    text = _read(directory, HTTP)
-    new = text.replace("    server_name _;\n", "    server_name _;\n    set_real_ip_from 0.0.0.0/0;\n"
-                       "    set_real_ip_from ::/0;\n    real_ip_header X-Forwarded-For;\n", 1)
-    _write(directory, HTTP, text, new)
-    return "set_real_ip_from everywhere"
-
-
-@_op("host-from-client", "source", "every proxying location", "the client's Host forwarded upstream",
-     ("upstream",))
-def _n_host(directory: Path, plan: Plan) -> str:
-    text = _read(directory, HTTP)
-    new = re.sub(r"proxy_set_header Host [^;\n]+;", "proxy_set_header Host $http_host;", text)
-    _write(directory, HTTP, text, new)
-    return "proxy_set_header Host $http_host"
-
-
-@_op("principal-header-from-client", "source", "a GET route",
-     "one route takes the principal header from the client", ("upstream",))
-def _n_principal(directory: Path, plan: Plan) -> str:
-    d = core.plain_get(plan)
-    _edit_route(directory, d.path, lambda b: b.replace(
-        "proxy_set_header X-Perimeter-Principal $perimeter_principal;",
-        "proxy_set_header X-Perimeter-Principal $http_x_perimeter_principal;").replace(
-        'proxy_set_header X-Perimeter-Principal "";',
-        "proxy_set_header X-Perimeter-Principal $http_x_perimeter_principal;"))
-    return where(d)
+_model_op("network-from-forwarding-header", "source", "the server",
+          "client address taken from X-Forwarded-For", ("spoof", "matrix"),
+          _weaken("set_real_ip_from everywhere", real_ip_from_anyone=True))
+_model_op("host-from-client", "source", "every proxying location", "the client's Host forwarded upstream",
+          ("upstream",), _weaken("proxy_set_header Host $http_host", host_from_client=True))
+_model_op("principal-header-from-client", "source", "a GET route",
+          "one route takes the principal header from the client", ("upstream",),
+          _weaken_route(core.plain_get, "", principal_from_client=True))
 
 
 # remove: a check the plan has no separate word for (the method test, the njs module)
 
-@_op("method-check-removed", "remove", "a GET route", "one route's method check removed", ("matrix",))
-def _n_method(directory: Path, plan: Plan) -> str:
-    d = core.plain_get(plan)
-    _edit_route(directory, d.path, _drop_lines(r"if \(\$request_method !?[=~]"))
-    return where(d)
+_model_op("method-check-removed", "remove", "a GET route", "one route's method check removed", ("matrix",),
+          _weaken_route(core.plain_get, "", method_unchecked=True))
 
 
 _model_op("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
@@ -322,29 +274,28 @@ _model_op("budget-not-enforced", "remove", "a route with an output budget",
           _program(core.budgeted, _without("budget"), "rule program without budget"))
 
 
-@_op("token-budget-removed", "remove", "a token zone",
-     "one token zone's budget removed (njs charges nothing)", ("token-budget",),
-     needs="limits.tokens_per_minute")
-def _n_tokens(directory: Path, plan: Plan) -> str:
+def _tokens_uncharged(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     d = core.token_budgeted(plan)
-    text = _read(directory, HTTP)
-    at = text.find("map $perimeter_check $perimeter_tokens {")
-    if at < 0:
+    if not model.token_zones:
         raise NotApplicable("no token budget in the config")
-    end = text.index("\n}", at)
-    _write(directory, HTTP, text, text[:at] + re.sub(r'(\n    c\d+ )"[^"\n]*";', r'\1"";', text[at:end])
-           + text[end:])
-    return f"{d.token_zone} ({where(d)})"
+    return _weaken(f"{d.token_zone} ({where(d)})", tokens_uncharged=True)(model, plan)
 
 
-@_op("settlement-skipped", "remove", "the token-budget locations",
-     "no answer settles its charge (the njs body filter removed: every request keeps its admitted "
-     "envelope)", ("token-budget",), needs="limits.tokens_per_minute")
-def _n_settle(directory: Path, plan: Plan) -> str:
+_model_op("token-budget-removed", "remove", "a token zone",
+          "one token zone's budget removed (njs charges nothing)", ("token-budget",), _tokens_uncharged,
+          needs="limits.tokens_per_minute")
+
+
+def _unsettled(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     d = core.token_budgeted(plan)
-    text = _read(directory, HTTP)
-    _write(directory, HTTP, text, re.sub(r"\n *js_body_filter perimeter\.settle[^;\n]*;", "", text))
-    return f"{d.token_zone} ({where(d)}): js_body_filter removed"
+    if not any(b.check is not None and b.check.tokens for loc in model.locations for b in loc.blocks):
+        raise NotApplicable("no location settles a token budget")
+    return _weaken(f"{d.token_zone} ({where(d)}): js_body_filter removed", unsettled=True)(model, plan)
+
+
+_model_op("settlement-skipped", "remove", "the token-budget locations",
+          "no answer settles its charge (the njs body filter removed: every request keeps its admitted "
+          "envelope)", ("token-budget",), _unsettled, needs="limits.tokens_per_minute")
 
 
 @_op("ownership-unbound", "remove", "the njs module's response seal",
@@ -358,174 +309,109 @@ def _n_unbound(directory: Path, plan: Plan) -> str:
     return "ownerTag computed without the principal"
 
 
-@_op("any-key-accepted", "remove", "the principals map",
-     "an unknown key is taken for a principal", ("matrix",))
-def _n_any_key(directory: Path, plan: Plan) -> str:
-    text = _read(directory, PRINCIPALS)
+def _any_key(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     first = sorted(plan.principals, key=lambda p: p.name)
     if not first:
         raise NotApplicable("no principals")
-    new = text.replace('map $perimeter_key_hash $perimeter_principal {\n    default "";',
-                       f'map $perimeter_key_hash $perimeter_principal {{\n    default "{first[0].name}";', 1)
-    new = new.replace('map $perimeter_key_hash $perimeter_role {\n    default "";',
-                      f'map $perimeter_key_hash $perimeter_role {{\n    default "{first[0].role}";', 1)
-    _write(directory, PRINCIPALS, text, new)
-    return f"unknown keys -> {first[0].name}"
+    return _weaken(f"unknown keys -> {first[0].name}", any_key=(first[0].name, first[0].role))(model, plan)
+
+
+_model_op("any-key-accepted", "remove", "the principals map", "an unknown key is taken for a principal",
+          ("matrix",), _any_key)
 
 
 # expose: something outside the allowlist reachable
 
-@_op("prefix-location-added", "expose", "the routes under /v1/",
-     "a prefix location proxies everything under /v1/", ("bypass", "sweep"))
-def _n_prefix(directory: Path, plan: Plan) -> str:
-    _insert_location(directory, "    location /v1/ {\n" + _proxying("http://vllm_upstream") + "    }\n")
-    return "location /v1/"
+def _exposed(match: Callable[[Plan], str], what: Callable[[Plan], str]) -> ModelEdit:
+    """A proxying location ``match`` after ``location /``."""
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+        return _weaken(what(plan), exposed=(*model.weak.exposed, match(plan)))(model, plan)
+    return edit
 
 
-@_op("regex-location-added", "expose", "a denied route",
-     "a regex location proxies a denied route", ("matrix",))
-def _n_regex(directory: Path, plan: Plan) -> str:
-    path = core.denied_path(plan)
-    _insert_location(directory, f'    location ~ "^{re.escape(path)}" {{\n'
-                     + _proxying("http://vllm_upstream") + "    }\n")
-    return f"location ~ ^{path}"
+_model_op("prefix-location-added", "expose", "the routes under /v1/",
+          "a prefix location proxies everything under /v1/", ("bypass", "sweep"),
+          _exposed(lambda plan: "/v1/", lambda plan: "location /v1/"))
+_model_op("regex-location-added", "expose", "a denied route", "a regex location proxies a denied route",
+          ("matrix",), _exposed(lambda plan: f'~ "^{re.escape(core.denied_path(plan))}"',
+                                lambda plan: f"location ~ ^{core.denied_path(plan)}"))
+_model_op("catch-all-proxied", "expose", "the catch-all location",
+          "the catch-all location proxies instead of refusing", ("matrix", "sweep"),
+          _weaken("location / proxied", catch_all_proxied=True))
+_model_op("denied-route-proxied", "expose", "a denied route", "a denied route gets a proxying location",
+          ("matrix",), _exposed(lambda plan: f"= {core.denied_path(plan)}",
+                                lambda plan: f"location = {core.denied_path(plan)}"))
+_model_op("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
+          ("upstream", "matrix"), _weaken_route(core.plain_get, "", upgrade=True))
 
 
-@_op("catch-all-proxied", "expose", "the catch-all location",
-     "the catch-all location proxies instead of refusing", ("matrix", "sweep"))
-def _n_catch_all(directory: Path, plan: Plan) -> str:
-    text = _read(directory, HTTP)
-    old = "    location / {\n        set $perimeter_reason not-allowlisted;\n        return 404;\n    }\n"
-    _write(directory, HTTP, text, text.replace(old, "    location / {\n" + _proxying("http://vllm_upstream")
-                                               + "    }\n", 1))
-    return "location / proxied"
-
-
-@_op("denied-route-proxied", "expose", "a denied route",
-     "a denied route gets a proxying location", ("matrix",))
-def _n_denied(directory: Path, plan: Plan) -> str:
-    path = core.denied_path(plan)
-    _insert_location(directory, f"    location = {path} {{\n" + _proxying("http://vllm_upstream") + "    }\n")
-    return f"location = {path}"
-
-
-@_op("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
-     ("upstream", "matrix"))
-def _n_upgrade(directory: Path, plan: Plan) -> str:
-    d = core.plain_get(plan)
-    _edit_route(directory, d.path, lambda b: b.replace(
-        '        proxy_set_header Connection "";\n',
-        "        proxy_set_header Upgrade $http_upgrade;\n"
-        "        proxy_set_header Connection \"upgrade\";\n"))
-    return where(d)
-
-
-@_op("h2c-accepted", "expose", "the listener",   # NGINX 1.22's port then speaks HTTP/2 only (unreachable)
-     "the listener also speaks HTTP/2 in clear text (prior knowledge)", ("protocol", "unreachable"))
-def _n_h2c(directory: Path, plan: Plan) -> str:
-    text = _read(directory, HTTP)
-    m = re.search(r"\n    listen ([^;\n]+);", text)
-    if m is None or " ssl" in m.group(1):
+def _h2c(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+    if model.tls_cert:
         raise NotApplicable("no plain listener")
-    _write(directory, HTTP, text, text[:m.end() - 1] + " http2" + text[m.end() - 1:])
-    return f"listen {m.group(1)} http2"
+    return _weaken(f"listen {model.listen} http2", h2c=True)(model, plan)
 
 
-GRPC_REFUSAL = re.compile(r'\n    if \(\$content_type ~\* "\^application/grpc"\) \{[^}\n]*\}')
-
-
-@_op("grpc-accepted", "expose", "the server",
-     "gRPC-shaped requests (content-type application/grpc) no longer refused", ("protocol",))
-def _n_grpc(directory: Path, plan: Plan) -> str:
-    text = _read(directory, HTTP)
-    _write(directory, HTTP, text, GRPC_REFUSAL.sub("", text, count=1))
-    return "the application/grpc refusal dropped"
+# NGINX 1.22's port then speaks HTTP/2 only (unreachable)
+_model_op("h2c-accepted", "expose", "the listener",
+          "the listener also speaks HTTP/2 in clear text (prior knowledge)", ("protocol", "unreachable"),
+          _h2c)
+_model_op("grpc-accepted", "expose", "the server",
+          "gRPC-shaped requests (content-type application/grpc) no longer refused", ("protocol",),
+          _weaken("the application/grpc refusal dropped", grpc_accepted=True))
 
 
 # forward: what reaches vLLM
 
-@_op("raw-target-forwarded", "forward", "a GET route", "one route forwards the raw request target",
-     ("upstream", "bypass"))
-def _n_raw(directory: Path, plan: Plan) -> str:
-    d = core.plain_get(plan)
-    # a URI-less proxy_pass, without the rewrite to the normalised path that may precede it
-    normalise = re.compile(r"\n[ \t]*(?:rewrite \^ [^\n]* break;|if \(\$perimeter_path !~ [^\n]*)")
-    _edit_route(directory, d.path, lambda b: re.sub(r"proxy_pass http://vllm_upstream[^;]*;",
-                                                    "proxy_pass http://vllm_upstream;", normalise.sub("", b)))
-    return where(d)
+_model_op("raw-target-forwarded", "forward", "a GET route", "one route forwards the raw request target",
+          ("upstream", "bypass"), _weaken_route(core.plain_get, "", raw_target=True))
+_model_op("client-key-forwarded", "forward", "every proxying location",
+          "the client's Authorization forwarded upstream", ("upstream",),
+          _weaken("proxy_set_header Authorization", from_client=("Authorization",)))
+_model_op("upstream-errors-passed", "remove", "a route's location forwarding checked bodies as sent",
+          "vLLM's 5xx bodies reach the client on one of a route's ways of forwarding (proxy_intercept_errors "
+          "off in its <up>_checked location)", ("upstream",),
+          _weaken_route(core.budgeted, "proxy_intercept_errors off where bodies are forwarded as sent",
+                        checked=True, checked_errors_passed=True))
 
 
-@_op("client-key-forwarded", "forward", "every proxying location",
-     "the client's Authorization forwarded upstream", ("upstream",))
-def _n_key_fwd(directory: Path, plan: Plan) -> str:
-    text = _read(directory, PROXY)
-    _write(directory, PROXY, text, text + "proxy_set_header Authorization $http_authorization;\n")
-    return "proxy_set_header Authorization"
+def _x10(timeout: str | None) -> str:
+    """An NGINX duration ("600s", "1500ms") ten times longer."""
+    if not timeout:
+        raise NotApplicable("no upstream timeout")
+    unit = "ms" if timeout.endswith("ms") else "s"
+    return f"{int(timeout.removesuffix(unit)) * 10}{unit}"
 
 
-def _edit_checked(directory: Path, d: Decision, edit: Callable[[str], str]) -> None:
-    """``edit`` the named location that forwards ``d``'s bodies as sent (``<up>_checked``) and
-    nothing else: its other ways of forwarding (the route's own location, ``<up>_rewrite``) keep
-    what the plan says."""
-    text = _read(directory, HTTP)
-    a, b = _route_span(text, d.path)
-    m = re.search(r"\n    location (@perimeter_up_\w+_checked) \{\n.*?\n    \}", text[a:b], re.S)
-    if m is None:
-        raise NotApplicable(f"{where(d)}: no location forwarding checked bodies as sent")
-    start, end = a + m.start(), a + m.end()
-    _write(directory, HTTP, text, text[:start] + edit(text[start:end]) + text[end:])
+_model_op("timeout-raised-on-one-path", "raise", "a route's location forwarding checked bodies as sent",
+          "one route's upstream timeout x10 on one of its ways of forwarding (its <up>_checked location)",
+          ("timeout",),
+          _weaken_route(lambda plan: core.pick(
+              plan, "with an output budget and an upstream timeout the witness can outlast",
+              lambda x: x.enforced_budget is not None and core.outlastable(x)),
+              "proxy_read_timeout x10 where bodies are forwarded as sent", checked=True,
+              switches=lambda b: {"checked_timeout": _x10(b.timeout)}),
+          needs="limits.timeout_s the witness can outlast (27.5 s at most) on a route with an output budget")
 
 
-@_op("upstream-errors-passed", "remove", "a route's location forwarding checked bodies as sent",
-     "vLLM's 5xx bodies reach the client on one of a route's ways of forwarding (proxy_intercept_errors "
-     "off in its <up>_checked location)", ("upstream",))
-def _n_errors_passed(directory: Path, plan: Plan) -> str:
-    d = core.budgeted(plan)
-    _edit_checked(directory, d,
-                  lambda b: b.replace("proxy_intercept_errors on;", "proxy_intercept_errors off;"))
-    return f"{where(d)}: proxy_intercept_errors off where bodies are forwarded as sent"
-
-
-@_op("timeout-raised-on-one-path", "raise", "a route's location forwarding checked bodies as sent",
-     "one route's upstream timeout x10 on one of its ways of forwarding (its <up>_checked location)",
-     ("timeout",), needs="limits.timeout_s the witness can outlast (27.5 s at most) on a route with an "
-     "output budget")
-def _n_timeout_one_path(directory: Path, plan: Plan) -> str:
-    d = core.pick(plan, "with an output budget and an upstream timeout the witness can outlast",
-                  lambda x: x.enforced_budget is not None and core.outlastable(x))
-
-    def raise_x10(block: str) -> str:
-        return re.sub(r"(proxy_read_timeout|proxy_send_timeout) (\d+)(ms|s);",
-                      lambda m: f"{m.group(1)} {int(m.group(2)) * 10}{m.group(3)};", block)
-    _edit_checked(directory, d, raise_x10)
-    return f"{where(d)}: proxy_read_timeout x10 where bodies are forwarded as sent"
-
-
-@_op("upstream-key-not-presented", "forward", "every proxying location",
-     "vLLM's own key no longer sent upstream", ("upstream",), needs="upstream.api_key_file")
-def _n_upstream_key(directory: Path, plan: Plan) -> str:
+def _upstream_keyed(plan: Plan) -> None:
     if not plan.upstream.api_key_file:
         raise NotApplicable("the policy sets no upstream.api_key_file")
-    text = _read(directory, PROXY)
-    _write(directory, PROXY, text, re.sub(r'\ninclude "[^"]*perimeter-upstream-key\.conf";', "", text))
-    return "the upstream key include dropped"
 
 
-@_op("client-headers-forwarded", "forward", "every proxying location",
-     "every client header forwarded (hop-by-hop, spoofable)", ("upstream",))
-def _n_headers(directory: Path, plan: Plan) -> str:
-    text = _read(directory, PROXY)
-    new = text.replace("proxy_pass_request_headers off;", "proxy_pass_request_headers on;")
-    _write(directory, PROXY, text, new)
-    return "proxy_pass_request_headers on"
+def _upstream_key(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+    _upstream_keyed(plan)
+    return _weaken("the upstream key include dropped", upstream_key_dropped=True)(model, plan)
 
 
-@_op("vllm-header-forwarded", "forward", "every proxying location",
-     "X-Vllm-Priority from the client forwarded (queue jumping)", ("upstream",))
-def _n_priority(directory: Path, plan: Plan) -> str:
-    text = _read(directory, PROXY)
-    _write(directory, PROXY, text, text + "proxy_set_header X-Vllm-Priority $http_x_vllm_priority;\n")
-    return "proxy_set_header X-Vllm-Priority"
+_model_op("upstream-key-not-presented", "forward", "every proxying location",
+          "vLLM's own key no longer sent upstream", ("upstream",), _upstream_key,
+          needs="upstream.api_key_file", applies=_upstream_keyed)
+_model_op("client-headers-forwarded", "forward", "every proxying location",
+          "every client header forwarded (hop-by-hop, spoofable)", ("upstream",),
+          _weaken("proxy_pass_request_headers on", client_headers=True))
+_model_op("vllm-header-forwarded", "forward", "every proxying location",
+          "X-Vllm-Priority from the client forwarded (queue jumping)", ("upstream",),
+          _weaken("proxy_set_header X-Vllm-Priority", from_client=("X-Vllm-Priority",)))
 
 
 _model_op("salt-not-rewritten", "forward", "a salted route",
@@ -534,6 +420,16 @@ _model_op("salt-not-rewritten", "forward", "a salted route",
 
 
 # --- bearer tokens (auth: jwt): the njs verification weakened ---------------------------------
+
+def _read(directory: Path, name: str) -> str:
+    return (directory / name).read_text(encoding="utf-8")
+
+
+def _write(directory: Path, name: str, old: str, new: str) -> None:
+    if old == new:
+        raise NotApplicable(f"{name}: nothing to change")
+    (directory / name).write_text(new, encoding="utf-8")
+
 
 NJS = "perimeter.js"
 JWT_NEEDS = "auth: jwt"
@@ -629,17 +525,18 @@ def _n_principal_namespace(directory: Path, plan: Plan) -> str:
 CERT_NEEDS = "auth: cert"
 
 
-@_op("cert-any-ca", "remove", "the client certificate's verification",
-     "any CA accepted: ssl_verify_client optional_no_ca, and the verification result unread (a "
-     "certificate from another CA, or expired, names its principal)", ("mtls",), needs=CERT_NEEDS)
-def _n_cert_any_ca(directory: Path, plan: Plan) -> str:
+def _cert_any_ca(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     d = core.cert_checked(plan)
-    text = _read(directory, HTTP)
-    new = text.replace("    ssl_verify_client optional;", "    ssl_verify_client optional_no_ca;", 1)
-    new = new.replace('    default "";\n    SUCCESS $perimeter_cert_who;',
-                      "    default $perimeter_cert_who;", 1)
-    _write(directory, HTTP, text, new)
-    return f"{where(d)} (every auth: cert route): client certificates not verified"
+    if not model.tls_client_ca:
+        raise NotApplicable("the listener asks for no client certificate")
+    return _weaken(f"{where(d)} (every auth: cert route): client certificates not verified",
+                   cert_any_ca=True)(model, plan)
+
+
+_model_op("cert-any-ca", "remove", "the client certificate's verification",
+          "any CA accepted: ssl_verify_client optional_no_ca, and the verification result unread (a "
+          "certificate from another CA, or expired, names its principal)", ("mtls",), _cert_any_ca,
+          needs=CERT_NEEDS)
 
 
 @_op("cert-san-unchecked", "remove", "the client certificate's name",
@@ -669,20 +566,22 @@ def _n_cert_san_fallback(directory: Path, plan: Plan) -> str:
     return f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject"
 
 
-@_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
-     "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
-     "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)
-def _n_cert_revoked(directory: Path, plan: Plan) -> str:
+def _cert_revoked(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+    """The probe's unknown name mapped as a principal the plan no longer lists (the model's
+    certificate principals, not the plan's)."""
     from scanner.probe.certs_cases import UNKNOWN_SAN
 
     d = core.cert_checked(plan)
-    text = _read(directory, PRINCIPALS)
-    old = "js_var $perimeter_certs '{"
-    if old not in text:
+    if not model.certs_json:
         raise NotApplicable(f"{PRINCIPALS}: no certificate principals")
-    _write(directory, PRINCIPALS, text, text.replace(
-        old, old + f'"san:{UNKNOWN_SAN}":["revoked","{core.cert_role(plan, d)}"],', 1))
-    return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+    certs = {f"san:{UNKNOWN_SAN}": ["revoked", core.cert_role(plan, d)], **json.loads(model.certs_json)}
+    return replace(model, certs_json=json.dumps(certs, separators=(",", ":"))), \
+        f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+
+
+_model_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
+          "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
+          "the probe's unknown name stands for it", ("mtls",), _cert_revoked, needs=CERT_NEEDS)
 
 
 # --- the listener's TLS: legacy versions and every suite of the library ---------------------------
@@ -690,16 +589,13 @@ def _n_cert_revoked(directory: Path, plan: Plan) -> str:
 TLS_NEEDS = "listen.tls"
 
 
-@_op("tls-legacy-versions", "add", "the listener's TLS versions and suites",
-     "TLS 1.0 and 1.1 admitted on the listener, with every cipher suite at security level 0",
-     ("tls",), needs=TLS_NEEDS)
-def _n_tls_legacy(directory: Path, plan: Plan) -> str:
+def _tls_legacy(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     if plan.listen.tls is None:
         raise NotApplicable("the listener speaks plain HTTP (no listen.tls)")
-    text = _read(directory, HTTP)
-    old = "    ssl_protocols TLSv1.2 TLSv1.3;\n"
-    if old not in text:
-        raise NotApplicable(f"{HTTP}: no {old.strip()!r}")
-    _write(directory, HTTP, text, text.replace(
-        old, "    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;\n    ssl_ciphers ALL:@SECLEVEL=0;\n", 1))
-    return "listener: ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3, ssl_ciphers ALL:@SECLEVEL=0"
+    return _weaken("listener: ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3, ssl_ciphers ALL:@SECLEVEL=0",
+                   tls_legacy=True)(model, plan)
+
+
+_model_op("tls-legacy-versions", "add", "the listener's TLS versions and suites",
+          "TLS 1.0 and 1.1 admitted on the listener, with every cipher suite at security level 0",
+          ("tls",), _tls_legacy, needs=TLS_NEEDS)
