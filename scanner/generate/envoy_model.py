@@ -304,6 +304,16 @@ class Balance:
 
 
 @dataclass(frozen=True)
+class EnvoyWeakening:
+    """A mutation operator's switches on the whole config (scanner/mutate/envoy.py). The generator
+    sets none: every switch off is the plan's config."""
+
+    xff_trusted_hops: int = 0        # X-Forwarded-For hops believed: 1 takes the client's own claim for
+                                     # its address (what vLLM is told, per-address limits)
+    client_request_id: bool = False  # preserve_external_request_id: the client's X-Request-Id reaches vLLM
+
+
+@dataclass(frozen=True)
 class EnvoyModel:
     stamp: Stamp
     listen_address: str
@@ -348,6 +358,7 @@ class EnvoyModel:
     principal_header: str = PRINCIPAL_HEADER.lower()
     upstream_header: str = UPSTREAM_HEADER
     lua_filter: str = LUA_FILTER
+    weak: EnvoyWeakening = EnvoyWeakening()   # a mutation operator's switches (none set here)
 
     @property
     def scheme(self) -> str:

@@ -12,6 +12,7 @@ from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
 from scanner.policy.model import FieldRules, Limits, Rate
 from scanner.probe.checks.load import stream_body
 from scanner.probe.checks.timeouts import provable
+from scanner.rules import BudgetStep, Step
 
 # remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
 # add: a role, a method admitted; move: a denied field (or unknown fields) allowed on one route;
@@ -134,6 +135,18 @@ def counted(plan: Plan) -> Decision:
 
 def budgeted(plan: Plan) -> Decision:
     return pick(plan, "with an output budget", lambda d: d.enforced_budget is not None)
+
+
+def budget_written(plan: Plan) -> Decision:
+    """A route whose output budget the perimeter writes into bodies without one (inject)."""
+    return pick(plan, "with an output budget written in",
+                lambda d: d.enforced_budget is not None and d.enforced_budget.write_cap > 0)
+
+
+def written_x10(step: Step) -> Step:
+    """A rule program's budget step writing ten times its cap (the caps on the fields unchanged)."""
+    assert isinstance(step, BudgetStep)
+    return step.model_copy(update={"cap": step.cap * 10})
 
 
 def listed(plan: Plan) -> Decision:

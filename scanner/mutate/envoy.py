@@ -105,7 +105,8 @@ def _breaker_max(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
 
 
 def _weakened(op: str, pick: Callable[[Plan], Decision],
-              change: Callable[[Step], Step | None] = lambda s: None, ops: tuple[str, ...] = ()) -> ModelEdit:
+              change: Callable[[Step], Step | None] = lambda s: None, ops: tuple[str, ...] = (),
+              said: str = "") -> ModelEdit:
     """A model edit: the route of ``pick(plan)`` gets a copy of its Lua group whose rule program has
     each ``op`` step (and each of ``ops``) changed (None: removed), rendered from the model."""
     def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
@@ -125,7 +126,16 @@ def _weakened(op: str, pick: Callable[[Plan], Decision],
         routes = tuple(replace(r, lua_group=gid) if r.name == name else r for r in model.routes)
         return replace(model, routes=routes, programs=tuple(programs.items()),
                        lua_groups=(*model.lua_groups, replace(group, id=gid, program=pid))), \
-            f"{where(d)}: its program without {op}"
+            f"{where(d)}: {said or f'its program without {op}'}"
+    return edit
+
+
+def _switched(what: str, **switches: object) -> ModelEdit:
+    """A model edit: the config-wide switches ``switches`` of EnvoyWeakening set."""
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+        if "xff_trusted_hops" in switches and model.trusted_proxies:
+            raise NotApplicable("X-Forwarded-For is believed from the plan's trusted proxies only")
+        return replace(model, weak=replace(model.weak, **switches)), what  # type: ignore[arg-type]
     return edit
 
 
@@ -145,6 +155,16 @@ _model_op("media-check-removed", "remove", "a route with media rules",
 _model_op("budget-not-enforced", "remove", "a route with an output budget",
           "one route forwards bodies without an output budget as sent", ('limits',),
           _weakened("budget", core.budgeted))
+_model_op("written-budget-raised", "raise", "a route with an output budget written in",
+          "one route writes its output budget x10 into the bodies without one (its caps unchanged)",
+          ("limits",), _weakened("budget", core.budget_written, core.written_x10,
+                                 said="its program's budget step writes x10"))
+_model_op("xff-hops-raised", "source", "the listener",
+          "X-Forwarded-For's trusted hop count raised to 1: the client's own X-Forwarded-For names the "
+          "address vLLM is told", ("upstream",), _switched("xff_num_trusted_hops 1", xff_trusted_hops=1))
+_model_op("request-id-from-client", "forward", "the listener",
+          "the client's X-Request-Id reaches vLLM (preserve_external_request_id)", ("upstream",),
+          _switched("preserve_external_request_id", client_request_id=True))
 _model_op("salt-not-rewritten", "forward", "a salted route",
           "one route forwards the client's cache_salt (no tenant salt)", ('limits',),
           _weakened("salt", core.salted, _client_salt, ops=("keys",)), needs="body.cache_salt")

@@ -155,9 +155,12 @@ def test_without_the_witness_the_weakening_passes(witnessed: Witnessed, tmp_path
 
 
 # NGINX's concurrency mutant is slow-marked for CI time (about 90 s); Envoy's runs the same held
-# requests through the witness in vLLM in half that
+# requests through the witness in vLLM in half that. The others take a few seconds each: what the
+# proxy writes upstream (Host, X-Forwarded-For, X-Request-Id, the written-in output budget), seen
+# only by the witness
 OPERATORS = ("nginx.host-from-client", "envoy.host-from-client",
-             pytest.param("nginx.concurrency-raised-x10", marks=pytest.mark.slow), "envoy.concurrency-raised-x10")
+             pytest.param("nginx.concurrency-raised-x10", marks=pytest.mark.slow), "envoy.concurrency-raised-x10",
+             "envoy.xff-hops-raised", "envoy.request-id-from-client", "envoy.written-budget-raised")
 
 
 @pytest.mark.parametrize("op_id", OPERATORS)
