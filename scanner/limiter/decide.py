@@ -23,6 +23,16 @@ tokens) or 1 (concurrency: a slot frees whenever a request ends).
 **release** frees the request's slot in each concurrency zone; **settle** gives ``refund``
 tokens back to a token zone (scanner.plan.settle: the unused part of the reservation), capped
 at the bucket's size.
+
+**Releases in flight**: a slot is released when its stream ends, off the client's path (Envoy's
+``apply_on_stream_done``, NGINX's ``post_action``), so a client that sends its next request the
+moment the last answer ended can reach the limiter before that answer's release does (measured on
+a busy 2-core machine: about 1 answer in 7 still held its slot when the client had read it). A
+refusal at a concurrency zone is therefore tried again after RELEASE_WAITS_S (at most 60 ms in
+all, only on that refusal): a release on its way lands first, and a sequential client at
+concurrency 1 is never refused for its own finished request. The rate zones before the refusal
+were charged once; the retry takes them at cost 0 (never twice), and admits only when a slot is
+free at that moment (atomic, as the first try): it never admits more than the zone allows.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from scanner.limiter.config import MAX_VALUE, ConcurrencyZone, LimiterConfig, Ra
 
 NEVER_FITS_S = 60      # a token cost over the whole budget (the proxies answer the same)
 SLOT_RETRY_S = 1
+# after a refusal at a concurrency zone, the waits before trying again (releases in flight)
+RELEASE_WAITS_S: tuple[float, ...] = (0.02, 0.04)
+RETRY_ROOM_S = 0.05        # what a try needs before its caller gives up (else it is not made)
 # zone kind -> the refusal's reason (scanner.reasons: the proxies' X-Perimeter-Reason, 429 each)
 REASONS: Mapping[str, str] = {"rate": reasons.token("rate"), "concurrency": reasons.token("concurrency"),
                               "tokens": reasons.token("token-budget")}
@@ -124,16 +137,26 @@ def new_slot() -> str:
 
 
 async def acquire(redis: store.Client, config: LimiterConfig, calls: Sequence[Call],
-                  slot: str = "", owner: str = "") -> Admission:
+                  slot: str = "", owner: str = "", until: float | None = None) -> Admission:
     """Take every call's zone in order, stopping at the first refusal (see the module docstring):
     one Redis script call for all the zones (store.reserve), atomic across them. ``owner``: the
     proxy that holds the slot (store.Owners): its lease is renewed only while that proxy lives."""
     zones = [_zone_cost(zone_of(config, c.zone), keys.checked("key", c.key), check_cost(c.cost))
              for c in calls]
     slot = keys.checked("slot", slot) if slot else new_slot()
-    reserved = await store.reserve(redis, zones, slot, config.slot_lease_s,
-                                   floor=config.on_unavailable == "local", owner=owner)
-    done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
+    for wait in (0.0, *RELEASE_WAITS_S):
+        if wait and until is not None and time.monotonic() + wait + RETRY_ROOM_S > until:
+            break                  # no time left for another try before the caller gives up
+        await asyncio.sleep(wait)
+        reserved = await store.reserve(redis, zones, slot, config.slot_lease_s,
+                                       floor=config.on_unavailable == "local", owner=owner, until=until)
+        done = [_status(z, a) for (z, _k, _c), a in zip(zones, reserved.answers, strict=False)]
+        if not done or done[-1].admitted or not isinstance(done[-1].zone, ConcurrencyZone):
+            break
+        # refused for its slots: once more when a release in flight may have landed, the rate
+        # zones before the refusal (charged already) at cost 0
+        zones = [(z, k, 0 if i < len(done) - 1 and isinstance(z, RateZone) else c)
+                 for i, (z, k, c) in enumerate(zones)]
     done += [Status(z, True, 0, evaluated=False) for z, _k, _c in zones[len(done):]]
     return Admission(tuple(done), slot)
 
@@ -173,10 +196,11 @@ async def release(redis: store.Client, config: LimiterConfig, zone_names: Sequen
     return all(await asyncio.gather(*(store.release(redis, z, key, slot) for z in zones)))
 
 
-async def settle(redis: store.Client, config: LimiterConfig, zone_name: str, key: str, refund: object) -> int:
+async def settle(redis: store.Client, config: LimiterConfig, zone_name: str, key: str, refund: object,
+                 until: float | None = None) -> int:
     """Give ``refund`` tokens back to ``key``'s budget in a token zone; the whole tokens it then holds."""
     zone = zone_of(config, zone_name)
     if not isinstance(zone, TokenZone):
         raise LimiterCallError(f"zone {zone_name[:80]!r} is a {zone.kind} zone: only tokens are settled")
     refund = min(check_cost(refund), zone.burst)
-    return (await store.give(redis, zone, keys.checked("key", key), refund)).left
+    return (await store.give(redis, zone, keys.checked("key", key), refund, until)).left

@@ -94,9 +94,11 @@ def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
 
 
 async def should_rate_limit(redis: store.Client, config: LimiterConfig,
-                            request: proto.Request, owner: str = "") -> proto.Response:
+                            request: proto.Request, owner: str = "",
+                            until: float | None = None) -> proto.Response:
     """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised);
-    ``owner``: the connection it came on (store.Owners: a slot is renewed while it is open)."""
+    ``owner``: the connection it came on (store.Owners: a slot is renewed while it is open);
+    ``until`` (monotonic): when Envoy gives this try up (nothing is written after it)."""
     if request.domain != config.domain:
         raise LimiterCallError(f"unknown domain {request.domain[:80]!r}")
     if not request.descriptors:
@@ -107,7 +109,7 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
     statuses: dict[int, proto.DescriptorStatus] = {}
     if acquiring:
         verdict = await _acquire(redis, config, [parts[i] for i in acquiring], [hits[i] for i in acquiring],
-                                 owner)
+                                 owner, until)
         statuses.update(zip(acquiring, map(_status, verdict.statuses), strict=True))
         refusal = verdict.refusal
     else:
@@ -117,7 +119,7 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
         if op == "release":
             done.append(decide.release(redis, config, [zone], key, _need_slot(slot)))
         elif op == "settle":
-            done.append(decide.settle(redis, config, zone, key, hits[i]))
+            done.append(decide.settle(redis, config, zone, key, hits[i], until))
         if op != "acquire":
             statuses[i] = proto.DescriptorStatus(code=proto.CODE_OK,
                                                  current_limit=current_limit(decide.zone_of(config, zone)))
@@ -132,13 +134,13 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
 
 
 async def _acquire(redis: store.Client, config: LimiterConfig, parts: Sequence[tuple[str, str, str, str]],
-                   hits: Sequence[int], owner: str = "") -> decide.Admission:
+                   hits: Sequence[int], owner: str = "", until: float | None = None) -> decide.Admission:
     slots = {slot for zone, _k, _o, slot in parts
              if isinstance(decide.zone_of(config, zone), ConcurrencyZone)}
     if "" in slots or len(slots) > 1:
         raise LimiterCallError("a concurrency zone needs one slot entry (the request id) per request")
     calls = [decide.Call(zone, key, n) for (zone, key, _o, _s), n in zip(parts, hits, strict=True)]
-    return await decide.acquire(redis, config, calls, next(iter(slots), ""), owner)
+    return await decide.acquire(redis, config, calls, next(iter(slots), ""), owner, until)
 
 
 def _hits(config: LimiterConfig, request: proto.Request, d: proto.Descriptor,

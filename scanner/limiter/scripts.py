@@ -8,7 +8,9 @@ script cache) with ``EVAL``, which also caches them again.
 ``BUCKET`` (rate and token zones): a token bucket of ``capacity`` refilled continuously at
 ``per_second``; state ``{t: last update in µs, v: tokens}``. ``take n`` admits when ``v >= n``
 and subtracts ``n``; otherwise refuses and answers the µs until ``n`` tokens are there (-1 when
-``n > capacity``: never). ``give n`` adds ``n``, capped at ``capacity`` (a settlement's refund).
+``n > capacity``: never). ``give n`` adds ``n``, capped at ``capacity`` (a settlement's refund);
+its optional ``ARGV[5]`` is a deadline (µs of Redis time, 0: none) past which it writes nothing
+and answers ``{-1, 0, 0}``.
 An absent key is a full bucket, so the key expires once a bucket left alone would be full again
 (capacity / per_second, + 1 s): expiry loses nothing.
 Answer: ``{admitted 0|1, tokens left (floor), µs to wait}``.
@@ -71,6 +73,10 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local rate = tonumber(ARGV[1])
 local cap = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
+local deadline = tonumber(ARGV[5] or '0')
+if deadline > 0 and now > deadline then
+  return {-1, 0, 0}
+end
 local h = redis.call('HMGET', KEYS[1], 't', 'v')
 local v = cap
 if h[1] then

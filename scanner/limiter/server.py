@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import h2.config
@@ -36,6 +37,7 @@ from scanner.limiter.config import LimiterConfig
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 GRPC_OK, GRPC_INVALID_ARGUMENT, GRPC_UNIMPLEMENTED, GRPC_UNAVAILABLE, GRPC_INTERNAL = 0, 3, 12, 14, 13
 MAX_MESSAGE = 64 * 1024
+GRPC_UNITS: dict[str, float] = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 READ = 65536
 Ready = Callable[[str, int], None]
 # each gRPC connection is the owner of the slots acquired on it (store.Owners): ``conn:N``
@@ -76,6 +78,23 @@ async def _opening(reader: asyncio.StreamReader) -> bytes:
     return data
 
 
+def try_timeout(headers: Iterable[tuple[str | bytes, str | bytes]]) -> float | None:
+    """How long the caller waits for this try, in seconds: Envoy's ``x-envoy-expected-rq-timeout-ms``
+    (its retry policy's per-try timeout), else gRPC's ``grpc-timeout`` (``1000m``: digits and a
+    unit, H M S m u n); None when neither is there or readable. A call answered after it has
+    been given up, and sent again by Envoy, must not be charged twice: the limiter makes this its
+    Redis deadline (scanner.limiter.store.call_timeout)."""
+    found = {(k.decode() if isinstance(k, bytes) else k).lower(): v.decode() if isinstance(v, bytes) else v
+             for k, v in headers}
+    envoy = found.get("x-envoy-expected-rq-timeout-ms", "")
+    if envoy.isdigit() and 0 < int(envoy) <= 10**7:
+        return int(envoy) / 1000
+    grpc = found.get("grpc-timeout", "")
+    if 2 <= len(grpc) <= 9 and grpc[:-1].isdigit() and grpc[-1] in GRPC_UNITS:
+        return int(grpc[:-1]) * GRPC_UNITS[grpc[-1]] or None
+    return None
+
+
 def grpc_message(text: str) -> str:
     """gRPC's percent-encoding of ``grpc-message``: bytes outside printable ASCII, and ``%``."""
     return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in text.encode())
@@ -94,6 +113,7 @@ class _Grpc:
             normalize_outbound_headers=False))
         self.bodies: dict[int, bytearray] = {}
         self.paths: dict[int, str] = {}
+        self.until: dict[int, float] = {}     # when the caller gives a stream's call up (monotonic)
         self.tasks: set[asyncio.Task[None]] = set()
         # the slots acquired here are renewed while this connection is open (a proxy killed
         # mid-stream closes it: they come back within the lease)
@@ -122,6 +142,9 @@ class _Grpc:
             if isinstance(event, h2.events.RequestReceived):
                 path = next((v for k, v in event.headers or () if k in (":path", b":path")), "")
                 self.paths[event.stream_id] = path.decode() if isinstance(path, bytes) else path
+                given = try_timeout(event.headers or ())
+                if given is not None:
+                    self.until[event.stream_id] = time.monotonic() + given
                 self.bodies[event.stream_id] = bytearray()
             elif isinstance(event, h2.events.DataReceived):
                 body = self.bodies.get(event.stream_id)
@@ -137,10 +160,11 @@ class _Grpc:
             elif isinstance(event, h2.events.StreamReset):
                 self.bodies.pop(event.stream_id, None)
                 self.paths.pop(event.stream_id, None)
+                self.until.pop(event.stream_id, None)
 
     async def _answer(self, stream: int) -> None:
         path, body = self.paths.pop(stream, ""), self.bodies.pop(stream, None)
-        status, message, payload = await self._call(path, body)
+        status, message, payload = await self._call(path, body, self.until.pop(stream, None))
         try:
             if status == GRPC_OK:
                 self.conn.send_headers(stream, [(":status", "200"), ("content-type", "application/grpc")])
@@ -154,14 +178,15 @@ class _Grpc:
         except (h2.exceptions.ProtocolError, ConnectionError):   # the stream or connection is gone
             pass
 
-    async def _call(self, path: str, body: bytearray | None) -> tuple[int, str, bytes]:
+    async def _call(self, path: str, body: bytearray | None, until: float | None) -> tuple[int, str, bytes]:
         if path != rls.SERVICE_PATH:
             return GRPC_UNIMPLEMENTED, "unknown method", b""
         if body is None or len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             return GRPC_INVALID_ARGUMENT, "one uncompressed message of at most 64 KiB", b""
         try:
             request = proto.decode_request(bytes(body[5:]))
-            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request, self.owner)
+            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request, self.owner,
+                                                 until)
             self.service.outage.answered()
             return GRPC_OK, "", answer.SerializeToString()
         except StoreUnavailableError:

@@ -156,10 +156,19 @@ async def take(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> T
     return Taken(ok == 1, left, None if wait_us < 0 else wait_us / 1e6)
 
 
-async def give(redis: Client, zone: RateZone | TokenZone, key: str, n: int) -> Taken:
-    """Give ``n`` back to ``key``'s bucket of ``zone`` (capped at the bucket's size)."""
-    _ok, left, _wait = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
-                                  (zone.per_second, zone.capacity, n, "give"))
+async def give(redis: Client, zone: RateZone | TokenZone, key: str, n: int,
+               until: float | None = None) -> Taken:
+    """Give ``n`` back to ``key``'s bucket of ``zone`` (capped at the bucket's size); with ``until``
+    (the caller's give-up time) nothing is given once Redis's clock has passed it
+    (StoreUnavailableError): a refund its caller sends again is never given twice."""
+    deadline = 0
+    if until is not None:
+        deadline = (await synced(redis)).deadline_us(call_timeout(redis, until))
+    ok, left, _wait = await _run(redis, scripts.BUCKET, keys.bucket(zone.name, key),
+                                 (zone.per_second, zone.capacity, n, "give", deadline))
+    if ok < 0:
+        session(redis).failures += 1
+        raise StoreUnavailableError("shared store unavailable (late)")
     return Taken(True, left, 0.0)
 
 
@@ -204,8 +213,23 @@ class Clock:
             self.offset_us, self.sampled_at = sample, received
 
     def deadline_us(self, timeout_s: float) -> int:
+        """Redis's time at which a call of ``timeout_s`` is given up, less a margin for the answer's
+        way back (DEADLINE_MARGIN_S, at most half a short timeout)."""
         assert self.offset_us is not None
-        return int(round((time.monotonic() + timeout_s - DEADLINE_MARGIN_S) * 1e6) + self.offset_us)
+        margin = min(DEADLINE_MARGIN_S, timeout_s / 2)
+        return int(round((time.monotonic() + timeout_s - margin) * 1e6) + self.offset_us)
+
+
+def call_timeout(redis: Client, until: float | None) -> float:
+    """The time a call may take: the client's timeout, or less when its caller gives up sooner
+    (``until``, monotonic: Envoy's try timeout, scanner.limiter.server); StoreUnavailableError
+    when that has passed already (nothing is sent to Redis)."""
+    timeout = session(redis).timeout_s
+    if until is not None:
+        timeout = min(timeout, until - time.monotonic())
+        if timeout <= 0:
+            raise StoreUnavailableError("shared store unavailable (late)")
+    return timeout
 
 
 @dataclass(frozen=True)
@@ -308,16 +332,17 @@ async def synced(redis: Client) -> Clock:
 
 
 async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: str, lease_s: float,
-                  floor: bool = False, owner: str = "") -> Reserved:
+                  floor: bool = False, owner: str = "", until: float | None = None) -> Reserved:
     """Take every ``(zone, key, cost)`` in order in ONE script call (scripts.ACQUIRE): all, or on
     the first refusal only the rate zones before it (see scanner.limiter.scripts). The call
     carries its deadline (past it Redis writes nothing: StoreUnavailableError); slots are leases
     of ``lease_s`` (at most the zone's slot_ttl_s), renewed by ``renew`` until released; ``floor``
     (on_unavailable: local): buckets are not refilled for the time before the last reconnection.
-    ``owner``: the proxy holding the slots (Owners), renewed only while it is alive."""
+    ``owner``: the proxy holding the slots (Owners), renewed only while it is alive. ``until``
+    (monotonic): when the caller gives up, if sooner than the client's timeout (call_timeout)."""
     clock = await synced(redis)
     names: list[str] = []
-    deadline = clock.deadline_us(session(redis).timeout_s)
+    deadline = clock.deadline_us(call_timeout(redis, until))
     args: list[str | int | float] = [slot, deadline, clock.floor_us if floor else 0]
     for zone, key, cost in zones:
         if isinstance(zone, ConcurrencyZone):

@@ -91,6 +91,23 @@ class FleetStack:
         with Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=2) as redis:
             return sum(int(redis.zcard(k)) for k in redis.scan_iter(match="*:s", count=1000))
 
+    def store_busy(self, seconds: float) -> None:
+        """Keep the fleet's Redis busy for ``seconds``: one script spinning on Redis's clock (Redis
+        runs one command at a time, so every call waits for it)."""
+        spin = ("local s = redis.call('TIME') local stop = s[1] * 1000000 + s[2] + tonumber(ARGV[1]) "
+                "while true do local t = redis.call('TIME') "
+                "if t[1] * 1000000 + t[2] > stop then break end end return 1")
+        with Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=5) as redis:
+            redis.eval(spin, 0, round(seconds * 1e6))
+
+    def bucket_left(self, zone_prefix: str) -> float | None:
+        """What the bucket of the zone named ``zone_prefix``... held at its last write (None: no
+        such bucket, nothing taken from it yet)."""
+        with Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=2) as redis:
+            names = [k for k in redis.scan_iter(match="*:b", count=1000) if f"|{zone_prefix}" in k.decode()]
+            assert len(names) <= 1, names
+            return float(redis.hget(names[0], "v") or -1) if names else None
+
     def released(self, timeout_s: float = 3.0) -> None:
         """Wait until no slot is held (at most ``timeout_s``): a slot is released when its stream
         ends, off the client's path (Envoy ``apply_on_stream_done``, NGINX ``post_action``), so a

@@ -6,6 +6,7 @@ never unlimited)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -83,6 +84,21 @@ def test_tokens_reserved_in_flight_hold_for_the_fleet(stack: FleetStack) -> None
     first.read()
     first.close()
     assert (status, reason) == (429, "token-budget") and int(after) >= 1
+
+
+def test_a_slow_store_charges_a_request_once(stack: FleetStack) -> None:
+    """Redis busy for 120 ms (a script spinning on the server, as a slow or loaded store) while one
+    request asks the limiter: its rate token is taken once. (Envoy ended each try of the call at
+    its retry back-off's max_interval, 20 ms, and sent it again: the limiter charged it 3 times.)"""
+    time.sleep((BURST + 1) / RPS + 0.2)               # the rate bucket full again
+    busy = threading.Thread(target=stack.store_busy, args=(0.12,))
+    busy.start()
+    time.sleep(0.01)
+    answer = stack.call(0)
+    busy.join()
+    left = stack.bucket_left("rate:")
+    assert answer[0] == 200, answer
+    assert left is not None and left >= BURST - 0.5, left   # capacity burst + 1, one taken (+ refill)
 
 
 def test_redis_stopped_the_fleet_denies_503(stack: FleetStack) -> None:

@@ -246,7 +246,7 @@ RETRY = """grpc_service:
                   retry_policy:
                     num_retries: 2
                     retry_on: connect-failure,refused-stream,reset
-                    retry_back_off: {base_interval: 0.005s, max_interval: 0.02s}
+                    retry_back_off: {base_interval: 0.005s, max_interval: 0.25s}
                     host_selection_retry_max_attempts: 3
                     retry_host_predicate:
                     - name: envoy.retry_host_predicates.previous_hosts

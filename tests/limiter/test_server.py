@@ -243,3 +243,20 @@ def test_added_latency_on_loopback(limiter: ManagedProcess) -> None:
         http.close()
     p50 = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     assert p50["grpc"] < 0.005 and p50["http"] < 0.005, p50
+
+
+@pytest.mark.parametrize(("headers", "seconds"), [
+    ([("x-envoy-expected-rq-timeout-ms", "250"), ("grpc-timeout", "1000m")], 0.25),   # Envoy's try first
+    ([(b"grpc-timeout", b"1000m")], 1.0),
+    ([("grpc-timeout", "2S")], 2.0),
+    ([("grpc-timeout", "500u")], 0.0005),
+    ([("grpc-timeout", "m")], None),
+    ([("grpc-timeout", "10x")], None),
+    ([("x-envoy-expected-rq-timeout-ms", "-5")], None),
+    ([("x-envoy-expected-rq-timeout-ms", "0")], None),
+    ([], None),
+])
+def test_the_caller_s_try_timeout(headers: list[tuple[str | bytes, str | bytes]], seconds: float | None) -> None:
+    from scanner.limiter.server import try_timeout
+
+    assert try_timeout(headers) == seconds

@@ -368,3 +368,71 @@ def test_a_refusal_in_the_middle_keeps_the_rate_and_takes_nothing_after(redis_se
     admitted, evaluated, rate_left, tokens_there, live = run(main, redis_server)
     assert not admitted and evaluated == (True, True, False)
     assert rate_left == 3 and tokens_there == 0 and live == 2
+
+
+def test_a_release_in_flight_lands_before_a_concurrency_refusal(redis_server: ManagedProcess) -> None:
+    """Both slots held; one is released 10 ms after the next acquire started (its release was
+    on its way, decide.RELEASE_WAITS_S): admitted, its rate charged once. With no release it is
+    still refused after the waits, and the rate zone is charged once for all the tries."""
+    from scanner.limiter import config as zones_config
+    from scanner.limiter import decide
+    from tests.limiter.harness import ZONES, run
+
+    config = zones_config.parse(ZONES)
+    key = "in-flight"
+    calls = [decide.Call("rate:2/3", key), decide.Call("conc:2", key)]
+
+    async def main(redis: Redis) -> tuple[bool, bool, float, int, int]:
+        for slot in ("a", "b"):
+            assert (await decide.acquire(redis, config, [decide.Call("conc:2", key)], slot)).admitted
+
+        async def late_release() -> None:
+            await asyncio.sleep(0.01)
+            assert await decide.release(redis, config, ["conc:2"], key, "a")
+
+        started = time.monotonic()
+        landed, _ = await asyncio.gather(decide.acquire(redis, config, calls, "c"), late_release())
+        refused = await decide.acquire(redis, config, calls, "d")        # b and c held: nothing on its way
+        waited = time.monotonic() - started
+        rate_left = int(float(await redis.hget(keys.bucket("rate:2/3", key), "v") or -1))
+        live = int(await redis.zcard(keys.slots("conc:2", key)))
+        return landed.admitted, refused.admitted, waited, rate_left, live
+
+    landed, refused, waited, rate_left, live = run(main, redis_server)
+    assert landed and not refused and live == 2
+    assert waited >= sum(decide.RELEASE_WAITS_S)          # the refusal came after the waits
+    assert rate_left == 2                                 # capacity 4, two requests: one token each
+
+
+def test_a_call_given_up_by_its_caller_writes_nothing(redis_server: ManagedProcess) -> None:
+    """Envoy ends a try at its per-try timeout and sends the call again (scanner.limiter.server.
+    try_timeout): an acquire or a refund whose caller has given up (``until`` passed) writes
+    nothing, so the retry is the only one charged or refunded."""
+    from scanner.limiter import config as zones_config
+    from scanner.limiter import decide
+    from tests.limiter.harness import ZONES, run
+
+    config = zones_config.parse(ZONES)
+    key = "given-up"
+    calls = [decide.Call("rate:2/3", key), decide.Call("conc:2", key), decide.Call("tokens:600", key, 100)]
+
+    async def main(redis: Redis) -> tuple[list[str], int, int, int]:
+        late: list[str] = []
+        for call in (decide.acquire(redis, config, calls, "a", until=time.monotonic() - 0.01),
+                     decide.settle(redis, config, "tokens:600", key, 50, until=time.monotonic() - 0.01)):
+            try:
+                await call
+            except StoreUnavailableError as exc:
+                late.append(str(exc))
+        written = int(await redis.exists(keys.bucket("rate:2/3", key), keys.slots("conc:2", key),
+                                          keys.bucket("tokens:600", key)))
+        again = await decide.acquire(redis, config, calls, "a", until=time.monotonic() + 0.25)
+        assert again.admitted
+        tokens = int(float(await redis.hget(keys.bucket("tokens:600", key), "v") or -1))
+        refunded = await decide.settle(redis, config, "tokens:600", key, 40, until=time.monotonic() + 0.25)
+        return late, written, tokens, refunded
+
+    late, written, tokens, refunded = run(main, redis_server)
+    assert len(late) == 2 and all("late" in m for m in late)
+    assert written == 0                                   # neither call touched Redis
+    assert tokens == 500 and refunded == 540              # charged once, refunded once
