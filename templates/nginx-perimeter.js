@@ -1,4 +1,6 @@
 // vllm-perimeter njs module (generated with the NGINX config; do not edit).
+{# Rendered by the generator through Jinja (scanner/generate/nginx.py njs_module): `w` is the model's
+   nginx_model.Weakening, mutation operators' switches, every one off in a generated config. #}
 //
 // Runs on njs 0.7.9 (Debian) and 0.9.9 (static build): no `for...of`, no optional
 // chaining. Entry points:
@@ -147,10 +149,18 @@ function certWho(r) {
     // to its subject); only one without a URI SAN by its subject
     var p = sans.length === 1 && has(table, 'san:' + sans[0]) ? table['san:' + sans[0]] : null;
     var dn = 'subject:' + (r.variables.ssl_client_s_dn || '');
+{% if w.cert_subject_fallback %}
+    if (p === null && has(table, dn)) {
+{% else %}
     if (sans.length === 0 && has(table, dn)) {
+{% endif %}
         p = table[dn];
     }
+{% if w.cert_anyone %}
+    return p === null ? 'anyone {{ w.cert_anyone }}' : p[0] + ' ' + p[1];
+{% else %}
     return p === null ? '' : p[0] + ' ' + p[1];
+{% endif %}
 }
 
 function deny(r, reason) {
@@ -169,7 +179,11 @@ function ownerSecret(r) {
 
 // 22 base64url characters: the first 16 bytes of HMAC-SHA256(secret, "response:" principal "\n" id).
 function ownerTag(secret, principal, rid) {
+{% if w.owner_unbound %}
+    return crypto.createHmac('sha256', secret).update('response:' + '\n' + rid)
+{% else %}
     return crypto.createHmac('sha256', secret).update('response:' + principal + '\n' + rid)
+{% endif %}
         .digest().slice(0, 16).toString('base64url').replace(/=+$/, '');
 }
 
@@ -634,7 +648,11 @@ function acquire(r, v, cost) {
         if (down || (!a.allow && a.reason === 'shared-store-unavailable')) {
             // on_unavailable: local: this proxy's share decides when the limiter says so (its
             // store down long enough: "local": true) or does not answer at all
+{% if w.failover_at_once %}
+            if (v.perimeter_local_up && (down || a.reason === 'shared-store-unavailable')) {
+{% else %}
             if (v.perimeter_local_up && (down || a.local === true)) {
+{% endif %}
                 v.perimeter_fallback = '1';
                 r.internalRedirect(v.perimeter_local_up);
                 return false;
@@ -696,7 +714,11 @@ function after(r) {
     tokens = s.zones.filter(function (z) { return z.indexOf('tokens:') === 0; });
     refund = Math.floor(Number(v.perimeter_refund || '0')) || 0;
     // one call: the slots released, with the refund settled in the same call when there is one
+{% if w.slots_kept %}
+    if (conc.length < 0) {
+{% else %}
     if (conc.length) {
+{% endif %}
         call = {key: s.key, zones: conc, slot: v.perimeter_slot};
         if (tokens.length && refund > 0) {
             call.settle = tokens[0];
@@ -1441,7 +1463,11 @@ function jwtJson(part) {
         throw new Error('not UTF-8');
     }
     v = JSON.parse(s);
+{% if w.jwt_duplicates_read %}
+    if (v === null || typeof v !== 'object' || Array.isArray(v) || !jwtSound(v, 1)) {
+{% else %}
     if (v === null || typeof v !== 'object' || Array.isArray(v) || !jwtUnique(s) || !jwtSound(v, 1)) {
+{% endif %}
         throw new Error('not an object');
     }
     return v;
@@ -1459,7 +1485,11 @@ function jwtForm(h, p) {
         && !(Array.isArray(p.aud) && p.aud.every(function (a) { return typeof a === 'string'; }))) {
         return 'jwt-invalid:format';
     }
+{% if w.jwt_crit_ignored %}
+    return '';
+{% else %}
     return has(h, 'crit') ? 'jwt-invalid:crit' : '';
+{% endif %}
 }
 
 // exp present; exp, nbf, iat integers 0..2^32-1: a refusal reason, or ''.
@@ -1515,22 +1545,38 @@ function jwtClaims(v, cfg, p) {
     if (typeof p.exp !== 'number') {
         return [401, 'jwt-invalid:exp'];
     }
+{% if not w.jwt_expiry_unchecked %}
     if (now > p.exp + cfg.skew) {
         return [401, 'jwt-expired'];
     }
+{% endif %}
     if ((p.nbf !== undefined && (typeof p.nbf !== 'number' || p.nbf > now + cfg.skew))
         || (p.iat !== undefined && (typeof p.iat !== 'number' || p.iat > now + cfg.skew))) {
         return [401, 'jwt-not-yet-valid'];
     }
+{% if w.jwt_issuer_prefix %}
+    for (i = 0; i < cfg.iss.length; i++) {
+        if (typeof p.iss === 'string' && p.iss.indexOf(cfg.iss[i]) === 0) {
+            break;
+        }
+    }
+    if (i === cfg.iss.length) {
+        return [401, 'jwt-issuer'];
+    }
+    p.iss = cfg.iss[i];     // the allowed issuer it starts with names its principals
+{% elif not w.jwt_issuer_unchecked %}
     if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {
         return [401, 'jwt-issuer'];
     }
+{% endif %}
     aud = Array.isArray(p.aud) ? p.aud : [p.aud];
     for (i = 0; i < aud.length && !(typeof aud[i] === 'string' && cfg.aud.indexOf(aud[i]) >= 0); i++) {
     }
+{% if not w.jwt_audience_unchecked %}
     if (i === aud.length) {
         return [401, 'jwt-audience'];
     }
+{% endif %}
     for (i = 0; i < cfg.req.length; i++) {
         if (!jwtHas(p[cfg.req[i][0]], cfg.req[i][1])) {
             return [403, 'jwt-claim:' + cfg.req[i][0]];
@@ -1540,7 +1586,9 @@ function jwtClaims(v, cfg, p) {
     if (typeof who !== 'string' || !JWT_CLAIM_VALUE.test(who)) {
         return [403, 'jwt-claim:' + cfg.sub];
     }
+{% if not w.jwt_unprefixed %}
     who = cfg.pfx[cfg.iss.indexOf(p.iss)] + who;    // its kind and issuer: the plan's "jwt:ID:"
+{% endif %}
     role = jwtRole(cfg, cfg.rc ? p[cfg.rc] : null);
     if (!role) {
         return [403, 'jwt-role'];
@@ -1566,7 +1614,11 @@ function jwt(r) {
         if (!m) {
             return jwtDeny(r, 401, 'jwt-missing');
         }
+{% if w.jwt_trailing_accepted %}
+        token = m[1].replace(/[.=]+$/, '');
+{% else %}
         token = m[1];
+{% endif %}
         if (token.length > cfg.max) {
             return jwtDeny(r, 401, 'jwt-invalid:size');
         }
@@ -1610,7 +1662,11 @@ function jwt(r) {
                                                    Buffer.from(parts[0] + '.' + parts[1]));
         })
         .then(function (ok) {
+{% if w.jwt_signature_unchecked %}
+            var refused = jwtClaims(v, cfg, payload);
+{% else %}
             var refused = ok ? jwtClaims(v, cfg, payload) : [401, 'jwt-invalid:signature'];
+{% endif %}
             if (refused) {
                 jwtDeny(r, refused[0], refused[1]);
                 return;

@@ -72,6 +72,7 @@ from scanner.generate.nginx_model import (
     RULES,
     UPSTREAM_KEY,
     NginxModel,
+    Weakening,
     build_model,
     rules_json,
 )
@@ -113,13 +114,24 @@ NJS_TEMPLATE = "nginx-perimeter.js"
 WS_LINE = "var INT_WS = null;   // generated: vllm_json.WHITESPACE (generate/nginx.py njs_module)"
 
 
-def njs_module(text: str) -> str:
-    """The njs module as NGINX loads it: the tables it shares with Lua generated from Python
-    (vLLM's whitespace around a numeric string: ``INT_WS``)."""
+def njs_module(text: str, weak: Weakening | None = None) -> str:
+    """The njs module as NGINX loads it: the template rendered with ``weak`` (a mutation operator's
+    switches; None: none), the tables it shares with Lua generated from Python (vLLM's whitespace
+    around a numeric string: ``INT_WS``)."""
+    try:
+        text = _environment().from_string(text).render(w=weak or Weakening())
+    except jinja2.TemplateError as exc:  # a bug in the template, not in the plan
+        raise GenerateError(f"nginx generator: {NJS_TEMPLATE}: template error: {exc}") from exc
     if WS_LINE not in text:
         raise InternalError("templates/nginx-perimeter.js: the INT_WS line the generator fills is missing")
     ws = js_whitespace_class()
     return text.replace(WS_LINE, f"var INT_WS = /^{ws}+|{ws}+$/g;   // generated: vllm_json.WHITESPACE", 1)
+
+
+def njs_file(model: NginxModel) -> GeneratedFile:
+    """perimeter.js rendered for ``model`` (its switches: the generator's none, a mutant's some)."""
+    return GeneratedFile(NJS, njs_module(Path(resources.data_file("templates", NJS_TEMPLATE))
+                                         .read_text(encoding="utf-8"), model.weak))
 
 
 class NginxGenerator:
@@ -130,10 +142,9 @@ class NginxGenerator:
         env = _environment()
         try:
             main = env.get_template("nginx.conf.j2").render(m=model)
-            njs = njs_module(Path(resources.data_file("templates", NJS_TEMPLATE)).read_text(encoding="utf-8"))
         except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
             raise GenerateError(f"nginx generator: template error: {exc}") from exc
-        files = [GeneratedFile(MAIN, main), *plan_files(env, model, plan), GeneratedFile(NJS, njs)]
+        files = [GeneratedFile(MAIN, main), *plan_files(env, model, plan), njs_file(model)]
         if plan.upstream.api_key_file:   # vLLM's key: 0600, included by the master
             key = read_upstream_key(plan.upstream.api_key_file)
             text = ("# vLLM's --api-key (generated, mode 0600)\n"

@@ -182,6 +182,23 @@ class Weakening:
     client_headers: bool = False        # proxy_pass_request_headers on: every client header passed
     upstream_key_dropped: bool = False  # vLLM's own key not sent upstream
     from_client: tuple[str, ...] = ()   # headers forwarded as the client sent them
+    # the njs module (templates/nginx-perimeter.js): a bearer token's checks, a certificate's name,
+    # the response seal
+    jwt_signature_unchecked: bool = False   # the signature's verdict ignored
+    jwt_audience_unchecked: bool = False
+    jwt_expiry_unchecked: bool = False
+    jwt_issuer_unchecked: bool = False
+    jwt_issuer_prefix: bool = False         # the issuer compared as a prefix of an allowed one
+    jwt_duplicates_read: bool = False       # a member named twice read (its last copy), not refused
+    jwt_crit_ignored: bool = False
+    jwt_trailing_accepted: bool = False     # trailing '.' / '=' stripped before the form is checked
+    jwt_unprefixed: bool = False            # a token principal without its "jwt:ID:" kind
+    cert_anyone: str = ""                   # an unknown certificate names "anyone" with this role
+    cert_subject_fallback: bool = False     # a URI SAN naming nobody falls back to the subject
+    owner_unbound: bool = False             # response seals not bound to the principal
+    slots_kept: bool = False                # the limiter's slots never released after the answer
+    failover_at_once: bool = False          # this proxy's share decides at the limiter's first
+                                            # "store unavailable", not once it says "local"
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def _orphaned_slot(kind: str) -> Operator:
         if not any(z.startswith("conc:") for z in plan.shared.zones.zones):
             raise NotApplicable("the plan has no shared concurrency zone")
         if kind == "nginx":
-            _replace_once(directory / nginx.NJS, "    if (conc.length) {\n", "    if (conc.length < 0) {\n")
+            nginx.render(directory, plan, nginx.switched(slots_kept=True))
         elif not _drop_blocks(directory / "envoy.yaml", "descriptor_value: release}"):
             raise NotApplicable("envoy.yaml releases no slot")
         return "the second replica never releases a slot after the answer (its refunds still settled)"
@@ -130,11 +130,10 @@ def _failover_burst(kind: str) -> Operator:
         alone = replace(plan, shared=replace(shared, on_unavailable="local", local=dict(shared.zones.zones),
                                              zones=replace(shared.zones, on_unavailable="local",
                                                            local_after_s={})))
-        RENDER[kind](directory, alone)
         if kind == "nginx":   # on the limiter's first "store unavailable", not once it says "local"
-            _replace_once(directory / nginx.NJS, "(down || a.local === true)",
-                          "(down || a.reason === 'shared-store-unavailable')")
+            nginx.render(directory, alone, nginx.switched(failover_at_once=True))
         else:                 # the limiter's unavailable answer lets the request on to the shares
+            RENDER[kind](directory, alone)
             _replace_once(directory / "envoy.yaml", "failure_mode_deny: true", "failure_mode_deny: false")
         return ("the second replica decides alone as soon as the store fails, at the policy's full "
                 "values (a fresh full burst at the failover)")

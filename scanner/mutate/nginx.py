@@ -1,7 +1,8 @@
-"""NGINX mutation operators: the plan's weakenings rendered by the NGINX generator, the
-generator's model changed in one marked place (a location's match, a zone's key, a body check's
-rule program without one of its steps), and edits of one directive of the rendered
-perimeter-http.conf / perimeter-proxy.conf / principals map."""
+"""NGINX mutation operators, each rendered by the NGINX generator: the plan's weakenings
+(scanner.mutate.core), or the generator's model changed in one marked place (a location's match, a
+zone's key, a body check's rule program without one of its steps) or by a switch of
+nginx_model.Weakening / BlockWeakening that the templates (perimeter-http.conf, perimeter-proxy.conf,
+the principals map, perimeter.js) honour. No operator edits rendered text."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_model import MAIN, PRINCIPALS, Block, Location, NginxModel, build_model
-from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
+from scanner.mutate.core import NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
 from scanner.rules import Keys, Program, Step
@@ -29,32 +30,25 @@ ModelEdit = Callable[[NginxModel, Plan], tuple[NginxModel, str]]
 def _options(directory: Path) -> GenerateOptions:
     """The options ``scanner.runtime.nginx.write`` rendered ``directory`` (its ``conf``) with."""
     run = directory.parent / "run"
-    m = re.search(r'^load_module "([^"]+)";', (directory / MAIN).read_text(encoding="utf-8"), re.M)
+    lines = (directory / MAIN).read_text(encoding="utf-8").splitlines()
+    module = next((line.split('"')[1] for line in lines if line.startswith('load_module "')), "")
     return GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
-                           error_log=str(run / "error.log"), extra={"njs_module": m.group(1)} if m else {})
+                           error_log=str(run / "error.log"), extra={"njs_module": module} if module else {})
 
 
 def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
-    """Render ``plan`` (its model changed by ``edit``) over the files in ``directory``; nginx.conf
-    (process settings, not the plan's) and the njs module stay as written."""
+    """Render ``plan`` (its model changed by ``edit``) over the files in ``directory``: the plan's
+    files and the njs module (its switches); nginx.conf (process settings) stays as written."""
     model = build_model(plan, _options(directory))
     what = ""
     if edit is not None:
         model, what = edit(model, plan)
-    for f in generator.plan_files(generator._environment(), model, plan):
+    for f in (*generator.plan_files(generator._environment(), model, plan), generator.njs_file(model)):
         write_text(directory / f.name, f.content, mode=f.mode)
     return what
 
 
 core.register_plan_operators(KIND, render)
-
-
-def _op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
-        needs: str = "") -> Callable[[Apply], Apply]:
-    def add(fn: Apply) -> Apply:
-        register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches, fn, needs))
-        return fn
-    return add
 
 
 def _model_op(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
@@ -164,6 +158,10 @@ def _without(op: str) -> Callable[[list[Step]], list[Step]]:
     return lambda steps: [s for s in steps if s.op != op]
 
 
+def _written_x10(steps: list[Step]) -> list[Step]:
+    return [core.written_x10(s) if s.op == "budget" else s for s in steps]
+
+
 def _unsalted(steps: list[Step]) -> list[Step]:
     """No salt step, and the client's cache_salt allowed through the field rules."""
     return [s.model_copy(update={"modes": {**s.modes, "cache_salt": "allow"}}) if isinstance(s, Keys) else s
@@ -189,6 +187,11 @@ _model_op("conn-zone-by-address", "source", "a concurrency zone counted per prin
 
 
 # --- switches of the generator's model: Weakening (the config), BlockWeakening (a route's blocks) --
+
+def switched(**switches: object) -> ModelEdit:
+    """The model with the given :class:`Weakening` switches (a fleet operator's: scanner.mutate.fleet)."""
+    return lambda model, plan: (replace(model, weak=replace(model.weak, **switches)), "")  # type: ignore[arg-type]
+
 
 def _weaken(what: str, **switches: object) -> ModelEdit:
     """The whole config with the given :class:`Weakening` switches."""
@@ -252,6 +255,8 @@ _model_op("network-from-forwarding-header", "source", "the server",
           _weaken("set_real_ip_from everywhere", real_ip_from_anyone=True))
 _model_op("host-from-client", "source", "every proxying location", "the client's Host forwarded upstream",
           ("upstream",), _weaken("proxy_set_header Host $http_host", host_from_client=True))
+
+
 _model_op("principal-header-from-client", "source", "a GET route",
           "one route takes the principal header from the client", ("upstream",),
           _weaken_route(core.plain_get, "", principal_from_client=True))
@@ -269,6 +274,9 @@ _model_op("forbidden-field-check-removed", "remove", "a route with field rules a
 _model_op("media-check-removed", "remove", "a route with media rules",
           "one route passes any media URL, data and embeddings", ("media",),
           _program(core.media_checked, _without("media"), "rule program without media"))
+_model_op("written-budget-raised", "raise", "a route with an output budget written in",
+          "one route writes its output budget x10 into the bodies without one (its caps unchanged)",
+          ("limits",), _program(core.budget_written, _written_x10, "its budget step writes x10"))
 _model_op("budget-not-enforced", "remove", "a route with an output budget",
           "one route forwards bodies without an output budget as sent", ("limits",),
           _program(core.budgeted, _without("budget"), "rule program without budget"))
@@ -298,15 +306,14 @@ _model_op("settlement-skipped", "remove", "the token-budget locations",
           "envelope)", ("token-budget",), _unsettled, needs="limits.tokens_per_minute")
 
 
-@_op("ownership-unbound", "remove", "the njs module's response seal",
-     "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
-     ("ownership",), needs="body.responses")
-def _n_unbound(directory: Path, plan: Plan) -> str:
+def _owner_unbound(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     core.owned(plan)
-    text = _read(directory, NJS)
-    _write(directory, NJS, text, text.replace("update('response:' + principal + '\\n' + rid)",
-                                              "update('response:' + '\\n' + rid)"))
-    return "ownerTag computed without the principal"
+    return _weaken("ownerTag computed without the principal", owner_unbound=True)(model, plan)
+
+
+_model_op("ownership-unbound", "remove", "the njs module's response seal",
+          "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
+          ("ownership",), _owner_unbound, needs="body.responses")
 
 
 def _any_key(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
@@ -419,105 +426,51 @@ _model_op("salt-not-rewritten", "forward", "a salted route",
           _program(core.salted, _unsalted, "rule program without salt"), needs="body.cache_salt")
 
 
-# --- bearer tokens (auth: jwt): the njs verification weakened ---------------------------------
+# --- bearer tokens (auth: jwt): the njs verification weakened (Weakening's jwt switches) -------
 
-def _read(directory: Path, name: str) -> str:
-    return (directory / name).read_text(encoding="utf-8")
-
-
-def _write(directory: Path, name: str, old: str, new: str) -> None:
-    if old == new:
-        raise NotApplicable(f"{name}: nothing to change")
-    (directory / name).write_text(new, encoding="utf-8")
-
-
-NJS = "perimeter.js"
 JWT_NEEDS = "auth: jwt"
 
 
-def _njs(directory: Path, plan: Plan, old: str, new: str, what: str) -> str:
-    d = core.token_checked(plan)
-    text = _read(directory, NJS)
-    if old not in text:
-        raise NotApplicable(f"{NJS}: no {old!r}")
-    _write(directory, NJS, text, text.replace(old, new, 1))
-    return f"{where(d)} (every auth: jwt route): {what}"
+def _jwt(what: str, **switches: object) -> ModelEdit:
+    """Every auth: jwt route's token verification with the given switches of the njs module."""
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+        d = core.token_checked(plan)
+        return _weaken(f"{where(d)} (every auth: jwt route): {what}", **switches)(model, plan)
+    return edit
 
 
-@_op("jwt-signature-unchecked", "remove", "the token verification",
-     "a token whose signature does not verify is admitted", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_signature(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan,
-                "var refused = ok ? jwtClaims(v, cfg, payload) : [401, 'jwt-invalid:signature'];",
-                "var refused = jwtClaims(v, cfg, payload);", "the signature's verdict ignored")
-
-
-@_op("jwt-audience-unchecked", "remove", "the token's audience",
-     "a token for another audience is admitted", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_audience(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "if (i === aud.length) {", "if (false) {", "the audience check removed")
-
-
-@_op("jwt-expiry-unchecked", "remove", "the token's expiry",
-     "an expired token is admitted", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_expiry(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "if (now > p.exp + cfg.skew) {", "if (false) {", "the exp check removed")
-
-
-@_op("jwt-issuer-unchecked", "remove", "the token's issuer",
-     "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_issuer(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {",
-                "if (false) {", "the issuer check removed")
-
-
-@_op("jwt-issuer-prefix", "remove", "the token's issuer",
-     "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
-     "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_issuer_prefix(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, """    if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {
-        return [401, 'jwt-issuer'];
-    }
-""", """    for (i = 0; i < cfg.iss.length; i++) {
-        if (typeof p.iss === 'string' && p.iss.indexOf(cfg.iss[i]) === 0) {
-            break;
-        }
-    }
-    if (i === cfg.iss.length) {
-        return [401, 'jwt-issuer'];
-    }
-    p.iss = cfg.iss[i];     // the allowed issuer it starts with names its principals
-""", "the issuer compared as a prefix")
-
-
-@_op("jwt-duplicates-read", "remove", "the token's strict JSON reading",
-     "a member named twice in a token's claims or header is read (the last copy, as JSON.parse "
-     "does) instead of refused", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_duplicates(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, " || !jwtUnique(s) ||", " ||", "the duplicate-member scan removed")
-
-
-@_op("jwt-crit-ignored", "remove", "the token's crit header",
-     "a token naming an extension nobody understands in crit is admitted", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_crit(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "return has(h, 'crit') ? 'jwt-invalid:crit' : '';", "return '';",
-                "the crit check removed")
-
-
-@_op("jwt-trailing-accepted", "remove", "the token's form",
-     "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
-     "form is checked, as lax JWT libraries do)", ("identity",), needs=JWT_NEEDS)
-def _n_jwt_trailing(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "        token = m[1];\n", "        token = m[1].replace(/[.=]+$/, '');\n",
-                "trailing dots and padding stripped from the token")
-
-
-@_op("principal-namespace-collision", "source", "the token principal's kind",
-     "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
-     "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)
-def _n_principal_namespace(directory: Path, plan: Plan) -> str:
-    return _njs(directory, plan, "    who = cfg.pfx[cfg.iss.indexOf(p.iss)] + who;", "",
-                "the token principal's jwt:ID: prefix dropped")
+_model_op("jwt-signature-unchecked", "remove", "the token verification",
+          "a token whose signature does not verify is admitted", ("identity",),
+          _jwt("the signature's verdict ignored", jwt_signature_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-audience-unchecked", "remove", "the token's audience",
+          "a token for another audience is admitted", ("identity",),
+          _jwt("the audience check removed", jwt_audience_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-expiry-unchecked", "remove", "the token's expiry",
+          "an expired token is admitted", ("identity",),
+          _jwt("the exp check removed", jwt_expiry_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-issuer-unchecked", "remove", "the token's issuer",
+          "a token from another issuer is admitted", ("identity",),
+          _jwt("the issuer check removed", jwt_issuer_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-issuer-prefix", "remove", "the token's issuer",
+          "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
+          "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",),
+          _jwt("the issuer compared as a prefix", jwt_issuer_prefix=True), needs=JWT_NEEDS)
+_model_op("jwt-duplicates-read", "remove", "the token's strict JSON reading",
+          "a member named twice in a token's claims or header is read (the last copy, as JSON.parse "
+          "does) instead of refused", ("identity",),
+          _jwt("the duplicate-member scan removed", jwt_duplicates_read=True), needs=JWT_NEEDS)
+_model_op("jwt-crit-ignored", "remove", "the token's crit header",
+          "a token naming an extension nobody understands in crit is admitted", ("identity",),
+          _jwt("the crit check removed", jwt_crit_ignored=True), needs=JWT_NEEDS)
+_model_op("jwt-trailing-accepted", "remove", "the token's form",
+          "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
+          "form is checked, as lax JWT libraries do)", ("identity",),
+          _jwt("trailing dots and padding stripped from the token", jwt_trailing_accepted=True),
+          needs=JWT_NEEDS)
+_model_op("principal-namespace-collision", "source", "the token principal's kind",
+          "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
+          "principal's name is that principal (its header, log name, seals)", ("identity",),
+          _jwt("the token principal's jwt:ID: prefix dropped", jwt_unprefixed=True), needs=JWT_NEEDS)
 
 
 # --- client certificates (auth: cert): the listener's verification and the njs name check -----
@@ -539,31 +492,26 @@ _model_op("cert-any-ca", "remove", "the client certificate's verification",
           needs=CERT_NEEDS)
 
 
-@_op("cert-san-unchecked", "remove", "the client certificate's name",
-     "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
-     needs=CERT_NEEDS)
-def _n_cert_san(directory: Path, plan: Plan) -> str:
+def _cert_anyone(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     d = core.cert_checked(plan)
-    text = _read(directory, NJS)
-    old = "    return p === null ? '' : p[0] + ' ' + p[1];"
-    if old not in text:
-        raise NotApplicable(f"{NJS}: no {old!r}")
-    _write(directory, NJS, text, text.replace(
-        old, f"    return p === null ? 'anyone {core.cert_role(plan, d)}' : p[0] + ' ' + p[1];", 1))
-    return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
+    return _weaken(f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'",
+                   cert_anyone=core.cert_role(plan, d))(model, plan)
 
 
-@_op("cert-san-fallback", "remove", "the client certificate's name",
-     "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
-     "(the fallback SPIFFE semantics forbid)", ("mtls",), needs=CERT_NEEDS)
-def _n_cert_san_fallback(directory: Path, plan: Plan) -> str:
+_model_op("cert-san-unchecked", "remove", "the client certificate's name",
+          "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
+          _cert_anyone, needs=CERT_NEEDS)
+
+
+def _cert_fallback(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
     d = core.cert_checked(plan)
-    text = _read(directory, NJS)
-    old = "    if (sans.length === 0 && has(table, dn)) {"
-    if old not in text:
-        raise NotApplicable(f"{NJS}: no {old!r}")
-    _write(directory, NJS, text, text.replace(old, "    if (p === null && has(table, dn)) {", 1))
-    return f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject"
+    return _weaken(f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject",
+                   cert_subject_fallback=True)(model, plan)
+
+
+_model_op("cert-san-fallback", "remove", "the client certificate's name",
+          "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
+          "(the fallback SPIFFE semantics forbid)", ("mtls",), _cert_fallback, needs=CERT_NEEDS)
 
 
 def _cert_revoked(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
