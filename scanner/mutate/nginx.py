@@ -257,6 +257,20 @@ _model_op("host-from-client", "source", "every proxying location", "the client's
           ("upstream",), _weaken("proxy_set_header Host $http_host", host_from_client=True))
 
 
+def _xff_appended(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+    if model.trusted_proxies:
+        raise NotApplicable("X-Forwarded-For is passed on from the plan's trusted proxies only")
+    what = "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for"
+    return _weaken(what, xff_appended=True)(model, plan)
+
+
+_model_op("xff-appended", "source", "every proxying location",
+          "X-Forwarded-For: the client's own with its address appended ($proxy_add_x_forwarded_for), not the "
+          "address alone", ("upstream",), _xff_appended)
+_model_op("request-id-from-client", "forward", "every proxying location",
+          "the client's X-Request-Id reaches vLLM ($http_x_request_id, not NGINX's $request_id)",
+          ("upstream",),
+          _weaken("proxy_set_header X-Request-Id $http_x_request_id", request_id_from_client=True))
 _model_op("principal-header-from-client", "source", "a GET route",
           "one route takes the principal header from the client", ("upstream",),
           _weaken_route(core.plain_get, "", principal_from_client=True))

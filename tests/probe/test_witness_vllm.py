@@ -160,7 +160,8 @@ def test_without_the_witness_the_weakening_passes(witnessed: Witnessed, tmp_path
 # only by the witness
 OPERATORS = ("nginx.host-from-client", "envoy.host-from-client",
              pytest.param("nginx.concurrency-raised-x10", marks=pytest.mark.slow), "envoy.concurrency-raised-x10",
-             "envoy.xff-hops-raised", "envoy.request-id-from-client", "envoy.written-budget-raised")
+             "nginx.xff-appended", "envoy.xff-hops-raised", "nginx.request-id-from-client",
+             "envoy.request-id-from-client", "nginx.written-budget-raised", "envoy.written-budget-raised")
 
 
 @pytest.mark.parametrize("op_id", OPERATORS)
