@@ -317,6 +317,7 @@ class EnvoyWeakening:
     xff_trusted_hops: int = 0        # X-Forwarded-For hops believed: 1 takes the client's own claim for
                                      # its address (what vLLM is told, per-address limits)
     client_request_id: bool = False  # preserve_external_request_id: the client's X-Request-Id reaches vLLM
+    client_headers: bool = False     # every client header passed on (the Lua drops none: no allowlist)
 
 
 @dataclass(frozen=True)

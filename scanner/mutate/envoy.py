@@ -421,22 +421,23 @@ def _e_upstream_key(env: _Envoy, plan: Plan) -> str:
     return "authorization not added"
 
 
-@_e("client-headers-forwarded", "forward", "every route",
-    "the header allowlist turned off (hop-by-hop, spoofable forwarded)", ('upstream',))
-def _e_headers(env: _Envoy, plan: Plan) -> str:
-    lua = env.lua
-    env.lua = re.sub(r"(?m)^  drop_headers\(headers, [^\n]*\)\n", "", lua, count=1)
-    if env.lua == lua:
-        raise NotApplicable("no header allowlist")
-    return "drop_headers off"
+_model_op("client-headers-forwarded", "forward", "every route",
+          "the header allowlist turned off (hop-by-hop, spoofable forwarded)", ('upstream',),
+          _switched("drop_headers off", client_headers=True))
 
 
-@_e("vllm-header-forwarded", "forward", "every route",
-    "X-Vllm-Priority from the client forwarded (queue jumping)", ('upstream',))
-def _e_priority(env: _Envoy, plan: Plan) -> str:
-    lua = env.lua
-    env.lua = lua.replace("local KEPT = { ", 'local KEPT = { ["x-vllm-priority"] = true, ', 1)
-    return "x-vllm-priority kept"
+def _kept(name: str, what: str) -> ModelEdit:
+    """A model edit: the client's header ``name`` (lower case) passed on by the Lua's allowlist."""
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+        if name in model.kept_headers:
+            raise NotApplicable(f"{name} is passed on already")
+        return replace(model, kept_headers=tuple(sorted((*model.kept_headers, name)))), what
+    return edit
+
+
+_model_op("vllm-header-forwarded", "forward", "every route",
+          "X-Vllm-Priority from the client forwarded (queue jumping)", ('upstream',),
+          _kept("x-vllm-priority", "x-vllm-priority kept"))
 
 
 @_e("principal-header-from-client", "source", "every route", "the principal header from the client is kept",
