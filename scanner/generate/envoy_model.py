@@ -318,6 +318,18 @@ class EnvoyWeakening:
                                      # its address (what vLLM is told, per-address limits)
     client_request_id: bool = False  # preserve_external_request_id: the client's X-Request-Id reaches vLLM
     client_headers: bool = False     # every client header passed on (the Lua drops none: no allowlist)
+    # the Lua's token checks (auth "jwt"; jwt_authn verifies the signature only) and certificate names
+    jwt_signature_unchecked: bool = False   # a token failing verification admitted (as "unverified")
+    jwt_audience_unchecked: bool = False
+    jwt_expiry_unchecked: bool = False
+    jwt_crit_ignored: bool = False
+    jwt_issuer_unchecked: bool = False      # any issuer taken for the policy's
+    jwt_issuer_prefix: bool = False         # the issuer compared as a prefix of an allowed one
+    jwt_trailing_accepted: bool = False     # trailing '.' / '=' stripped before the form is checked
+    jwt_unprefixed: bool = False            # a token principal without its "jwt:ID:" kind
+    cert_anyone: str = ""                   # an unknown certificate names "anyone" with this role
+    cert_subject_fallback: bool = False     # a URI SAN naming nobody falls back to the subject
+    cert_any_ca: bool = False               # client certificates from any CA, their validation unread
 
 
 @dataclass(frozen=True)

@@ -561,113 +561,48 @@ def _e_exact_prefix(env: _Envoy, plan: Plan) -> str:
 JWT_NEEDS = "auth: jwt"
 
 
+def _jwt(what: str, **switches: object) -> ModelEdit:
+    """Every auth: jwt route's token checks in the Lua with the given EnvoyWeakening switches."""
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+        d = core.token_checked(plan)
+        return _switched(f"{where(d)} (every auth: jwt route): {what}", **switches)(model, plan)
+    return edit
+
+
+_model_op("jwt-signature-unchecked", "remove", "the token verification",
+          "a token that fails verification (signature, kid, alg) is admitted", ("identity",),
+          _jwt("a token failing verification admitted", jwt_signature_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-audience-unchecked", "remove", "the token's audience",
+          "a token for another audience is admitted (Lua's audience check removed; jwt_authn holds none)",
+          ("identity",), _jwt("the audience check removed", jwt_audience_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-expiry-unchecked", "remove", "the token's expiry",
+          "an expired token is admitted (Lua's exp check removed; jwt_authn's skew is its largest)",
+          ("identity",), _jwt("the expiry check removed", jwt_expiry_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-crit-ignored", "remove", "the token's crit header",
+          "a token naming an extension nobody understands in crit is admitted", ("identity",),
+          _jwt("the crit check removed", jwt_crit_ignored=True), needs=JWT_NEEDS)
+_model_op("jwt-issuer-unchecked", "remove", "the token's issuer",
+          "a token from another issuer is admitted", ("identity",),
+          _jwt("the issuer check removed", jwt_issuer_unchecked=True), needs=JWT_NEEDS)
+_model_op("jwt-issuer-prefix", "remove", "the token's issuer",
+          "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
+          "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",),
+          _jwt("the issuer compared as a prefix", jwt_issuer_prefix=True), needs=JWT_NEEDS)
+_model_op("jwt-trailing-accepted", "remove", "the token's form",
+          "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
+          "form is checked; jwt_authn itself verifies such a token)", ("identity",),
+          _jwt("trailing dots and padding stripped from the token", jwt_trailing_accepted=True),
+          needs=JWT_NEEDS)
+_model_op("principal-namespace-collision", "source", "the token principal's kind",
+          "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
+          "principal's name is that principal (its header, log name, seals)", ("identity",),
+          _jwt("the token principal's jwt:ID: prefix dropped", jwt_unprefixed=True), needs=JWT_NEEDS)
+
+
 def _lua_text(env: _Envoy, old: str, new: str) -> None:
     if old not in env.lua:
         raise NotApplicable(f"Lua: no {old!r}")
     env.lua = env.lua.replace(old, new, 1)
-
-
-@_e("jwt-signature-unchecked", "remove", "the token verification",
-    "a token that fails verification (signature, kid, alg) is admitted", ("identity",), needs=JWT_NEEDS)
-def _e_jwt_signature(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if type(payload) ~= "table" then
-    return "401", jwt_failure(md[t.provider .. ".failed"])
-  end""", """  if type(payload) ~= "table" then
-    local why = jwt_failure(md[t.provider .. ".failed"])
-    if sub(why, 1, 12) ~= "jwt-invalid:" then
-      return "401", why
-    end
-    h:streamInfo():dynamicMetadata():set("perimeter", "principal", "unverified")
-    return nil, nil, "unverified"
-  end""")
-    return f"{where(d)} (every auth: jwt route): a token failing verification admitted"
-
-
-@_e("jwt-audience-unchecked", "remove", "the token's audience",
-    "a token for another audience is admitted (Lua's audience check removed; jwt_authn holds none)",
-    ("identity",), needs=JWT_NEEDS)
-def _e_jwt_audience(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if not claim_has(claims.aud, t.audiences) then
-    return "401", "jwt-audience"
-  end
-""", "")
-    return f"{where(d)} (every auth: jwt route): the audience check removed"
-
-
-@_e("jwt-expiry-unchecked", "remove", "the token's expiry",
-    "an expired token is admitted (Lua's exp check removed; jwt_authn's skew is its largest)",
-    ("identity",), needs=JWT_NEEDS)
-def _e_jwt_expiry(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if now > claims.exp + t.skew then
-    return "401", "jwt-expired"
-  end
-""", "")
-    return f"{where(d)} (every auth: jwt route): the expiry check removed"
-
-
-@_e("jwt-crit-ignored", "remove", "the token's crit header",
-    "a token naming an extension nobody understands in crit is admitted", ("identity",), needs=JWT_NEEDS)
-def _e_jwt_crit(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if jose.crit ~= nil then
-    return "jwt-invalid:crit"
-  end
-""", "")
-    return f"{where(d)} (every auth: jwt route): the crit check removed"
-
-
-@_e("jwt-issuer-unchecked", "remove", "the token's issuer",
-    "a token from another issuer is admitted", ("identity",), needs=JWT_NEEDS)
-def _e_jwt_issuer(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
-    return "401", "jwt-issuer"
-  end""", """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
-    payload.iss = next(t.issuers)   -- any issuer taken for the policy's (its principal prefix)
-  end""")
-    return f"{where(d)} (every auth: jwt route): the issuer check removed"
-
-
-@_e("jwt-issuer-prefix", "remove", "the token's issuer",
-    "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened to "
-    "a prefix: https://idp.example/realms/llm2 passes for .../llm)", ("identity",), needs=JWT_NEEDS)
-def _e_jwt_issuer_prefix(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, """  if type(payload.iss) ~= "string" or not t.issuers[payload.iss] then
-    return "401", "jwt-issuer"
-  end""", """  local matched = nil
-  for iss in pairs(t.issuers) do
-    if type(payload.iss) == "string" and sub(payload.iss, 1, #iss) == iss then
-      matched = iss
-    end
-  end
-  if matched == nil then
-    return "401", "jwt-issuer"
-  end
-  payload.iss = matched   -- the allowed issuer it starts with names its principals""")
-    return f"{where(d)} (every auth: jwt route): the issuer compared as a prefix"
-
-
-@_e("jwt-trailing-accepted", "remove", "the token's form",
-    "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
-    "form is checked; jwt_authn itself verifies such a token)", ("identity",), needs=JWT_NEEDS)
-def _e_jwt_trailing(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, "  if #token > t.max then\n",
-              '  token = (gsub(token, "[.=]+$", ""))\n  if #token > t.max then\n')
-    return f"{where(d)} (every auth: jwt route): trailing dots and padding stripped from the token"
-
-
-@_e("principal-namespace-collision", "source", "the token principal's kind",
-    "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
-    "principal's name is that principal (its header, log name, seals)", ("identity",), needs=JWT_NEEDS)
-def _e_principal_namespace(env: _Envoy, plan: Plan) -> str:
-    d = core.token_checked(plan)
-    _lua_text(env, "  who = t.issuers[payload.iss] .. who", "")
-    return f"{where(d)} (every auth: jwt route): the token principal's jwt:ID: prefix dropped"
 
 
 # --- client certificates (auth: cert): the listener's validation and the Lua name check -------
@@ -675,46 +610,40 @@ def _e_principal_namespace(env: _Envoy, plan: Plan) -> str:
 CERT_NEEDS = "auth: cert"
 
 
-@_e("cert-any-ca", "remove", "the client certificate's verification",
-    "any CA accepted: trust_chain_verification ACCEPT_UNTRUSTED and the Lua validated test removed "
-    "(a certificate from another CA, or expired, names its principal)", ("mtls",), needs=CERT_NEEDS)
-def _e_cert_any_ca(env: _Envoy, plan: Plan) -> str:
+def _cert_any_ca(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.cert_checked(plan)
-    listener = env.doc["static_resources"]["listeners"][0]
-    ctx = listener["filter_chains"][0]["transport_socket"]["typed_config"]
-    validation = ctx.get("common_tls_context", {}).get("validation_context")
-    if validation is None:
+    if not model.listen_client_ca:
         raise NotApplicable("no validation_context")
-    validation["trust_chain_verification"] = "ACCEPT_UNTRUSTED"
-    _lua_text(env, "  if not ssl:peerCertificateValidated() then", "  if false then")
-    return f"{where(d)} (every auth: cert route): client certificates not verified"
+    return _switched(f"{where(d)} (every auth: cert route): client certificates not verified",
+                     cert_any_ca=True)(model, plan)
 
 
-@_e("cert-san-unchecked", "remove", "the client certificate's name",
-    "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
-    needs=CERT_NEEDS)
-def _e_cert_san(env: _Envoy, plan: Plan) -> str:
+_model_op("cert-any-ca", "remove", "the client certificate's verification",
+          "any CA accepted: trust_chain_verification ACCEPT_UNTRUSTED and the Lua validated test removed "
+          "(a certificate from another CA, or expired, names its principal)", ("mtls",), _cert_any_ca,
+          needs=CERT_NEEDS)
+
+
+def _cert_anyone(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.cert_checked(plan)
-    _lua_text(env, """    return "403", "cert-unknown"
-  end""", f"""    p = {{name = "anyone", role = "{core.cert_role(plan, d)}"}}
-  end""")
-    return f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'"
+    return _switched(f"{where(d)} (every auth: cert route): an unknown certificate names 'anyone'",
+                     cert_anyone=core.cert_role(plan, d))(model, plan)
 
 
-@_e("cert-san-fallback", "remove", "the client certificate's name",
-    "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
-    "(the fallback SPIFFE semantics forbid)", ("mtls",), needs=CERT_NEEDS)
-def _e_cert_san_fallback(env: _Envoy, plan: Plan) -> str:
+_model_op("cert-san-unchecked", "remove", "the client certificate's name",
+          "any verified certificate is a principal (its URI SAN and subject not looked up)", ("mtls",),
+          _cert_anyone, needs=CERT_NEEDS)
+
+
+def _cert_fallback(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.cert_checked(plan)
-    _lua_text(env, """    p = #sans == 1 and CERTS["san:" .. sans[1]] or nil
-  else
-    p = CERTS["subject:" .. (ssl:subjectPeerCertificate() or "")]
-  end""", """    p = #sans == 1 and CERTS["san:" .. sans[1]] or nil
-  end
-  if p == nil then
-    p = CERTS["subject:" .. (ssl:subjectPeerCertificate() or "")]
-  end""")
-    return f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject"
+    return _switched(f"{where(d)} (every auth: cert route): an unlisted URI SAN falls back to the subject",
+                     cert_subject_fallback=True)(model, plan)
+
+
+_model_op("cert-san-fallback", "remove", "the client certificate's name",
+          "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named by its subject instead "
+          "(the fallback SPIFFE semantics forbid)", ("mtls",), _cert_fallback, needs=CERT_NEEDS)
 
 
 @_e("cert-revoked-mapped", "remove", "a revoked certificate principal",
