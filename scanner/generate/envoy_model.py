@@ -330,6 +330,11 @@ class EnvoyWeakening:
     cert_anyone: str = ""                   # an unknown certificate names "anyone" with this role
     cert_subject_fallback: bool = False     # a URI SAN naming nobody falls back to the subject
     cert_any_ca: bool = False               # client certificates from any CA, their validation unread
+    owner_unbound: bool = False             # response seals not bound to the principal
+    any_key: tuple[str, str] | None = None  # (principal, role) an unknown key is taken for
+    xff_from_anyone: bool = False           # the client address (RBAC, use_remote_address) from the
+                                            # client's own X-Forwarded-For
+    principal_from_client: bool = False     # the principal header added only if the client sent none
 
 
 @dataclass(frozen=True)

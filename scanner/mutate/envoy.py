@@ -19,7 +19,8 @@ from scanner.generate.envoy_model import PRINCIPALS, EnvoyModel, RouteView, buil
 from scanner.generate.interface import GenerateOptions
 from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
 from scanner.output import write_text
-from scanner.plan.model import Decision, Plan
+from scanner.plan.model import PRINCIPAL_HEADER, Decision, Plan
+from scanner.policy.model import CertPrincipal
 from scanner.rules import Keys, Program, Step
 
 KIND = "envoy"
@@ -291,16 +292,14 @@ def _e_method(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}"
 
 
-@_e("ownership-unbound", "remove", "the Lua filter's response seal",
-    "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
-    ('ownership',), needs="body.responses")
-def _e_unbound(env: _Envoy, plan: Plan) -> str:
+def _owner_unbound(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     core.owned(plan)
-    old = '"response:" .. principal .. "\\n" .. rid'
-    if old not in env.lua:
-        raise NotApplicable("no response seal in the Lua filter")
-    env.lua = env.lua.replace(old, '"response:" .. "\\n" .. rid')
-    return "owner_tag computed without the principal"
+    return _switched("owner_tag computed without the principal", owner_unbound=True)(model, plan)
+
+
+_model_op("ownership-unbound", "remove", "the Lua filter's response seal",
+          "stored responses' seals not bound to the principal (any principal's seal is every principal's)",
+          ('ownership',), _owner_unbound, needs="body.responses")
 
 
 @_e("token-budget-removed", "remove", "a token zone",
@@ -332,15 +331,14 @@ def _e_settlement(env: _Envoy, plan: Plan) -> str:
     return f"{d.token_zone} ({d.method} {d.path})"
 
 
-@_e("network-from-forwarding-header", "source", "the listener", "client address taken from X-Forwarded-For",
-    ('spoof', 'matrix'))
-def _e_xff(env: _Envoy, plan: Plan) -> str:
-    env.hcm["use_remote_address"] = False
-    env.hcm["xff_num_trusted_hops"] = 1
-    text = yaml.safe_dump(env.routes)
-    env.hcm["route_config"]["virtual_hosts"][0]["routes"] = yaml.safe_load(
-        text.replace("direct_remote_ip:", "remote_ip:"))
-    return "RBAC on the X-Forwarded-For address"
+def _xff_from_anyone(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    if model.trusted_proxies:
+        raise NotApplicable("X-Forwarded-For is believed from the plan's trusted proxies only")
+    return _switched("RBAC on the X-Forwarded-For address", xff_from_anyone=True)(model, plan)
+
+
+_model_op("network-from-forwarding-header", "source", "the listener",
+          "client address taken from X-Forwarded-For", ('spoof', 'matrix'), _xff_from_anyone)
 
 
 @_e("prefix-route-added", "expose", "the routes under /v1/", "a prefix route forwards everything under /v1/",
@@ -440,29 +438,32 @@ _model_op("vllm-header-forwarded", "forward", "every route",
           _kept("x-vllm-priority", "x-vllm-priority kept"))
 
 
-@_e("principal-header-from-client", "source", "every route", "the principal header from the client is kept",
-    ('upstream',))
-def _e_principal(env: _Envoy, plan: Plan) -> str:
-    removed = env.hcm["route_config"]["request_headers_to_remove"]
-    removed.remove("x-perimeter-principal")
-    for h in env.hcm["route_config"]["request_headers_to_add"]:
-        if h["header"]["key"] == "x-perimeter-principal":
-            h["append_action"] = "ADD_IF_ABSENT"
-            h["keep_empty_value"] = False
-    env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["x-perimeter-principal"] = true, ', 1)
-    return "x-perimeter-principal kept"
+def _principal_from_client(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    name = PRINCIPAL_HEADER.lower()
+    if name not in model.request_headers_to_remove:
+        raise NotApplicable(f"{name} is not removed from requests")
+    removed = tuple(h for h in model.request_headers_to_remove if h != name)
+    return replace(model, request_headers_to_remove=removed,
+                   kept_headers=tuple(sorted({*model.kept_headers, name})),
+                   weak=replace(model.weak, principal_from_client=True)), f"{name} kept"
 
 
-@_e("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
-    ('upstream', 'matrix'))
-def _e_upgrade(env: _Envoy, plan: Plan) -> str:
+_model_op("principal-header-from-client", "source", "every route",
+          "the principal header from the client is kept", ('upstream',), _principal_from_client)
+
+
+def _upgrade(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.plain_get(plan)
-    r = env.allowed(d)
-    r["route"]["upgrade_configs"] = [{"upgrade_type": "websocket", "enabled": True}]
-    env.hcm.setdefault("upgrade_configs", [{"upgrade_type": "websocket", "enabled": False}])
-    env.lua = env.lua.replace("local KEPT = { ", 'local KEPT = { ["upgrade"] = true, ["connection"] = true, '
-                              '["sec-websocket-key"] = true, ["sec-websocket-version"] = true, ', 1)
-    return f"{d.method} {d.path}"
+    name = f"allow:{d.method} {d.path}"
+    if not any(r.name == name for r in model.routes):
+        raise NotApplicable(f"no route {name}")
+    routes = tuple(replace(r, websocket=True) if r.name == name else r for r in model.routes)
+    kept = {*model.kept_headers, "upgrade", "connection", "sec-websocket-key", "sec-websocket-version"}
+    return replace(model, routes=routes, kept_headers=tuple(sorted(kept))), where(d)
+
+
+_model_op("upgrade-on-plain-route", "expose", "a GET route", "one plain route passes WebSocket upgrades",
+          ('upstream', 'matrix'), _upgrade)
 
 
 @_e("h2c-accepted", "expose", "the listener",
@@ -479,20 +480,15 @@ def _e_grpc(env: _Envoy, plan: Plan) -> str:
     return "route deny:grpc removed"
 
 
-@_e("any-key-accepted", "remove", "the key lookup", "an unknown key is taken for a principal",
-    ('matrix',))
-def _e_any_key(env: _Envoy, plan: Plan) -> str:
+def _any_key(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     first = sorted(plan.principals, key=lambda p: p.name)
     if not first:
         raise NotApplicable("no principals")
-    lua = env.lua
-    env.lua = lua.replace("found = PRINCIPALS[sha256_hex(key)] or false",
-                          f'found = PRINCIPALS[sha256_hex(key)] or {{name = "{first[0].name}", '
-                          f'role = "{first[0].role}"}}')
-    if env.lua == lua:
-        raise NotApplicable("no key lookup")
-    return f"unknown keys -> {first[0].name}"
+    return _switched(f"unknown keys -> {first[0].name}", any_key=(first[0].name, first[0].role))(model, plan)
 
+
+_model_op("any-key-accepted", "remove", "the key lookup", "an unknown key is taken for a principal",
+          ('matrix',), _any_key)
 
 
 # switch: the limit stays written, Envoy only counts what it would refuse (shadow mode)
@@ -646,19 +642,22 @@ _model_op("cert-san-fallback", "remove", "the client certificate's name",
           "(the fallback SPIFFE semantics forbid)", ("mtls",), _cert_fallback, needs=CERT_NEEDS)
 
 
-@_e("cert-revoked-mapped", "remove", "a revoked certificate principal",
-    "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
-    "the probe's unknown name stands for it", ("mtls",), needs=CERT_NEEDS)
-def _e_cert_revoked(env: _Envoy, plan: Plan) -> str:
+def _cert_revoked(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    """The probe's unknown name mapped as a principal the plan no longer lists (the model's
+    certificate principals, not the plan's)."""
     from scanner.probe.certs_cases import UNKNOWN_SAN
 
     d = core.cert_checked(plan)
-    path = env.path.parent / PRINCIPALS
-    text = path.read_text(encoding="utf-8")
-    if "\ncert\t" not in text:
+    if not model.certs:
         raise NotApplicable(f"{PRINCIPALS}: no certificate principals")
-    write_text(path, text + f"cert\tsan:{UNKNOWN_SAN}\trevoked\t{core.cert_role(plan, d)}\n", mode=0o600)
-    return f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+    revoked = CertPrincipal(name="revoked", role=core.cert_role(plan, d), san=UNKNOWN_SAN)
+    return replace(model, certs=(*model.certs, revoked)), \
+        f"{where(d)} (every auth: cert route): a revoked principal still mapped"
+
+
+_model_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
+          "a principal the plan no longer lists is still mapped (the principals file not regenerated): "
+          "the probe's unknown name stands for it", ("mtls",), _cert_revoked, needs=CERT_NEEDS)
 
 
 # --- the listener's TLS: legacy versions --------------------------------------------------------
