@@ -1,6 +1,7 @@
 """Envoy mutation operators: the plan's weakenings rendered by the Envoy generator, the
 generator's model changed in one marked place (a route's match, a rate filter's buckets, a
-cluster's thresholds), and edits of the rendered envoy.yaml (as data) and its inline Lua."""
+cluster's thresholds, EnvoyWeakening's switches the YAML and Lua templates honour), and edits of
+the rendered envoy.yaml as data (parsed, changed, dumped; no text edits)."""
 
 from __future__ import annotations
 
@@ -184,11 +185,11 @@ _model_op("circuit-breaker-max", "switch", "a concurrency zone's clusters",
           ("concurrency",), _breaker_max)
 
 
-# --- edits of envoy.yaml (as data) and its inline Lua ----------------------------------------
+# --- edits of envoy.yaml as data (the Lua is rendered from the model: EnvoyWeakening) ---------
 
 
 class _Envoy:
-    """envoy.yaml as data: the HTTP connection manager, its routes and the Lua source."""
+    """envoy.yaml as data: the HTTP connection manager and its routes."""
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / ENVOY
@@ -196,15 +197,6 @@ class _Envoy:
         listener = self.doc["static_resources"]["listeners"][0]
         self.hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
         self.routes: list[dict[str, Any]] = self.hcm["route_config"]["virtual_hosts"][0]["routes"]
-        self.lua_filter = next(f for f in self.hcm["http_filters"] if f["name"] == "perimeter.lua")
-
-    @property
-    def lua(self) -> str:
-        return str(self.lua_filter["typed_config"]["default_source_code"]["inline_string"])
-
-    @lua.setter
-    def lua(self, text: str) -> None:
-        self.lua_filter["typed_config"]["default_source_code"]["inline_string"] = text
 
     def route(self, name: str) -> dict[str, Any]:
         for r in self.routes:
@@ -593,12 +585,6 @@ _model_op("principal-namespace-collision", "source", "the token principal's kind
           "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
           "principal's name is that principal (its header, log name, seals)", ("identity",),
           _jwt("the token principal's jwt:ID: prefix dropped", jwt_unprefixed=True), needs=JWT_NEEDS)
-
-
-def _lua_text(env: _Envoy, old: str, new: str) -> None:
-    if old not in env.lua:
-        raise NotApplicable(f"Lua: no {old!r}")
-    env.lua = env.lua.replace(old, new, 1)
 
 
 # --- client certificates (auth: cert): the listener's validation and the Lua name check -------
