@@ -61,6 +61,7 @@ import httpx
 from scanner import mutate
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan import body as plan_body
 from scanner.plan.model import REASON_HEADER, Decision
 from scanner.plan.vllm_json import vllm_int
 from scanner.policy.load import loads
@@ -320,7 +321,7 @@ def old_charge_admits(sent: list[Sent], d_of: Mapping[str, Decision], limit: int
         if last is not None:
             tokens = min(float(limit), tokens + (s.t - last) * limit / 60)
         last = s.t
-        env = route.envelope(s.body)
+        env = plan_body.envelope(route, s.body)
         cost = env.output + len(s.body) / 4
         if cost <= tokens:
             tokens -= cost
@@ -382,7 +383,7 @@ def run(proxy: Proxy, tpm: int, window: float, clients: int, seed: int, natural:
         z.reached += 1
         z.by_kind[x.kind] += 1
         got = vllm_potential(x.path, obj)
-        env = d.envelope(raw)
+        env = plan_body.envelope(d, raw)
         if got is None:
             z.unbounded += 1
         else:
@@ -434,7 +435,7 @@ def saturate(proxy: Proxy, tpm: int, window: float, clients: int, burst: int | N
         assert d is not None and d.token_zone
         cost = max(1, tpm // 100)
         body = body_of_cost(d, cost, {}, 1 << 20)
-        assert body is not None and d.token_cost(body) == cost
+        assert body is not None and plan_body.token_cost(d, body) == cost
         directory = work / proxy.name
         proxy.write(s.plan, directory)
         stack.enter_context(StandinThread(inventory, "127.0.0.1", port))

@@ -38,7 +38,7 @@ Design (see :mod:`scanner.generate.envoy_model` for the route table):
   per principal, keyed on the metadata the key check wrote; auth "none" routes get a
   bucket per client address.
 * Token budgets (``limits.tokens_per_minute``): Lua computes each request's cost
-  (``Decision.token_cost``) into ``perimeter.cost``; one ``local_ratelimit`` filter per token
+  (``scanner.plan.body.token_cost``) into ``perimeter.cost``; one ``local_ratelimit`` filter per token
   zone, after the rate filters, charges it (``hits_addend``) to a bucket per principal (per
   client address on auth "none"); Lua's ``envoy_on_response`` writes ``Retry-After``.
   Settled from usage (scanner/plan/settle.py): a stream not asking for its usage leaves asking

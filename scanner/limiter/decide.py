@@ -13,7 +13,7 @@ reservation given back (the request will not run: it is neither running nor char
   new random one): a lease of ``slot_lease_s`` renewed by this process (scanner.limiter.store.
   renew, the service's loop) until released, the zone's ``slot_ttl_s`` has passed, or the proxy
   holding it is gone (store.Owners);
-* tokens: reserve ``cost`` (the request's admitted envelope, Decision.token_cost), clamped to
+* tokens: reserve ``cost`` (the request's admitted envelope, scanner.plan.body.token_cost), clamped to
   the bucket's capacity (``burst``) + 1 (a cost over it never fits: Retry-After 60, as the proxies).
 
 A refusal carries its reason (scanner.reasons: ``rate``, ``concurrency``, ``token-budget``)

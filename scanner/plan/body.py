@@ -21,7 +21,7 @@ reasons are given (one body may break several):
    reject`` (``json-cap:FIELD:absent``); under ``inject`` it is written in, at a nested position
    only into an object already there (a body without one, vLLM refuses as sent);
 6. a salted route without a salt for the sender (``bad-request:no-salt``);
-7. the admitted envelope over the route's per-request caps (:meth:`Decision.envelope_reason`);
+7. the admitted envelope over the route's per-request caps (:func:`envelope_refusal`);
 8. under ``responses: owned``, each field naming a stored response (:attr:`Decision.owner_fields`,
    present, not null, not stripped) sealed for the sender (``not-owner:FIELD``, 403,
    :mod:`scanner.plan.owner`); it leaves with vLLM's own id.
@@ -39,14 +39,16 @@ from dataclasses import dataclass
 
 from scanner import reasons
 from scanner.plan import interpret
+from scanner.plan.envelope import Envelope
 from scanner.plan.model import Decision
-from scanner.plan.program import compile_decision, inspects
+from scanner.plan.program import compile_decision, envelope_step, inspects
 
-__all__ = ["FORM_TYPES", "Judgement", "document", "forwarded", "inspects", "is_form", "judge", "violations"]
+__all__ = ["FORM_TYPES", "Judgement", "document", "envelope", "envelope_refusal", "forwarded", "inspects",
+           "is_form", "judge", "token_cost", "violations"]
 from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy import media
 from scanner.policy.model import count_of
-from scanner.rules import Values
+from scanner.rules import EnvelopeStep, Program, Values
 
 FORM_TYPES: tuple[str, ...] = ("multipart/form-data", "application/x-www-form-urlencoded")
 HTTP_WS = " \t\n\x0b\x0c\r"   # what NGINX's \s and Lua's %s strip around a media type
@@ -127,6 +129,54 @@ def judge(d: Decision, raw: bytes, salt: str = "",
     if why:
         return Judgement(why)
     return Judgement(body=body, cost=max(1, r.tokens) if d.token_zone else 0)
+
+
+def _through_envelope(d: Decision, raw: bytes) -> tuple[interpret.Run, str] | None:
+    """The run of ``raw`` through ``d``'s program up to its envelope instruction (every step before
+    it run, refusals or not: the keys' strips, the budget written in, the pins), and that
+    instruction's refusal; None for a body that is not a JSON object. A route without the
+    instruction (no token budget, no per-request cap) is run with one (its envelope is still
+    asked for: the probe's shapes)."""
+    try:
+        doc = document(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    steps = compile_decision(d).steps
+    at_ = next((i for i, s in enumerate(steps) if isinstance(s, EnvelopeStep)), None)
+    step = steps[at_] if at_ is not None else envelope_step(d)
+    r = interpret.Run(doc, len(raw))
+    interpret.run(Program(steps=steps[:at_] if at_ is not None else steps), r, stop=False)
+    return r, interpret.op_envelope(step, r)  # type: ignore[arg-type]
+
+
+def envelope(d: Decision, raw: bytes) -> Envelope:
+    """The admitted envelope of a request of ``d`` with body ``raw`` (scanner/plan/envelope.py), as
+    the route's program computes it, in one place for the judge, the probe's expectations and
+    the proxies' interpreters: the sequences it runs, the output budget per sequence (what the
+    budget step wrote in, else the first budget field present, else vLLM's default), its input
+    estimate (the body's bytes) and its ``model``; a body that is not a JSON object: 1 sequence,
+    no output."""
+    ran = _through_envelope(d, raw)
+    if ran is None:
+        return Envelope(sequences=1, output=0, input=len(raw))
+    model = ran[0].doc.get("model")
+    return Envelope(sequences=ran[0].sequences, output=ran[0].output, input=len(raw),
+                    model=model if isinstance(model, str) else "")
+
+
+def envelope_refusal(d: Decision, raw: bytes) -> str:
+    """The refusal of ``raw`` by ``d``'s per-request caps (``envelope-sequences:over-N``,
+    ``envelope-tokens:over-N``): the envelope instruction's own; "" admitted (or no cap)."""
+    ran = _through_envelope(d, raw) if d.envelope_capped else None
+    return ran[1] if ran is not None else ""
+
+
+def token_cost(d: Decision, raw: bytes) -> int:
+    """What a request of ``d`` with ``raw`` is charged against its token budget at admission: its
+    envelope's tokens (sequences x output budget + the body's bytes), at least 1."""
+    return max(1, envelope(d, raw).tokens)
 
 
 def violations(d: Decision, doc: object, salt: str = "") -> tuple[str, ...]:

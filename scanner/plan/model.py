@@ -7,7 +7,6 @@ config and the proof of that config cannot disagree about intent.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from dataclasses import field as dataclass_field
@@ -17,8 +16,7 @@ from typing import Any, Literal
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
 from scanner.limiter.config import ConcurrencyZone, LimiterConfig, RateZone, TokenZone, Zone, zone_json
-from scanner.plan.envelope import Envelope, EnvelopeSpec
-from scanner.plan.envelope import sequences as envelope_sequences
+from scanner.plan.envelope import EnvelopeSpec
 from scanner.plan.output_default import OutputDefault
 from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy.jwt import JwtAuth
@@ -320,45 +318,6 @@ class Decision:
         burst = self.limits.tokens_burst
         return burst if burst is not None else default_tokens_burst(tpm)
 
-    def envelope(self, body: bytes) -> Envelope:
-        """The admitted envelope of a request with ``body`` (scanner/plan/envelope.py): the
-        sequences it runs (its items x n / best_of, from :attr:`envelope_spec`; 1 for a body that
-        is not a JSON object), the output budget per sequence (the first of :attr:`budget`'s fields
-        present and not null, as a whole number >= 0; none present: :meth:`Budget.output`, what
-        the proxy writes in or vLLM's own default, the latter where a nested budget's parent is
-        not an object; 0 on a route without a budget), its input
-        estimate (the body's bytes) and its ``model``. njs (``envelope``) and Lua (``envelope``)
-        compute the same from the same spec."""
-        obj: object = None
-        if body:
-            try:
-                obj = json.loads(body)
-            except (ValueError, RecursionError):    # nested past Python's depth: not read as JSON
-                obj = None
-        if not isinstance(obj, dict):
-            return Envelope(sequences=1, output=0, input=len(body))
-        out = 0
-        budget = self.budget
-        if budget is not None:
-            value = next((at(obj, f) for f in budget.fields if at(obj, f) is not None), None)
-            if value is not None:
-                out = whole(value)
-            else:   # what is written in, else (nothing, or nowhere to write it) vLLM's default
-                out = budget.output(len(body)) if budget.writable(obj) else budget.rest
-        model = obj.get("model")
-        return Envelope(sequences=envelope_sequences(self.envelope_spec, obj, whole), output=out,
-                        input=len(body), model=model if isinstance(model, str) else "")
-
-    def envelope_reason(self, env: Envelope) -> str:
-        """The refusal of a body with envelope ``env`` by the route's per-request caps
-        (``limits.max_sequences``, ``limits.max_request_tokens``): a reason token, "" admitted."""
-        lim = self.limits
-        if lim.max_sequences is not None and env.sequences > lim.max_sequences:
-            return f"envelope-sequences:over-{lim.max_sequences}"
-        if lim.max_request_tokens is not None and env.tokens > lim.max_request_tokens:
-            return f"envelope-tokens:over-{lim.max_request_tokens}"
-        return ""
-
     @property
     def envelope_capped(self) -> bool:
         """Does this route refuse bodies by their envelope (an allowed HTTP route with a body
@@ -366,12 +325,6 @@ class Decision:
         lim = self.limits
         return (self.allowed and self.kind == "http" and self.method in BODY_METHODS
                 and (lim.max_sequences is not None or lim.max_request_tokens is not None))
-
-    def token_cost(self, body: bytes) -> int:
-        """What a request with ``body`` is charged against its token budget, at admission: its
-        envelope's tokens (:meth:`envelope`: sequences x output budget per sequence + body bytes),
-        at least 1."""
-        return max(1, self.envelope(body).tokens)
 
     def salt_subject(self, principal: str) -> str:
         """What this route's salt is computed over ("principal:NAME" / "audience:NAME"); "" none."""

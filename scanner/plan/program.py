@@ -107,18 +107,23 @@ def compile_decision(d: Decision) -> Program:
         steps.append(Salt())
     steps += [PinStep(field=f, value=v) for f, v in sorted(rules.pins.items())]
     if d.token_zone or d.envelope_capped:
-        out = d.budget
-        steps.append(EnvelopeStep(items=[(f, r) for f, r in d.envelope_spec.items],
-                                  pairs=[(a, b) for a, b in d.envelope_spec.pairs],
-                                  per=list(d.envelope_spec.per_item),
-                                  out=list(out.fields) if out else [], rest=out.rest if out else 0,
-                                  max_sequences=d.limits.max_sequences,
-                                  max_tokens=d.limits.max_request_tokens))
+        steps.append(envelope_step(d))
     if d.owner_fields:
         steps.append(Owned(fields=list(d.owner_fields)))
     if d.token_zone and d.envelope_spec.ask_usage:
         steps.append(AskUsage())
     return Program(steps=steps)
+
+
+def envelope_step(d: Decision) -> EnvelopeStep:
+    """``d``'s envelope instruction: its request model's multipliers, its output budget's fields
+    (none present: ``rest``, vLLM's own default) and its per-request caps."""
+    out = d.budget
+    return EnvelopeStep(items=[(f, r) for f, r in d.envelope_spec.items],
+                        pairs=[(a, b) for a, b in d.envelope_spec.pairs],
+                        per=list(d.envelope_spec.per_item),
+                        out=list(out.fields) if out else [], rest=out.rest if out else 0,
+                        max_sequences=d.limits.max_sequences, max_tokens=d.limits.max_request_tokens)
 
 
 def inspects(d: Decision) -> bool:

@@ -1,7 +1,7 @@
 """Settlement: the unused part of a token reservation returned once vLLM's answer says what it did.
 
 A route with a token budget (:attr:`Decision.token_zone`) is charged its admitted envelope at
-admission (:meth:`Decision.token_cost`), atomically, before vLLM sees the request: no overshoot
+admission (:func:`scanner.plan.body.token_cost`), atomically, before vLLM sees the request: no overshoot
 under concurrency. When the answer reports ``usage``, the charge is settled: the reservation less
 the tokens vLLM reports goes back to the budget (:func:`refund`). Both proxies do it (NGINX: njs
 body filter; Envoy: Lua on the response) by this module's rules, which are the reference.

@@ -69,7 +69,7 @@ class Limits:
     timeout_s: float | None = None
     when_absent: WhenAbsent | None = None   # None: not set here ("inject" when nothing sets it)
     # per principal (per client address on auth "none"), charged at admission: the request's
-    # output budget + body bytes / 4 (Decision.token_cost); None: no token budget
+    # output budget + body bytes / 4 (scanner.plan.body.token_cost); None: no token budget
     tokens_per_minute: int | None = None
     # the most of that budget one principal may spend at once (the bucket's capacity, refilled at
     # tokens_per_minute / 60 a second): None here means the default, ceil(tokens_per_minute / 4)

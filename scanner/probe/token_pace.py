@@ -3,7 +3,7 @@ that budget, so that checks not about the budget never meet it (scanner/probe/pa
 rate buckets; this paces the token budgets).
 
 A request is charged at admission (the proxies: once every other check passed) the plan's cost
-(:meth:`Decision.token_cost`, its admitted envelope's tokens) against one budget per
+(:func:`scanner.plan.body.token_cost`, its admitted envelope's tokens) against one budget per
 :attr:`Decision.token_zone` and principal (``auth: key``) or source address (``auth: none``):
 :func:`charge_of` says which budget and how much, from the plan alone. The plan caps that cost at
 the budget's capacity (``max_request_tokens`` <= ``tokens_burst``, scanner/plan/build.py): a body
@@ -35,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from scanner.plan import body as plan_body
 from scanner.plan import settle
 from scanner.plan.model import Decision, Plan
 from scanner.probe.cases import Case
@@ -77,10 +78,10 @@ def charge_of(plan: Plan, case: Case, source_address: str | None) -> Charge:
     if expect(d, case.credential, source_address).denied:
         return Charge()
     body = case.body or b""
-    if d.envelope_capped and d.envelope_reason(d.envelope(body)):
+    if d.envelope_capped and plan_body.envelope_refusal(d, body):
         return Charge()
     capacity = d.token_capacity
-    return Charge(token_key(d, case, source_address), min(d.token_cost(body), capacity),
+    return Charge(token_key(d, case, source_address), min(plan_body.token_cost(d, body), capacity),
                   d.limits.tokens_per_minute or 0, capacity)
 
 
@@ -191,7 +192,7 @@ def light_body(d: Decision, body: bytes) -> bytes | None:
     out = written(body, budget.field, LIGHT)
     if d.limits.body_bytes is not None and len(out) > d.limits.body_bytes:
         return None
-    if d.envelope_capped and d.envelope_reason(d.envelope(out)):
+    if d.envelope_capped and plan_body.envelope_refusal(d, out):
         return None
     return out
 

@@ -15,6 +15,7 @@ import pytest
 
 from scanner.audit import access_log
 from scanner.inventory.catalog import load_ref
+from scanner.plan import body as plan_body
 from scanner.plan.body import judge
 from scanner.plan.inputs import load_policy
 from tests.differential.harness import Case, run, stand
@@ -81,7 +82,7 @@ def test_every_line_carries_the_request_and_its_envelope(tmp_path: Path, name: s
         d = plan.decision("POST", case.path)
         assert d is not None and d.budget is not None
         ref = judge(d, case.raw, s.salt(case.role, case.path))
-        env = d.envelope(case.raw)
+        env = plan_body.envelope(d, case.raw)
         assert e.status == seen[case.id].status and e.method == "POST" and e.latency_ms >= 0
         assert e.principal == next(p.name for p in plan.principals if p.role == case.role)
         assert e.route and e.request_id and e.request_id not in ids
@@ -94,7 +95,7 @@ def test_every_line_carries_the_request_and_its_envelope(tmp_path: Path, name: s
             continue
         assert e.decision in ("allow", "")   # Envoy: no decision on vLLM's own answers
         assert (e.output, e.output_from) == (env.output, "written" if case.id == "n2-written" else "sent")
-        assert e.tokens_charged == (min(d.token_cost(case.raw), d.token_capacity + 1)
+        assert e.tokens_charged == (min(plan_body.token_cost(d, case.raw), d.token_capacity + 1)
                                     if d.token_zone else None)
 
 

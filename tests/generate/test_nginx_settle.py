@@ -23,6 +23,7 @@ from scanner.audit import access_log
 from scanner.generate.nginx_model import RULES
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan import body as plan_body
 from scanner.plan import settle
 from scanner.plan.model import Decision, Plan
 from scanner.probe.checks.tokens import body_of_cost
@@ -104,7 +105,7 @@ def witnessed(s: Stand, probe: str) -> dict[str, object]:
 
 def costed(s: Stand, path: str, base: dict[str, object]) -> bytes:
     body = body_of_cost(s.decision(path), COST, base, 1 << 20)
-    assert body is not None and s.decision(path).token_cost(body) == COST
+    assert body is not None and plan_body.token_cost(s.decision(path), body) == COST
     return body
 
 
@@ -300,7 +301,7 @@ def test_best_of_over_n_keeps_its_charge(stand: Stand) -> None:
     d = stand.decision(COMPLETIONS)
     body = next(b for x in range(COST) for b in [json.dumps({"model": "m", "prompt": "hello", "best_of": 4,
                                                               "max_tokens": x}).encode()]
-                if d.token_cost(b) == COST)
+                if plan_body.token_cost(d, b) == COST)
     assert not settle.refund(COST, settle.Usage(1, 1), json.loads(body))
     status, _h, answer = send(stand, stand.users[4], COMPLETIONS, body)
     assert status == 200 and settle.usage_of(json.loads(answer)) is not None     # reported, not counted

@@ -24,6 +24,7 @@ import pytest
 from scanner.audit import access_log
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan import body as plan_body
 from scanner.probe.interface import Credential
 from scanner.runtime import nginx
 from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
@@ -148,7 +149,7 @@ def assert_settled_once(stand: Stand, body: dict[str, Any], lines: list[access_l
     usage = sum(sum(int(x) for x in e.usage.split("+")) for e in lines)
     d = stand.setup.plan.decision("POST", CHAT)
     assert d is not None
-    cost = d.token_cost(json.dumps(body).encode())
+    cost = plan_body.token_cost(d, json.dumps(body).encode())
     admitted = 0
     for _ in range(LIMIT // cost + 1):
         status, _data = _raw_stream(stand, body, f"?{ANSWER_PARAM}=400")
@@ -228,7 +229,7 @@ def test_a_fleet_settles_a_client_closing_at_done(name: str) -> None:
         d = stack.setup.plan.decision("POST", CHAT)
         assert d is not None
         # the precondition that makes it a proof: unsettled, the third would have been refused
-        assert 3 * d.token_cost(json.dumps(chat(600, stream=True)).encode()) > TOKENS
+        assert 3 * plan_body.token_cost(d, json.dumps(chat(600, stream=True)).encode()) > TOKENS
     finally:
         stack.stop()
 

@@ -21,6 +21,7 @@ import pytest
 
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
+from scanner.plan import body as plan_body
 from scanner.plan.model import REASON_HEADER, Decision
 from scanner.probe.checks.tokens import body_of_cost
 from scanner.runtime.proxy import Proxy
@@ -63,7 +64,7 @@ def saturate(proxy: Proxy, tmp: Path, burst: int | None) -> Saturated:
     d = s.plan.decision("POST", CHAT)
     assert d is not None and d.token_zone
     body = body_of_cost(d, COST, {}, 1 << 20)
-    assert body is not None and d.token_cost(body) == COST
+    assert body is not None and plan_body.token_cost(d, body) == COST
     who = next(c for c in s.credentials if c.role == "user")
     public = next(v.address or "" for v in s.vantages if v.name == "public")
     admitted = refused = 0

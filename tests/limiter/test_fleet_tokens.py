@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from scanner.plan import body as plan_body
 from scanner.probe.checks.tokens import body_of_cost
 from scanner.witness_asgi import ANSWER_PARAM, PROBE_PARAM
 from tests.limiter.fleet import FleetStack, fleet_policy
@@ -39,7 +40,7 @@ def test_a_saturating_sender_gets_the_fleets_bucket_and_its_refill(stack: FleetS
     raw = body_of_cost(d, 40, {}, 1 << 20)
     assert raw is not None
     body = json.loads(raw)
-    cost = d.token_cost(json.dumps(body).encode())   # as FleetStack sends it
+    cost = plan_body.token_cost(d, json.dumps(body).encode())   # as FleetStack sends it
     time.sleep(1.0)                                   # the rate bucket full
     admitted = refused = 0
     t0 = time.monotonic()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from scanner.inventory.catalog import load_ref
+from scanner.plan import body as plan_body
 from scanner.plan.body import judge, violations
 from scanner.plan.build import build
 from scanner.plan.envelope import member_paths
@@ -63,9 +64,9 @@ def test_the_budget_is_written_into_sampling_params(gen: Decision) -> None:
 
 
 def test_the_envelope_counts_nested_n_and_max_tokens(gen: Decision) -> None:
-    env = gen.envelope(_raw({"n": 8, "max_tokens": 8192}))
+    env = plan_body.envelope(gen, _raw({"n": 8, "max_tokens": 8192}))
     assert (env.sequences, env.output) == (8, 8192)
-    assert gen.token_cost(_raw({"n": 8, "max_tokens": 8192})) == 8 * 8192 + len(_raw({"n": 8, "max_tokens": 8192}))
-    assert gen.envelope(_raw({})).output == 8192           # absent: the cap written in
-    assert gen.envelope(b'{"token_ids": [1], "sampling_params": {"n": 1, "n": 3}}').sequences == 3   # the last
-    assert gen.envelope(_raw(..., n=8)).sequences == 1      # a top-level n is not generate's
+    assert plan_body.token_cost(gen, _raw({"n": 8, "max_tokens": 8192})) == 8 * 8192 + len(_raw({"n": 8, "max_tokens": 8192}))
+    assert plan_body.envelope(gen, _raw({})).output == 8192           # absent: the cap written in
+    assert plan_body.envelope(gen, b'{"token_ids": [1], "sampling_params": {"n": 1, "n": 3}}').sequences == 3   # the last
+    assert plan_body.envelope(gen, _raw(..., n=8)).sequences == 1      # a top-level n is not generate's

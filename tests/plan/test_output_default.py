@@ -23,6 +23,7 @@ import pytest
 
 from scanner.inventory.catalog import load_ref
 from scanner.inventory.model import Inventory
+from scanner.plan import body as plan_body
 from scanner.plan import output_default
 from scanner.plan.body import judge
 from scanner.plan.build import build
@@ -172,7 +173,7 @@ def test_vllm_accepts_every_fitting_body_the_perimeter_forwards(vllm_python: str
         refused_before += not got[f"{cid}/cap"]["ok"]
         fwd = got[f"{cid}/fwd"]
         assert fwd["ok"], (cid, len(raw), fwd["error"])
-        charged = d.envelope(raw).output
+        charged = plan_body.envelope(d, raw).output
         assert max(fwd["max_tokens"]) <= charged, (cid, fwd["max_tokens"], charged)
         written = budget.written(len(raw))
         if written is not None:

@@ -115,3 +115,32 @@ def test_the_whitespace_tables_both_runtimes_get_are_generated_from_vllm_json() 
     golden = (Path(__file__).parent.parent / "generate/golden/envoy/default/envoy.yaml").read_text()
     table = next(line for line in golden.splitlines() if "local WS = {" in line)
     assert table.count("] = true") == len(WHITESPACE) and '["\\227\\128\\128"]' in table   # U+3000
+
+
+def test_the_envelope_is_the_program_s_so_a_stripped_multiplier_counts_nothing(tmp_path: Path) -> None:
+    """The admitted envelope (the probe's expected cost and refusals, scanner.plan.body.envelope)
+    is what the route's program computes, not a second reading of the body as sent: with ``n``
+    stripped and max_sequences 2, a body with n = 4 is 1 sequence, admitted, and charged what
+    1 x its output (the Decision used to count the stripped n: 4 sequences, refused)."""
+    from scanner.plan import body as plan_body
+
+    text = (Path(__file__).resolve().parents[2] / "policies" / "vllm-default.yaml").read_text()
+    text = text.replace("      max_sequences: 16\n", "      max_sequences: 2\n", 1)
+    text = text.replace("      allow: [add_generation_prompt", "      strip: [n]\n      allow: [add_generation_prompt", 1)
+    text = text.replace("min_p, min_tokens, model, n,", "min_p, min_tokens, model,", 1)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text)
+    plan = make_plan("vllm-0.29.0-default", str(policy))
+    d = next(d for d in plan.allowed if (d.method, d.path) == ("POST", "/v1/chat/completions"))
+    assert d.fields.named.get("n") == "strip" and d.limits.max_sequences == 2
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 4,
+                      "max_tokens": 10}).encode()
+    env = plan_body.envelope(d, raw)
+    judged = plan_body.judge(d, raw)
+    assert (env.sequences, env.output) == (1, 10) and plan_body.envelope_refusal(d, raw) == ""
+    assert not judged.refused and judged.body is not None and "n" not in judged.body
+    assert plan_body.token_cost(d, raw) == 10 + len(raw)     # 1 sequence x 10 + the bytes sent
+    comp = next(d for d in plan.allowed if (d.method, d.path) == ("POST", "/v1/completions"))
+    three = json.dumps({"model": "m", "prompt": ["a", "b", "c"], "n": 4, "max_tokens": 10}).encode()
+    assert plan_body.envelope(comp, three).sequences == 3             # 3 prompts x 1 (n stripped)
+    assert plan_body.envelope_refusal(comp, three) == plan_body.judge(comp, three).reason == "envelope-sequences:over-2"

@@ -11,6 +11,7 @@ import pytest
 
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
+from scanner.plan import body as plan_body
 from scanner.plan.model import Decision
 from scanner.policy.load import loads
 from scanner.probe.interface import ProbeOptions, ProbeResult
@@ -56,7 +57,7 @@ def decisions(tmp_path: Path, text: str) -> dict[str, Decision]:
 
 def env(d: Decision, body: object) -> tuple[int, int, int]:
     raw = json.dumps(body).encode()
-    e = d.envelope(raw)
+    e = plan_body.envelope(d, raw)
     assert e.input == len(raw)
     return e.sequences, e.output, e.tokens
 
@@ -76,20 +77,20 @@ def test_the_envelope_counts_what_vllm_runs(tmp_path: Path) -> None:
     assert env(ds["/v1/embeddings"], {"input": [[1], [2]]})[0] == 2
     assert env(ds["/v1/rerank"], {"query": "q", "documents": ["a", "b", "c"]})[0] == 3
     assert env(ds["/v2/embed"], {"texts": ["a", "b"], "images": ["x"]})[0] == 3
-    e = comp.envelope(b'{"prompt": ["a", "b"], "n": 3, "max_tokens": 7, "model": "m"}')
+    e = plan_body.envelope(comp, b'{"prompt": ["a", "b"], "n": 3, "max_tokens": 7, "model": "m"}')
     assert (e.sequences, e.output, e.model, e.tokens) == (6, 7, "m", 6 * 7 + e.input)
-    assert comp.envelope(b"not json").sequences == 1 and comp.envelope(b"not json").output == 0
+    assert plan_body.envelope(comp, b"not json").sequences == 1 and plan_body.envelope(comp, b"not json").output == 0
     # the charge is the envelope, at least 1
-    assert comp.token_cost(b'{"prompt": ["a", "b"], "max_tokens": 10}') == 2 * 10 + 40
-    assert comp.token_cost(b"") == 1
+    assert plan_body.token_cost(comp, b'{"prompt": ["a", "b"], "max_tokens": 10}') == 2 * 10 + 40
+    assert plan_body.token_cost(comp, b"") == 1
 
 
 def test_the_caps_refuse_with_their_own_reasons(tmp_path: Path) -> None:
     comp = decisions(tmp_path, policy_text())["/v1/completions"]
     assert comp.envelope_capped
-    assert comp.envelope_reason(comp.envelope(b'{"n": 7}')) == "envelope-sequences:over-6"
-    assert comp.envelope_reason(comp.envelope(b'{"n": 6}')) == ""
-    assert comp.envelope_reason(comp.envelope(b'{"n": 6, "max_tokens": 100, "pad": "' + b"a" * 400 + b'"}')) \
+    assert plan_body.envelope_refusal(comp, b'{"n": 7}') == "envelope-sequences:over-6"
+    assert plan_body.envelope_refusal(comp, b'{"n": 6}') == ""
+    assert plan_body.envelope_refusal(comp, b'{"n": 6, "max_tokens": 100, "pad": "' + b"a" * 400 + b'"}') \
         == "envelope-tokens:over-1000"
     doc = comp.to_dict()
     assert doc["limits"]["max_sequences"] == 6 and doc["envelope"]["per_item"] == ["n"]
@@ -214,8 +215,8 @@ def test_the_operators_weaken_the_rendered_envelope_only(tmp_path: Path) -> None
     mutant = next(d for d in weak.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))
     assert what.startswith("POST /v1/chat/completions: envelope ignores n"), what
     body = json.dumps({"messages": [[{"role": "user", "content": "x"}]] * 5, "n": 4}).encode()
-    assert chat.envelope(body).sequences == 20 and mutant.envelope(body).sequences == 5
-    assert chat.envelope_reason(chat.envelope(body)) and not mutant.envelope_reason(mutant.envelope(body))
+    assert plan_body.envelope(chat, body).sequences == 20 and plan_body.envelope(mutant, body).sequences == 5
+    assert plan_body.envelope_refusal(chat, body) and not plan_body.envelope_refusal(mutant, body)
     weak, what = ops["envelope-cap-raised"].weaken(plan)
     assert what == "POST /v1/responses: max_sequences 16 -> 160, max_request_tokens 1114112 -> 11141120"
     assert [(d.limits.max_sequences, d.limits.max_request_tokens) for d in weak.decisions

@@ -20,6 +20,7 @@ from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
 from scanner.generate.nginx_model import HTTP
 from scanner.inventory.catalog import load_ref
+from scanner.plan import body as plan_body
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Decision
 from scanner.policy.load import loads
@@ -94,28 +95,28 @@ def test_the_cost_rule(tmp_path: Path) -> None:
     ds = decisions(tmp_path, token_policy())
     chat, comp = ds[("POST", "/v1/chat/completions")], ds[("POST", "/v1/completions")]
     body = json.dumps({"max_tokens": 100, "prompt": "x" * 40}).encode()
-    assert comp.token_cost(body) == 100 + len(body)
+    assert plan_body.token_cost(comp, body) == 100 + len(body)
     # absent (or null): the cap the proxy writes in
     absent = b'{"prompt": "hi", "max_tokens": null}'
-    assert comp.token_cost(absent) == 4096 + len(absent)
+    assert plan_body.token_cost(comp, absent) == 4096 + len(absent)
     # the first field present and not null wins; the last copy of a duplicated key counts
     both = b'{"max_completion_tokens": null, "max_tokens": 7, "max_tokens": 9}'
-    assert chat.token_cost(both) == 9 + len(both)
-    assert chat.token_cost(b'{"max_completion_tokens": 5, "max_tokens": 900}') == 5 + 47
+    assert plan_body.token_cost(chat, both) == 9 + len(both)
+    assert plan_body.token_cost(chat, b'{"max_completion_tokens": 5, "max_tokens": 900}') == 5 + 47
     # lax numbers as pydantic reads them; anything else 0; never below 1
-    assert comp.token_cost(b'{"max_tokens": "1_0"}') == 10 + 21
-    assert comp.token_cost(b'{"max_tokens": true}') == 1 + 20
-    assert comp.token_cost(b'{"max_tokens": [1]}') == 0 + 19
-    assert comp.token_cost(b'{"max_tokens": -3}') == 0 + 18
-    assert comp.token_cost(b"") == 1
-    assert comp.token_cost(b"not json at all!") == 16             # not a JSON object: bytes only
+    assert plan_body.token_cost(comp, b'{"max_tokens": "1_0"}') == 10 + 21
+    assert plan_body.token_cost(comp, b'{"max_tokens": true}') == 1 + 20
+    assert plan_body.token_cost(comp, b'{"max_tokens": [1]}') == 0 + 19
+    assert plan_body.token_cost(comp, b'{"max_tokens": -3}') == 0 + 18
+    assert plan_body.token_cost(comp, b"") == 1
+    assert plan_body.token_cost(comp, b"not json at all!") == 16             # not a JSON object: bytes only
     # the admitted envelope: a prompt list and n multiply the output budget (scanner/plan/envelope.py)
     listed = b'{"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}'
-    assert comp.token_cost(listed) == 3 * 2 * 10 + len(listed)
+    assert plan_body.token_cost(comp, listed) == 3 * 2 * 10 + len(listed)
     msgs = ds[("POST", "/v1/messages")]   # Anthropic's API: max_tokens (required by vLLM) is its budget
     assert msgs.budget is not None and msgs.budget.fields == ("max_tokens",)
-    assert msgs.token_cost(b'{"max_tokens": 99, "x": 1}') == 99 + 26
-    assert msgs.token_cost(b"{}") == 4096 + 2       # absent: the cap the proxy writes in
+    assert plan_body.token_cost(msgs, b'{"max_tokens": 99, "x": 1}') == 99 + 26
+    assert plan_body.token_cost(msgs, b"{}") == 4096 + 2       # absent: the cap the proxy writes in
 
 
 def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
@@ -123,7 +124,7 @@ def test_the_probe_builds_bodies_of_the_cost_it_wants(tmp_path: Path) -> None:
     for d in (ds[("POST", "/v1/completions")], ds[("POST", "/v1/messages")], ds[("POST", "/v1/chat/completions")]):
         for cost in (60, 666, 5000):   # the input estimate is every byte: a body of 17 has none
             body = body_of_cost(d, cost, {}, 1 << 20)
-            assert body is not None and d.token_cost(body) == cost and isinstance(json.loads(body), dict)
+            assert body is not None and plan_body.token_cost(d, body) == cost and isinstance(json.loads(body), dict)
     cost, fit, _ = plan_zone(ds[("POST", "/v1/completions")], 1 << 20)
     assert (cost, fit) == (166, 3)          # three fit the bucket of 500
     cost, why, _ = plan_zone(decisions(tmp_path / "b", token_policy(10**8))[("POST", "/v1/completions")], 1 << 20)
@@ -146,7 +147,7 @@ def test_a_large_budget_gets_a_cost_every_route_of_its_zone_reaches(tmp_path: Pa
             limit = d.limits.body_bytes or 1 << 30
             cost, fit, body = plan_zone(d, limit, 12)
             assert isinstance(cost, int) and body is not None, (d.path, fit)
-            assert (cost, fit) == (208333, 12) and d.token_cost(body) == cost and len(body) <= limit, d.path
+            assert (cost, fit) == (208333, 12) and plan_body.token_cost(d, body) == cost and len(body) <= limit, d.path
             assert cost <= (d.limits.max_request_tokens or cost)
 
 
@@ -167,7 +168,7 @@ def test_a_cost_no_body_reaches_is_lowered_or_said_why(tmp_path: Path) -> None:
     fits = token_policy_text(200_000).replace("      body_bytes: 1048576\n", "      body_bytes: 8192\n", 1)
     d = decisions(tmp_path / "b", loads(fits))[("POST", "/v1/completions")]
     cost, fit, body = plan_zone(d, 8192, 12)
-    assert isinstance(cost, int) and body is not None and d.token_cost(body) == cost and len(body) <= 8192
+    assert isinstance(cost, int) and body is not None and plan_body.token_cost(d, body) == cost and len(body) <= 8192
     assert (cost, fit) == (50_000 // 12, 12)
 
 

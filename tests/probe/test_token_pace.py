@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scanner.inventory.catalog import load_ref
+from scanner.plan import body as plan_body
 from scanner.plan.model import Plan
 from scanner.policy.load import loads
 from scanner.probe import token_pace as tp
@@ -58,8 +59,8 @@ def test_the_budget_caps_the_request_tokens(tmp_path: Path) -> None:
     assert "request:seq<=16,tokens<=15000(=burst)" in table and "tokens<=60000/min,burst<=15000" in table
     over = json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2, "max_tokens": 4096,
                        "pad": "a" * 7000}).encode()
-    assert 15000 < chat.envelope(over).tokens < 60000
-    assert chat.envelope_reason(chat.envelope(over)) == "envelope-tokens:over-15000"   # 400, not 429 for ever
+    assert 15000 < plan_body.envelope(chat, over).tokens < 60000
+    assert plan_body.envelope_refusal(chat, over) == "envelope-tokens:over-15000"   # 400, not 429 for ever
     # a route without a body is not charged: its limits are the policy's
     models = plan.decision("GET", "/v1/models")
     assert models is not None and models.limits.max_request_tokens == 1114112 and not models.request_tokens_by_budget
@@ -159,7 +160,7 @@ def test_a_case_is_charged_what_the_plan_says_and_only_when_admitted(tmp_path: P
     assert chat is not None
     body = b'{"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 100}'
     ch = tp.charge_of(plan, chat_case(ctx, body), PUBLIC(ctx))
-    assert ch == tp.Charge("inference:key:60000t/m/15000|role:user", chat.token_cost(body), 60000, 15000)
+    assert ch == tp.Charge("inference:key:60000t/m/15000|role:user", plan_body.token_cost(chat, body), 60000, 15000)
     assert ch.cost == 2 * 100 + len(body)
     assert tp.charge_of(plan, chat_case(ctx, body, expected="deny"), PUBLIC(ctx)) == tp.Charge()
     over = json.dumps({"max_tokens": 4096, "n": 4, "pad": "a" * 50000}).encode()
@@ -176,7 +177,7 @@ def test_a_body_is_made_light_only_where_its_budget_proves_nothing(tmp_path: Pat
     bare = b'{"messages": [{"role": "user", "content": "hi"}]}'
     light = tp.light(plan, chat_case(ctx, bare))
     assert light.body == b'{"max_completion_tokens": 1,"messages": [{"role": "user", "content": "hi"}]}'
-    assert chat.token_cost(light.body) == 1 + len(light.body) < chat.token_cost(bare) - 4000
+    assert plan_body.token_cost(chat, light.body) == 1 + len(light.body) < plan_body.token_cost(chat, bare) - 4000
     assert "light on its token budget" in light.note
     # a budget the body sets, a case about its body (as_sent), about the budget, a denied case: as they are
     capped = b'{"max_tokens": 4096, "n": 4}'
@@ -224,7 +225,7 @@ def test_the_schedule_holds_a_case_until_the_budget_has_room(tmp_path: Path) -> 
     chat = plan.decision(*CHAT)
     assert chat is not None
     body = json.dumps({"max_tokens": 1000, "n": 4, "messages": []}).encode()     # 4000 + bytes
-    cost = chat.token_cost(body)
+    cost = plan_body.token_cost(chat, body)
     cases = [chat_case(ctx, body) for _ in range(2)]
     sched = _Schedule(ctx, cases, ProbeOptions(rate=0, max_time=1000), 0.0, wall_offset=600.0)
     assert [t.tokens for t in sched.bound.tokens] == [2 * cost]

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from scanner import reasons as R
+from scanner.plan import body as plan_body
 from scanner.plan.body import forwarded
 from scanner.plan.model import BODY_METHODS, Decision
 from scanner.policy.media import MEDIA_KEYS
@@ -79,7 +80,7 @@ def pad_field(d: Decision) -> str:
 def multipliers(d: Decision) -> list[tuple[str, Callable[[int], dict[str, object]]]]:
     """The ways a body asks ``d`` for k sequences, one per multiplier its envelope reads
     (scanner/plan/envelope.py) that its rules let through: (name, k -> the fields). Each makes
-    Decision.envelope count exactly k sequences (with no other multiplier in the body)."""
+    scanner.plan.body.envelope count exactly k sequences (with no other multiplier in the body)."""
     spec, rules = d.envelope_spec, d.fields
     out: list[tuple[str, Callable[[int], dict[str, object]]]] = []
 
@@ -123,9 +124,9 @@ def combined(d: Decision, k: int) -> dict[str, object]:
 
 def ceiling_sequences(d: Decision) -> int:
     """The most sequences a body within the route's other caps asks for, as the plan counts them
-    (Decision.envelope of every multiplier at once, each bounded by max_sequences + 1)."""
+    (scanner.plan.body.envelope of every multiplier at once, each bounded by max_sequences + 1)."""
     k = (d.limits.max_sequences or 1 << 10) + 1
-    return d.envelope(json.dumps(nested(combined(d, k))).encode()).sequences
+    return plan_body.envelope(d, json.dumps(nested(combined(d, k))).encode()).sequences
 
 
 def ceiling_tokens(d: Decision, max_body_bytes: int) -> int:
@@ -177,7 +178,7 @@ def tokens_body(d: Decision, tokens: int, base: Mapping[str, object], max_bytes:
             if size > max_bytes:
                 break
             body = padded_json(size, extra, pad_field(d))
-            if body[:1] == b"{" and d.token_cost(body) == tokens:
+            if body[:1] == b"{" and plan_body.token_cost(d, body) == tokens:
                 return body
         if budget and 0 < per < top:
             break   # fewer sequences cannot reach more tokens within the caps (none: a smaller head may)
@@ -342,7 +343,7 @@ class LimitsCheck(BaseCheck):
         """Each per-request cap by every multiplier the route reads: one sequence over
         ``max_sequences`` refused (envelope-sequences), exactly at it let through; a body of
         ``max_request_tokens`` + 1 tokens refused (envelope-tokens), one of exactly that many let
-        through (Decision.envelope is the plan's count)."""
+        through (scanner.plan.body.envelope is the plan's count)."""
         lim = d.limits
         if not d.envelope_capped:
             return
@@ -359,7 +360,7 @@ class LimitsCheck(BaseCheck):
                                f"{name}: {k + 1} sequences > max_sequences {k}")
                 yield out.case("envelope-sequences", "allow", (), at, f"{name}: exactly {k} sequences")
             together = out.json(combined(d, k + 1))
-            n = d.envelope(together).sequences
+            n = plan_body.envelope(d, together).sequences
             if not alone and n > k:   # no multiplier alone may exceed it, together they do
                 yield out.case("envelope-sequences", "deny", ("envelope-sequences",), together,
                                f"every multiplier at once: {n} sequences > max_sequences {k}")
@@ -371,7 +372,7 @@ class LimitsCheck(BaseCheck):
                     continue
                 reasons = ("envelope-tokens",) if expected == "deny" else ()
                 yield out.case("envelope-tokens", expected, reasons, body,
-                               f"{tokens} tokens ({d.envelope(body).sequences} sequences) "
+                               f"{tokens} tokens ({plan_body.envelope(d, body).sequences} sequences) "
                                f"{'>' if expected == 'deny' else '='} max_request_tokens {t}")
 
     @staticmethod
@@ -391,14 +392,14 @@ class LimitsCheck(BaseCheck):
             if other == name or most_sequences(d, other) < b:
                 continue
             over, alone, at = {**more(b), **mine}, more(b), {**more(k // a), **mine}
-            seq, solo = d.envelope(out.json(over)).sequences, d.envelope(out.json(alone)).sequences
-            if seq <= k or solo > k or d.envelope(out.json(at)).sequences > k:
+            seq, solo, both = (plan_body.envelope(d, out.json(x)).sequences for x in (over, alone, at))
+            if seq <= k or solo > k or both > k:
                 continue   # not multiplied (n and best_of: the larger counts), or over without it
             yield out.case("envelope-sequences", "deny", ("envelope-sequences",), out.json(over),
                            f"{name} {a} x {other} {b}: {seq} sequences > max_sequences {k} "
                            f"({other} alone: {solo})")
             yield out.case("envelope-sequences", "allow", (), out.json(at),
-                           f"{name} {a} x {other} {k // a}: {d.envelope(out.json(at)).sequences} sequences")
+                           f"{name} {a} x {other} {k // a}: {both} sequences")
             return
 
     def _counts(self, ctx: CheckContext, d: Decision, out: Out) -> Iterator[Case]:
@@ -722,7 +723,7 @@ class Out:
             body = light_body(d, body) or body   # asking for one token where a budget charges them
         # a body the route's per-request caps refuse (its envelope over max_sequences or
         # max_request_tokens) is expected refused for that, whatever else it was sent for
-        over = d.envelope_reason(d.envelope(body)) if expected == "allow" and d.envelope_capped else ""
+        over = plan_body.envelope_refusal(d, body) if expected == "allow" and d.envelope_capped else ""
         if over:
             expected, reasons, note = "deny", (over.rsplit(":", 1)[0],), f"{note} (envelope: {over})"
         cred, vantage = self.spread.next()

@@ -1,7 +1,8 @@
 """Token budgets (``limits.tokens_per_minute``) and their settlement from usage: per token zone
-(:attr:`Decision.token_zone`), one principal sends requests of a known cost (:meth:`Decision.token_cost`,
-the plan's one statement of what a request is charged at admission: its admitted envelope's tokens),
-one at a time (``Case.first``: each answer is complete, so settled, before the next is admitted):
+(:attr:`Decision.token_zone`), one principal sends requests of a known cost
+(:func:`scanner.plan.body.token_cost`, the plan's one statement of what a request is charged at
+admission: its admitted envelope's tokens), one at a time (``Case.first``: each answer is
+complete, so settled, before the next is admitted):
 
 1. ``settled``: ``fit`` requests (``budget // cost``, the cost chosen so that three fit, or the
    route's max_request_tokens, or the most a body under body_bytes is charged: :func:`reachable`;
@@ -68,6 +69,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from scanner import reasons as R
+from scanner.plan import body as plan_body
 from scanner.plan import settle
 from scanner.plan.model import Decision
 from scanner.probe import coverage as cov
@@ -109,7 +111,7 @@ def budget_capacity(capacity: int, limit: int, window: float) -> float:
 
 
 def body_of_cost(d: Decision, cost: int, base: dict[str, object], max_bytes: int) -> bytes | None:
-    """A JSON body ``d`` charges exactly ``cost`` (Decision.token_cost: its envelope's tokens),
+    """A JSON body ``d`` charges exactly ``cost`` (scanner.plan.body.token_cost: its envelope's tokens),
     asking for as many sequences as its first multiplier and caps let, else through its next
     multipliers (one may ask for more sequences: a prompt list past ``n``'s cap); None when none fits."""
     for shape in (None, *multipliers(d)[1:]):
@@ -177,7 +179,7 @@ def shapes(ctx: CheckContext, ds: Sequence[Decision], cost: int, cell: tuple[Cre
             continue    # another principal's cell would be another budget
         for shape in multipliers(d):
             body = None if shape[0] in named else tokens_body(d, cost, {}, max_bytes(d), shape)
-            if body is not None and d.envelope(body).sequences > 1:
+            if body is not None and plan_body.envelope(d, body).sequences > 1:
                 out.append((d, shape[0], body))
                 named.add(shape[0])     # each multiplier once, on the first route that has it
     return out
@@ -320,15 +322,15 @@ class TokenBudget(BaseCheck):
                 yield theirs[0]
             for i in range(fit):
                 route, shape, b = streamed if streamed and i == fit - 1 else counted[i % len(counted)]
-                seqs = f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""
+                seqs = f"; {shape}: {plan_body.envelope(route, b).sequences} sequences" if shape else ""
                 c = self._case(ctx, route, cell, z.key, b,
                                f"cost {cost} {i + 1}/{fit} ({where}, {SETTLED_NOTE}){seqs}")
                 yield replace(c, read_answer=True)
             for i in range(n):
                 route, shape, b = sent[i % len(sent)]
+                seqs = f"; {shape}: {plan_body.envelope(route, b).sequences} sequences" if shape else ""
                 c = self._case(ctx, route, cell, z.key, b, f"cost {cost} {i + 1}/{n} ({where}, {KEPT_NOTE}"
-                               + (": the upstream answers 400 itself" if ctx.witness else "") + ")"
-                               + (f"; {shape}: {route.envelope(b).sequences} sequences" if shape else ""))
+                               + (": the upstream answers 400 itself" if ctx.witness else "") + ")" + seqs)
                 yield replace(c, answer=KEPT_ANSWER) if ctx.witness else replace(c, read_answer=True)
             yield from theirs[1:]
 
