@@ -20,12 +20,14 @@ Both ``needs`` a fleet: single-proxy ``verify --mutate`` skips them (scanner.ver
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import scanner.mutate.envoy as envoy
 import scanner.mutate.nginx as nginx
+from scanner.generate.envoy_model import EnvoyModel
+from scanner.generate.nginx_model import Block, NginxModel
 from scanner.generate.shared import ZONES_FILE
 from scanner.mutate.core import NotApplicable, Operator, register
 from scanner.plan.model import Plan
@@ -35,8 +37,6 @@ CATCHES = ("rate", "concurrency", "token-budget")
 FLEET = ("fleet",)      # scanner.verify.fleet's own checks (slots_back, outage)
 SUFFIX = ".replica2"
 RENDER = {"envoy": envoy.render, "nginx": nginx.render}
-# the files naming the limiter's zones, per proxy
-ZONED = {"envoy": ("envoy.yaml",), "nginx": ("perimeter-http.conf",)}
 
 
 def _shared(plan: Plan) -> None:
@@ -54,20 +54,48 @@ def _unshared(kind: str) -> Operator:
                     NEEDS)
 
 
+def _suffixed(names: set[str]) -> Callable[[str], str]:
+    return lambda zone: zone + SUFFIX if zone in names else zone
+
+
+def _nginx_zones(names: set[str]) -> nginx.ModelEdit:
+    """Every block's limiter zones ($perimeter_shared: "p|a ZONE ...") named with the suffix."""
+    rename = _suffixed(names)
+
+    def edit(model: NginxModel, plan: Plan) -> tuple[NginxModel, str]:
+        def block(b: Block) -> Block:
+            key, *zones = b.shared.split(" ") if b.shared else [""]
+            return replace(b, shared=" ".join([key, *map(rename, zones)])) if zones else b
+        locations = tuple(replace(loc, blocks=tuple(map(block, loc.blocks))) for loc in model.locations)
+        if locations == model.locations:
+            raise NotApplicable("perimeter-http.conf names no zone of the limiter")
+        return replace(model, locations=locations), ""
+    return edit
+
+
+def _envoy_zones(names: set[str]) -> envoy.ModelEdit:
+    """Every route's limiter descriptors (zone, NAME) named with the suffix."""
+    rename = _suffixed(names)
+
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+        routes = tuple(replace(r, shared=tuple(replace(a, zone=rename(a.zone)) for a in r.shared))
+                       for r in model.routes)
+        if routes == model.routes:
+            raise NotApplicable("envoy.yaml names no zone of the limiter")
+        return replace(model, routes=routes), ""
+    return edit
+
+
 def _zone_key(kind: str) -> Operator:
     def apply(directory: Path, plan: Plan) -> str:
         _shared(plan)
         assert plan.shared is not None
-        names = sorted(plan.shared.zones.zones, key=len, reverse=True)
-        pattern = re.compile("(" + "|".join(re.escape(n) for n in names) + r')(?=["\s])')
-        for name in ZONED[kind]:
-            path = directory / name
-            text = path.read_text(encoding="utf-8")
-            renamed = pattern.sub(lambda m: m.group(1) + SUFFIX, text)
-            if renamed == text:
-                raise NotApplicable(f"{name} names no zone of the limiter")
-            path.write_text(renamed, encoding="utf-8")
-        zones = directory / ZONES_FILE
+        names = set(plan.shared.zones.zones)
+        if kind == "nginx":
+            nginx.render(directory, plan, _nginx_zones(names))
+        else:
+            envoy.render(directory, plan, _envoy_zones(names))
+        zones = directory / ZONES_FILE       # the limiter's zones (data): the renamed ones known too
         doc = json.loads(zones.read_text(encoding="utf-8"))
         doc["zones"].update({n + SUFFIX: z for n, z in doc["zones"].items()})
         zones.write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
@@ -83,27 +111,12 @@ def _replace_once(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new), encoding="utf-8")
 
 
-def _drop_blocks(path: Path, marker: str) -> int:
-    """Remove every YAML list item ``- actions:`` whose block holds ``marker``; how many."""
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    out: list[str] = []
-    dropped = i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.lstrip().startswith("- actions:"):
-            indent = len(line) - len(line.lstrip())
-            end = i + 1
-            while end < len(lines) and (len(lines[end]) - len(lines[end].lstrip()) > indent
-                                        or not lines[end].strip()):
-                end += 1
-            if any(marker in x for x in lines[i:end]):
-                dropped += 1
-                i = end
-                continue
-        out.append(line)
-        i += 1
-    path.write_text("".join(out), encoding="utf-8")
-    return dropped
+def _unreleased(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    """No route's limiter descriptors release a slot when the stream ends (its settle kept)."""
+    routes = tuple(replace(r, shared=tuple(a for a in r.shared if a.op != "release")) for r in model.routes)
+    if routes == model.routes:
+        raise NotApplicable("envoy.yaml releases no slot")
+    return replace(model, routes=routes), ""
 
 
 def _orphaned_slot(kind: str) -> Operator:
@@ -114,8 +127,8 @@ def _orphaned_slot(kind: str) -> Operator:
             raise NotApplicable("the plan has no shared concurrency zone")
         if kind == "nginx":
             nginx.render(directory, plan, nginx.switched(slots_kept=True))
-        elif not _drop_blocks(directory / "envoy.yaml", "descriptor_value: release}"):
-            raise NotApplicable("envoy.yaml releases no slot")
+        else:
+            envoy.render(directory, plan, _unreleased)
         return "the second replica never releases a slot after the answer (its refunds still settled)"
     return Operator(f"{kind}.replica-orphaned-slot", kind, "remove", "the second replica of a fleet",
                     "one replica's slots never released (orphaned until its lease's owner dies)", FLEET,

@@ -20,6 +20,7 @@ from scanner.mutate.core import NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
 from scanner.rules import Keys, Program, Step
+from scanner.runtime.nginx import built_in_njs, static_build
 
 KIND = "nginx"
 ModelEdit = Callable[[NginxModel, Plan], tuple[NginxModel, str]]
@@ -28,12 +29,18 @@ ModelEdit = Callable[[NginxModel, Plan], tuple[NginxModel, str]]
 # --- rendering: the weakened plan or model, written over the generated files -----------------
 
 def _options(directory: Path) -> GenerateOptions:
-    """The options ``scanner.runtime.nginx.write`` rendered ``directory`` (its ``conf``) with."""
+    """The options ``scanner.runtime.nginx.write`` rendered ``directory`` (its ``conf``) with: the
+    njs module it loads, else the static build's built-in njs version."""
     run = directory.parent / "run"
     lines = (directory / MAIN).read_text(encoding="utf-8").splitlines()
     module = next((line.split('"')[1] for line in lines if line.startswith('load_module "')), "")
+    extra = {"njs_module": module} if module else {}
+    build = None if module else static_build()     # njs built in: the static build's (its version)
+    njs = built_in_njs(build.binary) if build else ""
+    if njs:
+        extra["njs"] = njs
     return GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
-                           error_log=str(run / "error.log"), extra={"njs_module": module} if module else {})
+                           error_log=str(run / "error.log"), extra=extra)
 
 
 def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:
