@@ -335,6 +335,8 @@ class EnvoyWeakening:
     xff_from_anyone: bool = False           # the client address (RBAC, use_remote_address) from the
                                             # client's own X-Forwarded-For
     principal_from_client: bool = False     # the principal header added only if the client sent none
+    shared_failure_allowed: bool = False    # the limiter's failure lets a request on (failure_mode_deny
+                                            # false: to the local shares, a fleet operator's)
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,8 @@ def _zone_key(kind: str) -> Operator:
                     "a per-replica key (the zones named with the replica's name)", CATCHES, apply, NEEDS)
 
 
-def _replace_once(path: Path, old: str, new: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if text.count(old) != 1:
-        raise NotApplicable(f"{path.name} does not hold {old.strip()!r} once")
-    path.write_text(text.replace(old, new), encoding="utf-8")
+def _failure_allowed(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    return replace(model, weak=replace(model.weak, shared_failure_allowed=True)), ""
 
 
 def _unreleased(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
@@ -146,8 +143,7 @@ def _failover_burst(kind: str) -> Operator:
         if kind == "nginx":   # on the limiter's first "store unavailable", not once it says "local"
             nginx.render(directory, alone, nginx.switched(failover_at_once=True))
         else:                 # the limiter's unavailable answer lets the request on to the shares
-            RENDER[kind](directory, alone)
-            _replace_once(directory / "envoy.yaml", "failure_mode_deny: true", "failure_mode_deny: false")
+            envoy.render(directory, alone, _failure_allowed)
         return ("the second replica decides alone as soon as the store fails, at the policy's full "
                 "values (a fresh full burst at the failover)")
     return Operator(f"{kind}.replica-failover-burst", kind, "loosen", "the second replica of a fleet",
