@@ -14,6 +14,7 @@ from pathlib import Path
 
 from redis import Redis
 
+from scanner.errors import PortInUse
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
 from scanner.plan.model import Plan
@@ -59,23 +60,39 @@ class FleetStack:
         up = free_port()
         self.tokens = tokens
         self.setup = loop.setup(inventory, policy or fleet_policy(on_unavailable, tokens), self.tmp, up)
-        self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
-        if local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
-            assert self.plan.shared is not None
-            after = {**self.plan.shared.zones.local_after_s, **local_after_s}
-            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, local_after_s=after))
-        if slot_lease_s is not None:   # a test's shorter lease (the limiter's default otherwise)
-            assert self.plan.shared is not None
-            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, slot_lease_s=slot_lease_s))
-        self.fleet = fleet.Fleet(self.plan, proxy, self.tmp, (free_port(), free_port()))
-        self.written = self.fleet.write()
+        self.local_after_s, self.slot_lease_s, self.runtime = local_after_s, slot_lease_s, proxy
+        self.fleet = self._fleet()
         self.standin = StandinThread(inventory, "127.0.0.1", up, stream_delay=stream_delay)
         self.user: Credential = next(c for c in self.setup.credentials if c.role == "user")
 
+    def _fleet(self) -> fleet.Fleet:
+        """The fleet on fresh ports (Redis, the limiter, each replica), its configs written."""
+        self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
+        if self.local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
+            assert self.plan.shared is not None
+            after = {**self.plan.shared.zones.local_after_s, **self.local_after_s}
+            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, local_after_s=after))
+        if self.slot_lease_s is not None:   # a test's shorter lease (the limiter's default otherwise)
+            assert self.plan.shared is not None
+            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones,
+                                                                slot_lease_s=self.slot_lease_s))
+        made = fleet.Fleet(self.plan, self.runtime, self.tmp, (free_port(), free_port()))
+        self.written = made.write()
+        return made
+
     def start(self) -> FleetStack:
+        """The stand-in and the fleet; a fleet whose port was taken between its pick and its bind
+        (PortInUse: another test's process) is started again on fresh ports, at most 3 times."""
         self.standin.__enter__()
         try:
-            self.fleet.start()
+            for attempt in range(3):
+                try:
+                    self.fleet.start()
+                    break
+                except PortInUse:
+                    if attempt == 2:
+                        raise
+                    self.fleet = self._fleet()
         except BaseException:
             self.standin.__exit__(None, None, None)
             raise

@@ -197,3 +197,24 @@ def test_failover_and_recovery_admit_at_most_the_policy(local_stack: FleetStack)
     assert admitted <= bound, (admitted, bound, seen)
     assert local == {0, 1}, seen             # both replicas admitted on their own meanwhile
     assert any(s[2] == 200 for s in after) and {s[2] for s in seen} <= {200, 429, 503}, seen
+
+
+@pytest.mark.nginx
+def test_a_fleet_port_taken_before_its_bind_is_started_on_fresh_ports() -> None:
+    """Another process binds the fleet's Redis port between the pick and the start (a port race
+    beside other loopback traffic): the fleet starts again on fresh ports and serves."""
+    import socket
+
+    s = FleetStack(proxy_named("nginx"), tokens=False)
+    taken = s.fleet.redis_port
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen(1)
+        s.start()
+        try:
+            assert s.fleet.redis_port != taken and s.call(0)[0] == 200
+        finally:
+            s.stop()
+    finally:
+        squatter.close()
