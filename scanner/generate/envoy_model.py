@@ -337,6 +337,10 @@ class EnvoyWeakening:
     principal_from_client: bool = False     # the principal header added only if the client sent none
     shared_failure_allowed: bool = False    # the limiter's failure lets a request on (failure_mode_deny
                                             # false: to the local shares, a fleet operator's)
+    h2c: bool = False                       # codec_type AUTO: HTTP/2 prior knowledge on the listener
+    host_from_client: bool = False          # no host_rewrite_literal: the client's Host reaches vLLM
+    retry_5xx: bool = False                 # routes with a retry policy also resend on a 5xx, 3 times
+    shadow: tuple[str, ...] = ()            # local rate limit filters in shadow mode (filter_enforced 0)
 
 
 @dataclass(frozen=True)

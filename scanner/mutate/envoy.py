@@ -260,28 +260,29 @@ def _e_errors_passed(env: _Envoy, plan: Plan) -> str:
     return f"{d.method} {d.path}: perimeter.upstream_errors disabled"
 
 
-@_e("retried-on-5xx", "forward", "every forwarding route",
-    "each request resent up to 3 times when vLLM answers a 5xx (its work done again each time)",
-    ("upstream",))
-def _e_retry_5xx(env: _Envoy, plan: Plan) -> str:
-    changed = 0
-    for r in env.routes:
-        policy = r.get("route", {}).get("retry_policy")
-        if policy is not None:
-            policy.update(retry_on=f"{policy['retry_on']},5xx", num_retries=3)
-            changed += 1
-    if not changed:
+def _retry_5xx(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    retried = [r for r in model.routes if r.retry and not r.status]
+    if not retried:
         raise NotApplicable("no route with a retry policy")
-    return f"{changed} routes: retry_on +5xx, num_retries 3"
+    return _switched(f"{len(retried)} routes: retry_on +5xx, num_retries 3", retry_5xx=True)(model, plan)
 
 
-@_e("method-match-removed", "remove", "a GET route", "one route matches every method",
-    ('matrix',))
-def _e_method(env: _Envoy, plan: Plan) -> str:
+_model_op("retried-on-5xx", "forward", "every forwarding route",
+          "each request resent up to 3 times when vLLM answers a 5xx (its work done again each time)",
+          ("upstream",), _retry_5xx)
+
+
+def _any_method(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.plain_get(plan)
-    r = env.allowed(d)
-    r["match"].pop("headers", None)
-    return f"{d.method} {d.path}"
+    name = f"allow:{d.method} {d.path}"
+    routes = tuple(replace(r, method="") if r.name == name else r for r in model.routes)
+    if routes == model.routes:
+        raise NotApplicable(f"no route {name} with a method match")
+    return replace(model, routes=routes), where(d)
+
+
+_model_op("method-match-removed", "remove", "a GET route", "one route matches every method", ('matrix',),
+          _any_method)
 
 
 def _owner_unbound(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
@@ -458,11 +459,9 @@ _model_op("upgrade-on-plain-route", "expose", "a GET route", "one plain route pa
           ('upstream', 'matrix'), _upgrade)
 
 
-@_e("h2c-accepted", "expose", "the listener",
-    "the listener also speaks HTTP/2 in clear text (codec_type AUTO)", ('protocol',))
-def _e_h2c(env: _Envoy, plan: Plan) -> str:
-    env.hcm["codec_type"] = "AUTO"
-    return "codec_type AUTO"
+_model_op("h2c-accepted", "expose", "the listener",
+          "the listener also speaks HTTP/2 in clear text (codec_type AUTO)", ('protocol',),
+          _switched("codec_type AUTO", h2c=True))
 
 
 @_e("grpc-accepted", "expose", "the listener",
@@ -493,44 +492,43 @@ def _filter(env: _Envoy, name: str) -> dict[str, Any]:
     raise NotApplicable(f"no filter {name}")
 
 
-def _shadow(env: _Envoy, d: Decision, prefix: str) -> str:
-    per = env.allowed(d).get("typed_per_filter_config", {})
-    name = next((k for k in per if k.startswith(prefix)), None)
-    if name is None:
-        raise NotApplicable(f"{where(d)}: no {prefix} filter")
-    _filter(env, name)["typed_config"]["filter_enforced"] = {
-        "default_value": {"numerator": 0, "denominator": "HUNDRED"}}
-    return f"{name} ({where(d)}): filter_enforced 0 (shadow)"
+def _shadow(kind: str, pick: core.Pick) -> ModelEdit:
+    """The route's local rate limit filter of ``kind`` (rate, token) in shadow mode, on the route
+    ``pick`` chooses."""
+    def edit(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+        d = pick(plan)
+        route = next((r for r in model.routes if r.name == f"allow:{d.method} {d.path}"), None)
+        name = (route.rate_filter if kind == "rate" else route.token_filter) if route else ""
+        if not name:
+            raise NotApplicable(f"{where(d)}: no {kind} filter")
+        return _switched(f"{name} ({where(d)}): filter_enforced 0 (shadow)",
+                         shadow=(*model.weak.shadow, name))(model, plan)
+    return edit
 
 
-@_e("rate-shadow", "switch", "a rate filter per principal",
-    "one rate filter in shadow mode (filter_enforced 0)", ("rate",))
-def _e_rate_shadow(env: _Envoy, plan: Plan) -> str:
-    return _shadow(env, core.rated_by_principal(plan), "perimeter.rate")
-
-
-@_e("rate-shadow-address", "switch", "a rate filter per client address",
-    "one auth-none rate filter in shadow mode (filter_enforced 0)", ("rate",))
-def _e_rate_shadow_address(env: _Envoy, plan: Plan) -> str:
-    return _shadow(env, core.rated_by_address(plan), "perimeter.rate")
-
-
-@_e("token-shadow", "switch", "a token budget filter",
-    "one token budget filter in shadow mode (filter_enforced 0)", ("token-budget",),
-    needs="limits.tokens_per_minute")
-def _e_token_shadow(env: _Envoy, plan: Plan) -> str:
-    return _shadow(env, core.token_budgeted(plan), "perimeter.tokens")
+_model_op("rate-shadow", "switch", "a rate filter per principal",
+          "one rate filter in shadow mode (filter_enforced 0)", ("rate",),
+          _shadow("rate", core.rated_by_principal))
+_model_op("rate-shadow-address", "switch", "a rate filter per client address",
+          "one auth-none rate filter in shadow mode (filter_enforced 0)", ("rate",),
+          _shadow("rate", core.rated_by_address))
+_model_op("token-shadow", "switch", "a token budget filter",
+          "one token budget filter in shadow mode (filter_enforced 0)", ("token-budget",),
+          _shadow("token", core.token_budgeted), needs="limits.tokens_per_minute")
 
 
 # source / loosen edits of the rendered routes
 
-@_e("host-from-client", "source", "every route", "the client's Host forwarded upstream (no host rewrite)",
-    ("upstream",))
-def _e_host(env: _Envoy, plan: Plan) -> str:
-    gone = [r["name"] for r in env.routes if r.get("route", {}).pop("host_rewrite_literal", None) is not None]
-    if not gone:
+def _host_from_client(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    rewritten = [r for r in model.routes if not r.status and not r.grpc]
+    if not rewritten:
         raise NotApplicable("the generated config sets no Host of its own (the client's reaches vLLM)")
-    return f"host_rewrite_literal dropped on {len(gone)} routes"
+    what = f"host_rewrite_literal dropped on {len(rewritten)} routes"
+    return _switched(what, host_from_client=True)(model, plan)
+
+
+_model_op("host-from-client", "source", "every route",
+          "the client's Host forwarded upstream (no host rewrite)", ("upstream",), _host_from_client)
 
 
 @_e("exact-to-prefix", "loosen", "an exact GET route", "an exact route's path match made a prefix match",
