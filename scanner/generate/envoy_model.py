@@ -341,6 +341,8 @@ class EnvoyWeakening:
     host_from_client: bool = False          # no host_rewrite_literal: the client's Host reaches vLLM
     retry_5xx: bool = False                 # routes with a retry policy also resend on a 5xx, 3 times
     shadow: tuple[str, ...] = ()            # local rate limit filters in shadow mode (filter_enforced 0)
+    raw_target: bool = False                # paths matched and forwarded raw (no normalisation)
+    grpc_accepted: bool = False             # no deny:grpc route: gRPC-shaped requests not refused
 
 
 @dataclass(frozen=True)

@@ -382,21 +382,20 @@ def _e_grpc_denied(env: _Envoy, plan: Plan) -> str:
     return denied
 
 
-@_e("raw-target-forwarded", "forward", "the listener",
-    "paths are matched and forwarded raw (no normalisation)", ('upstream', 'bypass'))
-def _e_raw(env: _Envoy, plan: Plan) -> str:
-    env.hcm["normalize_path"] = False
-    env.hcm["merge_slashes"] = False
-    env.hcm["path_with_escaped_slashes_action"] = "KEEP_UNCHANGED"
-    return "normalize_path off"
+_model_op("raw-target-forwarded", "forward", "the listener",
+          "paths are matched and forwarded raw (no normalisation)", ('upstream', 'bypass'),
+          _switched("normalize_path off", raw_target=True))
 
 
-@_e("client-key-forwarded", "forward", "every route", "the client's Authorization forwarded upstream",
-    ('upstream',))
-def _e_key_fwd(env: _Envoy, plan: Plan) -> str:
-    removed = env.hcm["route_config"]["request_headers_to_remove"]
-    removed.remove("authorization")
-    return "authorization kept"
+def _key_forwarded(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    if "authorization" not in model.request_headers_to_remove:
+        raise NotApplicable("authorization is not removed from requests")
+    removed = tuple(h for h in model.request_headers_to_remove if h != "authorization")
+    return replace(model, request_headers_to_remove=removed), "authorization kept"
+
+
+_model_op("client-key-forwarded", "forward", "every route", "the client's Authorization forwarded upstream",
+          ('upstream',), _key_forwarded)
 
 
 @_e("upstream-key-not-presented", "forward", "every route", "vLLM's own key no longer sent upstream",
@@ -464,11 +463,9 @@ _model_op("h2c-accepted", "expose", "the listener",
           _switched("codec_type AUTO", h2c=True))
 
 
-@_e("grpc-accepted", "expose", "the listener",
-    "gRPC-shaped requests (content-type application/grpc) no longer refused", ('protocol',))
-def _e_grpc(env: _Envoy, plan: Plan) -> str:
-    env.routes.remove(env.route("deny:grpc"))
-    return "route deny:grpc removed"
+_model_op("grpc-accepted", "expose", "the listener",
+          "gRPC-shaped requests (content-type application/grpc) no longer refused", ('protocol',),
+          _switched("route deny:grpc removed", grpc_accepted=True))
 
 
 def _any_key(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
