@@ -343,6 +343,7 @@ class EnvoyWeakening:
     shadow: tuple[str, ...] = ()            # local rate limit filters in shadow mode (filter_enforced 0)
     raw_target: bool = False                # paths matched and forwarded raw (no normalisation)
     grpc_accepted: bool = False             # no deny:grpc route: gRPC-shaped requests not refused
+    upstream_key_dropped: bool = False      # vLLM's own key not added to requests upstream
 
 
 @dataclass(frozen=True)

@@ -398,17 +398,20 @@ _model_op("client-key-forwarded", "forward", "every route", "the client's Author
           ('upstream',), _key_forwarded)
 
 
-@_e("upstream-key-not-presented", "forward", "every route", "vLLM's own key no longer sent upstream",
-    ('upstream',), needs="upstream.api_key_file")
-def _e_upstream_key(env: _Envoy, plan: Plan) -> str:
+def _upstream_keyed(plan: Plan) -> None:
     if not plan.upstream.api_key_file:
         raise NotApplicable("the policy sets no upstream.api_key_file")
-    added = env.hcm["route_config"]["request_headers_to_add"]
-    kept = [h for h in added if h["header"]["key"] != "authorization"]
-    if len(kept) == len(added):
+
+
+def _upstream_key(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    _upstream_keyed(plan)
+    if not model.upstream_key_file:
         raise NotApplicable("no Authorization added upstream")
-    env.hcm["route_config"]["request_headers_to_add"] = kept
-    return "authorization not added"
+    return _switched("authorization not added", upstream_key_dropped=True)(model, plan)
+
+
+_model_op("upstream-key-not-presented", "forward", "every route", "vLLM's own key no longer sent upstream",
+          ('upstream',), _upstream_key, needs="upstream.api_key_file")
 
 
 _model_op("client-headers-forwarded", "forward", "every route",
