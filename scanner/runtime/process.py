@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,12 +101,44 @@ class ManagedProcess:
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """Stop a process started with ``start_new_session=True`` and all its children."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
+    """Stop a process started with ``start_new_session=True`` and every process of its group,
+    a child that outlives its leader too (an NGINX worker still closing after its master): SIGTERM
+    to the group, then wait (at most ``grace``) until the leader and the group are gone, SIGKILL to
+    what is left."""
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:    # the group is gone already
+        proc.poll()
+        return
+    end = time.monotonic() + grace
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    while _group_alive(proc.pid) and time.monotonic() < end:
+        time.sleep(0.02)
+    if _group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=grace)
+        end = time.monotonic() + 1.0
+        while _group_alive(proc.pid) and time.monotonic() < end:
+            time.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Is a process of group ``pgid`` still running? Zombies (ended, waiting for their parent or
+    init to reap them) do not count: where init reaps nothing they would never go."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:           # ended while we looked
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False

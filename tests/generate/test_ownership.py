@@ -115,8 +115,10 @@ def test_a_stream_is_sealed_event_by_event(front: Front) -> None:
             arrived.append(time.monotonic())
             parts.append(part)
         text = "".join(parts)
-    # the stream keeps its timing: its first events came well before its last (4 steps apart)
-    assert arrived[-1] - arrived[0] >= 2 * DELAY, arrived
+    # the stream keeps its timing: its first events came well before its last (4 steps apart at
+    # the stand-in; on a busy machine two may arrive in one read: at least one step apart here,
+    # where a stream held until its end arrives at once)
+    assert arrived[-1] - arrived[0] >= DELAY, arrived
     events = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: ")]
     ids = {e["response"]["id"] for e in events if "response" in e}
     assert len(ids) == 1 and SEALED.fullmatch(ids.pop() or "")
