@@ -448,15 +448,8 @@ class _Conn:
         status, headers = 0, {}
         self.body = b""
         while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                if self.eof:
-                    raise ConnectionError("connection closed without a complete answer")
-                data = await self.reader.read(65536)
-                if not data:
-                    self.eof = True
-                self.h11.receive_data(data)
-            elif isinstance(event, h11.Response):
+            event = await self._event()
+            if isinstance(event, h11.Response):
                 status = event.status_code
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
             elif isinstance(event, h11.Data) and len(self.body) < READ_KEPT:
