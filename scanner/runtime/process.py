@@ -55,7 +55,12 @@ class ManagedProcess:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
                                           start_new_session=True, env=self.env)
         # listening itself: a connect would succeed to another process's listener on the port too
-        ready = wait_listening(self._proc.pid, self.host, self.port, self.start_timeout, give_up=self.failed)
+        try:
+            ready = wait_listening(self._proc.pid, self.host, self.port, self.start_timeout,
+                                   give_up=self.failed)
+        except BaseException:   # Ctrl-C, SIGTERM while it starts: nobody holds it yet to stop it
+            self.stop()
+            raise
         if not ready or self.failed():
             taken = self.cannot_bind()
             tail = self.log_tail()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
+
+import pytest
 
 from scanner.runtime.process import stop_group
 
@@ -38,3 +41,28 @@ def test_a_group_gone_already_is_nothing_to_stop() -> None:
     proc.wait(timeout=10)
     stop_group(proc, grace=1.0)
     assert proc.returncode == 0
+
+
+def test_a_start_interrupted_before_it_listens_leaves_nothing_running(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM turned into an exception) while a server starts: nobody holds the
+    ManagedProcess yet (``with`` never got it), so the start itself stops what it started (CI
+    found the demo's NGINX still running after the demo exited on SIGINT)."""
+    from scanner.runtime import process
+
+    started: list[int] = []
+
+    def interrupted(pid: int, *args: object, **kwargs: object) -> bool:
+        started.append(pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(process, "wait_listening", interrupted)
+    server = process.ManagedProcess("sleeper", ["sleep", "30"], "127.0.0.1", 9, log=tmp_path / "sleeper.log")
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert len(started) == 1
+    for _ in range(40):
+        if not _alive(started[0]):
+            break
+        time.sleep(0.05)
+    assert not _alive(started[0])
