@@ -71,7 +71,10 @@ class StandinThread:
         return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> StandinThread:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that name it (else each kept-alive
+        # answer waits ~40 ms for the client's delayed ACK: its head and body are two writes)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
