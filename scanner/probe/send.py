@@ -551,8 +551,11 @@ def _secrets(case: Case) -> tuple[str, ...]:
 def reusable(case: Case, status: int) -> bool:
     """May the connection carry another request after ``status`` answered ``case``? Not after an
     error answer to a request with a body: the server may have answered before reading all of it
-    and close the connection after its answer (NGINX discards or lingers on what is left)."""
-    return not (case.body is not None and status >= 400)
+    and close the connection after its answer (NGINX discards or lingers on what is left). Not
+    after a server error: uvicorn closes the connection once the app has raised, even when the
+    500 it sent was complete and said nothing of closing (the engine-less vLLM on GET
+    /is_sleeping), so a request sent on it before the close is seen would be lost."""
+    return not (status >= 500 or (case.body is not None and status >= 400))
 
 
 def _pipelinable(case: Case) -> bool:
