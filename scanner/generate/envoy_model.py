@@ -90,7 +90,8 @@ class RouteView:
 
     name: str
     path: str = ""            # exact match, or
-    regex: str = ""           # anchored safe_regex
+    regex: str = ""           # anchored safe_regex, or
+    prefix: str = ""          # a path prefix (a mutation operator's); none of the three: prefix "/"
     method: str = ""          # :method exact match; "" = any method
     status: int = 0           # direct response status; 0 = forwarded upstream
     reason: str = ""          # X-Perimeter-Reason of a direct response
@@ -344,6 +345,10 @@ class EnvoyWeakening:
     raw_target: bool = False                # paths matched and forwarded raw (no normalisation)
     grpc_accepted: bool = False             # no deny:grpc route: gRPC-shaped requests not refused
     upstream_key_dropped: bool = False      # vLLM's own key not added to requests upstream
+    errors_passed: tuple[str, ...] = ()     # routes whose vLLM 5xx bodies reach the client (the
+                                            # custom_response filter off there)
+    unsettled: tuple[str, ...] = ()         # token filters charged the whole cost, not the settled hits
+    tls_legacy: tuple[str, ...] = ()        # the listener from TLS 1.0 with these cipher suites
 
 
 @dataclass(frozen=True)

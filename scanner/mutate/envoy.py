@@ -1,7 +1,7 @@
-"""Envoy mutation operators: the plan's weakenings rendered by the Envoy generator, the
-generator's model changed in one marked place (a route's match, a rate filter's buckets, a
-cluster's thresholds, EnvoyWeakening's switches the YAML and Lua templates honour), and edits of
-the rendered envoy.yaml as data (parsed, changed, dumped; no text edits)."""
+"""Envoy mutation operators: the plan's weakenings rendered by the Envoy generator, or the
+generator's model changed in one marked place (a route's match or filters, a route added or opened,
+a rate filter's buckets, a cluster's thresholds) or by EnvoyWeakening's switches the YAML and Lua
+templates honour. No operator edits rendered text."""
 
 from __future__ import annotations
 
@@ -9,16 +9,20 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 import scanner.mutate.core as core
 from scanner.generate.common import owner_secret
 from scanner.generate.envoy import render_model
-from scanner.generate.envoy_model import PRINCIPALS, EnvoyModel, RouteView, build_model
+from scanner.generate.envoy_model import (
+    BASE_CLUSTER,
+    GRPC_CLUSTER,
+    PRINCIPALS,
+    EnvoyModel,
+    RouteView,
+    build_model,
+)
 from scanner.generate.interface import GenerateOptions
-from scanner.mutate.core import Apply, NotApplicable, Operator, register, where
+from scanner.mutate.core import NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import PRINCIPAL_HEADER, Decision, Plan
 from scanner.policy.model import CertPrincipal
@@ -185,79 +189,41 @@ _model_op("circuit-breaker-max", "switch", "a concurrency zone's clusters",
           ("concurrency",), _breaker_max)
 
 
-# --- edits of envoy.yaml as data (the Lua is rendered from the model: EnvoyWeakening) ---------
+# --- the route table: a route's filters, added or opened routes ---------------------------------
 
-
-class _Envoy:
-    """envoy.yaml as data: the HTTP connection manager and its routes."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / ENVOY
-        self.doc: dict[str, Any] = yaml.safe_load(self.path.read_text(encoding="utf-8"))
-        listener = self.doc["static_resources"]["listeners"][0]
-        self.hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
-        self.routes: list[dict[str, Any]] = self.hcm["route_config"]["virtual_hosts"][0]["routes"]
-
-    def route(self, name: str) -> dict[str, Any]:
-        for r in self.routes:
-            if r["name"] == name:
-                return r
+def _allowed(model: EnvoyModel, d: Decision) -> RouteView:
+    name = f"allow:{d.method} {d.path}"
+    route = next((r for r in model.routes if r.name == name), None)
+    if route is None:
         raise NotApplicable(f"no route {name}")
-
-    def allowed(self, d: Decision) -> dict[str, Any]:
-        return self.route(f"allow:{d.method} {d.path}")
-
-    def save(self) -> None:
-        self.path.write_text(yaml.safe_dump(self.doc, sort_keys=False), encoding="utf-8")
+    return route
 
 
-def _fixed_cluster(route: dict[str, Any]) -> None:
-    """Route to the base cluster (what an edit dropping the per-principal routing leaves)."""
-    route["route"].pop("cluster_header", None)
-    route["route"]["cluster"] = "vllm"
+def _swapped(routes: tuple[RouteView, ...], old: RouteView, new: RouteView) -> tuple[RouteView, ...]:
+    return tuple(new if r is old else r for r in routes)
 
 
-def _envoy_edit(fn: Callable[[_Envoy, Plan], str]) -> Apply:
-    def apply(directory: Path, plan: Plan) -> str:
-        env = _Envoy(directory)
-        what = fn(env, plan)
-        env.save()
-        return what
-    return apply
-
-
-def _forwarding(name: str, match: dict[str, Any], cluster: str = "vllm") -> dict[str, Any]:
-    return {"name": name, "match": match, "route": {"cluster": cluster, "timeout": "0s"},
-            "typed_per_filter_config": {"perimeter.lua": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
-                "disabled": True}}}
-
-
-def _e(op_id: str, family: str, target: str, title: str, catches: tuple[str, ...],
-       needs: str = "") -> Callable[[Callable[[_Envoy, Plan], str]], Callable[[_Envoy, Plan], str]]:
-    def add(fn: Callable[[_Envoy, Plan], str]) -> Callable[[_Envoy, Plan], str]:
-        register(Operator(f"{KIND}.{op_id}", KIND, family, target, title, catches, _envoy_edit(fn), needs))
-        return fn
-    return add
-
-
-@_e("lua-disabled-on-route", "remove", "a route with JSON caps",
-    "the Lua filter turned off on one route (no key, role or body check)", ('matrix', 'limits', 'rate'))
-def _e_lua_off(env: _Envoy, plan: Plan) -> str:
+def _lua_off(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.capped(plan)
-    r = env.allowed(d)
-    r["typed_per_filter_config"]["perimeter.lua"] = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute", "disabled": True}
-    return f"{d.method} {d.path}"
+    route = _allowed(model, d)
+    return replace(model, routes=_swapped(model.routes, route, replace(route, lua_group=""))), where(d)
 
 
-@_e("upstream-errors-passed", "remove", "a route with an output budget",
-    "vLLM's 5xx bodies reach the client on one route (the custom_response filter off there)", ("upstream",))
-def _e_errors_passed(env: _Envoy, plan: Plan) -> str:
+_model_op("lua-disabled-on-route", "remove", "a route with JSON caps",
+          "the Lua filter turned off on one route (no key, role or body check)", ('matrix', 'limits', 'rate'),
+          _lua_off)
+
+
+def _errors_passed(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.budgeted(plan)
-    env.allowed(d).setdefault("typed_per_filter_config", {})["perimeter.upstream_errors"] = {
-        "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
-    return f"{d.method} {d.path}: perimeter.upstream_errors disabled"
+    name = _allowed(model, d).name
+    return _switched(f"{where(d)}: perimeter.upstream_errors disabled",
+                     errors_passed=(*model.weak.errors_passed, name))(model, plan)
+
+
+_model_op("upstream-errors-passed", "remove", "a route with an output budget",
+          "vLLM's 5xx bodies reach the client on one route (the custom_response filter off there)",
+          ("upstream",), _errors_passed)
 
 
 def _retry_5xx(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
@@ -295,33 +261,36 @@ _model_op("ownership-unbound", "remove", "the Lua filter's response seal",
           ('ownership',), _owner_unbound, needs="body.responses")
 
 
-@_e("token-budget-removed", "remove", "a token zone",
-    "one token zone's budget removed (its filter off on every route)", ('token-budget',),
-    needs="limits.tokens_per_minute")
-def _e_tokens(env: _Envoy, plan: Plan) -> str:
+def _token_filter(model: EnvoyModel, plan: Plan) -> tuple[Decision, str]:
+    """The token budget route and the name of its token filter."""
     d = core.token_budgeted(plan)
-    per = env.allowed(d).get("typed_per_filter_config", {})
-    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
-    if name is None:
+    name = _allowed(model, d).token_filter
+    if not name:
         raise NotApplicable("no token filter on that route")
-    for r in env.routes:
-        r.get("typed_per_filter_config", {}).pop(name, None)
-    return f"{d.token_zone} ({d.method} {d.path})"
+    return d, name
 
 
-@_e("settlement-skipped", "remove", "a token zone",
-    "one token zone's charge not settled from usage (its bucket charged the whole reservation: the "
-    "credits of settled answers ignored)", ('token-budget',), needs="limits.tokens_per_minute")
-def _e_settlement(env: _Envoy, plan: Plan) -> str:
-    d = core.token_budgeted(plan)
-    per = env.allowed(d).get("typed_per_filter_config", {})
-    name = next((k for k in per if k.startswith("perimeter.tokens")), None)
-    f = next((f for f in env.hcm["http_filters"] if f["name"] == name), None)
-    if f is None:
-        raise NotApplicable("no token filter on that route")
-    for limit in f["typed_config"]["rate_limits"]:
-        limit["hits_addend"] = {"format": "%DYNAMIC_METADATA(perimeter:cost)%"}
-    return f"{d.token_zone} ({d.method} {d.path})"
+def _tokens_removed(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    """The route's token filter turned on by no route (every route of its zone charges nothing)."""
+    d, name = _token_filter(model, plan)
+    routes = tuple(replace(r, token_filter="") if r.token_filter == name else r for r in model.routes)
+    return replace(model, routes=routes), f"{d.token_zone} ({where(d)})"
+
+
+_model_op("token-budget-removed", "remove", "a token zone",
+          "one token zone's budget removed (its filter off on every route)", ('token-budget',),
+          _tokens_removed, needs="limits.tokens_per_minute")
+
+
+def _unsettled(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    d, name = _token_filter(model, plan)
+    return _switched(f"{d.token_zone} ({where(d)})", unsettled=(*model.weak.unsettled, name))(model, plan)
+
+
+_model_op("settlement-skipped", "remove", "a token zone",
+          "one token zone's charge not settled from usage (its bucket charged the whole reservation: the "
+          "credits of settled answers ignored)", ('token-budget',), _unsettled,
+          needs="limits.tokens_per_minute")
 
 
 def _xff_from_anyone(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
@@ -334,52 +303,59 @@ _model_op("network-from-forwarding-header", "source", "the listener",
           "client address taken from X-Forwarded-For", ('spoof', 'matrix'), _xff_from_anyone)
 
 
-@_e("prefix-route-added", "expose", "the routes under /v1/", "a prefix route forwards everything under /v1/",
-    ('bypass', 'sweep'))
-def _e_prefix(env: _Envoy, plan: Plan) -> str:
-    env.routes.insert(len(env.routes) - 1, _forwarding("mutant:prefix", {"prefix": "/v1/"}))
-    return "prefix /v1/"
+def _forwarding(name: str, regex: str = "", prefix: str = "") -> RouteView:
+    """A route forwarding what its ``regex`` or ``prefix`` matches to vLLM, no check on the way."""
+    return RouteView(name=name, cluster=BASE_CLUSTER, regex=regex, prefix=prefix)
 
 
-@_e("regex-route-added", "expose", "a denied route",
-    "a regex route (first in the table) forwards a denied route", ('matrix',))
-def _e_regex(env: _Envoy, plan: Plan) -> str:
+def _prefix_added(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    routes = (*model.routes[:-1], _forwarding("mutant:prefix", prefix="/v1/"), model.routes[-1])
+    return replace(model, routes=routes), "prefix /v1/"
+
+
+def _regex_added(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     path = core.denied_path(plan)
-    env.routes.insert(0, _forwarding("mutant:regex", {"safe_regex": {"regex": f"^{re.escape(path)}.*"}}))
-    return f"regex ^{path}"
+    route = _forwarding("mutant:regex", regex=f"^{re.escape(path)}.*")
+    return replace(model, routes=(route, *model.routes)), f"regex ^{path}"
 
 
-@_e("catch-all-forwarded", "expose", "the catch-all route",
-    "the catch-all route forwards instead of refusing", ('bypass', 'matrix', 'sweep'))
-def _e_catch_all(env: _Envoy, plan: Plan) -> str:
-    r = env.route("deny:unknown")
-    env.routes[env.routes.index(r)] = _forwarding("deny:unknown", r["match"])
-    return "catch-all forwarded"
+def _opened(routes: tuple[RouteView, ...], name: str, cluster: str = BASE_CLUSTER) -> tuple[RouteView, ...]:
+    """The refusing route ``name`` forwarding to ``cluster`` instead (its match and rule kept)."""
+    old = next((r for r in routes if r.name == name), None)
+    if old is None:
+        raise NotApplicable(f"no route {name}")
+    return _swapped(routes, old, replace(old, status=0, reason="", allow="", cluster=cluster))
 
 
-@_e("denied-route-forwarded", "expose", "a denied route", "a denied route is forwarded",
-    ('matrix',))
-def _e_denied(env: _Envoy, plan: Plan) -> str:
+def _catch_all(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
+    return replace(model, routes=_opened(model.routes, "deny:unknown")), "catch-all forwarded"
+
+
+def _denied(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     path = core.denied_path(plan)
-    r = env.route(f"deny:{path}")
-    env.routes[env.routes.index(r)] = _forwarding(f"deny:{path}", r["match"])
-    return path
+    return replace(model, routes=_opened(model.routes, f"deny:{path}")), path
 
 
-@_e("grpc-denied-method-forwarded", "expose", "a denied gRPC method",
-    "a gRPC method the plan denies is forwarded to vLLM's gRPC server", ('grpc',), needs="grpc")
-def _e_grpc_denied(env: _Envoy, plan: Plan) -> str:
+def _grpc_denied(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     g = plan.grpc
     denied = next((d.path for d in (g.decisions if g else ()) if not d.allowed), "")
-    listeners = env.doc["static_resources"]["listeners"]
-    listener = next((x for x in listeners if x["name"] == "perimeter-grpc"), None)
-    if not denied or listener is None:
+    if not denied or model.grpc is None:
         raise NotApplicable("no gRPC listener with a denied method")
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    i = next(i for i, r in enumerate(routes) if r["name"] == f"deny:{denied}")
-    routes[i] = _forwarding(f"deny:{denied}", routes[i]["match"], cluster="vllm_grpc")
-    return denied
+    routes = _opened(model.grpc.routes, f"deny:{denied}", GRPC_CLUSTER)
+    return replace(model, grpc=replace(model.grpc, routes=routes)), denied
+
+
+_model_op("prefix-route-added", "expose", "the routes under /v1/",
+          "a prefix route forwards everything under /v1/", ('bypass', 'sweep'), _prefix_added)
+_model_op("regex-route-added", "expose", "a denied route",
+          "a regex route (first in the table) forwards a denied route", ('matrix',), _regex_added)
+_model_op("catch-all-forwarded", "expose", "the catch-all route",
+          "the catch-all route forwards instead of refusing", ('bypass', 'matrix', 'sweep'), _catch_all)
+_model_op("denied-route-forwarded", "expose", "a denied route", "a denied route is forwarded",
+          ('matrix',), _denied)
+_model_op("grpc-denied-method-forwarded", "expose", "a denied gRPC method",
+          "a gRPC method the plan denies is forwarded to vLLM's gRPC server", ('grpc',), _grpc_denied,
+          needs="grpc")
 
 
 _model_op("raw-target-forwarded", "forward", "the listener",
@@ -484,14 +460,6 @@ _model_op("any-key-accepted", "remove", "the key lookup", "an unknown key is tak
 
 # switch: the limit stays written, Envoy only counts what it would refuse (shadow mode)
 
-def _filter(env: _Envoy, name: str) -> dict[str, Any]:
-    for f in env.hcm["http_filters"]:
-        if f["name"] == name:
-            found: dict[str, Any] = f
-            return found
-    raise NotApplicable(f"no filter {name}")
-
-
 def _shadow(kind: str, pick: core.Pick) -> ModelEdit:
     """The route's local rate limit filter of ``kind`` (rate, token) in shadow mode, on the route
     ``pick`` chooses."""
@@ -531,15 +499,17 @@ _model_op("host-from-client", "source", "every route",
           "the client's Host forwarded upstream (no host rewrite)", ("upstream",), _host_from_client)
 
 
-@_e("exact-to-prefix", "loosen", "an exact GET route", "an exact route's path match made a prefix match",
-    ("bypass", "sweep"))
-def _e_exact_prefix(env: _Envoy, plan: Plan) -> str:
+def _exact_to_prefix(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     d = core.exact_get(plan)
-    r = env.allowed(d)
-    if "path" not in r["match"]:
+    route = _allowed(model, d)
+    if not route.path:
         raise NotApplicable(f"{where(d)}: no exact path match")
-    r["match"]["prefix"] = r["match"].pop("path")
-    return f"{where(d)}: path -> prefix"
+    new = replace(route, path="", prefix=route.path)
+    return replace(model, routes=_swapped(model.routes, route, new)), f"{where(d)}: path -> prefix"
+
+
+_model_op("exact-to-prefix", "loosen", "an exact GET route",
+          "an exact route's path match made a prefix match", ("bypass", "sweep"), _exact_to_prefix)
 
 
 # --- bearer tokens (auth: jwt): the Lua token checks weakened (jwt_authn verifies the signature only)
@@ -649,21 +619,18 @@ _model_op("cert-revoked-mapped", "remove", "a revoked certificate principal",
 TLS_NEEDS = "listen.tls"
 
 
-@_e("tls-legacy-versions", "add", "the listener's TLS versions and suites",
-    "TLS 1.0 and 1.1 admitted on the listener (tls_minimum_protocol_version TLSv1_0) with the CBC "
-    "suites they need (Envoy's defaults have none)", ("tls",),
-    needs=TLS_NEEDS)
-def _e_tls_legacy(env: _Envoy, plan: Plan) -> str:
+def _tls_legacy(model: EnvoyModel, plan: Plan) -> tuple[EnvoyModel, str]:
     if plan.listen.tls is None:
         raise NotApplicable("the listener speaks plain HTTP (no listen.tls)")
-    listener = env.doc["static_resources"]["listeners"][0]
-    for chain in listener["filter_chains"]:
-        ctx = chain.get("transport_socket", {}).get("typed_config", {}).get("common_tls_context")
-        if ctx is None:
-            raise NotApplicable("the listener has no TLS context")
-        ctx["tls_params"] = {**ctx.get("tls_params", {}), "tls_minimum_protocol_version": "TLSv1_0",
-                             "cipher_suites": [*LEGACY_SUITES, *ENVOY_DEFAULT_SUITES]}
-    return "listener: tls_minimum_protocol_version TLSv1_0, CBC suites added"
+    if model.listen_tls is None:
+        raise NotApplicable("the listener has no TLS context")
+    return _switched("listener: tls_minimum_protocol_version TLSv1_0, CBC suites added",
+                     tls_legacy=(*LEGACY_SUITES, *ENVOY_DEFAULT_SUITES))(model, plan)
+
+
+_model_op("tls-legacy-versions", "add", "the listener's TLS versions and suites",
+          "TLS 1.0 and 1.1 admitted on the listener (tls_minimum_protocol_version TLSv1_0) with the CBC "
+          "suites they need (Envoy's defaults have none)", ("tls",), _tls_legacy, needs=TLS_NEEDS)
 
 
 LEGACY_SUITES = ("ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "AES128-SHA", "ECDHE-ECDSA-AES256-SHA",
