@@ -27,6 +27,9 @@ The variants, each its own NGINX (one worker) in front of the same upstream:
   media (skipped when NGINX's ``$perimeter_media_key`` map finds no media key, as njs does), budget,
   pin and envelope; not salt (no salts loaded: a salted route refuses), owned, ask_usage, token
   charges or the shared limiter;
+* ``lua-inline``: ``lua`` with the check in the route's own location (``access_by_lua``, then the
+  ``_checked`` location's proxying there: no internal redirect; its error_page list is the server's
+  4xx pages and the ``_checked`` location's 5xx pages, which replace the server's there);
 * ``lua-nocache``: ``lua`` with the key cache off (the sha256 in Lua on every request);
 * ``lua-exec``: ``lua`` without the program run (the body read, then ``ngx.exec``): the fixed cost
   of the Lua step, so ``lua`` minus ``lua-exec`` is the rule program's (JSON reader + interpreter);
@@ -79,7 +82,7 @@ TEMPLATE = REPO / "templates/envoy_perimeter.lua.j2"
 OPS_START = "-- The rule program's interpreter"
 OPS_END = "-- The body of a checked route"
 CHAT = "/v1/chat/completions"
-VARIANTS = ("bare", "njs", "lua", "lua-nocache", "lua-exec", "setmisc", "floor")
+VARIANTS = ("bare", "njs", "lua", "lua-inline", "lua-nocache", "lua-exec", "setmisc", "floor")
 
 ADAPTER = r"""
 -- The adapter: NGINX's lua module in place of Envoy's handle API (check_body).
@@ -175,6 +178,9 @@ function M.body()
       return deny(why)
     end
   end
+  if INLINE then
+    return   -- access_by_lua: the location proxies
+  end
   return ngx.exec(var.perimeter_up .. "_checked")
 end
 
@@ -182,7 +188,7 @@ return M
 """
 
 
-def lua_module(rules: Path, key_cache: int, run: bool) -> str:
+def lua_module(rules: Path, key_cache: int, run: bool, inline: bool) -> str:
     """The prototype's Lua module: Envoy's sha256, JSON reader and rule-program interpreter, the
     adapter above."""
     text = TEMPLATE.read_text(encoding="utf-8")
@@ -200,7 +206,7 @@ def lua_module(rules: Path, key_cache: int, run: bool) -> str:
         "-- vllm-perimeter native prototype (examples/bench_native.py; rendered, not shipped)\n"
         "local M = {}\n"
         f"local RULES_FILE, KEY_CACHE = {json.dumps(str(rules))}, {key_cache}\n"
-        f"local RUN = {'true' if run else 'false'}\n"
+        f"local RUN, INLINE = {'true' if run else 'false'}, {'true' if inline else 'false'}\n"
         "local byte, find, sub, char, lower, match, gsub = string.byte, string.find, string.sub,"
         " string.char, string.lower, string.match, string.gsub\n"
         "local concat, tonumber, tostring = table.concat, tonumber, tostring\n"
@@ -246,11 +252,12 @@ def server_level(http_conf: str, lines: str) -> str:
 JS_KEY = "js_set $perimeter_key_sha256 perimeter.keyHash;\n"
 
 
-def to_lua(conf: Path, key_cache: int, run: bool = True) -> None:
+def to_lua(conf: Path, key_cache: int, run: bool = True, inline: bool = False) -> None:
     """The generated config with the key hash and the chat route's body check in Lua (``run``
-    False: the body read and passed on, no program run)."""
+    False: the body read and passed on, no program run; ``inline``: in the route's location)."""
     d = conf.parent
-    (d / "vp_native.lua").write_text(lua_module(d / "perimeter-rules.json", key_cache, run), encoding="utf-8")
+    (d / "vp_native.lua").write_text(lua_module(d / "perimeter-rules.json", key_cache, run, inline),
+                                     encoding="utf-8")
     load_modules(conf, f'    lua_package_path "{d}/?.lua;;";\n'
                        '    init_by_lua_block { require("vp_native") }\n')
     hc = d / "perimeter-http.conf"
@@ -265,8 +272,18 @@ def to_lua(conf: Path, key_cache: int, run: bool = True) -> None:
     location = text[at:end]
     if "js_content perimeter.direct;" not in location:
         raise SystemExit(f"{CHAT} is no longer checked by perimeter.direct")
-    location = location.replace("js_content perimeter.direct;",
-                                'content_by_lua_block { return require("vp_native").body() }')
+    if inline:
+        up = re.search(r"set \$perimeter_up (@\S+);", location).group(1)  # type: ignore[union-attr]
+        c = text.index(f"location {up}_checked {{")
+        inner = text[text.index("{", c) + 1:block_end(text, c) - 1]
+        pages = "".join(f"        {x}\n" for x in re.findall(r"(?m)^    (error_page [^;]*;)$", text)
+                        if not re.match(r"error_page 50[0-9]", x))
+        location = location.replace("js_content perimeter.direct;",
+                                    'access_by_lua_block { return require("vp_native").body() }\n'
+                                    + pages + inner.strip("\n"))
+    else:
+        location = location.replace("js_content perimeter.direct;",
+                                    'content_by_lua_block { return require("vp_native").body() }')
     hc.write_text(text[:at] + location + text[end:], encoding="utf-8")
 
 
@@ -401,7 +418,7 @@ def run(args: argparse.Namespace) -> None:
             c.write_text(re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{ports[v]};",
                                 c.read_text(encoding="utf-8")), encoding="utf-8")
             if v.startswith("lua"):
-                to_lua(confs[v], 0 if v == "lua-nocache" else 4096, v != "lua-exec")
+                to_lua(confs[v], 0 if v == "lua-nocache" else 4096, v != "lua-exec", v == "lua-inline")
             elif v == "setmisc":
                 to_setmisc(confs[v], key)
             elif v == "floor":
@@ -466,13 +483,18 @@ def same_reason(a: str, b: str) -> bool:
 
 
 def compare(ports: dict[str, int], key: str, variants: list[str]) -> None:
-    pair = [v for v in ("njs", "lua") if v in variants]
-    if len(pair) != 2:
-        raise SystemExit("--check needs the njs and lua variants")
+    others = [v for v in ("lua", "lua-inline") if v in variants]
+    if "njs" not in variants or not others:
+        raise SystemExit("--check needs the njs and lua (or lua-inline) variants")
+    for lua in others:
+        compare_one(ports, key, lua)
+
+
+def compare_one(ports: dict[str, int], key: str, lua: str) -> None:
     differ = 0
-    print("== verdicts, njs vs lua (status reason)")
+    print(f"== verdicts, njs vs {lua} (status reason)")
     for name, text in check_bodies():
-        a, b = curl(ports["njs"], key, text), curl(ports["lua"], key, text)
+        a, b = curl(ports["njs"], key, text), curl(ports[lua], key, text)
         same = a[0] == b[0] and same_reason(a[1], b[1])
         if same and a[0] == "200":   # what reached the upstream: the same JSON document
             same = json.loads(a[2]) == json.loads(b[2])
@@ -481,6 +503,12 @@ def compare(ports: dict[str, int], key: str, variants: list[str]) -> None:
         differ += not same
         print(f"  {'same' if same else 'DIFFER':6} {name:45} njs {a[0]} {a[1] or '-':40} "
               f"lua {b[0]} {b[1] or '-'}")
+    payload = body()
+    a, b = curl(ports["njs"], "vp_not-a-key", payload), curl(ports[lua], "vp_not-a-key", payload)
+    same = a[:2] == b[:2]
+    differ += not same
+    print(f"  {'same' if same else 'DIFFER':6} {'an unknown key':45} njs {a[0]} {a[1] or '-':40} "
+          f"lua {b[0]} {b[1] or '-'}")
     print(f"  {differ} differ")
 
 
