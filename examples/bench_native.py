@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import http.client
 import json
 import re
 import secrets
@@ -70,10 +71,26 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-from bench_nginx import DEBIAN, Proc, bare_conf, body, perimeter_conf, start, upstream_conf  # noqa: E402
+from bench_nginx import (  # noqa: E402
+    DEBIAN,
+    INVENTORY,
+    POLICY,
+    Proc,
+    bare_conf,
+    body,
+    perimeter_conf,
+    start,
+    upstream_conf,
+)
 
 from scanner.generate.envoy import _environment  # noqa: E402
+from scanner.inventory.model import load as load_inventory  # noqa: E402
+from scanner.plan.body import Judgement, judge  # noqa: E402
+from scanner.plan.build import build as build_plan  # noqa: E402
+from scanner.plan.model import Decision  # noqa: E402
 from scanner.plan.vllm_json import utf8_whitespace  # noqa: E402
+from scanner.policy.load import loads  # noqa: E402
+from scanner.reasons import STATUS  # noqa: E402
 from scanner.reasons import parse as parse_reason  # noqa: E402
 
 MODULES = Path("/usr/lib/nginx/modules")
@@ -399,8 +416,8 @@ def run(args: argparse.Namespace) -> None:
     try:
         ports = {n: _port() for n in ("up", *variants)}
         (tmp / "up").mkdir()
-        (tmp / "up/nginx.conf").write_text((echo_upstream_conf if args.check else upstream_conf)(
-            tmp / "up", ports["up"]))
+        answer = echo_upstream_conf if args.check or args.corpus else upstream_conf
+        (tmp / "up/nginx.conf").write_text(answer(tmp / "up", ports["up"]))
         up = start(str(nginx_binary()), tmp / "up", tmp / "up/nginx.conf", ports["up"], "upstream")
         gen = tmp / "gen"
         gen.mkdir()
@@ -434,6 +451,8 @@ def run(args: argparse.Namespace) -> None:
             procs[v] = start(binary, prefix, confs[v], ports[v], v)
         if args.check:
             compare(ports, key, variants)
+        if args.corpus:
+            corpus(ports, key, variants, gen)
         payload = body()
         scripts = {"chat": tmp / "chat.lua", "get": tmp / "get.lua"}
         scripts["chat"].write_text(
@@ -512,6 +531,67 @@ def compare_one(ports: dict[str, int], key: str, lua: str) -> None:
     print(f"  {differ} differ")
 
 
+def post(port: int, key: str, raw: bytes, content_type: str | None) -> tuple[int, str, bytes]:
+    """(status, X-Perimeter-Reason, answer) of one chat POST of ``raw`` (upstream: the echo)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        headers = {"Authorization": f"Bearer {key}", "Accept": ECHO}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        conn.request("POST", CHAT, body=raw, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("X-Perimeter-Reason") or "", resp.read()
+    finally:
+        conn.close()
+
+
+def agrees(ref: Judgement, seen: tuple[int, str, bytes], raw: bytes) -> bool:
+    """Does a proxy's answer agree with the Python reference's judgement (the harness's rule:
+    tests/differential/harness.compare; an admitted body: the same JSON reached the upstream)?"""
+    if ref.refused or seen[0] != 200:
+        return ref.refused and seen[0] != 200 and compare_ref(ref, seen[1], seen[0])
+    try:
+        return bool(json.loads(seen[2]) == (ref.body if ref.body is not None else json.loads(raw)))
+    except ValueError:
+        return ref.body is None and seen[2] == raw
+
+
+def compare_ref(ref: Judgement, reason: str, status: int) -> bool:
+    kind, detail = parse_reason(reason)
+    return (kind == ref.kind[0] and (kind == "bad-json" or detail == ref.kind[1])
+            and STATUS.get(kind) == status)
+
+
+def corpus(ports: dict[str, int], key: str, variants: list[str], gen: Path) -> None:
+    """tests/differential's corpus bodies for the chat route through njs and the Lua prototype,
+    each answer held against the Python reference (scanner.plan.body.judge) of the same plan."""
+    from tests.differential.corpus import cases
+
+    d = chat_decision(gen)
+    chat = [c for c in cases() if c.path == CHAT]
+    ref = {c.id: judge(d, c.raw, "", c.content_type) for c in chat}
+    for proxy in [v for v in ("njs", "lua", "lua-inline") if v in variants]:
+        differ: list[str] = []
+        for c in chat:
+            seen = post(ports[proxy], key, c.raw, c.content_type)
+            if not agrees(ref[c.id], seen, c.raw):
+                differ.append(f"    {c.id} {c.content_type!r}: reference {ref[c.id].reason or 'forward'}, "
+                              f"{proxy} {seen[0]} {seen[1] or '-'}  {c.raw[:90]!r}")
+        print(f"== the differential corpus, chat route: {len(chat)} bodies, {proxy} against the reference: "
+              f"{len(differ)} disagree")
+        print("\n".join(differ[:20]))
+
+
+def chat_decision(gen: Path) -> Decision:
+    """The chat route's decision in the plan perimeter_conf built in ``gen`` (the same policy)."""
+    text = POLICY.read_text(encoding="utf-8") + "\nprincipals_file: principals.yaml\n"
+    plan = build_plan(load_inventory(INVENTORY), loads(text, source="bench", base_dir=gen))
+    d = plan.decision("POST", CHAT)
+    if d is None:
+        raise SystemExit(f"no decision for POST {CHAT}")
+    return d
+
+
 def report(req: str, rows: list[dict[str, tuple[float, float]]], variants: list[str], size: int) -> None:
     what = f"allowed {size}-byte chat POST" if req == "chat" else "keyed GET /v1/models"
     print(f"== {what}: {len(rows)} rounds")
@@ -538,6 +618,8 @@ def main() -> None:
     ap.add_argument("--variants", default="bare,njs,lua,setmisc")
     ap.add_argument("--requests", default="chat,get")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--corpus", action="store_true",
+                    help="tests/differential's chat bodies through njs and lua against the Python reference")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed")
