@@ -3,11 +3,11 @@ done without njs, measured beside a bare proxy and today's generated (njs) confi
 upstream.
 
     .venv/bin/python examples/bench_native.py [--rounds 3] [--duration 4] [--connections 8]
-        [--variants bare,njs,lua,setmisc] [--requests chat,get] [--check]
+        [--variants bare,njs,lua,setmisc] [--requests chat,get] [--check] [--corpus]
 
-Debian's NGINX 1.22 only (the pip NGINX 1.31 has no Lua module, and its set-misc crashes on a run-time
-value: see docs/benchmarks.md). Needs ``libnginx-mod-http-lua``, ``libnginx-mod-http-ndk``,
-``lua-cjson``, ``lua-resty-core`` and ``libnginx-mod-http-set-misc`` (apt).
+Debian's NGINX 1.22 only (the pip NGINX 1.31 is static: it loads no module, and its built-in set-misc
+crashes on a run-time value: see docs/benchmarks.md). Needs ``libnginx-mod-http-lua``,
+``libnginx-mod-http-ndk``, ``lua-cjson``, ``lua-resty-core`` and ``libnginx-mod-http-set-misc`` (apt).
 
 The variants, each its own NGINX (one worker) in front of the same upstream:
 
@@ -45,9 +45,10 @@ Rounds alternate the variants; reported: requests/s, the median of each round's 
 run beside it, the worker's CPU per request and bare's CPU per request over the variant's (the
 throughput ratio one dedicated core would give: on 2 shared cores wrk and the upstream compete with
 the proxy, and a fast proxy's requests/s is the client's). ``--check`` first sends a set of bodies
-to ``njs`` and ``lua`` and prints each verdict and reason side by side (they must agree as tests/differential
-counts reasons: kind and detail). Loopback only; every process is started here and stopped by its
-process group; bounded in time.
+to ``njs`` and ``lua`` and prints each verdict and reason side by side (they must agree as
+tests/differential counts reasons: kind and detail); ``--corpus`` sends tests/differential's chat
+bodies through ``njs`` and ``lua`` and holds each answer against the Python reference. Loopback only;
+every process is started here and stopped by its process group; bounded in time.
 """
 
 from __future__ import annotations
