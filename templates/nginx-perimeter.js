@@ -57,7 +57,7 @@ function keyHash(r) {
 // read from $ssl_client_raw_cert (PEM) by a minimal DER walk to the subjectAltName extension
 // (2.5.29.17): exactly one URI SAN (as a SPIFFE X.509-SVID has) names a principal as "san:URI"
 // (several, or one not listed: nobody); a certificate without any URI SAN is named by its subject
-// ($ssl_client_s_dn, RFC 2253) as "subject:DN"; the table is $perimeter_certs.
+// ($ssl_client_s_dn, RFC 2253) as "subject:DN"; the table is perimeter_identity.certs.
 function derAt(b, i, end) {
     if (i + 2 > end) {
         return null;
@@ -137,7 +137,7 @@ function uriSans(pem) {
 function certWho(r) {
     var table, sans;
     try {
-        table = JSON.parse(r.variables.perimeter_certs || '{}');
+        table = perimeter_identity.certs;
         sans = uriSans(r.variables.ssl_client_raw_cert || '');
     } catch (e) {
         return '';
@@ -304,6 +304,18 @@ function vllmInt(value) {
 
 function has(obj, name) {
     return Object.prototype.hasOwnProperty.call(obj, name);
+}
+
+// The position of x in list, or -1: for the preloaded objects' arrays (perimeter_identity,
+// perimeter_rules), whose elements are read by index (njs 0.9: `indexOf` is undefined on them).
+function indexIn(list, x) {
+    var i;
+    for (i = 0; i < list.length; i++) {
+        if (list[i] === x) {
+            return i;
+        }
+    }
+    return -1;
 }
 
 // The value at a name or a dotted path (scanner/plan/vllm_json.py at: 'sampling_params.n', through
@@ -1512,11 +1524,11 @@ function jwtTimes(p) {
 function jwtHas(claim, values) {
     var i;
     if (typeof claim === 'string') {
-        return values.indexOf(claim) >= 0;
+        return indexIn(values, claim) >= 0;
     }
     if (Array.isArray(claim)) {
         for (i = 0; i < claim.length; i++) {
-            if (typeof claim[i] === 'string' && values.indexOf(claim[i]) >= 0) {
+            if (typeof claim[i] === 'string' && indexIn(values, claim[i]) >= 0) {
                 return true;
             }
         }
@@ -1565,12 +1577,12 @@ function jwtClaims(v, cfg, p) {
     }
     p.iss = cfg.iss[i];     // the allowed issuer it starts with names its principals
 {% elif not w.jwt_issuer_unchecked %}
-    if (typeof p.iss !== 'string' || cfg.iss.indexOf(p.iss) < 0) {
+    if (typeof p.iss !== 'string' || indexIn(cfg.iss, p.iss) < 0) {
         return [401, 'jwt-issuer'];
     }
 {% endif %}
     aud = Array.isArray(p.aud) ? p.aud : [p.aud];
-    for (i = 0; i < aud.length && !(typeof aud[i] === 'string' && cfg.aud.indexOf(aud[i]) >= 0); i++) {
+    for (i = 0; i < aud.length && !(typeof aud[i] === 'string' && indexIn(cfg.aud, aud[i]) >= 0); i++) {
     }
 {% if not w.jwt_audience_unchecked %}
     if (i === aud.length) {
@@ -1587,7 +1599,7 @@ function jwtClaims(v, cfg, p) {
         return [403, 'jwt-claim:' + cfg.sub];
     }
 {% if not w.jwt_unprefixed %}
-    who = cfg.pfx[cfg.iss.indexOf(p.iss)] + who;    // its kind and issuer: the plan's "jwt:ID:"
+    who = cfg.pfx[indexIn(cfg.iss, p.iss)] + who;    // its kind and issuer: the plan's "jwt:ID:"
 {% endif %}
     role = jwtRole(cfg, cfg.rc ? p[cfg.rc] : null);
     if (!role) {
@@ -1606,7 +1618,7 @@ function jwt(r) {
     var v = r.variables;
     var cfg, m, token, parts, header, payload, alg, key, algs, why;
     try {
-        cfg = JSON.parse(v['perimeter_jwt_cfg_' + v.perimeter_jwt]);
+        cfg = perimeter_identity.jwt[v.perimeter_jwt];
         if ((v.http_authorization || '').indexOf(',') >= 0) {
             return jwtDeny(r, 400, 'bad-request');   // a list of credentials (NGINX refuses two headers)
         }
@@ -1636,7 +1648,7 @@ function jwt(r) {
         return jwtDeny(r, 401, why);
     }
     alg = header.alg;
-    if (typeof alg !== 'string' || cfg.algs.indexOf(alg) < 0 || !JWT_ALGS[alg]) {
+    if (typeof alg !== 'string' || indexIn(cfg.algs, alg) < 0 || !JWT_ALGS[alg]) {
         return jwtDeny(r, 401, 'jwt-invalid:alg');
     }
     if (has(header, 'kid') && (typeof header.kid !== 'string' || header.kid === '')) {

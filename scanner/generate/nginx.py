@@ -23,6 +23,10 @@ Output files (names relative to the output directory):
 ``perimeter-rules.json``
     The plan's rule programs (scanner/plan/program.py), which NGINX loads once at configure time
     (``js_preload_object``) into an immutable object every njs VM shares: not parsed per request.
+``perimeter-identity.json``
+    Who a verified client certificate names and each ``auth: jwt`` audience's token rules (no
+    secret: names, roles, issuers), preloaded the same way (``perimeter_identity``); regenerate
+    and reload with the principals.
 
 Generator options (``GenerateOptions.extra``):
 
@@ -64,6 +68,7 @@ from scanner.generate.common import OWNER_HOLDS, config_dir, owner_secret
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
     HTTP,
+    IDENTITY,
     INCLUDED,
     MAIN,
     NJS,
@@ -74,6 +79,7 @@ from scanner.generate.nginx_model import (
     NginxModel,
     Weakening,
     build_model,
+    identity_json,
     rules_json,
 )
 from scanner.generate.shared import files as shared_files
@@ -94,7 +100,7 @@ def _environment() -> jinja2.Environment:
 
 
 # The files the plan decides (nginx.conf holds process settings; the njs module is fixed text), and
-# the rule programs (RULES, rendered by plan_files from the model).
+# the rule programs and identity tables (RULES, IDENTITY: rendered by plan_files from the model).
 PLAN_TEMPLATES = ((HTTP, "nginx-http.conf.j2", 0o644), (PRINCIPALS, "nginx-principals.conf.j2", 0o600),
                   (PROXY, "nginx-proxy.conf.j2", 0o644))
 
@@ -107,7 +113,8 @@ def plan_files(env: jinja2.Environment, model: NginxModel, plan: Plan) -> tuple[
                       for name, t, mode in PLAN_TEMPLATES)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: template error: {exc}") from exc
-    return (*files, GeneratedFile(RULES, rules_json(model)))
+    return (*files, GeneratedFile(RULES, rules_json(model)),
+            GeneratedFile(IDENTITY, identity_json(model)))
 
 
 NJS_TEMPLATE = "nginx-perimeter.js"

@@ -90,6 +90,7 @@ PRINCIPALS = "perimeter-principals.conf"
 PROXY = "perimeter-proxy.conf"
 NJS = "perimeter.js"
 RULES = "perimeter-rules.json"       # the rule programs: njs's preloaded object (rules_json)
+IDENTITY = "perimeter-identity.json"  # who a certificate or a token's audience names (identity_json)
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
 BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
@@ -97,7 +98,7 @@ BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the nativ
 MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
-            "upstream_key": UPSTREAM_KEY}
+            "identity": IDENTITY, "upstream_key": UPSTREAM_KEY}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
 EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
@@ -516,6 +517,19 @@ def writes(program: Program) -> bool:
         if isinstance(s, BudgetStep) and s.absent == "inject":
             return True
     return False
+
+
+def identity_json(model: NginxModel) -> str:
+    """``perimeter-identity.json``: the certificate principals (``certs``: ``san:URI`` /
+    ``subject:DN`` -> [name, role]) and each ``auth: jwt`` audience's rules (``jwt``: its id ->
+    the rules), which NGINX loads once at configure time (``js_preload_object
+    perimeter_identity``): read by njs (perimeter.certWho, perimeter.jwt), never parsed per
+    request. No secret (names, roles, issuers): the key hashes stay in the 0600 principals file."""
+    def dump(value: object) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    certs = json.loads(model.certs_json) if model.certs_json else {}
+    jwt = {a.id: json.loads(a.config) for a in model.jwt}
+    return f'{{\n "certs": {dump(certs)},\n "jwt": {dump(jwt)}\n}}\n'
 
 
 def rules_json(model: NginxModel) -> str:

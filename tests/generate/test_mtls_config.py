@@ -4,6 +4,7 @@ the proxy itself."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,12 @@ def test_nginx_config_shape(tmp_path: Path) -> None:
     assert "map $ssl_client_verify $perimeter_cert_verified {\n    default \"\";\n    SUCCESS $perimeter_cert_who;" in http
     assert "if ($ssl_client_verify = NONE) { return 401; }" in http
     assert "proxy_set_header X-Perimeter-Principal $perimeter_cert_principal;" in http
-    principals = a["perimeter-principals.conf"]
-    assert ('"san:spiffe://example.org/ns/app/sa/worker":["worker-a","worker"]' in principals
-            and '"subject:CN=batch,O=Example":["batch","worker"]' in principals)
+    certs = json.loads(a["perimeter-identity.json"])["certs"]   # preloaded once, not parsed per request
+    assert certs["san:spiffe://example.org/ns/app/sa/worker"] == ["worker-a", "worker"]
+    assert certs["subject:CN=batch,O=Example"] == ["batch", "worker"]
+    assert "js_preload_object perimeter_identity from" in http
     revoked = POLICY.replace("  - {name: batch, role: worker, subject: 'CN=batch,O=Example'}\n", "")
-    assert "batch" not in _nginx_files(_plan(tmp_path, revoked), tmp_path / "r")["perimeter-principals.conf"]
+    assert "batch" not in _nginx_files(_plan(tmp_path, revoked), tmp_path / "r")["perimeter-identity.json"]
     proxy = proxy_named("nginx")
     assert isinstance(proxy, NginxProxy)
     proxy.write(plan, tmp_path / "n")
