@@ -4,19 +4,20 @@ shape is stated. The JSON Schemas under ``schemas/`` are generated from these
 the tool writes is validated against its model in the tests, and documents the tool reads back
 (inventories, probe results) are validated through them, with the file and field in the error.
 
-The policy YAML is validated by :mod:`scanner.policy.load`, which keeps each error's line
-number; its schema here is for editors and CI linters, and the tests check that both accept the
-same bundled policies and principals files.
+The policy and principals files are the policy's own models (:mod:`scanner.policy.model`,
+read by :mod:`scanner.policy.load`, which keeps each error's line number); their schemas, for
+editors and CI linters, are generated from those models as users write them.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from scanner.errors import ConfigError
 from scanner.netscan.model import PortAttempt, PortFinding
+from scanner.policy.model import BodyPolicy, Policy, PrincipalsFile
 from scanner.probe.interface import Attempt, Coverage, Finding
 from scanner.rules import RuleProgram
 
@@ -29,267 +30,7 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-# --- policy (YAML) and principals --------------------------------------------------------------
-
-
-class RateDoc(_Doc):
-    rps: float = Field(gt=0)
-    burst: int = Field(default=0, ge=0)
-
-
-class LimitsDoc(_Doc):
-    body_bytes: int | None = Field(default=None, ge=1)
-    json_caps: dict[Literal["max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
-                            "logprobs", "top_logprobs", "prompt_logprobs"], int] = {}
-    rate: RateDoc | None = None
-    concurrency: int | None = Field(default=None, ge=1)
-    timeout_s: float | None = Field(default=None, gt=0)
-    when_absent: Literal["inject", "reject", "pass"] | None = Field(
-        default=None, description="when a request omits the field its route reads its output budget from "
-        "(max_tokens, max_completion_tokens, max_output_tokens): write the cap in (default), refuse, or pass")
-    tokens_per_minute: int | None = Field(
-        default=None, ge=1, description="token budget per principal (per client address on auth: none) and "
-        "minute, charged at admission: the request's admitted envelope (sequences x output budget per "
-        "sequence, as sent or the cap written in, plus its body bytes); over it: 429 token-budget with "
-        "Retry-After")
-    tokens_burst: int | None = Field(
-        default=None, ge=1, le=2147483647, description="the most of tokens_per_minute one principal may "
-        "spend at once (the budget's bucket capacity, refilled at tokens_per_minute / 60 a second; at most "
-        "tokens_per_minute): any 60 s window admits at most tokens_burst + tokens_per_minute; default "
-        "ceil(tokens_per_minute / 4) (1.25 x the minute). A request costing more than the capacity is "
-        "refused 400 envelope-tokens")
-    max_sequences: int | None = Field(
-        default=None, ge=1, le=2147483647, description="the most sequences one request may run (its "
-        "prompts, conversations, inputs or pairs x n / best_of); over it: 400 envelope-sequences")
-    max_request_tokens: int | None = Field(
-        default=None, ge=1, le=2147483647, description="the most tokens one request may ask for "
-        "(sequences x output budget per sequence + body bytes); over it: 400 envelope-tokens")
-
-
-_FIELD = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-
-class FieldsDoc(_Doc):
-    """Top-level request-body fields: each named once; the rest by ``unknown``."""
-
-    unknown: Literal["reject", "strip", "pass"] = Field(
-        default="reject", description="fields not named here (default reject: new fields stay closed)")
-    allow: list[Annotated[str, _FIELD]] = []
-    deny: list[Annotated[str, _FIELD]] = Field(default=[], description="refused: 400 forbidden-field:NAME")
-    strip: list[Annotated[str, _FIELD]] = Field(default=[], description="removed before vLLM sees the body")
-    counts: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        default={}, description="the most items a field may hold (a list's length, an object's keys; a "
-        "string is one): 400 json-cap:NAME:count-over-N")
-    pin: dict[str, int | float | str | bool | None] = Field(
-        default={}, description="the value a field leaves with, the client's replaced (strings: letters, "
-        "digits, _.:/-)")
-    values: dict[str, list[int | float | str | bool | None]] = Field(
-        default={}, description="the values a field may hold when present and not null (JSON equality: 1 "
-        "is not \"1\"): 400 json-cap:NAME:not-listed")
-
-
-class MediaDoc(_Doc):
-    """Media URLs, data and embeddings in request bodies (scanner/policy/media.py)."""
-
-    urls: Literal["deny", "allow", "pass"] = Field(
-        default="deny",
-        description="URLs other than data: (deny: refused; allow: http(s), to domains if listed)")
-    domains: list[Annotated[str, Field(pattern=r"^(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*(:[0-9]{1,5})?$")]] = Field(
-        default=[], description="with urls: allow, the hosts (host, host:port, *.suffix) media may come from")
-    data_max_bytes: int | None = Field(default=None, ge=1, description="longest data: URL or base64 item")
-    max_items: int = Field(default=8, ge=0, description="media items per request")
-    embeds: Literal["deny", "allow"] = Field(default="deny", description="image/audio/video embeddings")
-
-
-class JwtDoc(_Doc):
-    """Bearer tokens of an ``auth: jwt`` audience (docs/identity.md)."""
-
-    issuers: list[str] = Field(min_length=1)
-    audiences: list[str] = Field(min_length=1)
-    jwks_file: str = Field(min_length=1, description="JWKS JSON (public keys with kid), relative to the "
-                           "policy's directory; read at generate time (rotate: replace, generate, reload)")
-    remote_jwks: str | None = Field(default=None, pattern=r"^https://",
-                                    description="Envoy only: fetch the JWKS from this URL")
-    algorithms: list[Literal["RS256", "PS256", "ES256", "EdDSA"]] = Field(
-        default=["RS256", "PS256", "ES256"], min_length=1, description="never none, never HS*")
-    clock_skew_s: int = Field(default=60, ge=0)
-    required_claims: dict[str, str | list[str]] = {}
-    principal_claim: str = "sub"
-    role_claim: str | None = None
-    roles: dict[str, str] = Field(default={}, description="role_claim value -> role")
-    role: str | None = Field(default=None, description="a fixed role (without role_claim)")
-    max_token_bytes: int = Field(default=8192, ge=256, le=16384)
-
-
-class AudienceDoc(_Doc):
-    kind: Literal["end-user", "service", "operator", "monitoring", "none"]
-    networks: list[str] = []
-    roles: list[str] = []
-    auth: Literal["key", "none", "jwt", "cert"] | None = None
-    jwt: JwtDoc | None = None
-    limits: LimitsDoc | None = None
-    fields: FieldsDoc | None = None
-    media: MediaDoc | None = Field(default=None, description="default for end-user audiences: data: URLs "
-                                   "only, at most 8 items, no embeddings; others: not checked")
-
-
-class PrincipalDoc(_Doc):
-    name: str = Field(min_length=1)
-    role: str = Field(min_length=1)
-    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
-                                   description="sha256 hex of the key, never the key")
-    san: str | None = Field(default=None, description="auth cert: the client certificate's URI SAN "
-                            "(spiffe://example.org/ns/app/sa/worker)")
-    subject: str | None = Field(default=None, description="auth cert: the client certificate's subject DN "
-                                "(RFC 2253: CN=worker,O=Example)")
-
-
-class RouteRuleDoc(_Doc):
-    path: str = Field(pattern=r"^/")
-    audience: str
-    methods: list[str] = []
-    limits: LimitsDoc | None = None
-    state_changing: bool = False
-    note: str | None = None
-
-
-class TlsServerDoc(_Doc):
-    cert: str
-    key: str
-    client_ca: str | None = Field(default=None, description="mTLS: the CA bundle client certificates are "
-                                  "verified against (auth: cert audiences require one)")
-    verify_depth: int = Field(default=2, ge=1, le=8)
-
-
-class TlsUpstreamDoc(_Doc):
-    ca: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
-    server_name: str | None = None
-
-
-class ListenDoc(_Doc):
-    address: str = "0.0.0.0"
-    port: int = Field(default=8080, ge=1, le=65535)
-    tls: TlsServerDoc | None = None
-
-
-class HealthDoc(_Doc):
-    max_fails: int = Field(default=1, ge=1, description="failed connections before a replica is skipped")
-    eject_s: int = Field(default=10, ge=1, description="seconds a failed replica is skipped")
-
-
-class PolicyUpstreamDoc(_Doc):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    servers: list[str] | None = Field(
-        default=None, min_length=1,
-        description="replicas as host:port ([addr]:port for IPv6), instead of host and port")
-    balance: Literal["least_conn", "round_robin"] = "least_conn"
-    health: HealthDoc | None = None
-    tls: TlsUpstreamDoc | None = None
-    api_key_file: str | None = Field(
-        default=None, pattern=r"^/",
-        description="file holding vLLM's --api-key (absolute path, mode 0600): the proxy presents it "
-        "upstream on every allowed request; the key never appears in a generated config")
-
-
-class BodyDoc(_Doc):
-    cache_salt: Literal["pass", "reject", "strip", "per-principal", "per-audience"] = Field(
-        default="reject",
-        description="per-principal / per-audience: the perimeter writes cache_salt = HMAC-SHA256(secret, "
-        "the principal or audience) over any client's, so prefix-cache hits stay within a tenant")
-    chat_template: Literal["pass", "reject", "strip"] = "reject"
-    cache_salt_secret_file: str | None = Field(
-        default=None, pattern=r"^/",
-        description="with per-principal / per-audience: the file (absolute path, mode 0600) holding the "
-        "HMAC secret; read when the config is generated, never written into it")
-    responses: Literal["shared", "owned"] = Field(
-        default="shared",
-        description="owned: every stored response id the perimeter hands out is sealed to its principal "
-        "(id~HMAC); GET / cancel / previous_response_id with another principal's id: 403 not-owner")
-    responses_secret_file: str | None = Field(
-        default=None, pattern=r"^/",
-        description="with responses: owned: the file (absolute path, mode 0600) holding the HMAC secret; "
-        "read by the proxy at run time, never written into a generated config")
-
-
-class PortRuleDoc(_Doc):
-    port: int = Field(ge=1, le=65535)
-    networks: list[str] = Field(min_length=1)
-    note: str | None = None
-
-
-class PortsDoc(_Doc):
-    allow: list[PortRuleDoc]
-
-
-class GrpcMethodDoc(_Doc):
-    method: str = Field(pattern=r"^/[A-Za-z_][A-Za-z0-9_.]*/([A-Za-z_][A-Za-z0-9_]*|\*)$",
-                        description="/package.Service/Method, or /package.Service/* for all of its methods")
-    audience: str
-    note: str | None = None
-
-
-class GrpcUpstreamDoc(_Doc):
-    host: str = "127.0.0.1"
-    port: int = Field(default=50051, ge=1, le=65535)
-
-
-class GrpcDoc(_Doc):
-    """The gRPC listener: default deny per method of ``inventory`` (a bundled gRPC catalog or a file
-    ``inventory grpc`` wrote)."""
-
-    inventory: str
-    listen: ListenDoc | None = None
-    upstream: GrpcUpstreamDoc | None = None
-    methods: list[GrpcMethodDoc]
-
-
-class SharedTlsDoc(_Doc):
-    ca: str = Field(description="absolute path of the CA bundle that signs Redis's certificate")
-
-
-class SharedDoc(_Doc):
-    """The fleet's shared limits: every rate, concurrency and token budget taken from one limiter
-    (``vllm-perimeter limiter``) on one Redis."""
-
-    redis: str = Field(description="redis://HOST[:PORT][/DB], redis+sentinel://HOST:PORT[,...]/MASTER[/DB] "
-                       "or redis+cluster://HOST:PORT[,...] (rediss...: TLS); no password")
-    limiter: str = Field(default="127.0.0.1:8081", description="HOST:PORT the proxies reach the limiter at")
-    password_file: str | None = Field(default=None, description="absolute path of the Redis password")
-    tls: SharedTlsDoc | None = None
-    on_unavailable: Literal["deny", "local"] = Field(
-        default="deny", description="store unreachable: 503 shared-store-unavailable, or each proxy's "
-        "share of every limit (the policy's values divided by replicas)")
-    replicas: int = Field(default=2, ge=1, le=1000, description="proxies in the fleet")
-
-
-class PolicyDoc(_Doc):
-    """A policy (``policies/vllm-default.yaml``)."""
-
-    schema_version: Literal[1]
-    name: str = Field(min_length=1)
-    networks: dict[str, list[str]] = {}
-    audiences: dict[str, AudienceDoc]
-    principals: list[PrincipalDoc] = []
-    principals_file: str | None = None
-    routes: list[RouteRuleDoc]
-    body: BodyDoc | None = None
-    listen: ListenDoc | None = None
-    upstream: PolicyUpstreamDoc | None = None
-    trusted_proxies: list[str] = []
-    ports: PortsDoc | None = None
-    grpc: GrpcDoc | None = Field(default=None,
-                                 description="vLLM's gRPC server behind Envoy's HTTP/2 listener")
-    shared: SharedDoc | None = Field(default=None,
-                                     description="a fleet of proxies sharing every limit through Redis")
-
-
-class PrincipalsDoc(_Doc):
-    """A principals file (``keys new --file``): key hashes only, mode 0600."""
-
-    principals: list[PrincipalDoc] = []
+# --- policy (YAML) and principals: scanner.policy.model.Policy and PrincipalsFile ---------------
 
 
 # --- inventory ---------------------------------------------------------------------------------
@@ -494,7 +235,7 @@ class PlanDoc(_Doc):
     vllm_version: str
     listen: dict[str, Any]
     upstream: dict[str, Any]
-    body: BodyDoc
+    body: BodyPolicy
     trusted_proxies: list[str]
     networks: dict[str, list[str]]
     principals: list[dict[str, str]]
@@ -612,9 +353,10 @@ class EvidenceManifestDoc(_Doc):
     files: list[ManifestFileDoc]
 
 
-DOCUMENTS: dict[str, type[BaseModel]] = {
-    "policy": PolicyDoc,
-    "principals": PrincipalsDoc,
+# a pydantic model or dataclass per document
+DOCUMENTS: dict[str, type[Any]] = {
+    "policy": Policy,
+    "principals": PrincipalsFile,
     "inventory": InventoryDoc,
     "plan": PlanDoc,
     "probe-result": ProbeResultDoc,
@@ -626,8 +368,7 @@ DOCUMENTS: dict[str, type[BaseModel]] = {
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    model = DOCUMENTS[name]
-    schema = model.model_json_schema(by_alias=True)
+    schema = TypeAdapter(DOCUMENTS[name]).json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://vllm-perimeter.invalid/schemas/{name}.schema.json"
     return schema
@@ -644,7 +385,7 @@ def where(loc: tuple[int | str, ...]) -> str:
 def validate(name: str, data: Any, source: str, error: type[ConfigError] = ConfigError) -> Any:
     """``data`` validated as document ``name``; ``error`` naming ``source`` and the field."""
     try:
-        return DOCUMENTS[name].model_validate(data)
+        return TypeAdapter(DOCUMENTS[name]).validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""

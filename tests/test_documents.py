@@ -75,7 +75,7 @@ def test_schema_cli_lists_and_prints(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     res = CliRunner().invoke(cli, ["schema", "policy", "-o", str(out)], standalone_mode=False)
     assert res.exception is None
-    assert json.loads(out.read_text())["title"] == "PolicyDoc"
+    assert json.loads(out.read_text())["title"] == "Policy"
 
 
 def test_the_design_notes_name_every_check_and_every_package() -> None:

@@ -11,18 +11,36 @@ import base64
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from pydantic import Field, Strict, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
 
 from scanner.errors import ConfigError
+from scanner.policy.base import (
+    CONFIG,
+    Base,
+    Hidden,
+    Int,
+    Internal,
+    Line,
+    Str,
+    Text,
+    YamlMap,
+    base_dir,
+    fail,
+    reading,
+    replace,
+)
 
 # The signature algorithms a policy may allow (asymmetric only: never ``none``, never an HMAC,
 # whose secret would be the public key a client can read).
 ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256", "EdDSA")
-DEFAULT_ALGORITHMS: tuple[str, ...] = ("RS256", "PS256", "ES256")
+Algorithm = Literal["RS256", "PS256", "ES256", "EdDSA"]
+DEFAULT_ALGORITHMS: tuple[Algorithm, ...] = ("RS256", "PS256", "ES256")
 # The algorithms each key type verifies.
 KEY_ALGORITHMS: Mapping[str, tuple[str, ...]] = {
     "RSA": ("RS256", "PS256"), "EC:P-256": ("ES256",), "OKP:Ed25519": ("EdDSA",)}
@@ -31,10 +49,11 @@ MAX_KEYS = 64
 # A claim value a proxy may name a principal or role by (written into logs and a header).
 CLAIM_VALUE = re.compile(r"^[A-Za-z0-9_.@:+/=|-]{1,256}$")
 CLAIM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,63}$")
+ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-@dataclass(frozen=True)
-class Jwk:
+@dataclass(frozen=True, config=CONFIG)
+class Jwk(Base):
     """One public key of a JWKS."""
 
     kid: str
@@ -43,25 +62,81 @@ class Jwk:
     spki: str           # SubjectPublicKeyInfo, DER, base64
 
 
-@dataclass(frozen=True)
-class JwtAuth:
-    """An audience's token rules (``auth: jwt`` + ``jwt:``)."""
+Claim = Annotated[str, Strict(), Field(pattern=CLAIM_VALUE.pattern)]
+ClaimName = Annotated[str, Strict(), Field(pattern=CLAIM_NAME.pattern)]
+Role = Annotated[str, Strict(), Field(pattern=ROLE.pattern)]
+_CLAIM_RULE = "letters, digits and _.@:+/=|- only (at most 256)"
 
-    issuers: tuple[str, ...]
-    audiences: tuple[str, ...]
-    jwks_file: str                         # absolute path of the JWKS JSON
-    keys: tuple[Jwk, ...]
-    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
-    remote_jwks: str = ""                  # Envoy only: fetched from this https URL instead
-    clock_skew_s: int = 60
+
+@dataclass(frozen=True, config=CONFIG)
+class JwtAuth(Base):
+    """An audience's token rules (``auth: jwt`` + ``jwt:``, docs/identity.md). The token itself
+    never reaches vLLM (both proxies remove Authorization)."""
+
+    _inputs: ClassVar[Mapping[str, Any]] = {
+        "required_claims": {"additionalProperties": {"anyOf": [
+            {"type": "string"}, {"type": "array", "items": {"type": "string"}}]}}}
+
+    issuers: Annotated[tuple[Claim, ...], Field(min_length=1)]
+    audiences: Annotated[tuple[Claim, ...], Field(min_length=1)]
+    jwks_file: Annotated[Text, Field(description="JWKS JSON (public keys with kid), relative to the policy's "
+                                     "directory; read at generate time (rotate: replace, generate, reload)")]
+    keys: Annotated[tuple[Jwk, ...], Internal, Hidden] = ()    # read from jwks_file
+    algorithms: tuple[Algorithm, ...] = Field(
+        default=DEFAULT_ALGORITHMS, min_length=1, description="never none, never HS*")
+    remote_jwks: Str = Field(default="", description="Envoy only: fetch the JWKS from this https URL")
+    clock_skew_s: Int = Field(default=60, ge=0)
     # claim -> the values it may hold (a token's claim, or any item of a list claim, must be one)
-    required_claims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    principal_claim: str = "sub"
-    role_claim: str = ""                   # with ``roles``: claim value -> role
-    roles: Mapping[str, str] = field(default_factory=dict)
-    role: str = ""                         # a fixed role (when no role_claim)
-    max_token_bytes: int = MAX_TOKEN_BYTES
-    line: int = 0
+    required_claims: Mapping[ClaimName, tuple[Claim, ...]] = Field(default_factory=dict)
+    principal_claim: ClaimName = "sub"
+    role_claim: Str = ""                   # with ``roles``: claim value -> role
+    roles: Mapping[Claim, Role] = Field(default_factory=dict, description="role_claim value -> role")
+    role: Str = Field(default="", description="a fixed role (without role_claim)")
+    max_token_bytes: Int = Field(default=MAX_TOKEN_BYTES, ge=256, le=16384)
+    line: Line = 0
+
+    @classmethod
+    def _reshape(cls, out: dict[str, Any], raw: YamlMap, info: ValidationInfo) -> dict[str, Any]:
+        for alg in out.get("algorithms") or ():
+            if isinstance(alg, str) and (alg.lower() == "none" or alg.upper().startswith("HS")):
+                raise fail(f"{alg!r} is never allowed: a token signed with no key, or with a shared secret "
+                           "(an HMAC), proves nothing a client cannot forge", "algorithms")
+        claims = out.get("required_claims")
+        if isinstance(claims, dict):
+            out["required_claims"] = {k: (v,) if isinstance(v, str) else v for k, v in claims.items()}
+        return out
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> JwtAuth:
+        if not reading(info):
+            return self
+        for claim, values in (("principal_claim", self.principal_claim), ("role_claim", self.role_claim)):
+            if values and not CLAIM_NAME.match(values):
+                raise fail(f"{values!r} is not a claim name", claim)
+        if self.remote_jwks and not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/%-]*)?",
+                                                 self.remote_jwks):
+            raise fail(f"{self.remote_jwks!r} is not an https URL", "remote_jwks")
+        if self.role and not ROLE.match(self.role):
+            raise fail(f"role {self.role!r}: use letters, digits, '.', '_' or '-'", "role")
+        if bool(self.role_claim) != bool(self.roles):
+            raise fail("role_claim and roles go together: the claim, and its values -> roles")
+        if self.role_claim and self.role:
+            raise fail("give either a fixed role or role_claim + roles, not both", "role")
+        if not self.role_claim and not self.role:
+            raise fail("a token's role: role_claim + roles (claim value -> role), or a fixed role")
+        path = (base_dir(info) / self.jwks_file).absolute()
+        if any(c in str(path) for c in "\"\\$;{}\n\r\t '"):
+            raise fail(f"{str(path)!r}: a path without quotes, spaces, '$', ';' or braces", "jwks_file")
+        algorithms = tuple(sorted(set(self.algorithms), key=ALGORITHMS.index))
+        try:
+            keys = read_jwks(path, algorithms)
+        except ConfigError as exc:
+            raise fail(exc.message, "jwks_file") from None
+        return replace(self, issuers=tuple(sorted(set(self.issuers))),
+                       audiences=tuple(sorted(set(self.audiences))),
+                       jwks_file=str(path), keys=keys, algorithms=algorithms,
+                       required_claims=dict(sorted(self.required_claims.items())),
+                       roles=dict(sorted(self.roles.items())))
 
     @property
     def key_types(self) -> tuple[str, ...]:

@@ -27,9 +27,14 @@ decimal, octal or hex IP hosts, IPv6 literals and trailing dots never match a li
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass as plain_dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
+
+from scanner.policy.base import CONFIG, Base, Int, Line, Text, YamlMap, fail, reading, replace
 
 UrlMode = Literal["deny", "allow", "pass"]
 URL_MODES: tuple[str, ...] = ("deny", "allow", "pass")
@@ -51,17 +56,41 @@ _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = re.compile(rf"{_OCTET}(\.{_OCTET}){{3}}")
 
 
-@dataclass(frozen=True)
-class MediaRules:
+@dataclass(frozen=True, config=CONFIG)
+class MediaRules(Base):
     """An audience's media rules. The default (no ``media:`` section on a service, operator or
-    monitoring audience) decides nothing."""
+    monitoring audience) decides nothing; in a ``media:`` section a key left out takes the
+    end-user default (urls: deny, max_items: 8, embeds: deny, no data limit)."""
+
+    _inputs: ClassVar[Mapping[str, Any]] = {
+        "urls": {"default": "deny", "description": "URLs other than data: (deny: refused; allow: http(s), "
+                 "to domains if listed)"},
+        "max_items": {"default": END_USER_MAX_ITEMS, "description": "media items per request"},
+        "embeds": {"default": "deny", "description": "image/audio/video embeddings"}}
 
     urls: UrlMode = "pass"
-    domains: tuple[str, ...] = ()        # "host", "host:port", "*.suffix"; lower case
-    data_max_bytes: int | None = None
-    max_items: int | None = None
+    domains: tuple[Text, ...] = Field(default=(), description="with urls: allow, the hosts (host, "
+                                      "host:port, *.suffix; lower case) media may come from")
+    data_max_bytes: Int | None = Field(default=None, ge=1, description="longest data: URL or base64 item")
+    max_items: Int | None = Field(default=None, ge=0)
     embeds: Literal["deny", "allow"] = "allow"
-    line: int = 0
+    line: Line = 0
+
+    @classmethod
+    def _reshape(cls, out: dict[str, Any], raw: YamlMap, info: ValidationInfo) -> dict[str, Any]:
+        return {"urls": "deny", "max_items": END_USER_MAX_ITEMS, "embeds": "deny", **out}
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> MediaRules:
+        if not reading(info):
+            return self
+        for i, entry in enumerate(self.domains):
+            why = entry_problem(entry)
+            if why:
+                raise fail(f"{entry!r} is not a media domain: {why}", "domains", i)
+        if self.domains and self.urls != "allow":
+            raise fail(f"domains are read only with urls: allow (here urls: {self.urls})", "domains")
+        return replace(self, domains=tuple(sorted(set(self.domains))))
 
     @property
     def active(self) -> bool:
@@ -90,7 +119,7 @@ def entry_problem(entry: str) -> str:
     return ""
 
 
-@dataclass(frozen=True)
+@plain_dataclass(frozen=True)
 class Item:
     """One media item of a body: a URL, base64 ``data``, an embedding, or a media key holding
     something else (counted, nothing to judge)."""

@@ -29,7 +29,7 @@ from scanner.output import write_text
 from scanner.plan.build import build
 from scanner.plan.model import Plan
 from scanner.policy import keys
-from scanner.policy.model import Listen, Policy, Principal, TlsServer, Upstream
+from scanner.policy.model import GrpcUpstream, Listen, Policy, Principal, TlsServer, Upstream
 from scanner.policy.salt import new_secret
 from scanner.probe import config
 from scanner.probe.certs_cases import cert_credential
@@ -169,7 +169,7 @@ def setup(inventory: Inventory, policy: Policy, directory: Path, upstream_port: 
         owner_secret = owner_file.read_text(encoding="utf-8").strip()
         body = replace(body, responses_secret_file=str(owner_file.resolve()))
     grpc = policy.grpc and replace(policy.grpc, listen=Listen("127.0.0.1", free_port()),
-                                   upstream_host="127.0.0.1", upstream_port=grpc_upstream_port or free_port())
+                                   upstream=GrpcUpstream("127.0.0.1", grpc_upstream_port or free_port()))
     issuer, audiences = None, dict(policy.audiences)
     for name, a in sorted(audiences.items()):
         if a.jwt is not None:   # a throwaway issuer: its JWKS replaces the policy's, the probe signs

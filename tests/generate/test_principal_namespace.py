@@ -122,7 +122,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_the_plan_names_token_principals_apart() -> None:
-    t = JwtAuth(issuers=("https://a.example", "https://b.example"), audiences=("v",), jwks_file="", keys=())
+    t = JwtAuth(issuers=("https://a.example", "https://b.example"), audiences=("v",), jwks_file="/jwks.json", keys=())
     a, b = plan_jwt.prefixes(t)
     assert a != b and a.startswith("jwt:") and b.startswith("jwt:")
     assert plan_jwt.principal(t, "https://a.example", "svc") == a + "svc"
