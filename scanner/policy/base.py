@@ -118,7 +118,7 @@ class Base:
             data = YamlMap(data, (), 0)    # a document read as plain data (scanner.documents)
         fields = getattr(cls, "__pydantic_fields__", {})
         by_name = {v: k for k, v in cls._renames.items()}
-        allowed = [by_name.get(n, n) for n, f in fields.items() if not _internal(f)] + list(cls._inputs)
+        allowed = cls.yaml_keys()
         for key in data:
             if key not in allowed:
                 raise fail(f"unknown key {key!r}" + hint(key, allowed), key)
@@ -136,6 +136,15 @@ class Base:
     def _reshape(cls, out: dict[str, Any], raw: YamlMap, info: ValidationInfo) -> dict[str, Any]:
         """The YAML's keys as fields (the keys are known and required ones present)."""
         return out
+
+    @classmethod
+    def yaml_keys(cls) -> list[str]:
+        """The keys a user may write: the fields (renamed ones by their YAML key) but internal
+        ones, and the keys ``_reshape`` reads."""
+        by_name = {v: k for k, v in cls._renames.items()}
+        fields = getattr(cls, "__pydantic_fields__", {})
+        return list(dict.fromkeys([by_name.get(n, n) for n, f in fields.items() if not _internal(f)]
+                                  + list(cls._inputs)))
 
 
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {}

@@ -171,6 +171,8 @@ _NAMES = {"type": "array", "items": {"type": "string", "pattern": _FIELD_NAME.pa
 
 
 def _pin(value: object, *at: str | int) -> None:
+    if isinstance(value, list | dict):
+        raise fail("expected a single value", *at)
     if isinstance(value, str) and not PIN_STRING.match(value):
         raise fail(f"a pinned string may hold letters, digits and _.:/- (at most 64), got {value!r}", *at)
     if value is not None and not isinstance(value, bool | int | float | str):

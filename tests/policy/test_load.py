@@ -130,3 +130,47 @@ def test_upstream_replica_errors_name_the_line(upstream: str, message: str) -> N
     with pytest.raises(PolicyError) as err:
         loads(BASE + f"upstream: {upstream}\n", source="p.yaml")
     assert "p.yaml:" in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("  - {path: /invocations, audience: none}", "  - {path: /invocations, audience: none, line: 3}",
+     "p.yaml:16: routes[1].line: unknown key 'line'"),
+    ("  none:\n    kind: none\n", "  none:\n    kind: none\n    name: other\n",
+     "p.yaml:12: audiences.none.name: unknown key 'name'"),
+    ("    roles: [user]\n", "    roles: [user]\n    limits: {rate: {rps: 1, burts: 2}}\n",
+     "p.yaml:10: audiences.inference.limits.rate.burts: unknown key 'burts' (did you mean 'burst'?)"),
+    ("    roles: [user]\n", "    roles: [user]\n    limits: {timeout_s: '5'}\n",
+     "p.yaml:10: audiences.inference.limits.timeout_s: expected a positive number, got '5'"),
+    ("  none:\n    kind: none\n", "  none:\n    networks: [users]\n",
+     "p.yaml:11: audiences.none: missing required key 'kind'"),
+])
+def test_internal_fields_are_not_keys_and_values_keep_their_type(old: str, new: str, message: str) -> None:
+    """What the models set themselves (a line, an audience's name) is no key a user writes; a
+    quoted number is not a number."""
+    with pytest.raises(PolicyError) as err:
+        loads(BASE.replace(old, new), source="p.yaml")
+    assert str(err.value) == message
+
+
+def test_a_principals_file_error_names_that_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "principals.yaml").write_text("principals:\n  - {name: bob, role: user, key_sha256: abc}\n")
+    text = BASE.replace("principals:\n  - {name: alice, role: user, key_sha256: %s}\n" % ("a" * 64),
+                        "principals_file: principals.yaml\n")
+    with pytest.raises(PolicyError) as err:
+        loads(text, source="p.yaml", base_dir=tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'principals.yaml'}:2: principals[0].key_sha256: expected the "
+                                     "sha256 hex digest")
+
+
+def test_the_schema_names_the_keys_the_loader_reads() -> None:
+    """The published schema is generated from the models: each section's properties are the keys
+    its model reads (renamed and reshaped keys by their YAML names, internal fields left out)."""
+    from scanner import documents
+    from scanner.policy import model
+
+    defs = documents.json_schema("policy")["$defs"]
+    for name, schema in defs.items():
+        assert sorted(schema["properties"]) == sorted(getattr(model, name).yaml_keys()), name
+    top = documents.json_schema("policy")
+    assert sorted(top["properties"]) == sorted(model.Policy.yaml_keys())
+    assert top["required"] == ["name", "audiences", "routes", "schema_version"]
