@@ -317,7 +317,8 @@ class EnvoyWeakening:
 
     xff_trusted_hops: int = 0        # X-Forwarded-For hops believed: 1 takes the client's own claim for
                                      # its address (what vLLM is told, per-address limits)
-    client_request_id: bool = False  # preserve_external_request_id: the client's X-Request-Id reaches vLLM
+    request_id_from_client: bool = False  # preserve_external_request_id: the client's X-Request-Id
+                                          # reaches vLLM
     client_headers: bool = False     # every client header passed on (the Lua drops none: no allowlist)
     # the Lua's token checks (auth "jwt"; jwt_authn verifies the signature only) and certificate names
     jwt_signature_unchecked: bool = False   # a token failing verification admitted (as "unverified")
@@ -348,7 +349,7 @@ class EnvoyWeakening:
     errors_passed: tuple[str, ...] = ()     # routes whose vLLM 5xx bodies reach the client (the
                                             # custom_response filter off there)
     unsettled: tuple[str, ...] = ()         # token filters charged the whole cost, not the settled hits
-    tls_legacy: tuple[str, ...] = ()        # the listener from TLS 1.0 with these cipher suites
+    tls_legacy: bool = False                # the listener from TLS 1.0, with the CBC cipher suites
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ class Weakening:
     sets none: every switch off is the plan's config."""
 
     rate_dry_run: bool = False          # limit_req_dry_run on for the server
-    real_ip_from_anyone: bool = False   # the client address from X-Forwarded-For, whoever sends it
+    xff_from_anyone: bool = False       # the client address from X-Forwarded-For, whoever sends it
     host_from_client: bool = False      # the client's Host forwarded upstream
     xff_appended: bool = False          # X-Forwarded-For: the client's own with its address appended
     request_id_from_client: bool = False  # X-Request-Id: the client's, not NGINX's own $request_id

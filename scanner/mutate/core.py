@@ -4,15 +4,16 @@ transforms both proxies share (each proxy renders the weakened plan with its own
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
 from scanner.policy.model import FieldRules, Limits, Rate
 from scanner.probe.checks.load import stream_body
 from scanner.probe.checks.timeouts import provable
-from scanner.rules import BudgetStep, Step
+from scanner.rules import BudgetStep, Keys, Step
 
 # remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
 # add: a role, a method admitted; move: a denied field (or unknown fields) allowed on one route;
@@ -496,124 +497,399 @@ def fields_cleared(d: Decision) -> tuple[Decision, str]:
     return replace(d, fields=FieldRules()), "no field rules"
 
 
+# --- one definition per operator: the same weakening on both proxies ---------------------------
+
+def _true(plan: Plan, d: Decision | None) -> object:
+    return True
+
+
 @dataclass(frozen=True)
-class PlanOperator:
-    """A weakening of the plan, the same on both proxies: each renders it with its generator."""
+class Setting:
+    """A switch of the weakening of both proxies' models (a field of the same name on NGINX's
+    ``Weakening`` and ``EnvoyWeakening``) set on the whole config to ``value`` (of the plan and
+    the route ``pick`` chose before anything is rendered; None: no route picked)."""
+
+    field: str
+    what: str
+    pick: Callable[[Plan], Decision | None] | None = None
+    value: Callable[[Plan, Decision | None], object] = _true
+
+    def said(self, d: Decision | None, value: object) -> str:
+        """What changed: ``what`` (its ``{value}`` the switch's value) on the route ``d`` picked."""
+        what = self.what.format(value=value)
+        return f"{where(d)}: {what}" if d is not None else what
+
+
+@dataclass(frozen=True)
+class RuleEdit:
+    """The rule program of the body check of the route ``pick`` chooses, changed by ``change``
+    (a new program for that route; the other routes keep theirs)."""
+
+    pick: Pick
+    change: Callable[[list[Step]], list[Step]]
+    what: str
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A change of the proxy's own model where the two models differ in shape (a location's
+    blocks or a route's filters, a header list): each proxy module holds it under the operator's
+    name (its ``EDITS``)."""
+
+
+Switch = Weaken | Setting | RuleEdit | Edit   # Weaken: a plan transform both generators render
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One operator, the same on both proxies: registered as ``nginx.NAME`` and ``envoy.NAME``."""
 
     name: str
     family: str
     target: str
     title: str
     catches: tuple[str, ...]
-    weaken: Weaken
+    switch: Switch
     needs: str = ""
 
 
-def register_plan_operators(kind: str, render: Callable[[Path, Plan], object]) -> None:
-    """Register every plan transform (:func:`plan_operators`) for ``kind``: each weakens a copy of
-    the plan and ``render`` writes it with that proxy's generator over the generated files."""
-    for p in plan_operators():
-        register(Operator(f"{kind}.{p.name}", kind, p.family, p.target, p.title, p.catches,
-                          _rendered(p, render), p.needs))
+M = TypeVar("M")   # a proxy's generator model
+ModelEdit = Callable[[M, Plan], tuple[M, str]]   # (its model, the plan) -> (the changed model, what changed)
 
 
-def _rendered(p: PlanOperator, render: Callable[[Path, Plan], object]) -> Apply:
+@dataclass(frozen=True)
+class Applier(Generic[M]):
+    """How one proxy applies each kind of switch to its model, and renders it."""
+
+    kind: str
+    render: Callable[[Path, Plan, ModelEdit[M] | None], str]   # the plan, its model changed by the edit
+    switch: Callable[[M, str, object], M]         # the model with one weakening switch set
+    guards: Mapping[str, Callable[[M], str]]      # why a switch cannot apply to a model ("" it can)
+    rules: Callable[[RuleEdit], ModelEdit[M]]
+    edits: Mapping[str, ModelEdit[M]]             # the Edit definitions, by name
+
+
+def register_definitions(applier: Applier[M]) -> None:
+    """Register every :data:`DEFINITIONS` entry for ``applier.kind``."""
+    missing = {d.name for d in DEFINITIONS if isinstance(d.switch, Edit)} - set(applier.edits)
+    if missing:
+        raise ValueError(f"{applier.kind}: no model edit for {', '.join(sorted(missing))}")
+    for d in DEFINITIONS:
+        register(Operator(f"{applier.kind}.{d.name}", applier.kind, d.family, d.target, d.title, d.catches,
+                          _applied(applier, d), d.needs))
+
+
+def setting(applier: Applier[M], s: Setting, d: Decision | None) -> ModelEdit[M]:
+    """The model edit setting ``s`` (``d``: the route it picked), unless a guard says why not."""
+    def edit(model: M, plan: Plan) -> tuple[M, str]:
+        guard = applier.guards.get(s.field)
+        why = guard(model) if guard is not None else ""
+        if why:
+            raise NotApplicable(why)
+        value = s.value(plan, d)
+        return applier.switch(model, s.field, value), s.said(d, value)
+    return edit
+
+
+def _applied(applier: Applier[M], definition: Definition) -> Apply:
+    s = definition.switch
+
     def apply(directory: Path, plan: Plan) -> str:
-        weak, what = p.weaken(plan)
-        render(directory, weak)
+        if isinstance(s, Setting):   # its route picked before anything is rendered
+            return applier.render(directory, plan, setting(applier, s, s.pick(plan) if s.pick else None))
+        if isinstance(s, RuleEdit):
+            return applier.render(directory, plan, applier.rules(s))
+        if isinstance(s, Edit):
+            return applier.render(directory, plan, applier.edits[definition.name])
+        weak, what = s(plan)
+        applier.render(directory, weak, None)
         return what
     return apply
 
 
-def plan_operators() -> tuple[PlanOperator, ...]:
-    """The plan transforms of every family that has them (both proxies render each)."""
+def weakening(name: str) -> Weaken:
+    """The plan transform of the operator ``name``."""
+    s = next(d.switch for d in DEFINITIONS if d.name == name)
+    if isinstance(s, Setting | RuleEdit | Edit):
+        raise ValueError(f"{name} is no plan transform")
+    return s
+
+
+# the switches' values and the rule programs' changes
+
+def first_principal(plan: Plan, d: Decision | None) -> tuple[str, str]:
+    """(name, role) of the first key principal by name: the one an unknown key is taken for."""
+    first = sorted(plan.principals, key=lambda p: p.name)
+    if not first:
+        raise NotApplicable("no principals")
+    return first[0].name, first[0].role
+
+
+def cert_anyone(plan: Plan, d: Decision | None) -> str:
+    assert d is not None
+    return cert_role(plan, d)
+
+
+def upstream_keyed(plan: Plan) -> None:
+    if not plan.upstream.api_key_file:
+        raise NotApplicable("the policy sets no upstream.api_key_file")
+
+
+def listened_tls(plan: Plan) -> None:
+    if plan.listen.tls is None:
+        raise NotApplicable("the listener speaks plain HTTP (no listen.tls)")
+
+
+def without(op: str) -> Callable[[list[Step]], list[Step]]:
+    return lambda steps: [s for s in steps if s.op != op]
+
+
+def budget_x10(steps: list[Step]) -> list[Step]:
+    return [written_x10(s) if s.op == "budget" else s for s in steps]
+
+
+def unsalted(steps: list[Step]) -> list[Step]:
+    """No salt step, and the client's cache_salt allowed through the field rules."""
+    return [s.model_copy(update={"modes": {**s.modes, "cache_salt": "allow"}}) if isinstance(s, Keys) else s
+            for s in without("salt")(steps)]
+
+
+JWT_NEEDS = "auth: jwt"
+CERT_NEEDS = "auth: cert"
+TLS_NEEDS = "listen.tls"
+
+
+def _jwt(name: str, target: str, title: str, field: str, what: str) -> Definition:
+    """A check of every auth: jwt route's token verification weakened."""
+    return Definition(name, "source" if name == "principal-namespace-collision" else "remove", target, title,
+                      ("identity",), Setting(field, f"(every auth: jwt route) {what}", token_checked),
+                      JWT_NEEDS)
+
+
+def _cert(name: str, title: str, field: str, what: str,
+          value: Callable[[Plan, Decision | None], object] = _true) -> Definition:
+    """A check of every auth: cert route's client certificate weakened."""
+    target = ("the client certificate's verification" if field == "cert_any_ca"
+              else "the client certificate's name")
+    return Definition(name, "remove", target, title, ("mtls",),
+                      Setting(field, f"(every auth: cert route) {what}", cert_checked, value), CERT_NEEDS)
+
+
+def _definitions() -> tuple[Definition, ...]:
+    """Every operator both proxies have: the plan transforms, then the switches of their models."""
     def role_add(target: Pick) -> Weaken:
         return lambda plan: on(target, role_added(plan))(plan)
 
     return (
-        PlanOperator("key-check-removed", "remove", "a route that needs a key",
-                     "one route's key check removed",
-                     ("matrix",), on(keyed, removed("key"))),
-        PlanOperator("role-check-removed", "remove", "a route limited to some roles",
-                     "one route's role check removed (any principal)",
-                     ("matrix",), on(roled, removed("roles"))),
-        PlanOperator("network-check-removed", "remove", "a route limited to some networks",
-                     "one route's network check removed", ("matrix",), on(networked, removed("networks"))),
-        PlanOperator("rate-limit-removed", "remove", "a rate-limited route", "one route's rate limit removed",
-                     ("rate",), on(rated, removed("rate"))),
-        PlanOperator("concurrency-limit-removed", "remove", "a route with a concurrency limit",
-                     "one route's concurrency limit removed",
-                     ("concurrency",), on(limited, removed("concurrency"))),
-        PlanOperator("json-cap-removed", "remove", "a route with JSON caps", "one route's JSON caps removed",
-                     ("limits",), on(capped, removed("json_caps"))),
-        PlanOperator("count-caps-removed", "remove", "a route with count caps",
-                     "one route's count caps removed",
-                     ("limits",), on(counted, removed("counts"))),
-        PlanOperator("field-rules-removed", "remove", "a route with field rules",
-                     "one route's field rules removed (every field passes)", ("limits",),
-                     on(lambda p: pick(p, "with field rules", lambda d: d.fields.decided, last=True),
-                        fields_cleared)),
-        PlanOperator("values-check-removed", "remove", "a route with listed values",
-                     "one route lets any value of its listed-values fields through", ("limits",),
-                     on(listed, values_unlisted), needs="fields.values"),
-        PlanOperator("multiplier-ignored", "remove", "a route with envelope caps and n / best_of",
-                     "one route's envelope ignores a multiplier (n): caps and budget count fewer sequences",
-                     ("limits", "token-budget"), on(multiplied, multiplier_dropped)),
-        PlanOperator("ownership-unchecked", "remove", "the routes naming stored responses",
-                     "stored responses' seals not checked on the way in (any principal names any id)",
-                     ("ownership",), ownership_unchecked, needs="body.responses"),
-        PlanOperator("rate-raised-x10", "raise", "a rate-limited route", "one route's rate x10", ("rate",),
-                     on(rated_by_principal, raised("rate", 10))),
-        PlanOperator("burst-raised-x100", "raise", "a rate-limited route",
-                     "one route's burst x100", ("rate",),
-                     on(rated, raised("burst", 100))),
-        PlanOperator("concurrency-raised-x10", "raise", "a route with a concurrency limit",
-                     "one route's concurrency x10", ("concurrency",),
-                     on(limited_generation, raised("concurrency", 10))),
-        PlanOperator("json-cap-raised-x100", "raise", "a route with JSON caps", "one route's JSON caps x100",
-                     ("limits",), on(capped, raised("json_caps", 100))),
-        PlanOperator("count-caps-raised-x10", "raise", "a route with count caps",
-                     "one route's count caps x10",
-                     ("limits",), on(counted, raised("counts", 10))),
-        PlanOperator("timeout-raised-x10", "raise",
-                     "a route with an upstream timeout the witness can outlast",
-                     "one route's upstream timeout x10", ("timeout",), on(timed, raised("timeout_s", 10))),
-        PlanOperator("body-limit-raised", "raise", "a route with a body limit", "one route's body limit x100",
-                     ("limits",), on(bodied, raised("body_bytes", 100))),
-        PlanOperator("token-budget-raised-x1000", "raise", "a route with a token budget",
-                     "one route's token budget x1000", ("token-budget",),
-                     on(token_budgeted, raised("tokens_per_minute", 1000)), needs="limits.tokens_per_minute"),
-        PlanOperator("bucket-two-minutes", "raise", "a token zone",
-                     "one token zone's bucket holds twice its capacity (the refill unchanged: up to 2 C + N "
-                     "a minute)", ("token-budget",), bucket_doubled, needs="limits.tokens_per_minute"),
-        PlanOperator("envelope-cap-raised", "raise", "a route with envelope caps and a list multiplier",
-                     "one route's max_sequences and max_request_tokens x10", ("limits",),
-                     on(envelope_capped, envelope_caps_raised(10))),
-        PlanOperator("media-domain-widened", "widen", "a route's exact media domain",
-                     "one route's listed media domain widened to a wildcard of its parent", ("media",),
-                     on(media_listed, domain_widened), needs="media.domains"),
-        PlanOperator("network-widened-24", "widen", "a route on the first network set",
-                     "one route's network widened to its /24",
-                     ("matrix",), on(on_network_set(0), widened(24))),
-        PlanOperator("network-widened-8", "widen", "a route on the second network set",
-                     "one route's network widened to its /8", ("matrix",), on(on_network_set(1), widened(8))),
-        PlanOperator("network-widened-everywhere", "widen", "a route on the third network set",
-                     "one route's network widened to 0.0.0.0/0",
-                     ("matrix",), on(on_network_set(2), widened(0))),
-        PlanOperator("role-added", "add", "a route limited to some roles", "a role admitted to one route",
-                     ("matrix",), role_add(roled)),
-        PlanOperator("role-added-other", "add", "a route limited to other roles",
-                     "a role admitted to a route of another role set", ("matrix",), role_add(roled_other)),
-        PlanOperator("method-added-get", "add", "a route without GET", "GET answered on a route without it",
-                     ("matrix",), method_added("GET")),
-        PlanOperator("method-added-delete", "add", "a route without DELETE",
-                     "DELETE answered on a route without it", ("matrix",), method_added("DELETE")),
-        PlanOperator("field-allowed-on-one-route", "move", "the last route rejecting a field",
-                     "one rejected field allowed on one route", ("limits",), field_moved(0)),
-        PlanOperator("field-allowed-on-another-route", "move", "another route rejecting a field",
-                     "one rejected field allowed on another route", ("limits",), field_moved(3)),
-        PlanOperator("chat-template-allowed-on-one-route", "move", "a route rejecting chat_template",
-                     "a client chat_template allowed on one route", ("limits",), governed_moved),
-        PlanOperator("unknown-fields-allowed-on-one-route", "move", "a route rejecting unknown fields",
-                     "the unknown-field rule relaxed on one route", ("limits",), unknown_moved),
+        Definition("key-check-removed", "remove", "a route that needs a key",
+                   "one route's key check removed",
+                   ("matrix",), on(keyed, removed("key"))),
+        Definition("role-check-removed", "remove", "a route limited to some roles",
+                   "one route's role check removed (any principal)",
+                   ("matrix",), on(roled, removed("roles"))),
+        Definition("network-check-removed", "remove", "a route limited to some networks",
+                   "one route's network check removed", ("matrix",), on(networked, removed("networks"))),
+        Definition("rate-limit-removed", "remove", "a rate-limited route", "one route's rate limit removed",
+                   ("rate",), on(rated, removed("rate"))),
+        Definition("concurrency-limit-removed", "remove", "a route with a concurrency limit",
+                   "one route's concurrency limit removed",
+                   ("concurrency",), on(limited, removed("concurrency"))),
+        Definition("json-cap-removed", "remove", "a route with JSON caps", "one route's JSON caps removed",
+                   ("limits",), on(capped, removed("json_caps"))),
+        Definition("count-caps-removed", "remove", "a route with count caps",
+                   "one route's count caps removed",
+                   ("limits",), on(counted, removed("counts"))),
+        Definition("field-rules-removed", "remove", "a route with field rules",
+                   "one route's field rules removed (every field passes)", ("limits",),
+                   on(lambda p: pick(p, "with field rules", lambda d: d.fields.decided, last=True),
+                      fields_cleared)),
+        Definition("values-check-removed", "remove", "a route with listed values",
+                   "one route lets any value of its listed-values fields through", ("limits",),
+                   on(listed, values_unlisted), needs="fields.values"),
+        Definition("multiplier-ignored", "remove", "a route with envelope caps and n / best_of",
+                   "one route's envelope ignores a multiplier (n): caps and budget count fewer sequences",
+                   ("limits", "token-budget"), on(multiplied, multiplier_dropped)),
+        Definition("ownership-unchecked", "remove", "the routes naming stored responses",
+                   "stored responses' seals not checked on the way in (any principal names any id)",
+                   ("ownership",), ownership_unchecked, needs="body.responses"),
+        Definition("rate-raised-x10", "raise", "a rate-limited route", "one route's rate x10", ("rate",),
+                   on(rated_by_principal, raised("rate", 10))),
+        Definition("burst-raised-x100", "raise", "a rate-limited route",
+                   "one route's burst x100", ("rate",),
+                   on(rated, raised("burst", 100))),
+        Definition("concurrency-raised-x10", "raise", "a route with a concurrency limit",
+                   "one route's concurrency x10", ("concurrency",),
+                   on(limited_generation, raised("concurrency", 10))),
+        Definition("json-cap-raised-x100", "raise", "a route with JSON caps", "one route's JSON caps x100",
+                   ("limits",), on(capped, raised("json_caps", 100))),
+        Definition("count-caps-raised-x10", "raise", "a route with count caps",
+                   "one route's count caps x10",
+                   ("limits",), on(counted, raised("counts", 10))),
+        Definition("timeout-raised-x10", "raise",
+                   "a route with an upstream timeout the witness can outlast",
+                   "one route's upstream timeout x10", ("timeout",), on(timed, raised("timeout_s", 10))),
+        Definition("body-limit-raised", "raise", "a route with a body limit", "one route's body limit x100",
+                   ("limits",), on(bodied, raised("body_bytes", 100))),
+        Definition("token-budget-raised-x1000", "raise", "a route with a token budget",
+                   "one route's token budget x1000", ("token-budget",),
+                   on(token_budgeted, raised("tokens_per_minute", 1000)), needs="limits.tokens_per_minute"),
+        Definition("bucket-two-minutes", "raise", "a token zone",
+                   "one token zone's bucket holds twice its capacity (the refill unchanged: up to 2 C + N "
+                   "a minute)", ("token-budget",), bucket_doubled, needs="limits.tokens_per_minute"),
+        Definition("envelope-cap-raised", "raise", "a route with envelope caps and a list multiplier",
+                   "one route's max_sequences and max_request_tokens x10", ("limits",),
+                   on(envelope_capped, envelope_caps_raised(10))),
+        Definition("media-domain-widened", "widen", "a route's exact media domain",
+                   "one route's listed media domain widened to a wildcard of its parent", ("media",),
+                   on(media_listed, domain_widened), needs="media.domains"),
+        Definition("network-widened-24", "widen", "a route on the first network set",
+                   "one route's network widened to its /24",
+                   ("matrix",), on(on_network_set(0), widened(24))),
+        Definition("network-widened-8", "widen", "a route on the second network set",
+                   "one route's network widened to its /8", ("matrix",), on(on_network_set(1), widened(8))),
+        Definition("network-widened-everywhere", "widen", "a route on the third network set",
+                   "one route's network widened to 0.0.0.0/0",
+                   ("matrix",), on(on_network_set(2), widened(0))),
+        Definition("role-added", "add", "a route limited to some roles", "a role admitted to one route",
+                   ("matrix",), role_add(roled)),
+        Definition("role-added-other", "add", "a route limited to other roles",
+                   "a role admitted to a route of another role set", ("matrix",), role_add(roled_other)),
+        Definition("method-added-get", "add", "a route without GET", "GET answered on a route without it",
+                   ("matrix",), method_added("GET")),
+        Definition("method-added-delete", "add", "a route without DELETE",
+                   "DELETE answered on a route without it", ("matrix",), method_added("DELETE")),
+        Definition("field-allowed-on-one-route", "move", "the last route rejecting a field",
+                   "one rejected field allowed on one route", ("limits",), field_moved(0)),
+        Definition("field-allowed-on-another-route", "move", "another route rejecting a field",
+                   "one rejected field allowed on another route", ("limits",), field_moved(3)),
+        Definition("chat-template-allowed-on-one-route", "move", "a route rejecting chat_template",
+                   "a client chat_template allowed on one route", ("limits",), governed_moved),
+        Definition("unknown-fields-allowed-on-one-route", "move", "a route rejecting unknown fields",
+                   "the unknown-field rule relaxed on one route", ("limits",), unknown_moved),
+        # remove: a check the plan has no word for
+        Definition("forbidden-field-check-removed", "remove", "a route with field rules and JSON caps",
+                   "one route passes the fields the policy forbids", ("limits",),
+                   RuleEdit(field_checked, without("keys"), "rule program without keys")),
+        Definition("media-check-removed", "remove", "a route with media rules",
+                   "one route passes any media URL, data and embeddings", ("media",),
+                   RuleEdit(media_checked, without("media"), "rule program without media")),
+        Definition("budget-not-enforced", "remove", "a route with an output budget",
+                   "one route forwards bodies without an output budget as sent", ("limits",),
+                   RuleEdit(budgeted, without("budget"), "rule program without budget")),
+        Definition("written-budget-raised", "raise", "a route with an output budget written in",
+                   "one route writes its output budget x10 into the bodies without one (its caps unchanged)",
+                   ("limits",), RuleEdit(budget_written, budget_x10, "its budget step writes x10")),
+        Definition("token-budget-removed", "remove", "a token zone",
+                   "one token zone's budget removed (nothing charged)", ("token-budget",), Edit(),
+                   needs="limits.tokens_per_minute"),
+        Definition("settlement-skipped", "remove", "a token zone",
+                   "answers no longer settle a token zone's charge (its bucket keeps each request's whole "
+                   "reservation: the credits of settled answers ignored)", ("token-budget",), Edit(),
+                   needs="limits.tokens_per_minute"),
+        Definition("ownership-unbound", "remove", "the response seal",
+                   "stored responses' seals not bound to the principal (any principal's seal is every "
+                   "principal's)", ("ownership",),
+                   Setting("owner_unbound", "the seal computed without the principal", owned),
+                   needs="body.responses"),
+        Definition("any-key-accepted", "remove", "the key lookup", "an unknown key is taken for a principal",
+                   ("matrix",), Setting("any_key", "unknown keys -> {value[0]}",
+                                        value=first_principal)),
+        Definition("upstream-errors-passed", "remove", "a route with an output budget",
+                   "vLLM's 5xx bodies reach the client on one route (where it forwards bodies as sent)",
+                   ("upstream",), Edit()),
+        _jwt("jwt-signature-unchecked", "the token verification",
+             "a token that fails verification (its signature, kid or alg) is admitted",
+             "jwt_signature_unchecked", "a token failing verification admitted"),
+        _jwt("jwt-audience-unchecked", "the token's audience", "a token for another audience is admitted",
+             "jwt_audience_unchecked", "the audience check removed"),
+        _jwt("jwt-expiry-unchecked", "the token's expiry", "an expired token is admitted",
+             "jwt_expiry_unchecked", "the expiry check removed"),
+        _jwt("jwt-issuer-unchecked", "the token's issuer", "a token from another issuer is admitted",
+             "jwt_issuer_unchecked", "the issuer check removed"),
+        _jwt("jwt-issuer-prefix", "the token's issuer",
+             "a token whose issuer merely starts with an allowed one is admitted (the exact match loosened "
+             "to a prefix: https://idp.example/realms/llm2 passes for .../llm)",
+             "jwt_issuer_prefix", "the issuer compared as a prefix"),
+        _jwt("jwt-crit-ignored", "the token's crit header",
+             "a token naming an extension nobody understands in crit is admitted",
+             "jwt_crit_ignored", "the crit check removed"),
+        _jwt("jwt-trailing-accepted", "the token's form",
+             "a token followed by '.', '..' or '==' is admitted (the trailing characters stripped before its "
+             "form is checked, as lax JWT libraries do)",
+             "jwt_trailing_accepted", "trailing dots and padding stripped from the token"),
+        _jwt("principal-namespace-collision", "the token principal's kind",
+             "a token principal named by its claim alone (no jwt:ID: prefix): a subject equal to a key "
+             "principal's name is that principal (its header, log name, seals)",
+             "jwt_unprefixed", "the token principal's jwt:ID: prefix dropped"),
+        _cert("cert-any-ca", "any CA accepted: the client certificate's chain not verified and the "
+              "verification result unread (a certificate from another CA, or expired, names its principal)",
+              "cert_any_ca", "client certificates not verified"),
+        _cert("cert-san-unchecked", "any verified certificate is a principal (its URI SAN and subject not "
+              "looked up)", "cert_anyone", "an unknown certificate names 'anyone'", cert_anyone),
+        _cert("cert-san-fallback", "a certificate whose URI SAN names nobody (a revoked SPIFFE ID) is named "
+              "by its subject instead (the fallback SPIFFE semantics forbid)",
+              "cert_subject_fallback", "an unlisted URI SAN falls back to the subject"),
+        Definition("cert-revoked-mapped", "remove", "a revoked certificate principal",
+                   "a principal the plan no longer lists is still mapped (the principals file not "
+                   "regenerated): the probe's unknown name stands for it", ("mtls",), Edit(),
+                   needs=CERT_NEEDS),
+        # add
+        Definition("tls-legacy-versions", "add", "the listener's TLS versions and suites",
+                   "TLS 1.0 and 1.1 admitted on the listener, with the legacy (CBC) cipher suites they need",
+                   ("tls",), Setting("tls_legacy", "listener from TLS 1.0, legacy cipher suites added",
+                                     listened_tls), needs=TLS_NEEDS),
+        # source: a fact the perimeter decides taken from the client
+        Definition("network-from-forwarding-header", "source", "the listener",
+                   "client address taken from X-Forwarded-For", ("spoof", "matrix"),
+                   Setting("xff_from_anyone", "the client address from X-Forwarded-For, whoever sends it")),
+        Definition("host-from-client", "source", "every proxying route",
+                   "the client's Host forwarded upstream", ("upstream",),
+                   Setting("host_from_client", "the client's Host forwarded")),
+        Definition("principal-header-from-client", "source", "the principal header",
+                   "the principal header the client sends is kept (reaches vLLM)", ("upstream",), Edit()),
+        Definition("rate-zone-by-address", "source", "a rate limit counted per principal",
+                   "a rate limit keyed by client address instead of principal", ("rate",), Edit()),
+        # loosen: a route's match wider
+        Definition("parameter-any", "loosen", "a template route's match",
+                   "a template parameter matches .+ (any characters, slashes too)", ("bypass", "upstream"),
+                   Edit()),
+        Definition("case-insensitive", "loosen", "a template route's match",
+                   "a template route matches any case", ("bypass", "matrix"), Edit()),
+        Definition("exact-to-prefix", "loosen", "an exact GET route's match",
+                   "an exact path match made a prefix match", ("bypass", "sweep"), Edit()),
+        # expose
+        Definition("upgrade-on-plain-route", "expose", "a GET route",
+                   "one plain route passes WebSocket upgrades", ("upstream", "matrix"), Edit()),
+        # NGINX 1.22's port then speaks HTTP/2 only (unreachable)
+        Definition("h2c-accepted", "expose", "the listener",
+                   "the listener also speaks HTTP/2 in clear text (prior knowledge)",
+                   ("protocol", "unreachable"),
+                   Setting("h2c", "HTTP/2 in clear text on the listener")),
+        Definition("grpc-accepted", "expose", "the listener",
+                   "gRPC-shaped requests (content-type application/grpc) no longer refused", ("protocol",),
+                   Setting("grpc_accepted", "the application/grpc refusal dropped")),
+        # forward: what reaches vLLM
+        Definition("raw-target-forwarded", "forward", "the path forwarded",
+                   "the raw request target forwarded, not the normalised path", ("upstream", "bypass"),
+                   Edit()),
+        Definition("client-key-forwarded", "forward", "every proxying route",
+                   "the client's Authorization forwarded upstream", ("upstream",), Edit()),
+        Definition("upstream-key-not-presented", "forward", "every proxying route",
+                   "vLLM's own key no longer sent upstream", ("upstream",),
+                   Setting("upstream_key_dropped", "vLLM's key not added", upstream_keyed),
+                   needs="upstream.api_key_file"),
+        Definition("client-headers-forwarded", "forward", "every proxying route",
+                   "every client header forwarded (no allowlist: hop-by-hop, spoofable)", ("upstream",),
+                   Setting("client_headers", "every client header passed on")),
+        Definition("vllm-header-forwarded", "forward", "every proxying route",
+                   "X-Vllm-Priority from the client forwarded (queue jumping)", ("upstream",), Edit()),
+        Definition("request-id-from-client", "forward", "every proxying route",
+                   "the client's X-Request-Id reaches vLLM (not the proxy's own)", ("upstream",),
+                   Setting("request_id_from_client", "the client's X-Request-Id passed on")),
+        Definition("salt-not-rewritten", "forward", "a salted route",
+                   "one route forwards the client's cache_salt (no tenant salt)", ("limits",),
+                   RuleEdit(salted, unsalted, "rule program without salt"), needs="body.cache_salt"),
     )
+
+
+DEFINITIONS: tuple[Definition, ...] = _definitions()

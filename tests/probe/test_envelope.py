@@ -209,15 +209,14 @@ def test_the_operators_weaken_the_rendered_envelope_only(tmp_path: Path) -> None
     from scanner.mutate import core
 
     plan = loop.setup(load_ref(BUNDLED), loads(DEFAULT.read_text()), tmp_path, 9).plan
-    ops = {p.name: p for p in core.plan_operators()}
-    weak, what = ops["multiplier-ignored"].weaken(plan)
+    weak, what = core.weakening("multiplier-ignored")(plan)
     chat = next(d for d in plan.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))
     mutant = next(d for d in weak.decisions if (d.method, d.path) == ("POST", "/v1/chat/completions"))
     assert what.startswith("POST /v1/chat/completions: envelope ignores n"), what
     body = json.dumps({"messages": [[{"role": "user", "content": "x"}]] * 5, "n": 4}).encode()
     assert plan_body.envelope(chat, body).sequences == 20 and plan_body.envelope(mutant, body).sequences == 5
     assert plan_body.envelope_refusal(chat, body) and not plan_body.envelope_refusal(mutant, body)
-    weak, what = ops["envelope-cap-raised"].weaken(plan)
+    weak, what = core.weakening("envelope-cap-raised")(plan)
     assert what == "POST /v1/responses: max_sequences 16 -> 160, max_request_tokens 1114112 -> 11141120"
     assert [(d.limits.max_sequences, d.limits.max_request_tokens) for d in weak.decisions
             if (d.method, d.path) == ("POST", "/v1/responses")] == [(160, 11141120)]
