@@ -10,9 +10,12 @@ and are generated per family and per target from the generator's model:
   rendered by the proxy's own generator: the proxy then enforces a plan the probe does not
   expect (:mod:`scanner.mutate.core`);
 * the rest change one marked place of the generator's model (a location's regex, a zone's key,
-  a rate filter's buckets, a cluster's thresholds) or one directive of the rendered files
-  (dry-run, a header's source) where the plan has no word for the weakening
-  (:mod:`scanner.mutate.nginx`, :mod:`scanner.mutate.envoy`).
+  a rate filter's buckets, a cluster's thresholds) or set a switch of its weakening (dry run, a
+  header's source) where the plan has no word for the weakening.
+
+An operator both proxies have is defined once (:data:`scanner.mutate.core.DEFINITIONS`) and
+registered for each; :mod:`scanner.mutate.nginx` and :mod:`scanner.mutate.envoy` say how they apply
+its switch to their model, and add the operators only they have.
 
 Each operator carries the checks that must catch it (``catches``: the first leads its run) and,
 when it needs a policy setting a plan may lack, ``needs`` (it raises :class:`NotApplicable`

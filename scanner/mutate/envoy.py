@@ -31,7 +31,7 @@ from scanner.rules import Program
 
 KIND = "envoy"
 ENVOY = "envoy.yaml"
-ModelEdit = Callable[[EnvoyModel, Plan], tuple[EnvoyModel, str]]
+ModelEdit = core.ModelEdit[EnvoyModel]
 
 
 # --- rendering: the weakened plan or model, written over the generated files -----------------

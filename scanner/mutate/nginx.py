@@ -24,7 +24,7 @@ from scanner.rules import Program
 from scanner.runtime.nginx import built_in_njs, static_build
 
 KIND = "nginx"
-ModelEdit = Callable[[NginxModel, Plan], tuple[NginxModel, str]]
+ModelEdit = core.ModelEdit[NginxModel]
 
 
 # --- rendering: the weakened plan or model, written over the generated files -----------------
