@@ -96,7 +96,7 @@ def _input_schema(schema: dict[str, Any], cls: type) -> None:
         schema.pop("required", None)
 
 
-CONFIG = ConfigDict(extra="forbid", json_schema_extra=_input_schema, arbitrary_types_allowed=False)
+CONFIG = ConfigDict(extra="forbid", json_schema_extra=_input_schema)
 
 
 @dataclass(frozen=True, config=CONFIG)

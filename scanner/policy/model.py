@@ -1,4 +1,8 @@
-"""Policy models: validated, frozen, versioned data (see ``policies/vllm-default.yaml``)."""
+"""Policy models: validated, frozen, versioned data (see ``policies/vllm-default.yaml``).
+
+Each class states one section of the policy YAML once: its keys (the fields), defaults, checks
+(validators) and JSON Schema (``schemas/policy.schema.json`` is generated from these);
+``scanner.policy.load`` reads the YAML into them, ``scanner.policy.base`` is what they share."""
 
 from __future__ import annotations
 
