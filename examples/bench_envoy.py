@@ -17,10 +17,18 @@ the figure is the ratio of the medians of requests per second.
 
 ``--ablate`` adds perimeter variants with one part removed (``access_log``, ``json``: Lua
 without the body check, ``lua``: no Lua at all, ``filters``: no RBAC, rate, buffer or
-header rewriting) to the same rounds, to see where the time goes.
+header rewriting, ``upstream_errors``: no custom response filter, ``local_reply``: no
+local_reply_config, ``headers``: no route header rewriting, ``drop_headers``: no Lua header
+allowlist, ``fastpaths``: the media walk and element counts without their fast paths, as
+before 2026-12-06) to the same rounds, to see where the time goes; ``stage:NAME`` variants
+build the perimeter up from the bare route one piece at a time (``STAGES``: ``stage:buffer``,
+``stage:lua-noop``, ``stage:lua-key``, ``stage:lua-read``, ``stage:lua-parse``,
+``stage:lua-program``; the perimeter itself adds the rest). Each variant's Envoy CPU per request
+(all its threads, ``/proc``) is printed beside requests/s: on shared cores it is the steadier
+figure.
 
     .venv/bin/python examples/bench_envoy.py [--seconds 8] [--rounds 3] [--connections 8]
-        [--ablate access_log,json,lua,filters]
+        [--ablate access_log,json,lua,filters,stage:buffer,stage:lua-noop,...]
 """
 
 from __future__ import annotations
@@ -173,15 +181,22 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def wrk(url: str, script: Path, connections: int, seconds: int) -> tuple[float, str]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, script: Path, connections: int, seconds: int) -> tuple[float, str, int]:
     out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
                           "-s", str(script), url],
                          capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not m:
+    n = re.search(r"(\d+) requests in", out)
+    if not m or not n:
         raise SystemExit(f"cannot parse wrk output:\n{out}")
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return float(m.group(1)), (non2xx.group(1) if non2xx else "0")
+    return float(m.group(1)), (non2xx.group(1) if non2xx else "0"), int(n.group(1))
 
 
 def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
@@ -202,8 +217,77 @@ def _lua_source(doc: dict[str, Any]) -> dict[str, Any]:
     return source
 
 
+def _lua_replace(doc: dict[str, Any], old: str, new: str) -> None:
+    src = _lua_source(doc)
+    if old not in src["inline_string"]:
+        raise SystemExit(f"the generated Lua no longer holds {old!r}: update the ablation")
+    src["inline_string"] = src["inline_string"].replace(old, new)
+
+
+def _fixed_cluster(route: dict[str, Any]) -> None:
+    """The route's concurrency cluster named in the route (no Lua sets the cluster header)."""
+    route["route"].pop("cluster_header", None)
+    route["route"]["cluster"] = "vllm.inference.c64.bench"
+
+
+def _no_rest(doc: dict[str, Any]) -> None:
+    """The perimeter without what is not the buffer or Lua filter: access log, local replies'
+    rewriting, RBAC, local rate limit, custom response filter, header rewriting."""
+    hcm = _hcm(doc)
+    hcm.pop("access_log")
+    hcm.pop("local_reply_config")
+    route = _chat_route(doc)
+    per_route = route["typed_per_filter_config"]
+    for name in [k for k in per_route if k not in ("perimeter.lua", "perimeter.buffer")]:
+        per_route.pop(name)
+    route.pop("response_headers_to_remove", None)
+    rc = hcm["route_config"]
+    rc.pop("request_headers_to_remove")
+    rc.pop("request_headers_to_add")
+    hcm["http_filters"] = [f for f in hcm["http_filters"]
+                           if f["name"] in ("perimeter.lua", "perimeter.buffer", "envoy.filters.http.router")]
+
+
+# Staged ablation (issue 28): each stage is the one before plus one piece, from the bare route to
+# the generated config; "stage:" variants run in the same rounds as bare and perimeter.
+STAGES = ("buffer", "lua-noop", "lua-key", "lua-read", "lua-parse", "lua-program")
+
+
+def stage(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The perimeter reduced to one stage of the staged ablation (for the breakdown only):
+    buffer: the route's buffer filter, Lua off; lua-noop: + the Lua filter returning at once;
+    lua-key: + the header allowlist, key hash (cached), roles, cluster choice (no body);
+    lua-read: + the body read (``h:body():getBytes``), not parsed; lua-parse: + the JSON parse
+    and the access log's metadata, no rule program; lua-program: the whole Lua. None of them
+    has the rest (``_no_rest``); the perimeter has it."""
+    doc = copy.deepcopy(doc)
+    _no_rest(doc)
+    route = _chat_route(doc)
+    if name == "buffer":
+        route["typed_per_filter_config"]["perimeter.lua"] = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
+            "disabled": True}
+        _fixed_cluster(route)
+    elif name == "lua-noop":
+        _lua_replace(doc, "function envoy_on_request(h)\n", "function envoy_on_request(h)\n  do return end\n")
+        _fixed_cluster(route)
+    elif name == "lua-key":
+        _lua_replace(doc, "check = true", "check = false")
+    elif name == "lua-read":
+        _lua_replace(doc, "local doc = parse(body:getBytes(0, n))",
+                     "local doc = {v = {}, k = body:getBytes(0, n)}")
+        _lua_replace(doc, "local why = run_program(group.program, r)", "local why = nil")
+    elif name == "lua-parse":
+        _lua_replace(doc, "local why = run_program(group.program, r)", "local why = nil")
+    elif name != "lua-program":
+        raise SystemExit(f"unknown stage {name!r} ({', '.join(STAGES)})")
+    return doc
+
+
 def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
     """The perimeter config without one part (for the breakdown only)."""
+    if part.startswith("stage:"):
+        return stage(doc, part[len("stage:"):])
     doc = copy.deepcopy(doc)
     route = _chat_route(doc)
     per_route = route["typed_per_filter_config"]
@@ -225,8 +309,25 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
         rc.pop("request_headers_to_remove")
         rc["request_headers_to_add"] = [h for h in rc["request_headers_to_add"]
                                         if "principal" in h["header"]["key"]]
+    elif part == "fastpaths":   # the rule program as before issue 28's Envoy round (2026-12-06)
+        _lua_replace(doc, "if media_free_doc(r.doc) then", "if false then")
+        _lua_replace(doc, "return doc.n ~= nil and doc.n[name] or items_of(doc.v[name], \"each\")",
+                     "return items_of(doc.v[name], \"each\")")
+    elif part == "upstream_errors":
+        hcm = _hcm(doc)
+        hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "perimeter.upstream_errors"]
+    elif part == "local_reply":
+        _hcm(doc).pop("local_reply_config")
+    elif part == "headers":
+        rc = _hcm(doc)["route_config"]
+        rc.pop("request_headers_to_remove")
+        rc.pop("request_headers_to_add")
+        route.pop("response_headers_to_remove", None)
+    elif part == "drop_headers":
+        _lua_replace(doc, "drop_headers(headers, group.websocket, group.grpc)\n", "\n")
     else:
-        raise SystemExit(f"unknown part {part!r} (access_log, json, lua, filters)")
+        raise SystemExit(f"unknown part {part!r} (access_log, json, lua, filters, upstream_errors, "
+                         "local_reply, headers, drop_headers, fastpaths, stage:NAME)")
     return doc
 
 
@@ -281,6 +382,7 @@ def main() -> None:
         nginx = start([str(nginx_binary()), "-p", str(d) + "/", "-c", str(d / "nginx.conf"),
                        "-g", "daemon off;"], up, d / "nginx.out")
         results: dict[str, list[float]] = {name: [] for name in configs}
+        cpu: dict[str, list[float]] = {name: [] for name in configs}   # Envoy's µs per request
         try:
             for r in range(args.rounds):
                 for name, cfg in configs.items():
@@ -290,22 +392,30 @@ def main() -> None:
                         post = d / "post-before.lua" if name == "before" else script
                         wrk(f"http://127.0.0.1:{port}/v1/chat/completions", post,
                             args.connections, 1)  # warm-up
-                        rps, non2xx = wrk(f"http://127.0.0.1:{port}/v1/chat/completions", post,
-                                          args.connections, args.seconds)
+                        used = cpu_seconds(proc.pid)
+                        rps, non2xx, count = wrk(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                                 post, args.connections, args.seconds)
+                        used = cpu_seconds(proc.pid) - used
                     finally:
                         stop(proc)
                     if non2xx != "0":
                         raise SystemExit(f"{name}: {non2xx} non-2xx replies; see {d}/access.log")
                     results[name].append(rps)
-                    print(f"round {r + 1} {name:12s} {rps:10.0f} req/s", flush=True)
+                    cpu[name].append(1e6 * used / count)
+                    print(f"round {r + 1} {name:18s} {rps:10.0f} req/s {cpu[name][-1]:7.1f} us CPU",
+                          flush=True)
         finally:
             stop(nginx)
     bare = statistics.median(results["bare"])
     print(f"body {len(body)} bytes, {args.connections} connections, envoy --concurrency 1, "
           f"{args.rounds} rounds of {args.seconds} s")
+    bare_cpu = statistics.median(cpu["bare"])
     for name, values in results.items():
         med = statistics.median(values)
-        print(f"{name:12s} median {med:10.0f} req/s  ratio {med / bare:.3f}")
+        c = statistics.median(cpu[name])
+        print(f"{name:18s} median {med:10.0f} req/s ({min(values):.0f}-{max(values):.0f})  "
+              f"ratio {med / bare:.3f}  Envoy CPU {c:6.1f} us/request "
+              f"({min(cpu[name]):.1f}-{max(cpu[name]):.1f}), bare's / this {bare_cpu / c:.3f}")
     print(f"ratio {statistics.median(results['perimeter']) / bare:.3f}")
     # one saturated worker (--concurrency 1): the time per request is 1 / throughput
     added = 1e6 / statistics.median(results["perimeter"]) - 1e6 / statistics.median(results["before"])

@@ -85,6 +85,19 @@ CORPUS: list[tuple[str, bytes, str]] = [
      "media-items:over-3"),
     ("a null media key", chat({"type": "text", "text": "hi", "image_url": None}), ""),
     ("a URL in text is not media", chat({"type": "text", "text": EVIL}), ""),
+    # Envoy's fast path (media_free) clears a body only when no string in it can name a media key;
+    # everything else is walked: these sit on its edges.
+    ("escapes, none of them a key's", chat('{"type": "text", "text": "\\"q\\" \\t \\\\ \\/ \\u00e9 \\ud83d\\ude00"}'), ""),
+    ("a media key's name as a value only", chat({"type": "text", "text": "image_url"}), ""),
+    ("an escaped media key, upper-case hex", chat('{"type": "x", "image\\u005Furl": {"url": "' + EVIL + '"}}'),
+     "media-url:host"),
+    ("a media key spelled in escapes only", chat('{"\\u0069\\u006d\\u0061\\u0067\\u0065\\u0073": ["' + EVIL + '"]}'),
+     "media-url:host"),
+    ("a media key after an escaped backslash", chat('{"type": "text", "text": "\\\\", "images": ["' + EVIL + '"]}'),
+     "media-url:host"),
+    ("a media key deep in a list", chat({"type": "text", "text": "hi"}, metadata={"a": [[[{"images": [EVIL]}]]]}),
+     "media-url:host"),
+    ("a top-level media key", chat({"type": "text", "text": "hi"}, images=[EVIL]), "media-url:host"),
 ]
 
 
