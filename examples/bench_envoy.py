@@ -20,7 +20,8 @@ without the body check, ``lua``: no Lua at all, ``filters``: no RBAC, rate, buff
 header rewriting, ``upstream_errors``: no custom response filter, ``local_reply``: no
 local_reply_config, ``headers``: no route header rewriting, ``drop_headers``: no Lua header
 allowlist, ``fastpaths``: the media walk and element counts without their fast paths, as
-before 2026-12-06) to the same rounds, to see where the time goes; ``stage:NAME`` variants
+before 2026-12-06, ``log_time`` / ``log_path`` / ``log_metadata``: the access log without its
+time, path or metadata fields) to the same rounds, to see where the time goes; ``stage:NAME`` variants
 build the perimeter up from the bare route one piece at a time (``STAGES``: ``stage:buffer``,
 ``stage:lua-noop``, ``stage:lua-key``, ``stage:lua-read``, ``stage:lua-parse``,
 ``stage:lua-program``; the perimeter itself adds the rest). Each variant's Envoy CPU per request
@@ -313,6 +314,16 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
         _lua_replace(doc, "if media_free_doc(r.doc) then", "if false then")
         _lua_replace(doc, "return doc.n ~= nil and doc.n[name] or items_of(doc.v[name], \"each\")",
                      "return items_of(doc.v[name], \"each\")")
+    elif part in ("log_time", "log_path", "log_metadata"):   # one kind of access log field left out
+        log = _hcm(doc)["access_log"][0]["typed_config"]["log_format"]
+        fields = log["json_format"]
+        for name in [k for k, v in fields.items()
+                     if (part == "log_time" and "START_TIME" in v)
+                     or (part == "log_path" and "REQ_WITHOUT_QUERY" in v)
+                     or (part == "log_metadata" and "METADATA(" in v)]:
+            fields.pop(name)
+        if part == "log_path":
+            log.pop("formatters")
     elif part == "upstream_errors":
         hcm = _hcm(doc)
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "perimeter.upstream_errors"]
@@ -327,7 +338,8 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
         _lua_replace(doc, "drop_headers(headers, group.websocket, group.grpc)\n", "\n")
     else:
         raise SystemExit(f"unknown part {part!r} (access_log, json, lua, filters, upstream_errors, "
-                         "local_reply, headers, drop_headers, fastpaths, stage:NAME)")
+                         "local_reply, headers, drop_headers, fastpaths, log_time, log_path, log_metadata, "
+                         "stage:NAME)")
     return doc
 
 
