@@ -297,6 +297,14 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
      "generate top-level copies over"),
     (GEN, _gen('"sampling_params": {"n": 8, "max_tokens": 8192}'), "application/json", "generate at both caps"),
     (GEN, _gen('"sampling\u005fparams": {"n": 9}'), "application/json", "generate escaped parent, over"),
+    # a malformed name inside an object the top-level read skips (Python's json: bad-json); Envoy's
+    # count, nested cap and nested budget re-read that object (they raised a Lua error: 500)
+    (CHAT, _chat('"logit_bias": {"\\x": 1}'), "application/json", "count object, invalid escape in a name"),
+    (CHAT, _chat('"logit_bias": {"1": 1, "\\u12": 2}'), "application/json", "count object, short \\u in a name"),
+    (CHAT, _chat('"logit_bias": {"a\tb": 1}'), "application/json", "count object, control byte in a name"),
+    (CHAT, _chat('"logit_bias": {"\\": 1}'), "application/json", "count object, lone backslash name"),
+    (GEN, _gen('"sampling_params": {"\\x": 1, "n": 9}'), "application/json", "nested cap, invalid escape in a name"),
+    (GEN, _gen('"sampling_params": {"\\q": 1}'), "application/json", "nested budget parent, invalid escape"),
 )
 
 

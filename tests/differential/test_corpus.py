@@ -158,6 +158,9 @@ def test_the_proxy_agrees_with_the_reference(bench: Stand, inventory: Inventory,
         print(f"  [ADMITS MORE] {cid} {path} {note} {ct} {raw[:120]!r}: {'; '.join(why)}")
     assert not more, f"{len(more)} bodies reached vLLM beyond the plan through {name}"
     assert not [c for c in cases if seen[c.id].status == 0], "a body was never answered"
+    failed = [f"{c.id} {c.note} {c.raw[:90]!r}: {seen[c.id].status} {seen[c.id].reason}"
+              for c in cases if seen[c.id].status >= 500]
+    assert not failed, f"{name} failed on {len(failed)} bodies (an interpreter error, no verdict):\n" + "\n".join(failed)
     assert took < 120
 
 
