@@ -106,9 +106,7 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
                 say(f"{proxy.name}: the unmutated config is not clean ({len(base.result.deviations)} "
                     "deviations from the plan): no mutation run")
                 continue
-            for op in mutate.operators(proxy.kind):
-                if only and not {op.id, op.name, op.family} & set(only):
-                    continue
+            for op in selected(mutate.operators(proxy.kind), only):
                 if op.needs == mutate.fleet.NEEDS:   # a fleet's operator: verify --replicas runs it
                     continue
                 fast, where = mutant_options(options, op.id), directory.parent / f"{proxy.name}-{op.id}"
@@ -119,6 +117,16 @@ def mutants(inventory: Inventory, policy: Policy, proxies: Sequence[Proxy], opti
             if stop.requested():
                 break
     return baselines, out
+
+
+def selected(operators: Sequence[mutate.Operator], only: Sequence[str]) -> list[mutate.Operator]:
+    """The operators ``only`` names (ids, names or families; all without it), in the order it names
+    them (the registry's order within one name), so ``--operator A --operator B`` runs A first."""
+    if not only:
+        return list(operators)
+    def first(op: mutate.Operator) -> int:
+        return min(i for i, o in enumerate(only) if o in (op.id, op.name, op.family))
+    return sorted((op for op in operators if {op.id, op.name, op.family} & set(only)), key=first)
 
 
 def interruptible(proxy: str, op: mutate.Operator, run_it: Callable[[], MutantRun]) -> MutantRun:

@@ -202,7 +202,9 @@ def test_generate_nginx_names_its_key_file(tmp_path: Path, capsys: pytest.Captur
     assert lines[0] == f"copy {out / 'perimeter-http.conf'} to /etc/perimeter/perimeter-http.conf"
     assert lines[1] == ("the proxy reads key hashes from /etc/perimeter/perimeter-principals.conf (0600, read "
                         "by NGINX's master at start and on reload)")
-    assert len(lines) == 6 and all(line.startswith("copy ") for line in lines[2:])   # perimeter-rules.json too
+    copied = {line.split()[1].rpartition("/")[2] for line in lines[2:] if line.startswith("copy ")}
+    assert len(lines) == 7 and copied == {"perimeter-principals.conf", "perimeter-proxy.conf", "perimeter.js",
+                                          "perimeter-rules.json", "perimeter-identity.json"}, lines
 
 
 def test_generate_nginx_names_the_file_with_vllms_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

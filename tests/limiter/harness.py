@@ -45,10 +45,15 @@ def url(proc: ManagedProcess) -> str:
     return f"redis://127.0.0.1:{proc.port}/0"
 
 
+INSPECT_TIMEOUT_S = 5.0
+
+
 def run(fn: Callable[..., Awaitable[T]], proc: ManagedProcess, *args: object) -> T:
-    """``fn(redis, *args)`` in a fresh event loop with a fresh client (closed after)."""
+    """``fn(redis, *args)`` in a fresh event loop with a fresh client (closed after). The test's
+    own reads wait up to INSPECT_TIMEOUT_S, not the service's 0.5 s: on a loaded machine a read
+    that checks the service must not fail the test (CI: a ZCOUNT timed out at load average 6)."""
     async def main() -> T:
-        client = store.connect(store.StoreSpec(url(proc)))
+        client = store.connect(store.StoreSpec(url(proc), timeout_s=INSPECT_TIMEOUT_S))
         try:
             return await fn(client, *args)
         finally:

@@ -131,3 +131,15 @@ def test_a_limit_removed_from_one_route_of_a_shared_zone_is_caught(name: str) ->
     assert any(c.path == "/adapters" for c in members)
     assert all(m.status == "caught" and "VP005" in m.rules for m in applicable), \
         [(m.operator, m.status, m.rules, m.what) for m in applicable]
+
+
+def test_the_operators_run_in_the_order_they_are_named() -> None:
+    """``verify --operator A --operator B`` runs A, then B, whatever the registry's order; a family
+    keeps the registry's order within it; no names: every operator, in the registry's order."""
+    ops = mutate.operators("nginx")
+    names = ["timeout-raised-x10", "key-check-removed", "rate-dry-run"]
+    assert [op.name for op in mutation.selected(ops, names)] == names
+    assert [op.name for op in mutation.selected(ops, list(reversed(names)))] == list(reversed(names))
+    family = [op for op in ops if op.family == "switch"]
+    assert mutation.selected(ops, ["switch"]) == family and len(family) >= 3
+    assert mutation.selected(ops, ()) == list(ops)
