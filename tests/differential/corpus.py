@@ -305,6 +305,14 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     (CHAT, _chat('"logit_bias": {"\\": 1}'), "application/json", "count object, lone backslash name"),
     (GEN, _gen('"sampling_params": {"\\x": 1, "n": 9}'), "application/json", "nested cap, invalid escape in a name"),
     (GEN, _gen('"sampling_params": {"\\q": 1}'), "application/json", "nested budget parent, invalid escape"),
+    # invalid UTF-8 (Python's codec, and so vLLM, refuses the body; njs decoded it leniently, Lua
+    # did not look), beside valid sequences at each length's edges
+    *((CHAT, b'{"model":"m","messages":[{"role":"user","content":"a' + seq + b'b"}]}', "application/json",
+       f"UTF-8 {seq.hex()} in a string") for seq in (
+        b"\xc0\x80", b"\xc1\xbf", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xf4\x90\x80\x80",
+        b"\xf5\x80\x80\x80", b"\xe2\x82", b"\x80", b"\xef\xbf\xbd", b"\xc2\x80", b"\xe0\xa0\x80",
+        b"\xed\x9f\xbf", b"\xee\x80\x80", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xef\xbf\xbd\xff")),
+    (CHAT, _chat('"logit_bias": {"1": 1}').replace(b'"1"', b'"\xff"'), "application/json", "invalid UTF-8 in a name"),
 )
 
 

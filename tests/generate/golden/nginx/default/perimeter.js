@@ -1237,6 +1237,33 @@ function programOf(v) {
     return rules.programs[id];
 }
 
+// A body that is not valid UTF-8 (Python's json, and so the reference and vLLM, refuse it):
+// requestText holds one U+FFFD per invalid sequence, so more of them than the body's own bytes
+// EF BF BD spell. njs before 0.8 (NGINX 1.22's 0.7) gives such a body as a byte string instead,
+// which its String.prototype.fromUTF8 (gone in 0.8) reads as null.
+var REPLACEMENT = Buffer.from([0xef, 0xbf, 0xbd]);
+function invalidUtf8(text, buf) {
+    var i = text.indexOf('\ufffd');
+    var inText = 0;
+    var inBuf = 0;
+    if (typeof text.fromUTF8 === 'function' && text.fromUTF8() === null) {
+        return true;
+    }
+    while (i !== -1) {
+        inText++;
+        i = text.indexOf('\ufffd', i + 1);
+    }
+    if (inText === 0) {
+        return false;
+    }
+    i = buf ? buf.indexOf(REPLACEMENT) : -1;
+    while (i !== -1) {
+        inBuf++;
+        i = buf.indexOf(REPLACEMENT, i + 3);
+    }
+    return inText > inBuf;
+}
+
 // seen: the media decision ('': walk); null: NGINX's, $perimeter_media_key (perimeter.direct).
 function exact(r, v, seen) {
     var text = r.requestText;
@@ -1252,6 +1279,10 @@ function exact(r, v, seen) {
     try {
         obj = JSON.parse(text);
     } catch (e) {
+        deny(r, 'bad-json');
+        return;
+    }
+    if (invalidUtf8(text, buf)) {
         deny(r, 'bad-json');
         return;
     }
