@@ -46,6 +46,9 @@ print(string.format("parse + program %.2f us", (os.clock() - t) / N * 1e6))
 t = os.clock()
 for i = 1, N do parse(body) end
 print(string.format("parse           %.2f us", (os.clock() - t) / N * 1e6))
+t = os.clock()
+for i = 1, N do utf8_valid(body) end
+print(string.format("utf8_valid      %.2f us", (os.clock() - t) / N * 1e6))
 local by_op, order = {{}}, {{}}
 for i = 1, N do
   local run = {{doc = parse(body), size = #body, who = "bench", strip = {{}}}}
