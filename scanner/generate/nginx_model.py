@@ -519,17 +519,20 @@ def writes(program: Program) -> bool:
     return False
 
 
+def _compact(value: object) -> str:
+    """JSON as the preloaded files hold it: sorted keys, no spaces (deterministic)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def identity_json(model: NginxModel) -> str:
     """``perimeter-identity.json``: the certificate principals (``certs``: ``san:URI`` /
     ``subject:DN`` -> [name, role]) and each ``auth: jwt`` audience's rules (``jwt``: its id ->
     the rules), which NGINX loads once at configure time (``js_preload_object
     perimeter_identity``): read by njs (perimeter.certWho, perimeter.jwt), never parsed per
     request. No secret (names, roles, issuers): the key hashes stay in the 0600 principals file."""
-    def dump(value: object) -> str:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
     certs = json.loads(model.certs_json) if model.certs_json else {}
     jwt = {a.id: json.loads(a.config) for a in model.jwt}
-    return f'{{\n "certs": {dump(certs)},\n "jwt": {dump(jwt)}\n}}\n'
+    return f'{{\n "certs": {_compact(certs)},\n "jwt": {_compact(jwt)}\n}}\n'
 
 
 def rules_json(model: NginxModel) -> str:
@@ -537,10 +540,8 @@ def rules_json(model: NginxModel) -> str:
     (scanner/plan/program.py), which NGINX loads once at configure time into one immutable object
     all njs VMs share (``js_preload_object perimeter_rules``): data compiled with the config, never
     parsed or built per request. One program a line."""
-    def dump(value: object) -> str:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    checks = dump({c.id: c.program for c in model.checks})
-    programs = ",\n".join(f"  {dump(pid)}: {dump(p.model_dump(mode='json')['steps'])}"
+    checks = _compact({c.id: c.program for c in model.checks})
+    programs = ",\n".join(f"  {_compact(pid)}: {_compact(p.model_dump(mode='json')['steps'])}"
                           for pid, p in model.programs.items())
     return f'{{\n "checks": {checks},\n "programs": {{\n{programs}\n }}\n}}\n'
 
