@@ -104,8 +104,9 @@ def other_cell(ctx: CheckContext, d: Decision, cell: Cell) -> tuple[str, Cell | 
 
 
 @dataclass(frozen=True)
-class Zone:
-    """One zone of a check: its routes, the one it is exercised on and with which cell."""
+class ZoneTrial:
+    """One zone as a check exercises it: the zone's routes, the one it is tried on and with which
+    cell (the zone itself, its kind and values, is the plan's: scanner.plan.zone.Zone)."""
 
     check: str
     name: str
@@ -154,7 +155,7 @@ class Zone:
                        why="" if cell else why), cell
 
 
-def zones(ctx: CheckContext, check: str, attr: str) -> list[Zone]:
+def zones(ctx: CheckContext, check: str, attr: str) -> list[ZoneTrial]:
     """The zones of ``attr`` ("rate_zone" or "conn_zone"), by name."""
     by: dict[str, list[Decision]] = {}
     for d in ctx.plan.allowed:
@@ -167,7 +168,7 @@ def zones(ctx: CheckContext, check: str, attr: str) -> list[Zone]:
         cells = ctx.allowed_cells(rep) if rep else []
         # rate and concurrency take the same principal: its lane holds requests (phase 1), then
         # bursts (phase 2); another principal's lane then never meets them (the separate buckets)
-        out.append(Zone(check, name, tuple(ds), rep, cells[0] if cells else None))
+        out.append(ZoneTrial(check, name, tuple(ds), rep, cells[0] if cells else None))
     return out
 
 
@@ -232,7 +233,7 @@ class ZoneCheck(BaseCheck):
     attr: ClassVar[str] = ""
     finding_title: ClassVar[str] = ""
 
-    def layout(self, ctx: CheckContext) -> list[Zone]:
+    def layout(self, ctx: CheckContext) -> list[ZoneTrial]:
         return zones(ctx, self.id, self.attr)
 
     def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
@@ -245,21 +246,21 @@ class ZoneCheck(BaseCheck):
             if other is not None:
                 yield other[0] if not s.why else replace(other[0], why=s.why)
 
-    def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
+    def zone_subject(self, ctx: CheckContext, z: ZoneTrial) -> Subject:
         return z.subject()
 
-    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+    def assess_zone(self, ctx: CheckContext, z: ZoneTrial, attempts: list[Attempt]) -> Assessment:
         raise NotImplementedError
 
-    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_member(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                       followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
         raise NotImplementedError
 
-    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_other(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                      attempts: list[Attempt]) -> Assessment:
         raise NotImplementedError
 
-    def other_cases(self, ctx: CheckContext, z: Zone, phase: int, lead: Case, hold_ms: int = 0,
+    def other_cases(self, ctx: CheckContext, z: ZoneTrial, phase: int, lead: Case, hold_ms: int = 0,
                     hold_group: str = "") -> Iterator[Case]:
         """Another principal's (address's) requests to the zone's route, sent in the first one's
         lane (``lead``: one of its cases) after its burst (phase 3) or held ones (phase 1)."""
@@ -348,7 +349,7 @@ class RateBurst(ZoneCheck):
             if lead is not None:
                 yield from self.other_cases(ctx, z, 3, lead)
 
-    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+    def assess_zone(self, ctx: CheckContext, z: ZoneTrial, attempts: list[Attempt]) -> Assessment:
         answered = [a for a in attempts if a.status is not None]
         rate = z.rep.limits.rate if z.rep else None
         n = len(attempts)
@@ -372,7 +373,7 @@ class RateBurst(ZoneCheck):
         return "not-proven", (f"{len(admitted)} of {n} admitted within {took:.2f}s, no more than {plan}, and "
                               "none refused for rate: send faster (--concurrency)"), n
 
-    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_other(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                      attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         who = "principal" if attempts[0].subject.endswith(OTHER_PRINCIPAL) else "address"
@@ -384,7 +385,7 @@ class RateBurst(ZoneCheck):
                               f"bucket: the zone's bucket is shared, not one per {who}"), n
         return member_failure(attempts) or ("not-proven", "the burst did not empty the first bucket", n)
 
-    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_member(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                       followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         assert z.rep is not None and z.rep.limits.rate is not None
@@ -431,7 +432,7 @@ class Concurrency(ZoneCheck):
     attr: ClassVar[str] = "conn_zone"
     finding_title: ClassVar[str] = "concurrency above the plan"
 
-    def zone_subject(self, ctx: CheckContext, z: Zone) -> Subject:
+    def zone_subject(self, ctx: CheckContext, z: ZoneTrial) -> Subject:
         s, d = z.subject(), z.rep
         if d is not None and d.limits.concurrency:
             n = self.held(ctx, z)
@@ -441,14 +442,14 @@ class Concurrency(ZoneCheck):
                                       f"(more than {MAX_HOLD_S:.0f}s)")
         return s
 
-    def layout(self, ctx: CheckContext) -> list[Zone]:
+    def layout(self, ctx: CheckContext) -> list[ZoneTrial]:
         """Without a witness a zone with a generation route is exercised on it (the first by path
         whose streams the plan admits, :func:`stream_body`): the client holds streams there."""
         out = super().layout(ctx)
         return out if ctx.witness else [self._streamed(ctx, z) for z in out]
 
     @staticmethod
-    def _streamed(ctx: CheckContext, z: Zone) -> Zone:
+    def _streamed(ctx: CheckContext, z: ZoneTrial) -> ZoneTrial:
         found = sorted((d for d in z.decisions if (not d.state_changing or ctx.options.allow_state_changes)
                         and stream_body(d) is not None and ctx.allowed_cell(d)), key=lambda d: d.path)
         if not found or found[0] is z.rep:
@@ -456,24 +457,24 @@ class Concurrency(ZoneCheck):
         return replace(z, rep=found[0], cell=ctx.allowed_cells(found[0])[0])
 
     @staticmethod
-    def streams(ctx: CheckContext, z: Zone) -> bytes | None:
+    def streams(ctx: CheckContext, z: ZoneTrial) -> bytes | None:
         """The body of the streams the client holds on the zone's route (None: held bodies)."""
         return None if ctx.witness or z.rep is None else stream_body(z.rep)
 
-    def held(self, ctx: CheckContext, z: Zone) -> int:
+    def held(self, ctx: CheckContext, z: ZoneTrial) -> int:
         """Requests in flight at once: the held ones and one per checkable member."""
         other = z.other(ctx)
         return self.on_rep(ctx, z) + sum(1 for _m, s in z.members(ctx) if not s.why) + \
             (1 if other is not None and other[1] is not None else 0)
 
-    def on_rep(self, ctx: CheckContext, z: Zone) -> int:
+    def on_rep(self, ctx: CheckContext, z: ZoneTrial) -> int:
         """Requests held on the zone's route: with a witness, or streams held by the client, 2 x
         limit + 2 (Envoy queues up to the limit more); else limit + 1 held by the client (a queued
         one is never forwarded)."""
         limit = (z.rep.limits.concurrency if z.rep else 0) or 0
         return 2 * limit + 2 if ctx.witness or self.streams(ctx, z) is not None else limit + 1
 
-    def held_case(self, ctx: CheckContext, case: Case, z: Zone, hold_ms: int) -> Case:
+    def held_case(self, ctx: CheckContext, case: Case, z: ZoneTrial, hold_ms: int) -> Case:
         """``case`` held ``hold_ms`` by the witness, or without one by the client: on a zone with
         streams, the zone's route a stream read until then and its other routes and the other
         principal sent whole while the streams run; else its body's last byte sent only then (a
@@ -520,7 +521,7 @@ class Concurrency(ZoneCheck):
                 for o in self.other_cases(ctx, z, 1, lead, hold_ms=hold_ms, hold_group=z.key):
                     yield o if ctx.witness else self.held_case(ctx, o, z, hold_ms)
 
-    def in_flight(self, ctx: CheckContext, z: Zone, attempts: Sequence[Attempt]) -> int:
+    def in_flight(self, ctx: CheckContext, z: ZoneTrial, attempts: Sequence[Attempt]) -> int:
         """The first principal's requests to the zone's routes that the witness held at once."""
         subjects = {z.key, *(s.key for _m, s in z.members(ctx))}
         return sum(1 for a in attempts if a.subject in subjects and a.outcome == "reached"
@@ -577,7 +578,7 @@ class Concurrency(ZoneCheck):
             most = max(most, now)
         return most
 
-    def assess_zone(self, ctx: CheckContext, z: Zone, attempts: list[Attempt]) -> Assessment:
+    def assess_zone(self, ctx: CheckContext, z: ZoneTrial, attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         limited = [a for a in attempts if R.proves("concurrency", a.status, a.reason)]
         limit = (z.rep.limits.concurrency if z.rep else 0) or 0
@@ -604,7 +605,7 @@ class Concurrency(ZoneCheck):
         other = next((a for a in attempts if a.verdict != "proved"), attempts[0])
         return "not-proven", other.why or "no request was refused for concurrency", n
 
-    def assess_member(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_member(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                       followers: list[Attempt], attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         where = f"{z.rep.method} {z.rep.path}" if z.rep else z.name
@@ -624,7 +625,7 @@ class Concurrency(ZoneCheck):
         return "failed", (f"let through while the zone was full (requests held on {where} were refused "
                           "for concurrency): this route does not count against the zone's limit"), n
 
-    def assess_other(self, ctx: CheckContext, z: Zone, zone: list[Attempt],
+    def assess_other(self, ctx: CheckContext, z: ZoneTrial, zone: list[Attempt],
                      attempts: list[Attempt]) -> Assessment:
         n = len(attempts)
         who = "principal" if attempts[0].subject.endswith(OTHER_PRINCIPAL) else "address"

@@ -78,7 +78,7 @@ from scanner.probe.checks.limits import carrier, multipliers, tokens_body
 from scanner.probe.checks.load import (
     OTHER_PRINCIPAL,
     Assessment,
-    Zone,
+    ZoneTrial,
     answered_at,
     other_cell,
     representative,
@@ -242,7 +242,7 @@ class TokenBudget(BaseCheck):
     id: ClassVar[str] = "token-budget"
     title: ClassVar[str] = "token budgets"
 
-    def layout(self, ctx: CheckContext) -> list[Zone]:
+    def layout(self, ctx: CheckContext) -> list[ZoneTrial]:
         by: dict[str, list[Decision]] = {}
         for d in ctx.plan.allowed:
             if d.token_zone:
@@ -252,13 +252,13 @@ class TokenBudget(BaseCheck):
             rep = representative(ctx, [d for d in ds if carrier(ctx, d) == ("", {})]) \
                 or representative(ctx, ds)
             cells = ctx.allowed_cells(rep) if rep else []
-            out.append(Zone(self.id, name, tuple(ds), rep, cells[0] if cells else None))
+            out.append(ZoneTrial(self.id, name, tuple(ds), rep, cells[0] if cells else None))
         return out
 
     def _max_bytes(self, ctx: CheckContext, d: Decision) -> int:
         return min(d.limits.body_bytes or 1 << 30, ctx.options.max_body_bytes)
 
-    def _other(self, ctx: CheckContext, z: Zone) -> tuple[str, tuple[Credential, Vantage] | None, str]:
+    def _other(self, ctx: CheckContext, z: ZoneTrial) -> tuple[str, tuple[Credential, Vantage] | None, str]:
         """(subject, the cell of another principal than the zone's, or of another address on ``auth:
         none``, why there is none)."""
         if z.rep is None or z.cell is None:
