@@ -308,6 +308,34 @@ def test_every_other_route_of_a_rate_zone_must_meet_the_emptied_bucket() -> None
     assert statuses[gone][0] == "not-proven" and "refill" in statuses[gone][1]
 
 
+def test_a_member_refused_by_a_bucket_of_its_own_is_no_proof() -> None:
+    """A member whose own limit was raised (NGINX: rate x10, the burst kept) passes its burst + 1
+    right after the zone's bucket emptied, then meets a 429 for rate from its own bucket: that
+    refusal does not show it spends the zone's bucket; the count it let through does not fit the
+    zone's refill."""
+    from scanner.probe.checks.load import RateBurst, refilled
+
+    ctx, cases = _rate_ctx()
+    check = RateBurst()
+    burst = [c for c in cases if c.phase == 2]
+    follow = [c for c in cases if c.phase == 3]
+    subjects = list(check.subjects(ctx))  # type: ignore[arg-type]
+    emptied = [_answer(c, 100 + i * 0.001, *((429, "rate") if i >= 10 else ())) for i, c in enumerate(burst)]
+    own = sorted({c.subject for c in follow})[0]
+    mine = [c for c in follow if c.subject == own]
+    rate = next(d.limits.rate for d in h.plan().decisions if d.rate_zone and d.limits.rate)
+    assert rate is not None and len(mine) - 1 > refilled(rate, 0.05)
+    # all but its last pass within 50 ms; the last is refused by its own (larger) bucket
+    raised = [_answer(c, 100.1 + i * 0.001, *((429, "rate") if c.subject != own or c is mine[-1] else ()))
+              for i, c in enumerate(follow)]
+    statuses = {c.subject: (c.status, c.why) for c in check.cover(ctx, subjects, emptied + raised)}  # type: ignore[arg-type]
+    assert statuses[own][0] == "failed" and "before one was refused for rate" in statuses[own][1]
+    others = {s for s in statuses if " via " in s and s != own}
+    assert others and {statuses[s][0] for s in others} == {"proved"}
+    found = list(check.judge(ctx, emptied + raised))  # type: ignore[arg-type]
+    assert [f.rule for f in found] == ["VP005"] and found[0].path == mine[0].path
+
+
 def test_error_messages_never_carry_the_key() -> None:
     def leaky(r: httpx.Request) -> httpx.Response:
         if r.url.path == "/":

@@ -308,6 +308,13 @@ class ZoneCheck(BaseCheck):
         yield from cov.assessed(self.id, subjects, self.assessed(ctx, results), interrupted)
 
 
+def refilled(rate: Rate, window: float) -> float:
+    """The most requests a zone of ``rate`` admits within ``window`` seconds from an empty bucket,
+    on either generated proxy (as :func:`capacity`, less what a full bucket holds at once), with
+    FOLLOW_WINDOW_S of slack for the clocks and one request of tolerance."""
+    return capacity(rate, max(window, 0.0) + FOLLOW_WINDOW_S) - capacity(rate, 0.0) + 1
+
+
 def follow_ups(rps: float, burst: int, cap: int) -> int:
     """Requests per member after the burst: more than the bucket can give back meanwhile."""
     return min(cap, max(burst, math.ceil(rps * (1 + FOLLOW_WINDOW_S))) + 2)
@@ -390,16 +397,27 @@ class RateBurst(ZoneCheck):
         n = len(attempts)
         assert z.rep is not None and z.rep.limits.rate is not None
         rate, where = z.rep.limits.rate, f"{z.rep.method} {z.rep.path}"
-        if any(R.proves("rate", a.status, a.reason) for a in attempts):
-            return "proved", f"refused for rate once the burst on {where} emptied the bucket", n
+        refused = any(R.proves("rate", a.status, a.reason) for a in attempts)
+        empty = [answered_at(a) for a in zone if R.proves("rate", a.status, a.reason)]
+        if not empty:
+            if refused:
+                return "proved", f"refused for rate once the burst on {where} emptied the bucket", n
+            return member_failure(attempts) or ("not-proven", f"the burst on {where} did not empty the "
+                                                "bucket", n)
+        window = max(answered_at(a) for a in followers) - max(empty)
+        refill = refilled(rate, window)
+        own = sum(a.outcome == "reached" for a in attempts)
+        if own > refill:   # a refusal of its own bucket (a raised rate or burst) proves nothing
+            return "failed", (f"{own} of its {n} requests passed right after the burst on {where} emptied "
+                              f"the bucket, more than it refills in {window:.2f}s ({refill:.0f})"
+                              f"{', before one was refused for rate' if refused else ''}: this route does "
+                              "not spend the zone's bucket, or its own is larger"), n
+        if refused:
+            return "proved", (f"refused for rate once the burst on {where} emptied the bucket ({own} passed, "
+                              f"at most {refill:.0f} refilled in {window:.2f}s)"), n
         early = member_failure(attempts)
         if early is not None:
             return early
-        empty = [answered_at(a) for a in zone if R.proves("rate", a.status, a.reason)]
-        if not empty:
-            return "not-proven", f"the burst on {where} did not empty the bucket", n
-        window = max(answered_at(a) for a in followers) - max(empty)
-        refill = max(rate.burst, rate.rps * (max(window, 0.0) + 1)) + 1
         passed = sum(a.outcome == "reached" for a in followers)
         if passed > refill:
             return "failed", (f"all {n} requests passed right after the burst on {where} emptied the "
