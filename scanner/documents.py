@@ -11,11 +11,13 @@ editors and CI linters, are generated from those models as users write them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from scanner import jsondoc
 from scanner.errors import ConfigError
+from scanner.inventory.model import Inventory
 from scanner.netscan.model import PortAttempt, PortFinding
 from scanner.policy.model import BodyPolicy, Policy, PrincipalsFile
 from scanner.probe.interface import Attempt, Coverage, Finding
@@ -31,95 +33,6 @@ class _Doc(BaseModel):
 
 
 # --- policy (YAML) and principals: scanner.policy.model.Policy and PrincipalsFile ---------------
-
-
-# --- inventory ---------------------------------------------------------------------------------
-
-
-class SourceDoc(_Doc):
-    kind: Literal["vllm", "asgi", "openapi", "sweep", "live"]
-    target: str = ""
-
-
-class VllmFactsDoc(_Doc):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, protected_namespaces=(),
-                              populate_by_name=True)
-    version: str
-    serve_args: list[str] = []
-    env: dict[str, str] = {}
-    tasks: list[str] = []
-    model_config_: str = Field(default="none", alias="model_config")
-    plugins: list[str] = []
-    guarded_prefixes: list[str] = ["/v1", "/v2", "/inference", "/cohere"]
-    root_path: str = ""
-    api_key_configured: bool = False
-
-
-_JSON_TYPE = Annotated[str, Field(description="a JSON Schema type, or 'any' (unconstrained)")]
-
-
-class NestedFieldDoc(_Doc):
-    """A position under a top-level field: ``[]`` each array item, ``.name`` a property,
-    ``.*`` any value of a map (``messages[].content[].image_url.url``)."""
-
-    path: str = Field(min_length=1)
-    types: list[_JSON_TYPE] = Field(min_length=1)
-    required: bool = Field(default=False, description="required in the enclosing object")
-    default: Any = Field(default=None, description="present only when the schema states a default")
-    enum: list[Any] = Field(default=[], description="the allowed constants, when every non-null "
-                                                    "alternative is one")
-    truncated: Literal["", "depth", "recursion"] = Field(
-        default="", description="children not listed: depth bound reached, or a recursive $ref")
-
-
-class RequestFieldDoc(_Doc):
-    """A top-level field of a request body."""
-
-    name: str = Field(min_length=1)
-    types: list[_JSON_TYPE] = Field(min_length=1)
-    required: bool = False
-    default: Any = Field(default=None, description="present only when the schema states a default")
-    enum: list[Any] = []
-    truncated: Literal["", "depth", "recursion"] = ""
-    nested: list[NestedFieldDoc] = []
-
-
-class RequestBodyDoc(_Doc):
-    """What the app validates a route's request body against, and how that was found."""
-
-    source: Literal["fastapi", "handler", "none", "unknown"] = Field(description=(
-        "fastapi: FastAPI validates the body (the route's body parameter); handler: the handler "
-        "validates the raw body against TypeAdapters it holds; none: nothing reads the body; "
-        "unknown: the handler parses the raw request with its own code"))
-    media_type: str = ""
-    models: list[str] = Field(default=[], description="qualified class names of the body models")
-    types: list[_JSON_TYPE] = []
-    extra: Literal["", "allow", "forbid", "ignore", "mixed"] = Field(
-        default="", description="how the models treat unknown top-level fields")
-    fields: list[RequestFieldDoc] = []
-    note: str = ""
-
-
-class RouteDoc(_Doc):
-    path: str = Field(pattern=r"^/")
-    methods: list[Annotated[str, Field(pattern=r"^([A-Za-z]+|\*)$")]] = Field(min_length=1)
-    kind: Literal["http", "websocket", "mount"] = "http"
-    endpoint: str = ""
-    guarded: bool = False
-    origin: str = "app.routes"
-    request: RequestBodyDoc | None = Field(
-        default=None, description="the request body (absent when the source does not say)")
-
-
-class InventoryDoc(_Doc):
-    """The routes an app serves, and where that knowledge came from (``inventory ...``)."""
-
-    schema_version: Literal[1]
-    source: SourceDoc
-    vllm: VllmFactsDoc | None = None
-    middleware: list[str] = []
-    routes: list[RouteDoc]
-    content_hash: str | None = None
 
 
 # --- plan --------------------------------------------------------------------------------------
@@ -357,7 +270,7 @@ class EvidenceManifestDoc(_Doc):
 DOCUMENTS: dict[str, type[Any]] = {
     "policy": Policy,
     "principals": PrincipalsFile,
-    "inventory": InventoryDoc,
+    "inventory": Inventory,
     "plan": PlanDoc,
     "probe-result": ProbeResultDoc,
     "netscan-result": NetscanResultDoc,
@@ -368,25 +281,12 @@ DOCUMENTS: dict[str, type[Any]] = {
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    schema = TypeAdapter(DOCUMENTS[name]).json_schema(by_alias=True)
+    schema = jsondoc.adapter(DOCUMENTS[name]).json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://vllm-perimeter.invalid/schemas/{name}.schema.json"
     return schema
 
 
-def where(loc: tuple[int | str, ...]) -> str:
-    """A pydantic location as the field path users read: ``routes[0].path``."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "document"
-
-
 def validate(name: str, data: Any, source: str, error: type[ConfigError] = ConfigError) -> Any:
     """``data`` validated as document ``name``; ``error`` naming ``source`` and the field."""
-    try:
-        return TypeAdapter(DOCUMENTS[name]).validate_python(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise error(f"{source}: invalid {name}: {where(first['loc'])}: {first['msg']}{more}") from None
+    return jsondoc.read(DOCUMENTS[name], data, source, name, error)

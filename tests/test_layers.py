@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "stop", "output", "resources",
-        "state_changing", "witness_asgi", "store_url", "rules")
+        "state_changing", "witness_asgi", "store_url", "rules", "jsondoc")
 STAGES = (*BASE, "inventory", "policy", "limiter", "plan", "generate", "runtime", "standin", "probe", "netscan",
           "documents", "evidence", "audit", "mutate", "verify", "report", "cli")
 

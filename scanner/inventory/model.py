@@ -46,23 +46,32 @@ match, after stripping ``root_path``; vLLM skips the check for OPTIONS).
 :class:`RequestBody` and ``scanner/inventory/request_fields.py`` for the field records. In a
 field record, keys at their default are left out (``required`` false, no ``default`` stated
 by the schema, no ``enum``, not ``truncated``).
+
+These dataclasses are the document's model: pydantic reads a file into them and writes them
+back (``scanner.jsondoc``: each field's type, check, JSON name and omission is stated on the
+field), and ``schemas/inventory.schema.json`` is generated from them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
-from scanner import canonical
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from scanner import canonical, jsondoc
 from scanner.errors import InventoryFormatError
-from scanner.inventory.request_fields import json_text
+from scanner.inventory.request_fields import BodyExtra, Truncated, json_text
+from scanner.jsondoc import CONFIG, Flag, Str, Version1
 from scanner.output import read_text
 
-SCHEMA_VERSION = 1
-RouteKind = Literal["http", "websocket", "mount", "grpc"]   # grpc: a plan decision on a gRPC method
+SCHEMA_VERSION: Final = 1
+HttpKind = Literal["http", "websocket", "mount"]     # a route of an app (an inventory's)
+RouteKind = HttpKind | Literal["grpc"]                # grpc: a plan decision on a gRPC method
 SourceKind = Literal["vllm", "asgi", "openapi", "sweep", "live"]
 BodySource = Literal["fastapi", "handler", "none", "unknown"]
 ANY_METHOD = "*"
@@ -70,19 +79,24 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
-def _field_dict(key: str, name: str, types: tuple[str, ...], required: bool, default_json: str | None,
-                enum: tuple[str, ...], truncated: str) -> dict[str, Any]:
-    """One field record as JSON: keys at their default value are left out (catalogs stay small)."""
-    out: dict[str, Any] = {key: name, "types": list(types)}
-    if required:
-        out["required"] = True
-    if default_json is not None:
-        out["default"] = json.loads(default_json)
-    if enum:
-        out["enum"] = [json.loads(v) for v in enum]
-    if truncated:
-        out["truncated"] = truncated
-    return out
+def _empty(value: Any) -> bool:
+    return not value
+
+
+# a JSON value kept as its compact canonical text (hashable, ordered); the document holds the value
+JsonText = Annotated[str, BeforeValidator(json_text), PlainSerializer(json.loads), WithJsonSchema({})]
+JsonType = Annotated[Str, Field(description="a JSON Schema type, or 'any' (unconstrained)")]
+Types = Annotated[tuple[JsonType, ...], Field(min_length=1)]
+# keys at their default value are left out of a field record (catalogs stay small)
+Required = Annotated[Flag, Field(exclude_if=_empty, description="required in the enclosing object")]
+# a stated default (null included) kept as its JSON text; None: the schema states none (absent)
+DefaultJson = Annotated[str | None, BeforeValidator(json_text), PlainSerializer(json.loads),
+                        WithJsonSchema({}), Field(alias="default", exclude_if=lambda v: v is None,
+                              description="present only when the schema states a default")]
+Enum = Annotated[tuple[JsonText, ...], Field(
+    exclude_if=_empty, description="the allowed constants, when every non-null alternative is one")]
+Truncation = Annotated[Truncated, Field(
+    exclude_if=_empty, description="children not listed: depth bound reached, or a recursive $ref")]
 
 
 @dataclass(frozen=True, order=True)
@@ -94,43 +108,42 @@ class NestedField:
     compact canonical JSON text (hashable, ordered); the document holds the JSON values.
     """
 
-    path: str
-    types: tuple[str, ...]
-    required: bool = False
-    default_json: str | None = None
-    enum: tuple[str, ...] = ()
-    truncated: str = ""  # "" | "depth" | "recursion": children not listed, and why
+    __pydantic_config__: ClassVar = CONFIG
+    path: Annotated[Str, Field(min_length=1)]
+    types: Types
+    required: Required = False
+    default_json: DefaultJson = None
+    enum: Enum = ()
+    truncated: Truncation = ""
 
     @property
     def default(self) -> Any:
         return None if self.default_json is None else json.loads(self.default_json)
 
     def to_dict(self) -> dict[str, Any]:
-        return _field_dict("path", self.path, self.types, self.required, self.default_json,
-                           self.enum, self.truncated)
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 @dataclass(frozen=True, order=True)
 class RequestField:
     """A top-level field of a request body, with its nested positions (bounded depth)."""
 
-    name: str
-    types: tuple[str, ...]
-    required: bool = False
-    default_json: str | None = None
-    enum: tuple[str, ...] = ()
-    truncated: str = ""
-    nested: tuple[NestedField, ...] = ()
+    __pydantic_config__: ClassVar = CONFIG
+    name: Annotated[Str, Field(min_length=1)]
+    types: Types
+    required: Required = False
+    default_json: DefaultJson = None
+    enum: Enum = ()
+    truncated: Truncation = ""
+    nested: Annotated[tuple[NestedField, ...], Field(exclude_if=_empty)] = ()
 
     @property
     def default(self) -> Any:
         return None if self.default_json is None else json.loads(self.default_json)
 
     def to_dict(self) -> dict[str, Any]:
-        out = _field_dict("name", self.name, self.types, self.required, self.default_json,
-                          self.enum, self.truncated)
-        if self.nested:
-            out["nested"] = [n.to_dict() for n in self.nested]
+        out: dict[str, Any] = jsondoc.dump(self)
         return out
 
 
@@ -142,13 +155,19 @@ class RequestBody:
     ignore, ``mixed`` across a union) and the fields. ``note`` says how it was found, or why
     it is unknown."""
 
-    source: BodySource
-    media_type: str = ""
-    models: tuple[str, ...] = ()
-    types: tuple[str, ...] = ()
-    extra: str = ""
-    fields: tuple[RequestField, ...] = ()
-    note: str = ""
+    __pydantic_config__: ClassVar = CONFIG
+    source: Annotated[BodySource, Field(description=(
+        "fastapi: FastAPI validates the body (the route's body parameter); handler: the handler "
+        "validates the raw body against TypeAdapters it holds; none: nothing reads the body; "
+        "unknown: the handler parses the raw request with its own code"))]
+    media_type: Annotated[Str, Field(exclude_if=_empty)] = ""
+    models: Annotated[tuple[Str, ...], Field(exclude_if=_empty,
+                                             description="qualified class names of the body models")] = ()
+    types: Annotated[tuple[JsonType, ...], Field(exclude_if=_empty)] = ()
+    extra: Annotated[BodyExtra, Field(exclude_if=_empty,
+                                      description="how the models treat unknown top-level fields")] = ""
+    fields: Annotated[tuple[RequestField, ...], Field(exclude_if=_empty)] = ()
+    note: Annotated[Str, Field(exclude_if=_empty)] = ""
 
     @property
     def known(self) -> bool:
@@ -167,106 +186,103 @@ class RequestBody:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source}
-        if self.media_type:
-            out["media_type"] = self.media_type
-        if self.models:
-            out["models"] = list(self.models)
-        if self.types:
-            out["types"] = list(self.types)
-        if self.extra:
-            out["extra"] = self.extra
-        if self.fields:
-            out["fields"] = [f.to_dict() for f in self.fields]
-        if self.note:
-            out["note"] = self.note
+        out: dict[str, Any] = jsondoc.dump(self)
         return out
+
+
+def _app_kind(kind: RouteKind) -> RouteKind:
+    if kind not in get_args(HttpKind):
+        *most, last = (repr(k) for k in get_args(HttpKind))
+        raise PydanticCustomError("literal_error", f"Input should be {', '.join(most)} or {last}")
+    return kind
+
+
+def _methods(methods: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted({m.upper() for m in methods}))
 
 
 @dataclass(frozen=True, order=True)
 class Route:
-    path: str
-    methods: tuple[str, ...]
-    kind: RouteKind = "http"
-    endpoint: str = ""
-    guarded: bool = False
-    origin: str = "app.routes"
+    __pydantic_config__: ClassVar = CONFIG
+    path: Annotated[Str, Field(pattern=r"^/")]
+    # read upper-cased, sorted, each once
+    methods: Annotated[tuple[Annotated[Str, Field(pattern=r"^([A-Za-z]+|\*)$")], ...], Field(min_length=1),
+                       AfterValidator(_methods)]
+    # grpc only in a plan (scanner.plan.build): no route of an app's inventory
+    kind: Annotated[RouteKind, AfterValidator(_app_kind),
+                    WithJsonSchema({"enum": list(get_args(HttpKind)), "type": "string"})] = "http"
+    endpoint: Str = ""
+    guarded: Flag = False
+    origin: Str = "app.routes"
     # What the body is validated against; None when the source does not say (older
-    # inventories, ``inventory openapi``, WebSocket routes).
-    request: RequestBody | None = None
+    # inventories, ``inventory openapi``, WebSocket routes): absent, not null (older documents
+    # keep their hash)
+    request: Annotated[RequestBody | None, Field(exclude_if=lambda v: v is None, description=(
+        "the request body (absent when the source does not say)"))] = None
 
     @property
     def key(self) -> tuple[str, RouteKind]:
         return (self.path, self.kind)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "path": self.path,
-            "methods": list(self.methods),
-            "kind": self.kind,
-            "endpoint": self.endpoint,
-            "guarded": self.guarded,
-            "origin": self.origin,
-        }
-        if self.request is not None:  # absent, not null: older documents keep their hash
-            out["request"] = self.request.to_dict()
+        out: dict[str, Any] = jsondoc.dump(self)
         return out
 
 
 @dataclass(frozen=True)
 class VllmFacts:
-    version: str
-    serve_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    tasks: tuple[str, ...] = ()
-    model_config: str = "none"
-    plugins: tuple[str, ...] = ()
-    guarded_prefixes: tuple[str, ...] = VLLM_GUARDED_PREFIXES
-    root_path: str = ""
-    api_key_configured: bool = False
+    __pydantic_config__: ClassVar = CONFIG
+    version: Str
+    serve_args: tuple[Str, ...] = ()
+    env: Mapping[Str, Str] = field(default_factory=dict)
+    tasks: tuple[Str, ...] = ()
+    model_config: Str = "none"
+    plugins: tuple[Str, ...] = ()
+    guarded_prefixes: tuple[Str, ...] = VLLM_GUARDED_PREFIXES
+    root_path: Str = ""
+    api_key_configured: Flag = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "serve_args": list(self.serve_args),
-            "env": dict(sorted(self.env.items())),
-            "tasks": list(self.tasks),
-            "model_config": self.model_config,
-            "plugins": list(self.plugins),
-            "guarded_prefixes": list(self.guarded_prefixes),
-            "root_path": self.root_path,
-            "api_key_configured": self.api_key_configured,
-        }
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 @dataclass(frozen=True)
 class Source:
+    __pydantic_config__: ClassVar = CONFIG
     kind: SourceKind
-    target: str = ""
+    target: Str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 @dataclass(frozen=True)
 class Inventory:
+    """The routes an app serves, and where that knowledge came from (``inventory ...``)."""
+
+    __pydantic_config__: ClassVar = CONFIG
     source: Source
     routes: tuple[Route, ...]
     vllm: VllmFacts | None = None
-    middleware: tuple[str, ...] = ()
-    schema_version: int = SCHEMA_VERSION
+    middleware: tuple[Str, ...] = ()
+    schema_version: Version1 = SCHEMA_VERSION
+    # the content hash a file states (its key ``content_hash``): it must match the content
+    stated_hash: InitVar[Annotated[Str | None, Field(alias="content_hash")]] = None
 
-    def __post_init__(self) -> None:
+    __get_pydantic_core_schema__ = jsondoc.required("schema_version")
+
+    def __post_init__(self, stated_hash: str | None) -> None:
         object.__setattr__(self, "routes", tuple(sorted(self.routes)))
+        if stated_hash is not None and stated_hash != self.content_hash:
+            raise PydanticCustomError(
+                "content_hash", "content_hash {stated} does not match the content ({actual}); the file was "
+                "edited after it was written", {"stated": stated_hash, "actual": self.content_hash})
 
     def body(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "source": self.source.to_dict(),
-            "vllm": self.vllm.to_dict() if self.vllm else None,
-            "middleware": list(self.middleware),
-            "routes": [r.to_dict() for r in self.routes],
-        }
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
     @property
     def content_hash(self) -> str:
@@ -309,48 +325,5 @@ def loads(text: str, name: str = "<inventory>") -> Inventory:
 
 
 def from_dict(data: Any, name: str = "<inventory>") -> Inventory:
-    """A validated inventory (scanner.documents.InventoryDoc) whose content hash, if it has one,
-    matches its content."""
-    from scanner.documents import InventoryDoc, validate
-
-    doc: InventoryDoc = validate("inventory", data, name, InventoryFormatError)
-    facts = doc.vllm
-    inv = Inventory(
-        source=Source(kind=doc.source.kind, target=doc.source.target),
-        routes=tuple(Route(path=r.path, methods=tuple(sorted({m.upper() for m in r.methods})), kind=r.kind,
-                           endpoint=r.endpoint, guarded=r.guarded, origin=r.origin,
-                           request=_body_from_doc(r.request)) for r in doc.routes),
-        vllm=VllmFacts(version=facts.version, serve_args=tuple(facts.serve_args), env=dict(facts.env),
-                       tasks=tuple(facts.tasks), model_config=facts.model_config_,
-                       plugins=tuple(facts.plugins),
-                       guarded_prefixes=tuple(facts.guarded_prefixes), root_path=facts.root_path,
-                       api_key_configured=facts.api_key_configured) if facts else None,
-        middleware=tuple(doc.middleware),
-    )
-    if doc.content_hash is not None and doc.content_hash != inv.content_hash:
-        raise InventoryFormatError(f"{name}: invalid inventory: content_hash {doc.content_hash} does not "
-                                   f"match the content ({inv.content_hash}); the file was edited after it "
-                                   "was written")
-    return inv
-
-
-def _json_or_none(doc: Any, key: str) -> str | None:
-    """The canonical JSON text of ``doc.<key>`` when the document states it (null included)."""
-    return json_text(getattr(doc, key)) if key in doc.model_fields_set else None
-
-
-def _body_from_doc(doc: Any) -> RequestBody | None:
-    if doc is None:
-        return None
-    return RequestBody(
-        source=doc.source, media_type=doc.media_type, models=tuple(doc.models), types=tuple(doc.types),
-        extra=doc.extra, note=doc.note,
-        fields=tuple(RequestField(
-            name=f.name, types=tuple(f.types), required=f.required, default_json=_json_or_none(f, "default"),
-            enum=tuple(json_text(v) for v in f.enum), truncated=f.truncated,
-            nested=tuple(NestedField(
-                path=n.path, types=tuple(n.types), required=n.required,
-                default_json=_json_or_none(n, "default"), enum=tuple(json_text(v) for v in n.enum),
-                truncated=n.truncated) for n in f.nested),
-        ) for f in doc.fields),
-    )
+    """A validated inventory whose content hash, if it has one, matches its content."""
+    return jsondoc.read(Inventory, data, name, "inventory", InventoryFormatError)

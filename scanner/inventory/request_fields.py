@@ -25,9 +25,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 MAX_DEPTH = 8
+# how a body's models treat unknown top-level fields ("": the body is not an object)
+BodyExtra = Literal["", "allow", "forbid", "ignore", "mixed"]
+# a position's children not listed: depth bound reached, or a recursive $ref ("": listed)
+Truncated = Literal["", "depth", "recursion"]
 JSON_TYPES = ("string", "integer", "number", "boolean", "null", "object", "array", "any")
 _TYPE_OF_VALUE = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
                   (type(None), "null"), (list, "array"), (dict, "object"))
@@ -66,7 +70,7 @@ class FlatField:
     required: bool = False
     default: str | None = None  # canonical JSON text of the schema's default
     enum: tuple[str, ...] = ()  # canonical JSON texts of the allowed constants
-    truncated: str = ""  # "" | "depth" | "recursion"
+    truncated: Truncated = ""
     depth: int = 1
 
 
@@ -76,7 +80,7 @@ class FlatBody:
     treated, and every field position (top-level ones have ``depth == 1``)."""
 
     types: tuple[str, ...]
-    extra: str  # "allow" | "forbid" | "ignore" | "mixed" | "" (the body is not an object)
+    extra: BodyExtra
     fields: tuple[FlatField, ...]
 
 
@@ -130,7 +134,7 @@ class _Flattener:
         alts = self.alternatives(self.root, ())
         objects = [a for a in alts if "object" in _types_of(a.schema)]
         extras = sorted({_extra(a.schema) for a in objects})
-        extra = "" if not objects else (extras[0] if len(extras) == 1 else "mixed")
+        extra: BodyExtra = "" if not objects else (extras[0] if len(extras) == 1 else "mixed")
         out: list[FlatField] = []
         self.children("", alts, 0, out)
         return FlatBody(types=_merge_types(a.schema for a in alts), extra=extra, fields=tuple(out))
@@ -176,7 +180,7 @@ class _Flattener:
         # a default is stated when every alternative that has the field states the same one
         defaults = sorted(set(pos.defaults)) if len(pos.defaults) == max(pos.present_in, 1) else []
         has_children = any(_has_children(a.schema) for a in pos.alts)
-        truncated = ""
+        truncated: Truncated = ""
         if any(a.recursive and _has_children(a.schema) for a in pos.alts):
             truncated = "recursion"
         if has_children and depth >= self.max_depth:
@@ -287,7 +291,7 @@ def _has_children(schema: Mapping[str, Any]) -> bool:
     return "array" in types
 
 
-def _extra(schema: Mapping[str, Any]) -> str:
+def _extra(schema: Mapping[str, Any]) -> BodyExtra:
     """How a pydantic model treats unknown fields, as its schema says."""
     extra = schema.get("additionalProperties")
     if extra is False:

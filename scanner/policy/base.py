@@ -24,11 +24,13 @@ from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+# the strict scalars every JSON or YAML document's model reads (the policy models import them here)
+from scanner.jsondoc import Flag as Flag
+from scanner.jsondoc import Int as Int
+from scanner.jsondoc import Num as Num
+from scanner.jsondoc import Str as Str
+
 Text = Annotated[str, Strict(), Field(min_length=1)]   # a non-empty string, as YAML gives it
-Str = Annotated[str, Strict()]
-Int = Annotated[int, Strict()]
-Num = Annotated[float, Strict()]
-Flag = Annotated[bool, Strict()]
 Path_ = tuple[str | int, ...]
 T = TypeVar("T")
 
