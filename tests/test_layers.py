@@ -1,7 +1,8 @@
 """The package's shape: no import cycle, and no module importing one of a later stage.
 
 Stages, in the order data flows (a module may import its own stage and earlier ones):
-the shared vocabularies, inventory, policy, limiter (the shared store's zones, which the plan decides), plan, generate, runtime, standin, probe, netscan,
+the shared vocabularies, inventory, policy, plan (which owns the zone model, scanner.plan.zones), limiter (the
+shared store's service: it reads the plan's zones from its zones file), generate, runtime, standin, probe, netscan,
 documents, evidence, audit, mutate, verify (one proxy, mutation, fleet, demo), report, cli.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "stop", "output", "resources",
         "state_changing", "witness_asgi", "store_url", "rules", "jsondoc")
-STAGES = (*BASE, "inventory", "policy", "limiter", "plan", "generate", "runtime", "standin", "probe", "netscan",
+STAGES = (*BASE, "inventory", "policy", "plan", "limiter", "generate", "runtime", "standin", "probe", "netscan",
           "documents", "evidence", "audit", "mutate", "verify", "report", "cli")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
@@ -58,6 +59,7 @@ from scanner.plan.model import (
 )
 from scanner.plan.program import Programs, compile_decision
 from scanner.plan.vllm_json import utf8_whitespace
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
 from scanner.policy.model import CertPrincipal, Principal, Rate
 from scanner.rules import Program
 
@@ -233,17 +235,27 @@ class LuaGroup:
 
 @dataclass(frozen=True)
 class TokenFilter:
-    """One token budget (limits.tokens_per_minute): a local_ratelimit filter after Lua, one bucket
-    of ``burst`` tokens (Decision.token_capacity) per principal (or client address), refilled
-    continuously at ``limit`` a minute, charged hits_addend = the cost Lua put in perimeter.cost."""
+    """One token zone (scanner.plan.zones.TokenZone: the plan's, or this proxy's share of it under
+    on_unavailable: local): a local_ratelimit filter after Lua, one bucket of ``burst`` tokens per
+    principal (or client address), refilled continuously at ``limit`` a minute, charged
+    hits_addend = the cost Lua put in perimeter.cost."""
 
     name: str
-    limit: int
-    burst: int
+    zone: TokenZone
     per_address: bool
     max_descriptors: int
     audience: str = ""
     fallback: bool = False     # on_unavailable: local: counts only requests the limiter could not decide
+
+    @property
+    def limit(self) -> int:
+        """Tokens per minute (the bucket's tokens_per_fill, fill_interval 60 s)."""
+        return self.zone.per_minute
+
+    @property
+    def burst(self) -> int:
+        """The bucket's capacity (max_tokens)."""
+        return self.zone.burst
 
 
 # what a salt adds to a body Lua forwards: ,"cache_salt":"<64 hex>"
@@ -253,7 +265,10 @@ ASK_BYTES = len(',"stream_options":{"include_usage":true}')
 
 
 @dataclass(frozen=True)
-class Bucket:
+class TokenBucketView:
+    """A rate as Envoy's ``token_bucket`` writes it (:func:`bucket`): render only, the values are
+    the rate zone's."""
+
     max_tokens: int
     tokens_per_fill: int
     fill_interval: str
@@ -261,13 +276,20 @@ class Bucket:
 
 @dataclass(frozen=True)
 class RateFilter:
+    """One rate zone (scanner.plan.zones.RateZone: the plan's, or this proxy's share of it under
+    on_unavailable: local): a local_ratelimit filter, a bucket per principal or client address."""
+
     name: str
-    bucket: Bucket
+    zone: RateZone
     principals: tuple[str, ...]    # a descriptor (own bucket) per principal
     per_address: bool              # auth "none": a bucket per client address
     audience: str = ""
     per_token: bool = False        # auth "jwt": a bucket per token principal (a wildcard descriptor)
     fallback: bool = False         # on_unavailable: local: counts only requests the limiter could not decide
+
+    @property
+    def bucket(self) -> TokenBucketView:
+        return bucket(self.zone)
 
 
 @dataclass(frozen=True)
@@ -443,7 +465,7 @@ def duration(seconds: float | None) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms / 1000:.3f}s"
 
 
-def bucket(rate: Rate) -> Bucket:
+def bucket(rate: Rate | RateZone) -> TokenBucketView:
     """A token bucket for ``rps`` with ``burst`` tokens; fill intervals are whole seconds.
 
     Local rate-limit descriptors need fill intervals that are multiples of the filter's
@@ -453,8 +475,8 @@ def bucket(rate: Rate) -> Bucket:
     best = min(range(1, 61), key=lambda n: (abs(rate.rps * n - round(rate.rps * n)) / n
                                             + (1.0 if round(rate.rps * n) < 1 else 0.0), n))
     tokens = max(1, round(rate.rps * best))
-    return Bucket(max_tokens=max(rate.burst, tokens, 1), tokens_per_fill=tokens,
-                  fill_interval=f"{best}s")
+    return TokenBucketView(max_tokens=max(rate.burst, tokens, 1), tokens_per_fill=tokens,
+                           fill_interval=f"{best}s")
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -472,13 +494,16 @@ def _admitted(principals: tuple[Principal, ...], roles: tuple[str, ...]) -> tupl
 class _EnvoyRegistry:
     principals: tuple[Principal, ...]
     lua: dict[tuple[object, ...], LuaGroup] = field(default_factory=dict)
-    rate: dict[str, RateFilter] = field(default_factory=dict)      # by Decision.rate_zone
+    # by the zone this proxy keeps (Plan.own_zones: the plan's, or its share under local)
+    rate: dict[RateZone, RateFilter] = field(default_factory=dict)
     clusters: dict[str, ClusterView] = field(default_factory=dict)
-    concurrency: dict[str, str] = field(default_factory=dict)      # by Decision.conn_zone
-    tokens: dict[str, TokenFilter] = field(default_factory=dict)   # by Decision.token_zone
+    concurrency: dict[tuple[ConcurrencyZone, bool], str] = field(default_factory=dict)   # (zone, gRPC)
+    tokens: dict[TokenZone, TokenFilter] = field(default_factory=dict)
     jwt: dict[str, JwtProvider] = field(default_factory=dict)      # by audience
     programs: Programs = field(default_factory=Programs)          # the groups' rule programs
     shared: SharedPlan | None = None
+    zones: Mapping[str, Zone] = field(default_factory=dict)        # the plan's (Plan.zones)
+    own: Mapping[str, Zone] = field(default_factory=dict)          # this proxy's (Plan.own_zones)
 
     def jwt_provider(self, d: Decision) -> str:
         """The jwt_authn provider of an auth "jwt" route's audience ("" other routes)."""
@@ -512,34 +537,22 @@ class _EnvoyRegistry:
                       keys=tuple((k.kid, tuple(a for a in k.algorithms if a in algs)) for k in t.keys
                                  if any(a in algs for a in k.algorithms)))
 
-    def local(self, d: Decision) -> Decision | None:
-        """``d`` as this proxy limits it on its own: itself without a fleet; with one, its
-        per-proxy share under on_unavailable: local (the plan's), None under deny (every limit
-        is the limiter's)."""
-        if self.shared is None:
-            return d
-        if self.shared.on_unavailable != "local":
-            return None
-        return replace(d, limits=self.shared.local_limits(d))
-
-    def concurrency_group(self, d: Decision) -> str:
-        """The cluster (auth none) or cluster prefix (auth key) of a concurrency limit."""
-        limit = d.limits.concurrency
-        assert limit is not None
+    def concurrency_group(self, d: Decision, zone: ConcurrencyZone) -> str:
+        """The cluster (auth none) or cluster prefix (auth key) of ``zone``, ``d``'s concurrency."""
+        limit = zone.limit
         grpc = d.kind == "grpc"
-        key = d.conn_zone + (":grpc" if grpc else "")
-        if key not in self.concurrency:
+        if (zone, grpc) not in self.concurrency:
             gid = f"{GRPC_CLUSTER if grpc else BASE_CLUSTER}.{d.audience}.c{limit}"
-            self.concurrency[key] = gid
+            self.concurrency[(zone, grpc)] = gid
             # HTTP/1.1 upstream: at most `limit` requests in flight to vLLM per principal,
             # at most `limit` more waiting for a connection; beyond that, overflow -> 429.
             names = ([f"{gid}.{p}" for p in _admitted(self.principals, d.roles)]
                      if d.auth == "key" else [gid])
             for name in names:
                 self.clusters[name] = ClusterView(name, max_requests=limit, max_pending=limit, grpc=grpc)
-        return self.concurrency[key]
+        return self.concurrency[(zone, grpc)]
 
-    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool, own: Decision | None) -> str:
+    def lua_group(self, d: Decision, upstream_prefix: str, check_body: bool) -> str:
         """The Lua group of an allowed route (every one: Lua drops the headers not forwarded)."""
         key_needed = d.auth == "key"
         cert = d.auth == "cert"
@@ -553,11 +566,12 @@ class _EnvoyRegistry:
         salt = "" if not (check_body and d.salt) else (
             "principal" if d.salt == "principal" else f"audience:{d.audience}")
         grpc = d.kind == "grpc"
-        tpm = d.limits.tokens_per_minute
-        tokens = (tpm, d.token_capacity) if d.token_zone and tpm else None
+        budget_zone = tokens_of(self.zones, d)
+        tokens = (budget_zone.per_minute, budget_zone.burst) if budget_zone else None
+        own = self.token_filter(d, tokens_of(self.own, d))   # its local filter ("" none)
         slot = self.shared is not None and any(a.slot for a in shared_actions(self.shared, d))
         ident = (key_needed, cert, d.roles if key_needed or cert else (), upstream_prefix, check_body,
-                 program, limit, websocket, salt, grpc, tokens, self.token_filter(own) if own else "",
+                 program, limit, websocket, salt, grpc, tokens, own,
                  self.lua_jwt(d), d.roles if d.jwt else (), slot, d.owner_segment, d.owner_seal)
         if ident not in self.lua:
             ups = tuple((p, f"{upstream_prefix}.{p}") for p in _admitted(self.principals, d.roles)
@@ -567,37 +581,36 @@ class _EnvoyRegistry:
                 roles=d.roles if key_needed or cert or d.jwt else (), limited=bool(upstream_prefix),
                 upstreams=ups, check_body=check_body, program=program, body_limit=limit,
                 websocket=websocket, salt=salt, grpc=grpc, tokens=tokens,
-                token_zone=self.token_filter(own) if own else "", slot=slot, owner_param=d.owner_segment,
+                token_zone=own, slot=slot, owner_param=d.owner_segment,
                 owner_seal=d.owner_seal)
         return self.lua[ident].id
 
-    def rate_filter(self, d: Decision) -> str:
-        rate = d.limits.rate
-        if rate is None:
+    def rate_filter(self, d: Decision, zone: RateZone | None) -> str:
+        """The local_ratelimit filter of ``zone``, ``d``'s rate ("" none)."""
+        if zone is None:
             return ""
-        key = d.rate_zone
-        if key not in self.rate:
+        if zone not in self.rate:
             n = sum(1 for f in self.rate.values() if f.audience == d.audience)
             name = f"perimeter.rate.{d.audience}" + (f".{n + 1}" if n else "")
             principals = _admitted(self.principals, d.roles) if d.auth == "key" else ()
-            self.rate[key] = RateFilter(name, bucket(rate), principals, per_address=d.auth == "none",
-                                        audience=d.audience, per_token=d.auth in ("jwt", "cert"),
-                                        fallback=self.shared is not None)
-        return self.rate[key].name
+            self.rate[zone] = RateFilter(name, zone, principals, per_address=d.auth == "none",
+                                         audience=d.audience, per_token=d.auth in ("jwt", "cert"),
+                                         fallback=self.shared is not None)
+        return self.rate[zone].name
 
-    def token_filter(self, d: Decision) -> str:
-        tpm = d.limits.tokens_per_minute
-        if not d.token_zone or tpm is None:
+    def token_filter(self, d: Decision, zone: TokenZone | None) -> str:
+        """The local_ratelimit filter of ``zone``, ``d``'s token budget ("" none)."""
+        if zone is None:
             return ""
-        if d.token_zone not in self.tokens:
+        if zone not in self.tokens:
             n = sum(1 for f in self.tokens.values() if f.audience == d.audience)
             name = f"perimeter.tokens.{d.audience}" + (f".{n + 1}" if n else "")
             # the filter's LRU of buckets: every principal's own (an evicted one would come back full)
-            self.tokens[d.token_zone] = TokenFilter(name, tpm, d.token_capacity, per_address=d.auth == "none",
-                                                    max_descriptors=max(64, len(self.principals) + 1)
-                                                    if d.auth == "key" else 10000, audience=d.audience,
-                                                    fallback=self.shared is not None)
-        return self.tokens[d.token_zone].name
+            self.tokens[zone] = TokenFilter(name, zone, per_address=d.auth == "none",
+                                            max_descriptors=max(64, len(self.principals) + 1)
+                                            if d.auth == "key" else 10000, audience=d.audience,
+                                            fallback=self.shared is not None)
+        return self.tokens[zone].name
 
 
 # --- routes ----------------------------------------------------------------------------
@@ -621,8 +634,9 @@ def _allowed_route(reg: _EnvoyRegistry, d: Decision) -> RouteView:
     for role in d.roles:
         _check_name("role", role)
     nets = tuple(cidr(c) for c in d.networks)
-    own = reg.local(d)   # the limits this proxy keeps itself (None: the limiter's alone)
-    concurrency = reg.concurrency_group(own) if own is not None and own.limits.concurrency else ""
+    # the zones this proxy keeps itself (Plan.own_zones; none under deny: the limiter's alone)
+    slots = conc_of(reg.own, d)
+    concurrency = reg.concurrency_group(d, slots) if slots else ""
     key = d.auth == "key"
     websocket = d.kind == "websocket"
     check_body = (not websocket and d.method in BODY_METHODS
@@ -644,10 +658,11 @@ def _allowed_route(reg: _EnvoyRegistry, d: Decision) -> RouteView:
         cluster_header=UPSTREAM_HEADER if (key and concurrency) else "",
         idle_timeout=duration(d.limits.timeout_s),
         networks=None if _any_source(nets) else nets,
-        lua_group=reg.lua_group(d, concurrency if key else "", check_body, own),
+        lua_group=reg.lua_group(d, concurrency if key else "", check_body),
         buffer_bytes=held,
         stream_buffer=held if check_body and held > STREAM_BUFFER else 0,
-        rate_filter=reg.rate_filter(own) if own else "", token_filter=reg.token_filter(own) if own else "",
+        rate_filter=reg.rate_filter(d, rate_of(reg.own, d)),
+        token_filter=reg.token_filter(d, tokens_of(reg.own, d)),
         websocket=websocket, shared=shared_actions(reg.shared, d),
         # a state-changing request is retried only if it never reached the upstream
         retry="" if websocket else ("connect-failure,reset" if retries_allowed(d)
@@ -667,7 +682,7 @@ def shared_actions(shared: SharedPlan | None, d: Decision) -> tuple[SharedAction
     acquire: list[SharedAction] = []
     done: list[SharedAction] = []
     for name in shared.route_zones(d):
-        kind = shared.zones.zones[name].kind
+        kind = shared.zones[name].kind
         if kind == "rate":
             acquire.append(SharedAction(name, per_address))
         elif kind == "concurrency":
@@ -684,7 +699,7 @@ def _shared_limiter(plan: Plan) -> SharedLimiter | None:
     if s is None:
         return None
     host, port = s.limiter
-    return SharedLimiter(host=host, port=port, ip=_is_ip(host), domain=s.zones.domain,
+    return SharedLimiter(host=host, port=port, ip=_is_ip(host), domain=s.domain,
                          on_unavailable=s.on_unavailable)
 
 
@@ -813,7 +828,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> EnvoyModel:
     for p in plan.principals:
         _check_name("principal", p.name)
         _check_name("role", p.role)
-    reg = _EnvoyRegistry(plan.principals, shared=plan.shared)
+    reg = _EnvoyRegistry(plan.principals, shared=plan.shared, zones=plan.zones, own=plan.own_zones)
     routes = _routes(reg, plan)
     grpc = _grpc(reg, plan)
     if not all(0 < port < 65536 for port in (plan.listen.port, *(p for _, p in plan.upstream.servers))):

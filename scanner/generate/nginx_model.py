@@ -47,7 +47,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from scanner import patterns
 from scanner.errors import GenerateError
@@ -79,6 +79,7 @@ from scanner.plan.model import (
     Plan,
 )
 from scanner.plan.program import Programs, compile_decision, inspects
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
 from scanner.policy.media import MEDIA_KEYS, MediaRules
 from scanner.policy.model import FieldRules, Limits
 from scanner.rules import AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
@@ -122,13 +123,35 @@ UPSTREAM_ERROR_CODES: tuple[int, ...] = (500, 501, 503, 505, 506, 507, 508, 510,
 
 
 @dataclass(frozen=True)
-class NginxZone:
+class NginxZoneView:
+    """A plan zone (scanner.plan.zones) as NGINX declares it: a ``limit_req_zone`` (rate), a
+    ``limit_conn_zone`` (concurrency) or an njs token dict entry (tokens). Its values are the
+    zone's, rendered here; only the NGINX name, the key it counts by and the note are NGINX's."""
+
     name: str
-    key: str            # NGINX variable the zone counts by
-    rate: str = ""      # "10r/s" for limit_req zones
+    key: str            # NGINX variable the zone counts by (token zones: njs's key kind)
+    zone: Zone          # the plan's zone (a proxy's share of it under on_unavailable: local)
     note: str = ""
-    tokens: int = 0     # token zones: tokens per minute
-    burst: int = 0      # token zones: the bucket's capacity (Decision.token_capacity)
+
+    @property
+    def rate(self) -> str:
+        """A rate zone's ``limit_req_zone`` rate ("10r/s", "30r/m"); "" other kinds."""
+        return _rate(self.zone.rps) if isinstance(self.zone, RateZone) else ""
+
+    @property
+    def burst(self) -> int:
+        """A rate zone's ``burst``, a token zone's bucket capacity; 0 a concurrency zone."""
+        return 0 if isinstance(self.zone, ConcurrencyZone) else self.zone.burst
+
+    @property
+    def limit(self) -> int:
+        """A concurrency zone's requests in flight; 0 other kinds."""
+        return self.zone.limit if isinstance(self.zone, ConcurrencyZone) else 0
+
+    @property
+    def tokens(self) -> int:
+        """A token zone's tokens per minute; 0 other kinds."""
+        return self.zone.per_minute if isinstance(self.zone, TokenZone) else 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +264,7 @@ class Block:
     # reservation): post_action releases and settles; a route with only a rate zone has none
     shared_after: bool = False
     # on_unavailable: local: the named location holding this proxy's share of the route's limits
-    # (the plan's, Plan.shared.local_limits), where njs sends a request the limiter cannot decide
+    # (the plan's, Plan.own_zones: Plan.shared.local), where njs sends a request the limiter cannot decide
     local_up: str = ""
     local_rate_zone: str = ""
     local_burst: int = 0
@@ -304,11 +327,11 @@ class NginxModel:
     cert_rolesets: Mapping[str, tuple[str, ...]]   # like rolesets, over $perimeter_cert_role
     geos: Mapping[str, tuple[str, ...]]
     rolesets: Mapping[str, tuple[str, ...]]
-    rate_zones: tuple[NginxZone, ...]
-    conn_zones: tuple[NginxZone, ...]
+    rate_zones: tuple[NginxZoneView, ...]
+    conn_zones: tuple[NginxZoneView, ...]
     checks: tuple[BodyCheck, ...]
     programs: Mapping[str, Program]       # the checks' rule programs by id (perimeter-rules.json)
-    token_zones: tuple[NginxZone, ...]     # limits.tokens_per_minute: njs, one shared dict
+    token_zones: tuple[NginxZoneView, ...]     # limits.tokens_per_minute: njs, one shared dict
     locations: tuple[Location, ...]
     upstream_key_file: str                           # the policy's file of vLLM's key ("" none)
     owner_secret_file: str                           # responses: owned: njs reads the secret ("" none)
@@ -402,9 +425,10 @@ class _NginxRegistry:
     geos: dict[tuple[str, ...], str] = field(default_factory=dict)
     rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
     cert_rolesets: dict[tuple[str, ...], str] = field(default_factory=dict)
-    rate: dict[str, NginxZone] = field(default_factory=dict)      # by Decision.rate_zone
-    conn: dict[str, NginxZone] = field(default_factory=dict)      # by Decision.conn_zone
-    tokens: dict[str, NginxZone] = field(default_factory=dict)    # by Decision.token_zone
+    # by the plan's zone (a proxy's share of it under on_unavailable: local is another zone)
+    rate: dict[RateZone, NginxZoneView] = field(default_factory=dict)
+    conn: dict[ConcurrencyZone, NginxZoneView] = field(default_factory=dict)
+    tokens: dict[TokenZone, NginxZoneView] = field(default_factory=dict)
     jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
     checks: dict[tuple[str, str, str], BodyCheck] = field(default_factory=dict)   # by (program, salt, tokens)
     programs: Programs = field(default_factory=Programs)
@@ -452,35 +476,35 @@ class _NginxRegistry:
         key = tuple(sorted(_name("role", r) for r in roles))
         return self.cert_rolesets.setdefault(key, f"$perimeter_cert_roles_{len(self.cert_rolesets) + 1}")
 
-    def rate_zone(self, d: Decision) -> NginxZone | None:
-        rate = d.limits.rate
-        if rate is None:
+    def rate_zone(self, d: Decision, zone: RateZone | None) -> NginxZoneView | None:
+        """The ``limit_req_zone`` of ``zone``, ``d``'s rate zone (None: none)."""
+        if zone is None:
             return None
-        if d.rate_zone not in self.rate:
-            self.rate[d.rate_zone] = NginxZone(
-                name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), rate=_rate(rate.rps),
+        if zone not in self.rate:
+            self.rate[zone] = NginxZoneView(
+                name=f"perimeter_rate_{len(self.rate) + 1}", key=_zone_key(d.auth), zone=zone,
                 note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
-        return self.rate[d.rate_zone]
+        return self.rate[zone]
 
-    def conn_zone(self, d: Decision) -> NginxZone | None:
-        if d.limits.concurrency is None:
+    def conn_zone(self, d: Decision, zone: ConcurrencyZone | None) -> NginxZoneView | None:
+        """The ``limit_conn_zone`` of ``zone``, ``d``'s concurrency zone (None: none)."""
+        if zone is None:
             return None
-        if d.conn_zone not in self.conn:
-            self.conn[d.conn_zone] = NginxZone(
-                name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth),
+        if zone not in self.conn:
+            self.conn[zone] = NginxZoneView(
+                name=f"perimeter_conn_{len(self.conn) + 1}", key=_zone_key(d.auth), zone=zone,
                 note=f"audience {d.audience}, per {'principal' if d.auth != 'none' else 'address'}")
-        return self.conn[d.conn_zone]
+        return self.conn[zone]
 
-    def token_zone(self, d: Decision) -> str:
-        """njs's token spec of a route with a token budget ("" none), see BodyCheck.tokens."""
-        if not d.token_zone or d.limits.tokens_per_minute is None:
+    def token_zone(self, d: Decision, zone: TokenZone | None) -> str:
+        """njs's token spec of ``zone``, ``d``'s token budget ("" none), see BodyCheck.tokens."""
+        if zone is None:
             return ""
-        if d.token_zone not in self.tokens:
+        if zone not in self.tokens:
             who = {"key": "principal", "jwt": "token", "cert": "cert"}.get(d.auth, "address")
-            self.tokens[d.token_zone] = NginxZone(
-                name=f"t{len(self.tokens) + 1}", key=who, tokens=d.limits.tokens_per_minute,
-                burst=d.token_capacity, note=f"audience {d.audience}, per {who}")
-        z = self.tokens[d.token_zone]
+            self.tokens[zone] = NginxZoneView(name=f"t{len(self.tokens) + 1}", key=who, zone=zone,
+                                              note=f"audience {d.audience}, per {who}")
+        z = self.tokens[zone]
         return f"{z.name} {z.tokens} {z.key} {z.burst}"
 
     def check(self, d: Decision, rules: FieldRules, salt: str, media: MediaRules, tokens: str,
@@ -580,19 +604,19 @@ def _block(reg: _NginxRegistry, plan: Plan, ds: tuple[Decision, ...], up: str) -
     websocket = d.kind == "websocket"
     rules = next((x.fields for x in ds if x.fields.decided), d.fields)
     media = next((x.media for x in ds if x.media.active), d.media)
-    tokens = next((reg.token_zone(x) for x in ds if x.token_zone), "")
+    tokens = next((reg.token_zone(x, tokens_of(plan.zones, x)) for x in ds if x.token_zone), "")
     envelope = any(x.token_zone or x.envelope_capped for x in ds)
     owner = next((x.owner_fields for x in ds if x.owner_fields), ())
     inspect = (not websocket and bool(set(BODY_METHODS) & set(methods))
                and bool(lim.json_caps or rules.decided or media.active or tokens or envelope or owner))
     shared = _shared_spec(plan, d)
-    rate_zone = None if shared else reg.rate_zone(d)     # the limiter's, not a local zone
-    conn_zone = None if shared else reg.conn_zone(d)
-    own = None    # on_unavailable: local: the route as this proxy limits it alone (the plan's share)
-    if shared and plan.shared is not None and plan.shared.on_unavailable == "local":
-        own = replace(d, limits=plan.shared.local_limits(d))
-    own_rate = reg.rate_zone(own) if own else None
-    own_conn = reg.conn_zone(own) if own else None
+    # the zones this proxy keeps itself (Plan.own_zones): the plan's without a fleet (the route's
+    # own limit_req / limit_conn), the shares with one under on_unavailable: local (the named
+    # location njs sends a request the limiter could not decide to), none under deny
+    own = plan.own_zones
+    rate_zone = reg.rate_zone(d, rate_of(own, d))
+    conn_zone = reg.conn_zone(d, conc_of(own, d))
+    local = bool(shared) and plan.shared is not None and plan.shared.on_unavailable == "local"
     salted = next((x for x in ds if x.salt), None)
     salt = (("principal-cert" if salted.auth == "cert" else "principal") if salted.salt == "principal"
             else f"audience:{_name('audience', salted.audience)}") if salted else ""
@@ -606,21 +630,22 @@ def _block(reg: _NginxRegistry, plan: Plan, ds: tuple[Decision, ...], up: str) -
         net=reg.geo(d.networks),
         auth=d.auth, roleset=(reg.roleset(d.roles) if d.auth == "key" else
                               reg.cert_roleset(d.roles) if d.auth == "cert" else None),
-        rate_zone=rate_zone.name if rate_zone else None,
-        burst=lim.rate.burst if lim.rate else 0,
-        conn_zone=conn_zone.name if conn_zone else None, conn=lim.concurrency or 0,
+        rate_zone=rate_zone.name if rate_zone and not shared else None,
+        burst=rate_zone.burst if rate_zone and not shared else 0,
+        conn_zone=conn_zone.name if conn_zone and not shared else None,
+        conn=conn_zone.limit if conn_zone and not shared else 0,
         body_bytes=lim.body_bytes if lim.body_bytes is not None else DEFAULT_BODY_BYTES,
         timeout=_duration(lim.timeout_s) if lim.timeout_s else None,
         check=check,
         websocket=websocket, up=up,
         shared=shared, shared_up=f"{up}_shared" if shared and check is None else "",
         shared_after=_shared_after(plan, d),
-        local_up=f"{up}_local" if own else "",
-        local_rate_zone=own_rate.name if own_rate else "",
-        local_burst=own.limits.rate.burst if own and own.limits.rate else 0,
-        local_conn_zone=own_conn.name if own_conn else "",
-        local_conn=own.limits.concurrency or 0 if own else 0,
-        local_tokens=reg.token_zone(own) if own and own.token_zone else "",
+        local_up=f"{up}_local" if local else "",
+        local_rate_zone=rate_zone.name if rate_zone and local else "",
+        local_burst=rate_zone.burst if rate_zone and local else 0,
+        local_conn_zone=conn_zone.name if conn_zone and local else "",
+        local_conn=conn_zone.limit if conn_zone and local else 0,
+        local_tokens=reg.token_zone(d, tokens_of(own, d)) if local else "",
         rewrite=check is not None and writes(reg.compiled[check.program]),
         jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
         jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
@@ -641,7 +666,7 @@ def _shared_after(plan: Plan, d: Decision) -> bool:
     """Does a request of ``d`` hold anything at the limiter after its answer (Block.shared_after)?"""
     if plan.shared is None:
         return False
-    kinds = {plan.shared.zones.zones[n].kind for n in plan.shared.route_zones(d)}
+    kinds = {plan.shared.zones[n].kind for n in plan.shared.route_zones(d)}
     return bool(kinds & {"concurrency", "tokens"})
 
 

@@ -7,7 +7,8 @@ together admit what the policy says (issue 21).
 
 Modules, one concept each:
 
-* ``config``   the zones file (kind rate | concurrency | tokens and their values), frozen models;
+* ``config``   the zones file: the plan's zones (scanner.plan.zones, kind rate | concurrency |
+               tokens and their values) and the service's own settings around them;
 * ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
 * ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
 * ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS) and
@@ -20,8 +21,10 @@ Modules, one concept each:
 * ``envoy_ratelimit`` the zones as an envoyproxy/ratelimit configuration (rate and token zones).
 
 Beside them: the store's URL (one Redis, Sentinel ``redis+sentinel://`` or Cluster
-``redis+cluster://``) is :mod:`scanner.store_url`; the zones file from a plan, a route's zones
-in order and the ``local`` per-replica share are :mod:`scanner.plan.zones`.
+``redis+cluster://``) is :mod:`scanner.store_url`; the zone model (made once from a plan's
+decisions), a route's zones in order and the ``local`` per-replica share are
+:mod:`scanner.plan.zones` (the plan stage comes before this one: the limiter reads the plan's
+zones, the plan imports nothing of the limiter).
 
 Errors (in the project's tree, scanner/errors.py)::
 

@@ -1,7 +1,10 @@
 """The limiter's zones file: which zones exist, of which kind, with which values.
 
-``generate`` will write it beside the proxy configs (one file for the fleet); the service reads it
-at start. YAML or JSON (JSON is YAML)::
+The zones are the plan's (scanner.plan.zones: RateZone, ConcurrencyZone, TokenZone, made once
+from the plan's decisions); this module is the service's own configuration around them: the
+file (read, checked, written), its Envoy domain and failure policy, the slot lease and the
+replicas' heartbeat. ``generate`` writes it beside the proxy configs (one file for the fleet);
+the service reads it at start. YAML or JSON (JSON is YAML)::
 
     version: 1
     domain: vllm-perimeter            # the Envoy rate limit domain the service answers for
@@ -41,12 +44,18 @@ from typing import Literal
 import yaml
 
 from scanner.errors import ConfigError
+from scanner.plan.zones import (
+    DEFAULT_DOMAIN,
+    ZONE_KINDS,
+    ConcurrencyZone,
+    RateZone,
+    TokenZone,
+    Zone,
+    zone_json,
+)
 
-ZoneKind = Literal["rate", "concurrency", "tokens"]
 OnUnavailable = Literal["deny", "local"]
-ZONE_KINDS: tuple[str, ...] = ("rate", "concurrency", "tokens")
 CONFIG_VERSION = 1
-DEFAULT_DOMAIN = "vllm-perimeter"
 # a zone name or a key: printable ASCII, no space, no braces (the Redis hash tag)
 NAME = re.compile(r"^[!-z|~]{1,200}$")
 # a key (a principal or a client address): as a name, up to 300 (a token principal is up to 269:
@@ -62,64 +71,6 @@ SLOT_LEASE_S = 10.0
 # come back within OWNER_SILENT_S + the lease of its last word (15 s with the defaults)
 HEARTBEAT_S = 2.0
 OWNER_SILENT_S = 5.0
-
-
-@dataclass(frozen=True)
-class RateZone:
-    """A token bucket of ``burst + 1`` requests refilled at ``rps`` a second (NGINX ``limit_req``
-    with ``burst`` and ``nodelay``: burst + 1 at once from idle, then the rate)."""
-
-    name: str
-    rps: float
-    burst: int
-    kind: Literal["rate"] = "rate"
-
-    @property
-    def capacity(self) -> float:
-        return float(self.burst + 1)
-
-    @property
-    def per_second(self) -> float:
-        return self.rps
-
-
-@dataclass(frozen=True)
-class ConcurrencyZone:
-    """At most ``limit`` live slots per key; a slot not released expires after ``slot_ttl_s``."""
-
-    name: str
-    limit: int
-    slot_ttl_s: float
-    kind: Literal["concurrency"] = "concurrency"
-
-
-@dataclass(frozen=True)
-class TokenZone:
-    """A bucket of ``burst`` tokens refilled continuously at ``per_minute / 60`` a second (Envoy's
-    local_ratelimit bucket with max_tokens = burst, tokens_per_fill = per_minute, fill_interval
-    60 s): at most burst + per_minute x t / 60 in any t seconds. ``burst`` is the plan's decided
-    capacity (Decision.token_capacity, always written by ``generate``); 0 (a hand-written zones
-    file without one): per_minute."""
-
-    name: str
-    per_minute: int
-    burst: int = 0
-    kind: Literal["tokens"] = "tokens"
-
-    def __post_init__(self) -> None:
-        if self.burst <= 0:
-            object.__setattr__(self, "burst", self.per_minute)
-
-    @property
-    def capacity(self) -> float:
-        return float(self.burst)
-
-    @property
-    def per_second(self) -> float:
-        return self.per_minute / 60.0
-
-
-Zone = RateZone | ConcurrencyZone | TokenZone
 
 
 @dataclass(frozen=True)
@@ -162,14 +113,6 @@ def per_unit(zone: Zone) -> tuple[int, Literal["second", "minute"]] | None:
     if isinstance(zone, TokenZone):
         return zone.per_minute, "minute"
     return None
-
-
-def zone_json(z: Zone) -> dict[str, object]:
-    if isinstance(z, RateZone):
-        return {"kind": z.kind, "rps": z.rps, "burst": z.burst}
-    if isinstance(z, ConcurrencyZone):
-        return {"kind": z.kind, "limit": z.limit, "slot_ttl_s": z.slot_ttl_s}
-    return {"kind": z.kind, "per_minute": z.per_minute, "burst": z.burst}
 
 
 def load(path: Path) -> LimiterConfig:

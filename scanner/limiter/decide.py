@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from scanner import reasons
 from scanner.errors import LimiterCallError
 from scanner.limiter import keys, store
-from scanner.limiter.config import MAX_VALUE, ConcurrencyZone, LimiterConfig, RateZone, TokenZone, Zone
+from scanner.limiter.config import MAX_VALUE, LimiterConfig
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone
 
 NEVER_FITS_S = 60      # a token cost over the whole budget (the proxies answer the same)
 SLOT_RETRY_S = 1

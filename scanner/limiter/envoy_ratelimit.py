@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from scanner.limiter.config import LimiterConfig, Zone, per_unit
+from scanner.limiter.config import LimiterConfig, per_unit
 from scanner.limiter.rls import KEY_ENTRIES
+from scanner.plan.zones import Zone
 
 
 def rate_limit(zone: Zone) -> dict[str, Any] | None:

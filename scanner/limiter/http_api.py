@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from scanner.errors import LimiterCallError, StoreUnavailableError
 from scanner.limiter import decide, keys, store
-from scanner.limiter.config import LimiterConfig, TokenZone
+from scanner.limiter.config import LimiterConfig
+from scanner.plan.zones import TokenZone
 
 MAX_BODY = 16 * 1024
 ROUTES: Mapping[str, str] = {"/v1/acquire": "POST", "/v1/release": "POST", "/v1/settle": "POST",

@@ -64,7 +64,8 @@ from collections.abc import Awaitable, Sequence
 
 from scanner.errors import LimiterCallError
 from scanner.limiter import decide, proto, store
-from scanner.limiter.config import ConcurrencyZone, LimiterConfig, TokenZone, Zone, per_unit
+from scanner.limiter.config import LimiterConfig, per_unit
+from scanner.plan.zones import ConcurrencyZone, TokenZone, Zone
 
 SERVICE_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 KEY_ENTRIES: tuple[str, ...] = ("principal", "remote_address")

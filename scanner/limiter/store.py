@@ -43,7 +43,8 @@ from redis.exceptions import RedisError
 from scanner import store_url as url
 from scanner.errors import ConfigError, StoreUnavailableError, UsageError
 from scanner.limiter import keys, scripts
-from scanner.limiter.config import OWNER_SILENT_S, ConcurrencyZone, RateZone, TokenZone, Zone
+from scanner.limiter.config import OWNER_SILENT_S
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone
 
 # Redis answers on loopback in well under a millisecond: a call that takes this long is a store
 # that is not there (the proxy turns the answer into 503 shared-store-unavailable).

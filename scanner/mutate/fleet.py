@@ -90,7 +90,7 @@ def _zone_key(kind: str) -> Operator:
     def apply(directory: Path, plan: Plan) -> str:
         _shared(plan)
         assert plan.shared is not None
-        names = set(plan.shared.zones.zones)
+        names = set(plan.shared.zones)
         if kind == "nginx":
             nginx.render(directory, plan, _nginx_zones(names))
         else:
@@ -120,7 +120,7 @@ def _orphaned_slot(kind: str) -> Operator:
     def apply(directory: Path, plan: Plan) -> str:
         _shared(plan)
         assert plan.shared is not None
-        if not any(z.startswith("conc:") for z in plan.shared.zones.zones):
+        if not any(z.startswith("conc:") for z in plan.shared.zones):
             raise NotApplicable("the plan has no shared concurrency zone")
         if kind == "nginx":
             nginx.render(directory, plan, nginx.switched(slots_kept=True))
@@ -137,9 +137,8 @@ def _failover_burst(kind: str) -> Operator:
         _shared(plan)
         assert plan.shared is not None
         shared = plan.shared
-        alone = replace(plan, shared=replace(shared, on_unavailable="local", local=dict(shared.zones.zones),
-                                             zones=replace(shared.zones, on_unavailable="local",
-                                                           local_after_s={})))
+        alone = replace(plan, shared=replace(shared, on_unavailable="local", local=dict(shared.zones),
+                                             local_after_s={}))
         if kind == "nginx":   # on the limiter's first "store unavailable", not once it says "local"
             nginx.render(directory, alone, nginx.switched(failover_at_once=True))
         else:                 # the limiter's unavailable answer lets the request on to the shares

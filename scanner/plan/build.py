@@ -12,10 +12,9 @@ from scanner.errors import PerimeterError, PlanError
 from scanner.inventory import grpc as grpc_inventory
 from scanner.inventory.grpc import GrpcSurface
 from scanner.inventory.model import Inventory, Route
-from scanner.limiter.config import ConcurrencyZone, RateZone, Zone
 from scanner.plan import jwt as plan_jwt
 from scanner.plan import output_default, owner
-from scanner.plan import zones as limiter_zones
+from scanner.plan import zones as plan_zones
 from scanner.plan.envelope import EnvelopeSpec, named_at
 from scanner.plan.envelope import spec_for as envelope_spec_for
 from scanner.plan.model import BODY_METHODS, GOVERNED_FIELDS, Decision, GrpcPlan, Plan, SharedPlan
@@ -95,13 +94,12 @@ def shared_plan(plan: Plan, s: Shared, source: str) -> SharedPlan:
     and each zone's per-proxy share for ``on_unavailable: local``. A zone whose value is below
     the replica count cannot be divided (each proxy still enforces at least 1: the fleet would
     admit more than the policy) under ``local``: a plan error naming it."""
-    config = replace(limiter_zones.from_plan(plan), on_unavailable=s.on_unavailable)
-    local = {name: limiter_zones.local_share(z, s.replicas) for name, z in config.zones.items()}
+    local = {name: plan_zones.local_share(z, s.replicas) for name, z in plan.zones.items()}
+    after: dict[str, float] = {}
     if s.on_unavailable == "local":   # the outage the shares wait for (they start full)
-        after = {name: limiter_zones.local_after(z, s.replicas) for name, z in config.zones.items()}
-        config = replace(config, local_after_s={name: a for name, a in after.items() if a > 0})
-    if s.on_unavailable == "local":
-        for name, zone in config.zones.items():
+        waits = {name: plan_zones.local_after(z, s.replicas) for name, z in plan.zones.items()}
+        after = {name: a for name, a in waits.items() if a > 0}
+        for name, zone in plan.zones.items():
             whole = _whole_value(zone)
             if whole < s.replicas:
                 raise PlanError(f"{source}:{s.line}: shared.on_unavailable: local with {s.replicas} "
@@ -109,19 +107,19 @@ def shared_plan(plan: Plan, s: Shared, source: str) -> SharedPlan:
                                 f"would still admit 1, the fleet {s.replicas}; raise it to at least "
                                 f"{s.replicas} or use on_unavailable: deny")
     return SharedPlan(redis=s.redis, limiter=s.limiter, on_unavailable=s.on_unavailable,
-                      replicas=s.replicas, zones=config, local=local,
+                      replicas=s.replicas, zones=plan.zones, local=local, local_after_s=after,
                       password_file=s.password_file, tls_ca=s.tls_ca)
 
 
-def _whole_value(zone: Zone) -> int:
+def _whole_value(zone: plan_zones.Zone) -> int:
     """What local_share divides and keeps at least 1: requests at once (rate: burst + 1), slots,
     tokens per minute."""
-    if isinstance(zone, RateZone):
+    if isinstance(zone, plan_zones.RateZone):
         return zone.burst + 1
-    return zone.limit if isinstance(zone, ConcurrencyZone) else zone.per_minute
+    return zone.limit if isinstance(zone, plan_zones.ConcurrencyZone) else zone.per_minute
 
 
-def _unit(zone: Zone) -> str:
+def _unit(zone: plan_zones.Zone) -> str:
     return {"rate": "requests at once (burst + 1)", "concurrency": "requests in flight",
             "tokens": "tokens a minute"}[zone.kind]
 

@@ -8,17 +8,17 @@ config and the proof of that config cannot disagree about intent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any, Literal
 
 from scanner import canonical, patterns
 from scanner.inventory.model import RouteKind
-from scanner.limiter.config import ConcurrencyZone, LimiterConfig, RateZone, TokenZone, Zone, zone_json
 from scanner.plan.envelope import EnvelopeSpec
 from scanner.plan.output_default import OutputDefault
 from scanner.plan.vllm_json import at, vllm_int
+from scanner.plan.zones import DEFAULT_DOMAIN, Zone, of_decisions, route_zones, zone_json
 from scanner.policy.jwt import JwtAuth
 from scanner.policy.media import MediaRules
 from scanner.policy.model import (
@@ -30,7 +30,6 @@ from scanner.policy.model import (
     Listen,
     OnUnavailable,
     Principal,
-    Rate,
     Upstream,
     WhenAbsent,
     default_tokens_burst,
@@ -417,42 +416,29 @@ class GrpcPlan:
                 "unused_rules": list(self.unused_rules), "unenforced": list(self.unenforced)}
 
 
-def rate_name(d: Decision) -> str:
-    """The shared zone of ``d``'s rate (its kind prefixed: no two kinds share a name)."""
-    return f"rate:{d.rate_zone}" if d.rate_zone else ""
-
-
-def conc_name(d: Decision) -> str:
-    return f"conc:{d.conn_zone}" if d.conn_zone else ""
-
-
-def tokens_name(d: Decision) -> str:
-    return f"tokens:{d.token_zone}" if d.token_zone else ""
-
-
-def route_zones(d: Decision) -> tuple[str, ...]:
-    """The zones a request of ``d`` is taken through, in the limiter's order: rate, then
-    concurrency, then tokens (scanner.limiter.decide.acquire)."""
-    return tuple(n for n in (rate_name(d), conc_name(d), tokens_name(d)) if n)
-
-
 @dataclass(frozen=True)
 class SharedPlan:
     """The fleet's shared limits (policy ``shared:``), decided once: every rate, concurrency and
-    token-budget zone of the plan lives in the limiter (``zones``: the zones file ``generate``
-    writes and ``vllm-perimeter limiter --zones`` reads), and each zone's per-proxy share
-    (``local``: every value divided by ``replicas``, scanner.plan.zones.local_share), which
-    a proxy enforces on its own under ``on_unavailable: local`` while the store cannot be
-    reached. The generators render from this and nothing else."""
+    token-budget zone of the plan lives in the limiter (``zones``: the plan's, ``Plan.zones``; the
+    zones file ``generate`` writes and ``vllm-perimeter limiter --zones`` reads), and each zone's
+    per-proxy share (``local``: every value divided by ``replicas``,
+    scanner.plan.zones.local_share), which a proxy enforces on its own under ``on_unavailable:
+    local`` while the store cannot be reached, after ``local_after_s`` of an outage
+    (scanner.plan.zones.local_after). The generators render from this and nothing else."""
 
     redis: str
     limiter: tuple[str, int]
     on_unavailable: OnUnavailable
     replicas: int
-    zones: LimiterConfig
+    zones: Mapping[str, Zone]
     local: Mapping[str, Zone]
     password_file: str | None = None
     tls_ca: str | None = None
+    # on_unavailable: local: seconds of an outage before a zone's requests go to the local shares
+    # (the shares start full); zones not named: at once
+    local_after_s: Mapping[str, float] = field(default_factory=dict)
+    domain: str = DEFAULT_DOMAIN        # the Envoy rate limit domain the limiter answers for
+    slot_lease_s: float | None = None   # a slot's lease at the limiter (None: the limiter's default)
 
     @property
     def limiter_url(self) -> str:
@@ -462,31 +448,17 @@ class SharedPlan:
     def route_zones(self, d: Decision) -> tuple[str, ...]:
         """The shared zones a request of ``d`` is taken through, in the limiter's order (rate,
         concurrency, tokens)."""
-        return tuple(z for z in route_zones(d) if z in self.zones.zones)
-
-    def local_limits(self, d: Decision) -> Limits:
-        """``d``'s limits as one proxy enforces them alone (on_unavailable: local): its rate,
-        concurrency and token budget replaced by their per-proxy shares."""
-        lim = d.limits
-        for name in self.route_zones(d):
-            share = self.local[name]
-            if isinstance(share, RateZone):
-                lim = replace(lim, rate=Rate(rps=share.rps, burst=share.burst))
-            elif isinstance(share, ConcurrencyZone):
-                lim = replace(lim, concurrency=share.limit)
-            elif isinstance(share, TokenZone):
-                lim = replace(lim, tokens_per_minute=share.per_minute, tokens_burst=share.burst)
-        return lim
+        return tuple(z for z in route_zones(d) if z in self.zones)
 
     def to_dict(self) -> dict[str, Any]:
         host, port = self.limiter
         return {"redis": self.redis, "limiter": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                 "on_unavailable": self.on_unavailable, "replicas": self.replicas,
-                "domain": self.zones.domain,
+                "domain": self.domain,
                 **({"password_file": self.password_file} if self.password_file else {}),
                 **({"tls_ca": self.tls_ca} if self.tls_ca else {}),
                 "zones": {name: {**zone_json(z), "local": zone_json(self.local[name])}
-                          for name, z in sorted(self.zones.zones.items())}}
+                          for name, z in sorted(self.zones.items())}}
 
 
 @dataclass(frozen=True)
@@ -524,6 +496,22 @@ class Plan:
     @property
     def denied(self) -> tuple[Decision, ...]:
         return tuple(d for d in self.decisions if not d.allowed)
+
+    @cached_property
+    def zones(self) -> Mapping[str, Zone]:
+        """Every limiter zone of the allowed routes (HTTP and gRPC) by name, sorted: made here
+        once (scanner.plan.zones.of_decisions); the limiter, both generators and the fleet's
+        shares read these."""
+        return of_decisions((*self.decisions, *(self.grpc.decisions if self.grpc else ())))
+
+    @property
+    def own_zones(self) -> Mapping[str, Zone]:
+        """The zones each proxy enforces on its own: every zone of the plan without a fleet; with
+        one, each zone's per-proxy share under ``on_unavailable: local`` (counted only while the
+        limiter cannot decide), none under ``deny`` (every limit is the limiter's)."""
+        if self.shared is None:
+            return self.zones
+        return self.shared.local if self.shared.on_unavailable == "local" else {}
 
     @property
     def host_header(self) -> str:

@@ -1,50 +1,165 @@
-"""The zones file from a plan (what ``generate`` will write beside the proxy configs), the zones
-of one route in the order the limiter takes them, and the ``local`` fallback's per-replica share.
+"""The plan's limiter zones: one model, made once from the plan's decisions (``Plan.zones``).
+
+A zone is a family of buckets or slots, one per principal (or client address for ``auth: none``),
+of one kind:
+
+* ``rate``        :class:`RateZone`: ``burst + 1`` requests at once, refilled at ``rps`` a second;
+* ``concurrency`` :class:`ConcurrencyZone`: at most ``limit`` requests in flight;
+* ``tokens``      :class:`TokenZone`: a bucket of ``burst`` tokens refilled at ``per_minute / 60``
+  a second.
 
 Zone names are the plan's own zone families (Decision.rate_zone, conn_zone, token_zone), each
 prefixed with its kind (``rate:``, ``conc:``, ``tokens:``) so no two kinds can share a name.
 A concurrency slot lives as long as the longest request of its zone may run: the largest
 ``timeout_s`` of its routes plus :data:`SLOT_MARGIN_S`; a zone with a route without timeout gets
 :data:`UNTIMED_SLOT_S` (a proxy that dies holding a slot leaks it that long, not forever).
+
+Who reads them: the shared limiter (scanner.limiter: its zones file is these zones, written by
+``generate``), both generators (NGINX's ``limit_req_zone`` / ``limit_conn_zone`` and njs token
+dicts, Envoy's ``local_ratelimit`` filters and circuit-breaking clusters are views of a zone),
+and the fleet's ``local`` fallback (:func:`local_share`, :func:`local_after`: a zone per replica).
+This module imports nothing of the plan at run time, so the plan's model and the limiter both
+read it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from scanner.limiter.config import (
-    DEFAULT_DOMAIN,
-    ConcurrencyZone,
-    LimiterConfig,
-    RateZone,
-    TokenZone,
-    Zone,
-)
-from scanner.plan.model import Plan, conc_name, rate_name, route_zones, tokens_name
+if TYPE_CHECKING:
+    from scanner.plan.model import Decision
 
-__all__ = ["conc_name", "from_plan", "local_share", "rate_name", "route_zones", "slot_ttl", "tokens_name"]
-
+ZoneKind = Literal["rate", "concurrency", "tokens"]
+ZONE_KINDS: tuple[ZoneKind, ...] = ("rate", "concurrency", "tokens")
+# the Envoy rate limit domain the limiter answers for (the zones file's ``domain``)
+DEFAULT_DOMAIN = "vllm-perimeter"
 SLOT_MARGIN_S = 10.0
 UNTIMED_SLOT_S = 3600.0
 
 
-def from_plan(plan: Plan, domain: str = DEFAULT_DOMAIN) -> LimiterConfig:
-    """Every zone of the plan's allowed routes (HTTP and gRPC); deterministic (sorted by name)."""
-    allowed = [d for d in (*plan.decisions, *(plan.grpc.decisions if plan.grpc else ())) if d.allowed]
+@dataclass(frozen=True)
+class RateZone:
+    """A token bucket of ``burst + 1`` requests refilled at ``rps`` a second (NGINX ``limit_req``
+    with ``burst`` and ``nodelay``: burst + 1 at once from idle, then the rate)."""
+
+    name: str
+    rps: float
+    burst: int
+    kind: Literal["rate"] = "rate"
+
+    @property
+    def capacity(self) -> float:
+        return float(self.burst + 1)
+
+    @property
+    def per_second(self) -> float:
+        return self.rps
+
+
+@dataclass(frozen=True)
+class ConcurrencyZone:
+    """At most ``limit`` live slots per key; a slot not released expires after ``slot_ttl_s``."""
+
+    name: str
+    limit: int
+    slot_ttl_s: float
+    kind: Literal["concurrency"] = "concurrency"
+
+
+@dataclass(frozen=True)
+class TokenZone:
+    """A bucket of ``burst`` tokens refilled continuously at ``per_minute / 60`` a second (Envoy's
+    local_ratelimit bucket with max_tokens = burst, tokens_per_fill = per_minute, fill_interval
+    60 s): at most burst + per_minute x t / 60 in any t seconds. ``burst`` is the plan's decided
+    capacity (Decision.token_capacity); 0 (a hand-written zones file without one): per_minute."""
+
+    name: str
+    per_minute: int
+    burst: int = 0
+    kind: Literal["tokens"] = "tokens"
+
+    def __post_init__(self) -> None:
+        if self.burst <= 0:
+            object.__setattr__(self, "burst", self.per_minute)
+
+    @property
+    def capacity(self) -> float:
+        return float(self.burst)
+
+    @property
+    def per_second(self) -> float:
+        return self.per_minute / 60.0
+
+
+Zone = RateZone | ConcurrencyZone | TokenZone
+
+
+def zone_json(z: Zone) -> dict[str, object]:
+    """A zone's entry in the zones file and in the plan's JSON (its name is the key)."""
+    if isinstance(z, RateZone):
+        return {"kind": z.kind, "rps": z.rps, "burst": z.burst}
+    if isinstance(z, ConcurrencyZone):
+        return {"kind": z.kind, "limit": z.limit, "slot_ttl_s": z.slot_ttl_s}
+    return {"kind": z.kind, "per_minute": z.per_minute, "burst": z.burst}
+
+
+# --- a decision's zones ---------------------------------------------------------------------
+
+def rate_name(d: Decision) -> str:
+    """The zone of ``d``'s rate (its kind prefixed: no two kinds share a name); "" none."""
+    return f"rate:{d.rate_zone}" if d.rate_zone else ""
+
+
+def conc_name(d: Decision) -> str:
+    return f"conc:{d.conn_zone}" if d.conn_zone else ""
+
+
+def tokens_name(d: Decision) -> str:
+    return f"tokens:{d.token_zone}" if d.token_zone else ""
+
+
+def route_zones(d: Decision) -> tuple[str, ...]:
+    """The zones a request of ``d`` is taken through, in the limiter's order: rate, then
+    concurrency, then tokens (scanner.limiter.decide.acquire)."""
+    return tuple(n for n in (rate_name(d), conc_name(d), tokens_name(d)) if n)
+
+
+def rate_of(zones: Mapping[str, Zone], d: Decision) -> RateZone | None:
+    """``d``'s rate zone among ``zones`` (the plan's, or a proxy's shares); None without one."""
+    z = zones.get(rate_name(d)) if d.rate_zone else None
+    return z if isinstance(z, RateZone) else None
+
+
+def conc_of(zones: Mapping[str, Zone], d: Decision) -> ConcurrencyZone | None:
+    z = zones.get(conc_name(d)) if d.conn_zone else None
+    return z if isinstance(z, ConcurrencyZone) else None
+
+
+def tokens_of(zones: Mapping[str, Zone], d: Decision) -> TokenZone | None:
+    z = zones.get(tokens_name(d)) if d.token_zone else None
+    return z if isinstance(z, TokenZone) else None
+
+
+def of_decisions(decisions: Iterable[Decision]) -> dict[str, Zone]:
+    """Every zone of the allowed ``decisions``, sorted by name (Plan.zones). A zone's values are
+    those of the first decision naming it (a name states its values: ``audience:auth:values``)."""
+    allowed = [d for d in decisions if d.allowed]
     zones: dict[str, Zone] = {}
     for d in allowed:
         rate = d.limits.rate
         if rate is not None and d.rate_zone:
-            zones[rate_name(d)] = RateZone(rate_name(d), rps=rate.rps, burst=rate.burst)
+            zones.setdefault(rate_name(d), RateZone(rate_name(d), rps=rate.rps, burst=rate.burst))
         if d.limits.tokens_per_minute and d.token_zone:
-            zones[tokens_name(d)] = TokenZone(tokens_name(d), per_minute=d.limits.tokens_per_minute,
-                                              burst=d.token_capacity)
+            zones.setdefault(tokens_name(d), TokenZone(tokens_name(d), per_minute=d.limits.tokens_per_minute,
+                                                       burst=d.token_capacity))
     for name in sorted({conc_name(d) for d in allowed if d.conn_zone}):
         members = [d for d in allowed if conc_name(d) == name]
         zones[name] = ConcurrencyZone(name, limit=members[0].limits.concurrency or 1,
                                       slot_ttl_s=slot_ttl([d.limits.timeout_s for d in members]))
-    return LimiterConfig(zones=dict(sorted(zones.items())), domain=domain)
+    return dict(sorted(zones.items()))
 
 
 def slot_ttl(timeouts: Iterable[float | None]) -> float:
@@ -53,6 +168,8 @@ def slot_ttl(timeouts: Iterable[float | None]) -> float:
         return UNTIMED_SLOT_S
     return min(UNTIMED_SLOT_S, max(t for t in values if t is not None) + SLOT_MARGIN_S)
 
+
+# --- the fleet's local fallback -------------------------------------------------------------
 
 def local_share(zone: Zone, replicas: int) -> Zone:
     """What one of ``replicas`` proxies enforces on its own under ``on_unavailable: local``: each

@@ -12,6 +12,7 @@ import yaml
 
 from scanner.generate.envoy import EnvoyGenerator
 from scanner.generate.interface import GenerateOptions
+from scanner.generate.shared import zones_config
 from scanner.inventory.catalog import load_ref
 from scanner.limiter import config as limiter_config
 from scanner.plan.model import Plan
@@ -60,7 +61,7 @@ def test_every_limited_route_sends_its_plan_zones(tmp_path: Path, mode: str) -> 
     names = [f["name"] for f in hcm["http_filters"]]
     assert names.index("perimeter.lua") < names.index("perimeter.shared")   # Lua writes what it sends
     rl = next(f for f in hcm["http_filters"] if f["name"] == "perimeter.shared")["typed_config"]
-    assert rl["failure_mode_deny"] is True and rl["domain"] == shared.zones.domain
+    assert rl["failure_mode_deny"] is True and rl["domain"] == shared.domain
     assert rl["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "perimeter_limiter"
     mapper = hcm["local_reply_config"]["mappers"][0]
     assert mapper["filter"] == {"response_flag_filter": {"flags": ["RLSE"]}} and mapper["status_code"] == 503
@@ -79,10 +80,10 @@ def test_every_limited_route_sends_its_plan_zones(tmp_path: Path, mode: str) -> 
         want += [(z, key, "settle", "", "%DYNAMIC_METADATA(perimeter:refund)%") for z in zones if z.startswith("tokens:")]
         assert _sent(route) == want, d.path
     # the limiter's zones file is the plan's, and the envoyproxy/ratelimit one names the same zones
-    assert limiter_config.parse(yaml.safe_load(files["limiter-zones.json"])) == shared.zones
+    assert limiter_config.parse(yaml.safe_load(files["limiter-zones.json"])) == zones_config(shared)
     ratelimit = yaml.safe_load(files["ratelimit-config.yaml"])
     assert {d["value"] for d in ratelimit["descriptors"]} == {
-        n for n, z in shared.zones.zones.items() if z.kind != "concurrency"}
+        n for n, z in shared.zones.items() if z.kind != "concurrency"}
     lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
     assert "local SHARED = true\n" in lua and "slot = true," in lua
     locals_ = [f for f in hcm["http_filters"] if f["name"].startswith(("perimeter.rate", "perimeter.tokens"))]

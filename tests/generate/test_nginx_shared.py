@@ -108,8 +108,8 @@ def test_nginx_takes_it(tmp_path: Path, which: str, mode: str) -> None:
     if which == "debian":   # njs 0.7.9: no token budgets (js_shared_dict_zone needs 0.8): rate and slots
         plan = replace(plan, decisions=tuple(
             replace(d, limits=replace(d.limits, tokens_per_minute=None)) for d in plan.decisions))
-        plan = replace_shared(plan, zones=replace(plan.shared.zones, zones={   # type: ignore[union-attr]
-            n: z for n, z in plan.shared.zones.zones.items() if not n.startswith("tokens:")}))  # type: ignore[union-attr]
+        plan = replace_shared(plan, zones={   # type: ignore[union-attr]
+            n: z for n, z in plan.shared.zones.items() if not n.startswith("tokens:")})  # type: ignore[union-attr]
     proxy = NginxProxy(build, which)
     written = proxy.write(plan, tmp_path / "proxy")
     assert proxy.validate(plan, tmp_path / "proxy") == "", written

@@ -70,12 +70,11 @@ class FleetStack:
         self.plan: Plan = fleet.plan_for(self.setup.plan, 2, free_port(), free_port())
         if self.local_after_s:   # a test's shorter outage before the local shares (the plan's otherwise)
             assert self.plan.shared is not None
-            after = {**self.plan.shared.zones.local_after_s, **self.local_after_s}
-            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones, local_after_s=after))
+            after = {**self.plan.shared.local_after_s, **self.local_after_s}
+            self.plan = replace_shared(self.plan, local_after_s=after)
         if self.slot_lease_s is not None:   # a test's shorter lease (the limiter's default otherwise)
             assert self.plan.shared is not None
-            self.plan = replace_shared(self.plan, zones=replace(self.plan.shared.zones,
-                                                                slot_lease_s=self.slot_lease_s))
+            self.plan = replace_shared(self.plan, slot_lease_s=self.slot_lease_s)
         made = fleet.Fleet(self.plan, self.runtime, self.tmp, (free_port(), free_port()))
         self.written = made.write()
         return made

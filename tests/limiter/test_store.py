@@ -13,7 +13,7 @@ from redis.crc import key_slot
 from scanner import store_url as url_
 from scanner.errors import StoreUnavailableError, UsageError
 from scanner.limiter import keys, store
-from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone
 from scanner.runtime.process import ManagedProcess
 from tests.limiter.harness import redis_process, run, url
 

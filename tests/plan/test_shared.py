@@ -7,8 +7,8 @@ import pytest
 
 from scanner.errors import PlanError
 from scanner.inventory.model import Inventory, Route, Source
-from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
 from scanner.plan.build import build
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone
 from scanner.policy.load import loads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,8 @@ def test_every_zone_of_the_plan_is_shared_with_its_local_share() -> None:
     plan = _plan("  redis: redis://127.0.0.1:6379/0\n  replicas: 2\n  on_unavailable: local\n")
     s = plan.shared
     assert s is not None and s.replicas == 2 and s.on_unavailable == "local"
-    zones = s.zones.zones
+    zones = s.zones
+    assert zones == plan.zones   # the plan's zones (Plan.zones), not a second statement of them
     assert zones["rate:inference:key:10/20"] == RateZone("rate:inference:key:10/20", rps=10, burst=20)
     assert zones["conc:inference:key:16"].kind == "concurrency"
     assert zones["tokens:inference:key:60000t/m/15000"] == TokenZone("tokens:inference:key:60000t/m/15000", 60000, 15000)
@@ -47,10 +48,10 @@ def test_every_zone_of_the_plan_is_shared_with_its_local_share() -> None:
     assert s.local["rate:inference:key:10/20"] == RateZone("rate:inference:key:10/20", rps=5, burst=9)
     assert s.local["conc:inference:key:16"] == ConcurrencyZone("conc:inference:key:16", 8,
                                                                zones["conc:inference:key:16"].slot_ttl_s)  # type: ignore[union-attr]
-    local = s.local_limits(chat)
-    assert (local.rate and (local.rate.rps, local.rate.burst), local.concurrency, local.tokens_per_minute,
-            local.tokens_burst) == ((5, 9), 8, 30000, 7500)
-    assert local.json_caps == chat.limits.json_caps   # only the shared limits change
+    assert s.local["tokens:inference:key:60000t/m/15000"] == TokenZone("tokens:inference:key:60000t/m/15000",
+                                                                       30000, 7500)
+    # what each proxy keeps on its own (both generators render it): the shares under local
+    assert plan.own_zones == s.local and set(s.local) == set(zones)
     doc = plan.body_dict()["shared"]
     assert doc["zones"]["conc:inference:key:16"]["local"]["limit"] == 8
     assert doc["limiter"] == "127.0.0.1:8081" and doc["domain"] == "vllm-perimeter"
@@ -59,6 +60,10 @@ def test_every_zone_of_the_plan_is_shared_with_its_local_share() -> None:
 def test_without_shared_the_plan_is_unchanged() -> None:
     plan = _plan("")
     assert plan.shared is None and "shared" not in plan.body_dict()
+    # each proxy keeps every zone of the plan itself; under deny, none (the limiter's alone)
+    assert plan.own_zones == plan.zones and "rate:inference:key:10/20" in plan.zones
+    deny = _plan("  redis: redis://127.0.0.1:6379/0\n")
+    assert deny.own_zones == {} and deny.shared is not None and deny.shared.zones == plan.zones
 
 
 def test_the_plan_is_deterministic() -> None:

@@ -1,5 +1,5 @@
-"""The zones file from the bundled policy's plan, a route's zones, the local fallback's share
-(scanner/plan/zones.py)."""
+"""The plan's zones from the bundled policy (Plan.zones), the limiter's zones file from them, a
+route's zones, the local fallback's share (scanner/plan/zones.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from scanner.inventory.model import Inventory, Route, Source
 from scanner.limiter import config
-from scanner.limiter.config import ConcurrencyZone, RateZone, TokenZone
 from scanner.plan import zones
 from scanner.plan.build import build
+from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone
 from scanner.policy.load import loads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def plan():  # type: ignore[no-untyped-def]
 
 def test_zones_file_from_the_bundled_policy() -> None:
     p = plan()
-    cfg = zones.from_plan(p)
+    cfg = config.LimiterConfig(zones=p.zones)
     chat = p.decision("POST", "/v1/chat/completions")
     assert chat is not None and chat.limits.rate is not None
     names = zones.route_zones(chat)
@@ -44,7 +44,7 @@ def test_zones_file_from_the_bundled_policy() -> None:
             if isinstance(zone, TokenZone):
                 assert zone.per_minute == d.limits.tokens_per_minute
     # deterministic, and what the service reads back
-    assert config.dumps(cfg) == config.dumps(zones.from_plan(p))
+    assert config.dumps(cfg) == config.dumps(config.LimiterConfig(zones=plan().zones))
     assert config.parse(cfg.to_json()) == cfg
     assert list(cfg.zones) == sorted(cfg.zones)
     assert {z.kind for z in cfg.zones.values()} == {"rate", "concurrency", "tokens"}
@@ -67,7 +67,7 @@ def test_slot_ttl() -> None:
     (TokenZone("t", 60000, 60000), 3, TokenZone("t", 20000, 20000)),
     (TokenZone("t", 1), 4, TokenZone("t", 1)),
 ])
-def test_local_share(zone: config.Zone, n: int, share: config.Zone) -> None:
+def test_local_share(zone: zones.Zone, n: int, share: zones.Zone) -> None:
     assert zones.local_share(zone, n) == share
 
 

@@ -106,7 +106,7 @@ def other_cell(ctx: CheckContext, d: Decision, cell: Cell) -> tuple[str, Cell | 
 @dataclass(frozen=True)
 class ZoneTrial:
     """One zone as a check exercises it: the zone's routes, the one it is tried on and with which
-    cell (the zone itself, its kind and values, is the plan's: scanner.plan.zone.Zone)."""
+    cell (the zone itself, its kind and values, is the plan's: scanner.plan.zones.Zone)."""
 
     check: str
     name: str
