@@ -19,7 +19,8 @@ from scanner import jsondoc
 from scanner.errors import ConfigError
 from scanner.inventory.model import Inventory
 from scanner.netscan.model import PortAttempt, PortFinding
-from scanner.policy.model import BodyPolicy, Policy, PrincipalsFile
+from scanner.plan.document import PlanView
+from scanner.policy.model import Policy, PrincipalsFile
 from scanner.probe.interface import Attempt, Coverage, Finding
 from scanner.rules import RuleProgram
 
@@ -33,138 +34,6 @@ class _Doc(BaseModel):
 
 
 # --- policy (YAML) and principals: scanner.policy.model.Policy and PrincipalsFile ---------------
-
-
-# --- plan --------------------------------------------------------------------------------------
-
-
-class PlanRateDoc(_Doc):
-    rps: float
-    burst: int
-
-
-class PlanLimitsDoc(_Doc):
-    body_bytes: int | None
-    json_caps: dict[str, int]
-    cap_paths: dict[str, int] | None = Field(default=None, description="every position a json cap applies "
-                                             "at (a dotted path: nested in the request model), where the "
-                                             "model has one nested (Decision.cap_paths)")
-    rate: PlanRateDoc | None
-    concurrency: int | None
-    timeout_s: float | None
-    tokens_per_minute: int | None = None
-    tokens_burst: int | None = Field(
-        default=None, description="the token budget's capacity the plan decided (tokens_burst, default "
-        "ceil(tokens_per_minute / 4); at least the policy's own max_request_tokens when that is within "
-        "tokens_per_minute): at most tokens_burst + tokens_per_minute x t / 60 in any t seconds")
-    max_sequences: int | None = None
-    max_request_tokens: int | None = None
-    max_request_tokens_by: Literal["tokens_burst"] | None = Field(
-        default=None, description="tokens_burst: the token budget's capacity set max_request_tokens (a "
-        "request whose envelope is over the bucket's capacity can never be admitted: refused 400 "
-        "envelope-tokens)")
-
-
-class EnvelopeDoc(_Doc):
-    """The fields multiplying a route's work (scanner/plan/envelope.py)."""
-
-    items: list[list[str]] = Field(description="[field, prompts | each]: items summed")
-    pairs: list[list[str]] = Field(description="[side 1, side 2] of pair scoring")
-    per_item: list[str]
-    ask_usage: bool = Field(default=False, description="the model takes stream_options: a settled stream "
-                                                       "asks for its usage (scanner/plan/settle.py)")
-
-
-class BudgetDoc(_Doc):
-    fields: list[str]
-    field: str
-    cap: int
-    when_absent: Literal["inject", "reject", "pass"]
-
-
-class DecisionFieldsDoc(_Doc):
-    allow: list[str]
-    reject: list[str]
-    strip: list[str]
-    unknown: Literal["reject", "strip", "pass"]
-    counts: dict[str, int] = Field(default={}, description="most items per field (list, object keys)")
-    pins: dict[str, int | float | str | bool | None] = Field(default={},
-                                                              description="values every body leaves with")
-    values: dict[str, list[int | float | str | bool | None]] = Field(
-        default={}, description="the values a field may hold when present and not null")
-    salt: Literal["principal", "audience"] | None = Field(
-        default=None, description="every JSON body leaves with the perimeter's cache_salt of the "
-        "principal (or audience), the client's replaced")
-
-
-class DecisionMediaDoc(_Doc):
-    urls: Literal["deny", "allow", "pass"]
-    domains: list[str]
-    data_max_bytes: int | None
-    max_items: int | None
-    embeds: Literal["deny", "allow"]
-    at: list[str] = Field(description="where the route's request model can carry media (inventory paths)")
-
-
-class DecisionOwnerDoc(_Doc):
-    param: str = Field(description="the path parameter naming a stored response: its seal checked, removed")
-    fields: list[str] = Field(description="top-level body fields naming a stored response: the same")
-    seal: bool = Field(description="response ids in the route's answers are sealed to the principal")
-
-
-class DecisionDoc(_Doc):
-    method: str
-    path: str
-    kind: Literal["http", "websocket", "mount"]
-    action: Literal["allow", "deny"]
-    reason: str
-    audience: str
-    audience_kind: Literal["end-user", "service", "operator", "monitoring", "none"]
-    auth: Literal["key", "none", "jwt", "cert"]
-    roles: list[str]
-    networks: list[str]
-    jwt: dict[str, Any] | None = Field(default=None, description="auth jwt: the token rules and the "
-                                       "JWKS keys' kid, type and algorithms")
-    limits: PlanLimitsDoc
-    envelope: EnvelopeDoc | None = Field(default=None, description="the fields multiplying its work, "
-                                         "where it caps or charges them")
-    budget: BudgetDoc | None
-    fields: DecisionFieldsDoc
-    media: DecisionMediaDoc | None = Field(default=None, description="the media rules enforced on this route")
-    owner: DecisionOwnerDoc | None = Field(default=None, description="ownership of stored responses "
-                                           "(body: responses: owned)")
-    state_changing: bool
-    state_changing_by: str
-    upstream_guarded: bool
-    rule_line: int
-
-
-class PlanDoc(_Doc):
-    """One decision per method and path (``plan --format json``)."""
-
-    schema_version: Literal[1]
-    policy: dict[str, str]
-    inventory_hash: str
-    vllm_version: str
-    listen: dict[str, Any]
-    upstream: dict[str, Any]
-    body: BodyPolicy
-    trusted_proxies: list[str]
-    networks: dict[str, list[str]]
-    principals: list[dict[str, str]]
-    cert_principals: list[dict[str, str]] = Field(default=[], description="auth cert: principals by a "
-                                                  "client certificate's URI SAN or subject")
-    decisions: list[DecisionDoc]
-    uncovered: list[str]
-    unused_rules: list[str]
-    unnamed_fields: list[str] = []
-    responses_shared: list[str] = Field(default=[], description="end users' routes taking a stored "
-                                        "response's id while stored responses are shared (body: "
-                                        "responses: shared)")
-    grpc: dict[str, Any] | None = Field(default=None, description="the gRPC listener's decisions")
-    shared: dict[str, Any] | None = Field(default=None,
-                                          description="the fleet's shared limits (zones, local shares)")
-    digest: str
 
 
 # --- probe result ------------------------------------------------------------------------------
@@ -271,7 +140,7 @@ DOCUMENTS: dict[str, type[Any]] = {
     "policy": Policy,
     "principals": PrincipalsFile,
     "inventory": Inventory,
-    "plan": PlanDoc,
+    "plan": PlanView,
     "probe-result": ProbeResultDoc,
     "netscan-result": NetscanResultDoc,
     "audit-result": AuditResultDoc,

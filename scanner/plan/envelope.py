@@ -31,8 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
+from pydantic import Field
+
+from scanner import jsondoc
+from scanner.jsondoc import CONFIG, Flag, Str
 from scanner.plan.vllm_json import at
 
 # How a field's items are counted (vLLM's semantics):
@@ -56,19 +60,25 @@ SEQUENCE_FIELDS: tuple[str, ...] = ("n", "best_of")
 
 @dataclass(frozen=True)
 class EnvelopeSpec:
-    """The fields of one route's request model that multiply its work."""
+    """The fields multiplying a route's work (a plan decision's ``envelope``)."""
 
-    items: tuple[tuple[str, ItemRule], ...] = ()     # summed: the prompts (conversations, inputs)
-    pairs: tuple[tuple[str, str], ...] = ()          # pair sides: their pairs add to the items
+    __pydantic_config__: ClassVar = CONFIG
+    items: Annotated[tuple[tuple[Str, ItemRule], ...], Field(
+        description="[field, prompts | each]: items summed")] = ()   # the prompts (conversations, inputs)
+    pairs: Annotated[tuple[tuple[Str, Str], ...], Field(
+        description="[side 1, side 2] of pair scoring")] = ()         # their pairs add to the items
     # sequences per item, the largest, >= 1: every position of a SEQUENCE_FIELDS name through object
     # members (``n``, ``sampling_params.n``: a dotted path)
-    per_item: tuple[str, ...] = ()
-    # the model takes ``stream_options``: a settled stream asks for its usage (scanner/plan/settle.py)
-    ask_usage: bool = False
+    per_item: tuple[Str, ...] = ()
+    ask_usage: Annotated[Flag, Field(exclude_if=lambda v: not v, description=(
+        "the model takes stream_options: a settled stream asks for its usage "
+        "(scanner/plan/settle.py)"))] = False
+
+    __get_pydantic_core_schema__ = jsondoc.required("items", "pairs", "per_item")   # a plan writes each
 
     def to_dict(self) -> dict[str, Any]:
-        return {"items": [[f, rule] for f, rule in self.items], "pairs": [list(p) for p in self.pairs],
-                "per_item": list(self.per_item), **({"ask_usage": True} if self.ask_usage else {})}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
     @property
     def text(self) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 from scanner import reasons
 from scanner.plan import envelope as env_mod
 from scanner.plan import owner, settle
-from scanner.plan.model import whole, write_budget
+from scanner.plan.budget import write_budget
+from scanner.plan.model import whole
 from scanner.plan.vllm_json import at, within
 from scanner.policy import media as media_mod
 from scanner.policy.model import count_of

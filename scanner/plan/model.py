@@ -7,17 +7,26 @@ config and the proof of that config cannot disagree about intent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any, Literal
 
-from scanner import canonical, patterns
+from scanner import canonical, jsondoc, patterns
 from scanner.inventory.model import RouteKind
+from scanner.plan.budget import Budget
+from scanner.plan.document import (
+    DecisionView,
+    FieldsView,
+    GrpcView,
+    LimitsView,
+    MediaView,
+    OwnerView,
+    PlanView,
+)
 from scanner.plan.envelope import EnvelopeSpec
 from scanner.plan.output_default import OutputDefault
-from scanner.plan.vllm_json import at, vllm_int
+from scanner.plan.vllm_json import vllm_int
 from scanner.plan.zones import DEFAULT_DOMAIN, Zone, of_decisions, route_zones, zone_json
 from scanner.policy.jwt import JwtAuth
 from scanner.policy.media import MediaRules
@@ -31,7 +40,6 @@ from scanner.policy.model import (
     OnUnavailable,
     Principal,
     Upstream,
-    WhenAbsent,
     default_tokens_burst,
 )
 
@@ -86,113 +94,6 @@ SPOOFABLE_HEADERS: tuple[str, ...] = (
     "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Real-IP", "Forwarded",
     PRINCIPAL_HEADER,
 )
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A route's output budget: the fields it is read from, capped; what happens without them."""
-
-    fields: tuple[str, ...]
-    field: str                 # written when every one of ``fields`` is absent or null (inject)
-    cap: int                   # the smallest cap the plan puts on ``fields``
-    when_absent: WhenAbsent
-    # what vLLM generates without a budget, from the inventory's serve arguments
-    default: OutputDefault = dataclass_field(default_factory=OutputDefault)
-
-    def absent(self, body: Mapping[str, object]) -> bool:
-        """Does vLLM fall back to its own default for this body (no field, or only nulls; a field
-        is a dotted path through object members)?"""
-        return all(at(body, f) is None for f in self.fields)
-
-    def writable(self, body: Mapping[str, object]) -> bool:
-        """Can :attr:`field` be written into this body: top level, or a dotted path whose parent
-        member is an object (``sampling_params``; vLLM refuses a body where it is not)."""
-        parent, _, _ = self.field.rpartition(".")
-        return not parent or isinstance(at(body, parent), dict)
-
-    @property
-    def window(self) -> int:
-        """The context length the written budget is fitted into (``max_model_len``), 0: none
-        (vLLM's own default is within the cap, or the length is not known: the cap is written)."""
-        lim = self.default
-        if self.when_absent != "inject" or lim.max_model_len is None or self.quiet:
-            return 0
-        return lim.max_model_len
-
-    @property
-    def quiet(self) -> bool:
-        """Is vLLM's own default already within the cap (``max_model_len`` or the
-        ``max_new_tokens`` override at most the cap), so nothing need be written?"""
-        bound = self.default.bound
-        return bound is not None and bound <= self.cap
-
-    @property
-    def write_cap(self) -> int:
-        """The most the perimeter writes into a body without a budget: the cap under ``inject``,
-        0 when it writes nothing (``reject``, ``pass``, or :attr:`quiet`)."""
-        return self.cap if self.when_absent == "inject" and not self.quiet else 0
-
-    @property
-    def rest(self) -> int:
-        """The output per sequence vLLM runs at most for a body without a budget when nothing is
-        written: its default's bound from the serve arguments, else (not known) the cap."""
-        bound = self.default.bound
-        return bound if bound is not None else self.cap
-
-    def written(self, size: int) -> int | None:
-        """The budget written into a body of ``size`` bytes that has none (``inject``); None:
-        nothing is written. vLLM refuses prompt + budget > ``max_model_len``, and a body holds no
-        more prompt tokens than bytes (scanner/plan/envelope.py), so ``min(cap, max_model_len -
-        size)`` is never refused for a prompt that fits; when that is below 1 (a body of
-        ``max_model_len`` bytes or more), nothing is written and vLLM's default applies. Nothing
-        either when that default is within the cap (:attr:`quiet`); the cap when the context
-        length is not known. njs (``budgetFit``) and Lua (``OPS.budget``) compute the same from
-        :attr:`write_cap` and :attr:`window`."""
-        if not self.write_cap:
-            return None
-        if not self.window:
-            return self.write_cap
-        fit = min(self.write_cap, self.window - size)
-        return fit if fit >= 1 else None
-
-    def output(self, size: int) -> int:
-        """The output per sequence of a body of ``size`` bytes without a budget, as vLLM will
-        run it at most: what is written, else :attr:`rest`."""
-        fit = self.written(size)
-        return fit if fit is not None else self.rest
-
-    def forwarded(self, body: Mapping[str, object], size: int = 0) -> dict[str, object] | None:
-        """The body the upstream must receive for ``body`` (a JSON object received as ``size``
-        bytes); None: refused."""
-        if not self.absent(body) or self.when_absent == "pass":
-            return dict(body)
-        if self.when_absent == "reject":
-            return None
-        fit = self.written(size)
-        if fit is None:        # vLLM's default applies: the body as sent (a null reads as absent)
-            return dict(body)
-        if not self.writable(body):   # no object to write it into: vLLM refuses the body as sent
-            return dict(body)
-        return write_budget(body, self.field.split("."), self.fields, fit)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fields": list(self.fields), "field": self.field, "cap": self.cap,
-                "when_absent": self.when_absent,
-                **({"default": self.default.to_dict()} if self.default.known else {})}
-
-
-def write_budget(obj: Mapping[str, object], names: list[str], fields: Sequence[str],
-                 fit: int) -> dict[str, object]:
-    """``obj`` with the budget ``fit`` written at the dotted path ``names`` (its parent an object),
-    less the budget ``fields`` at that level (nulls: every one absent or null)."""
-    head, rest = names[0], names[1:]
-    if not rest:
-        drop = {f for f in fields if "." not in f}
-        return {**{k: v for k, v in obj.items() if k not in drop}, head: fit}
-    inner = tuple(f.partition(".")[2] for f in fields if f.startswith(head + "."))
-    sub = obj[head]
-    assert isinstance(sub, dict)
-    return {**obj, head: write_budget(sub, rest, inner, fit)}
 
 
 def whole(value: object) -> int:
@@ -255,8 +156,6 @@ class Decision:
         counted: both proxies split the normalised path so); 0: none."""
         return self.path.split("/").index("{" + self.owner_param + "}") if self.owner_param else 0
 
-    def owner_dict(self) -> dict[str, Any]:
-        return {"param": self.owner_param, "fields": list(self.owner_fields), "seal": self.owner_seal}
     # limits.max_request_tokens was set by the token budget (scanner/plan/build.py
     # request_token_cap): to its capacity (limits.tokens_burst), lowered from the policy's value
     # over tokens_per_minute, or set where the policy had none
@@ -350,40 +249,36 @@ class Decision:
         return budget if budget is not None and budget.when_absent != "pass" else None
 
     def to_dict(self) -> dict[str, Any]:
-        lim, budget = self.limits, self.budget
-        return {
-            "method": self.method, "path": self.path, "kind": self.kind, "action": self.action,
-            "reason": self.reason, "audience": self.audience, "audience_kind": self.audience_kind,
-            "auth": self.auth, "roles": list(self.roles), "networks": list(self.networks),
-            **({"jwt": self.jwt.to_dict()} if self.jwt else {}),
-            "limits": {
-                "body_bytes": lim.body_bytes, "json_caps": dict(sorted(lim.json_caps.items())),
-                **({"cap_paths": dict(self.cap_paths)} if self.nested_caps else {}),
-                "rate": {"rps": lim.rate.rps, "burst": lim.rate.burst} if lim.rate else None,
-                "concurrency": lim.concurrency, "timeout_s": lim.timeout_s,
-                **({"tokens_per_minute": lim.tokens_per_minute} if lim.tokens_per_minute else {}),
-                **({"tokens_burst": lim.tokens_burst} if self.token_zone else {}),
-                **({"max_sequences": lim.max_sequences} if lim.max_sequences is not None else {}),
-                **({"max_request_tokens": lim.max_request_tokens}
-                   if lim.max_request_tokens is not None else {}),
-                **({"max_request_tokens_by": "tokens_burst"} if self.request_tokens_by_budget else {}),
-            },
-            **({"envelope": self.envelope_spec.to_dict()}
-               if self.envelope_capped or self.token_zone else {}),
-            "budget": budget.to_dict() if budget else None,
-            "fields": {"allow": list(self.fields.names("allow")), "reject": list(self.fields.names("reject")),
-                       "strip": list(self.fields.names("strip")), "unknown": self.fields.unknown,
-                       **({"counts": dict(self.fields.counts)} if self.fields.counts else {}),
-                       **({"pins": dict(self.fields.pins)} if self.fields.pins else {}),
-                       **({"values": {k: list(v) for k, v in self.fields.values.items()}}
-                          if self.fields.values else {}),
-                       **({"salt": self.salt} if self.salt else {})},
-            "media": {**self.media.to_dict(), "at": list(self.media_at)} if self.media.active else None,
-            **({"owner": self.owner_dict()} if self.owned else {}),
-            "state_changing": self.state_changing, "state_changing_by": self.state_changing_by,
-            "upstream_guarded": self.upstream_guarded,
-            "rule_line": self.rule_line,
-        }
+        out: dict[str, Any] = jsondoc.dump(self.view())
+        return out
+
+    def view(self) -> DecisionView:
+        """The decision as the plan document shows it (scanner.plan.document)."""
+        lim, rules = self.limits, self.fields
+        return DecisionView(
+            method=self.method, path=self.path, kind=self.kind, action=self.action, reason=self.reason,
+            audience=self.audience, audience_kind=self.audience_kind, auth=self.auth, roles=self.roles,
+            networks=self.networks, jwt=self.jwt.to_dict() if self.jwt else None,
+            limits=LimitsView(
+                body_bytes=lim.body_bytes, json_caps=dict(sorted(lim.json_caps.items())),
+                cap_paths=dict(self.cap_paths) if self.nested_caps else None,
+                rate=lim.rate, concurrency=lim.concurrency, timeout_s=lim.timeout_s,
+                tokens_per_minute=lim.tokens_per_minute or None,
+                tokens_burst=lim.tokens_burst if self.token_zone else None,
+                max_sequences=lim.max_sequences, max_request_tokens=lim.max_request_tokens,
+                max_request_tokens_by="tokens_burst" if self.request_tokens_by_budget else None),
+            envelope=self.envelope_spec if self.envelope_capped or self.token_zone else None,
+            budget=self.budget,
+            fields=FieldsView(allow=rules.names("allow"), reject=rules.names("reject"),
+                              strip=rules.names("strip"), unknown=rules.unknown, counts=rules.counts,
+                              pins=rules.pins, values=rules.values, salt=self.salt or None),
+            media=MediaView(urls=self.media.urls, domains=self.media.domains,
+                            data_max_bytes=self.media.data_max_bytes, max_items=self.media.max_items,
+                            embeds=self.media.embeds, at=self.media_at) if self.media.active else None,
+            owner=OwnerView(param=self.owner_param, fields=self.owner_fields, seal=self.owner_seal)
+            if self.owned else None,
+            state_changing=self.state_changing, state_changing_by=self.state_changing_by,
+            upstream_guarded=self.upstream_guarded, rule_line=self.rule_line)
 
 
 @dataclass(frozen=True)
@@ -408,12 +303,13 @@ class GrpcPlan:
     def decision(self, path: str) -> Decision | None:
         return next((d for d in self.decisions if d.path == path), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"listen": {"address": self.listen.address, "port": self.listen.port,
-                           "tls": bool(self.listen.tls)},
-                "upstream": f"{self.upstream[0]}:{self.upstream[1]}", "inventory": self.inventory,
-                "decisions": [d.to_dict() for d in self.decisions], "uncovered": list(self.uncovered),
-                "unused_rules": list(self.unused_rules), "unenforced": list(self.unenforced)}
+    def view(self) -> GrpcView:
+        """The gRPC listener as the plan document shows it (scanner.plan.document)."""
+        return GrpcView(listen={"address": self.listen.address, "port": self.listen.port,
+                                "tls": bool(self.listen.tls)},
+                        upstream=f"{self.upstream[0]}:{self.upstream[1]}", inventory=self.inventory,
+                        decisions=tuple(d.view() for d in self.decisions), uncovered=self.uncovered,
+                        unused_rules=self.unused_rules, unenforced=self.unenforced)
 
 
 @dataclass(frozen=True)
@@ -555,18 +451,25 @@ class Plan:
         return self._by_path
 
     def body_dict(self) -> dict[str, Any]:
+        """The plan document without its digest."""
+        out: dict[str, Any] = jsondoc.dump(self.view(""))
+        del out["digest"]
+        return out
+
+    def view(self, digest: str) -> PlanView:
+        """The plan as its document shows it (scanner.plan.document), with ``digest``."""
         tls = self.upstream.tls
-        return {
-            "schema_version": self.schema_version,
-            "policy": {"name": self.policy_name, "digest": self.policy_digest},
-            "inventory_hash": self.inventory_hash,
-            "vllm_version": self.vllm_version,
-            "listen": {"address": self.listen.address, "port": self.listen.port,
+        return PlanView(
+            schema_version=1,
+            policy={"name": self.policy_name, "digest": self.policy_digest},
+            inventory_hash=self.inventory_hash,
+            vllm_version=self.vllm_version,
+            listen={"address": self.listen.address, "port": self.listen.port,
                        "tls": bool(self.listen.tls),
                        **({"client_ca": self.listen.tls.client_ca,
                            "verify_depth": self.listen.tls.verify_depth}
                           if self.listen.tls and self.listen.tls.client_ca else {})},
-            "upstream": {"host": self.upstream.host, "port": self.upstream.port,
+            upstream={"host": self.upstream.host, "port": self.upstream.port,
                          "servers": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
                                      for h, p in self.upstream.servers],
                          "balance": self.upstream.balance,
@@ -575,31 +478,26 @@ class Plan:
                          "tls": self.upstream.use_tls,
                          "mtls": bool(tls and tls.client_cert),
                          "api_key_file": self.upstream.api_key_file},
-            "body": {"cache_salt": self.body.cache_salt, "chat_template": self.body.chat_template,
-                     **({"cache_salt_secret_file": self.body.cache_salt_secret_file}
-                        if self.body.cache_salt_secret_file else {}),
-                     **({"responses": self.body.responses,
-                         "responses_secret_file": self.body.responses_secret_file}
-                        if self.body.owned else {})},
-            "trusted_proxies": list(self.trusted_proxies),
-            "networks": {k: list(v) for k, v in sorted(self.networks.items())},
-            "principals": [{"name": p.name, "role": p.role, "fingerprint": p.fingerprint}
-                           for p in self.principals],
-            **({"cert_principals": [{"name": c.name, "role": c.role,
-                                     **({"san": c.san} if c.san else {"subject": c.subject})}
-                                    for c in self.certs]} if self.certs else {}),
-            "decisions": [d.to_dict() for d in self.decisions],
-            "uncovered": list(self.uncovered),
-            "unused_rules": list(self.unused_rules),
-            "unnamed_fields": list(self.unnamed_fields),
-            **({"responses_shared": list(self.responses_shared)} if self.responses_shared else {}),
-            **({"grpc": self.grpc.to_dict()} if self.grpc else {}),
-            **({"shared": self.shared.to_dict()} if self.shared else {}),
-        }
+            body=self.body,
+            trusted_proxies=self.trusted_proxies,
+            networks=dict(sorted(self.networks.items())),
+            principals=tuple({"name": p.name, "role": p.role, "fingerprint": p.fingerprint}
+                             for p in self.principals),
+            cert_principals=tuple({"name": c.name, "role": c.role,
+                                   **({"san": c.san} if c.san else {"subject": c.subject})}
+                                  for c in self.certs),
+            decisions=tuple(d.view() for d in self.decisions),
+            uncovered=self.uncovered,
+            unused_rules=self.unused_rules,
+            unnamed_fields=self.unnamed_fields,
+            responses_shared=self.responses_shared,
+            grpc=self.grpc.view() if self.grpc else None,
+            shared=self.shared.to_dict() if self.shared else None,
+            digest=digest)
 
     @property
     def digest(self) -> str:
         return canonical.digest(self.body_dict())
 
     def to_json(self) -> str:
-        return canonical.dumps({**self.body_dict(), "digest": self.digest})
+        return canonical.dumps(jsondoc.dump(self.view(self.digest)))

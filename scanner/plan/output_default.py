@@ -21,7 +21,12 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
+
+from scanner import jsondoc
+from scanner.jsondoc import CONFIG, Int
 
 _HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -32,8 +37,11 @@ _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 class OutputDefault:
     """The serve arguments that bound vLLM's output for a body without a budget (None: not set)."""
 
-    max_model_len: int | None = None    # --max-model-len
-    max_new_tokens: int | None = None   # --override-generation-config '{"max_new_tokens": N}'
+    __pydantic_config__: ClassVar = CONFIG
+    # in a document, a value not set is left out
+    max_model_len: Annotated[Int | None, Field(exclude_if=lambda v: v is None)] = None    # --max-model-len
+    # --override-generation-config '{"max_new_tokens": N}'
+    max_new_tokens: Annotated[Int | None, Field(exclude_if=lambda v: v is None)] = None
 
     @property
     def bound(self) -> int | None:
@@ -47,8 +55,8 @@ class OutputDefault:
         return self.bound is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in (("max_model_len", self.max_model_len),
-                                  ("max_new_tokens", self.max_new_tokens)) if v is not None}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 def human_int(text: str) -> int | None:

@@ -488,16 +488,20 @@ class BodyPolicy(Base):
         "HMAC-SHA256(secret, the principal or audience) over any client's, so prefix-cache hits stay within "
         "a tenant")
     chat_template: ChatTemplate = "reject"
+    # in the plan document (scanner.plan.document), a key not set (or responses: shared) is left out
     cache_salt_secret_file: Text | None = Field(   # with per-principal / per-audience: the HMAC secret
-        default=None, pattern=r"^/", description="with per-principal / per-audience: the file (absolute "
+        default=None, pattern=r"^/", exclude_if=lambda v: v is None,
+        description="with per-principal / per-audience: the file (absolute "
         "path, mode 0600) holding the HMAC secret; read when the config is generated, never written into it")
     responses: Responses = Field(
-        default="shared", description="owned: every stored response id the perimeter hands out is sealed "
+        default="shared", exclude_if=lambda v: v == "shared",
+        description="owned: every stored response id the perimeter hands out is sealed "
         "to its principal (id~HMAC); GET / cancel / previous_response_id with another principal's id: 403 "
         "not-owner")
     # with responses: owned: the HMAC secret sealing response ids, read by the proxy at run time
     responses_secret_file: Text | None = Field(
-        default=None, pattern=r"^/", description="with responses: owned: the file (absolute path, mode "
+        default=None, pattern=r"^/", exclude_if=lambda v: v is None,
+        description="with responses: owned: the file (absolute path, mode "
         "0600) holding the HMAC secret; read by the proxy at run time, never written into a generated config")
 
     @model_validator(mode="before")

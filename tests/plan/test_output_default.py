@@ -26,9 +26,10 @@ from scanner.inventory.model import Inventory
 from scanner.plan import body as plan_body
 from scanner.plan import output_default
 from scanner.plan.body import judge
+from scanner.plan.budget import Budget
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
-from scanner.plan.model import Budget, Decision, Plan
+from scanner.plan.model import Decision, Plan
 from scanner.plan.output_default import OutputDefault
 from scanner.policy.model import Policy
 from tests.differential.harness import Case, compare, run, stand

@@ -22,8 +22,8 @@ import pytest
 
 from scanner.errors import PolicyError
 from scanner.inventory.catalog import load_ref
+from scanner.plan.budget import Budget
 from scanner.plan.inputs import load_policy
-from scanner.plan.model import Budget
 from scanner.policy.load import loads
 from scanner.policy.model import Policy
 from scanner.probe.checks.limits import LimitsCheck
