@@ -7,6 +7,9 @@ on the shared store: the descriptor scheme and the mapping to scanner.limiter.de
     (principal, <name>) | (remote_address, <ip>)   the key: a principal, or the client address
     (op, acquire|release|settle)             optional, acquire when absent
     (slot, <request id>)                     concurrency zones: the request's slot id
+    (owner, <id>)                            concurrency zones: the Envoy worker holding the slot
+                                             (its Lua VM's random id; the call's slots' owner
+                                             ``envoy:<id>``, scanner.limiter.store.Owners)
 
 What a descriptor adds is its own ``hits_addend`` (else the request's): for a rate zone 1 when
 neither is given; for a token zone the request's cost, required (a descriptor without it is
@@ -63,7 +66,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 
 from scanner.errors import LimiterCallError
-from scanner.limiter import decide, proto, store
+from scanner.limiter import decide, keys, proto, store
 from scanner.limiter.config import LimiterConfig, per_unit
 from scanner.plan.zones import ConcurrencyZone, TokenZone, Zone
 
@@ -82,6 +85,17 @@ def current_limit(zone: Zone) -> proto.CurrentLimit:
                               unit=proto.UNIT_SECOND if per == "second" else proto.UNIT_MINUTE)
 
 
+def owner(request: proto.Request) -> str:
+    """The owner the call names for its slots (``envoy:<id>``: one ``owner`` entry, the same in
+    every descriptor that has one), "" when none does; LimiterCallError for two or a bad one."""
+    named = {v for v in (proto.entry(d, "owner") for d in request.descriptors) if v is not None}
+    if not named:
+        return ""
+    if len(named) > 1:
+        raise LimiterCallError("a call names one owner")
+    return "envoy:" + keys.checked("owner", named.pop())
+
+
 def _parts(d: proto.Descriptor) -> tuple[str, str, str, str]:
     """(zone, key, op, slot) of a descriptor; LimiterCallError when it is not in the scheme."""
     zone = proto.entry(d, "zone")
@@ -98,7 +112,7 @@ async def should_rate_limit(redis: store.Client, config: LimiterConfig,
                             request: proto.Request, owner: str = "",
                             until: float | None = None) -> proto.Response:
     """The answer to one ShouldRateLimit call (StoreUnavailableError, LimiterCallError raised);
-    ``owner``: the connection it came on (store.Owners: a slot is renewed while it is open);
+    ``owner``: who holds its slots (the Envoy worker it names, else its connection: store.Owners);
     ``until`` (monotonic): when Envoy gives this try up (nothing is written after it)."""
     if request.domain != config.domain:
         raise LimiterCallError(f"unknown domain {request.domain[:80]!r}")

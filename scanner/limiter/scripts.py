@@ -26,7 +26,12 @@ walked in the request's order (rate, concurrency, tokens) inside one script, so 
 across zones is atomic and costs one ``EVALSHA`` however many zones a route has. ``ARGV[1]`` is
 the slot id, ``ARGV[2]`` the caller's **deadline** and ``ARGV[3]`` the **outage floor** (both µs
 of Redis time, 0: none); per zone ``KEYS[i]`` and four ``ARGV`` from ``ARGV[4]``: ``r|t
-per_second capacity n`` (a rate or token bucket) or ``s limit lease_ms 0`` (slots).
+per_second capacity n`` (a rate or token bucket) or ``s limit lease_ms ttl_ms`` (slots: their
+lease, and their zone's slot_ttl_s); last, optionally, the slots' owner's index
+(scanner.limiter.keys.leases) as ``i keep_ms 0 0``: once every zone is admitted, each slot is
+entered there (``<slots key> <slot id>`` -> now + ttl_ms) and the index lives ``keep_ms`` at
+least, in the same atomic call (one Redis or Sentinel; in a Cluster the index has a hash slot
+of its own: ``INDEX`` is sent first).
 
 * Deadline: Redis runs a command it received even when its sender has given up (a Redis stopped
   with SIGSTOP runs its queue on SIGCONT). A call whose deadline has passed by Redis's ``TIME``
@@ -37,9 +42,10 @@ per_second capacity n`` (a rate or token bucket) or ``s limit lease_ms 0`` (slot
   what it held (at most its size) at the floor, and an absent one (expired, or a restarted Redis
   that lost it) is empty there; both refill from the floor. The proxies' local shares admitted
   the outage's refill already.
-* Slots are leases: their score is now + ``lease_ms`` (seconds), renewed by ``RENEW`` while the
-  request runs (scanner.limiter.store.Leases), so a slot nobody renews (its limiter killed, its
-  proxy gone) comes back within the lease.
+* Slots are leases: their score is now + ``lease_ms``, renewed by ``RENEW`` while the request
+  runs and its proxy may be alive (scanner.limiter.store.renew, by any limiter: from the
+  owner's index), so a slot nobody renews (its proxy gone, every limiter gone) comes back
+  within the lease.
 
 Nothing is written until the walk ends: all admitted, every zone takes; the first refusal at
 zone ``f`` and only the rate zones before it take (NGINX's ``limit_req`` counted the request; a
@@ -49,9 +55,16 @@ evaluated zone: admitted, left (bucket: whole tokens after the take; slots: live
 wait (bucket: µs, -1 never; slots: ms until the oldest expires)}``. All keys of one request share
 one Redis Cluster hash slot (scanner.limiter.keys: the tag is the key, not the zone).
 
-``RENEW`` (one slots key, ``ARGV[1]`` the lease in ms, then slot ids): each slot still held gets
-now + lease (``ZADD XX``: a released or expired slot is never brought back); answers the
-1-based positions of the ids no longer held (the limiter stops renewing them).
+``RENEW`` (one slots key, ``ARGV[1]`` the lease in ms, then slot ids): each slot still held and
+unexpired gets now + lease (``ZADD XX``: a released or expired slot is never brought back, even
+before an acquire has swept it); answers the 1-based positions of the ids no longer held (the
+limiter forgets them).
+
+``INDEX`` (Redis Cluster only: one owner's index of slots, scanner.limiter.keys.leases;
+``ARGV[1]`` how long the index must live at least, ms, then pairs ``<slots key> <slot id>``,
+until in Redis ms): written BEFORE ``ACQUIRE`` (scanner.limiter.store.reserve), so that a slot
+never exists without its entry: any limiter finds it there and renews it (a limiter killed
+between the two leaves an entry whose slot was never taken, which RENEW reports gone).
 """
 
 from __future__ import annotations
@@ -134,7 +147,9 @@ local refused = 0
 for i = 1, #KEYS do
   local kind, a = ARGV[i * 4], tonumber(ARGV[i * 4 + 1])
   local b, n = tonumber(ARGV[i * 4 + 2]), tonumber(ARGV[i * 4 + 3])
-  if kind ~= 's' then
+  if kind == 'i' then
+    -- the slots' owner's index: written below, once every zone is admitted
+  elseif kind ~= 's' then
     local h = redis.call('HMGET', KEYS[i], 't', 'v')
     local t0, v0 = since, 0
     if h[1] then
@@ -186,6 +201,16 @@ for i = 1, #KEYS do
       local last = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
       redis.call('PEXPIREAT', KEYS[i], tonumber(last[2]) + 1)
     end
+  elseif kind == 'i' and refused == 0 then
+    for j = 1, #KEYS do
+      if ARGV[j * 4] == 's' then
+        redis.call('HSET', KEYS[i], KEYS[j] .. ' ' .. slot, ms + tonumber(ARGV[j * 4 + 3]))
+      end
+    end
+    local keep = tonumber(ARGV[i * 4 + 1])
+    if redis.call('PTTL', KEYS[i]) < keep then
+      redis.call('PEXPIRE', KEYS[i], keep)
+    end
   end
 end
 return out
@@ -197,7 +222,8 @@ local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local gone = {}
 for i = 2, #ARGV do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) > ms then
     redis.call('ZADD', KEYS[1], 'XX', ms + lease, ARGV[i])
   else
     gone[#gone + 1] = i - 1
@@ -208,6 +234,18 @@ if last[2] then
   redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1)
 end
 return gone
+"""
+
+
+INDEX_LUA = """
+local keep = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if redis.call('PTTL', KEYS[1]) < keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
+return {1}
 """
 
 
@@ -224,6 +262,7 @@ BUCKET = Script(BUCKET_LUA)
 SLOT = Script(SLOT_LUA)
 ACQUIRE = Script(ACQUIRE_LUA)
 RENEW = Script(RENEW_LUA)
+INDEX = Script(INDEX_LUA)
 
 
 async def run(redis: Client, script: Script, key: str, args: Sequence[str | int | float]) -> list[int]:

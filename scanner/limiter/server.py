@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,8 +41,10 @@ MAX_MESSAGE = 64 * 1024
 GRPC_UNITS: dict[str, float] = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 READ = 65536
 Ready = Callable[[str, int], None]
-# each gRPC connection is the owner of the slots acquired on it (store.Owners): ``conn:N``
+# a call naming no owner: the gRPC connection it came on owns its slots (store.Owners),
+# ``conn:P:N`` (P: this process, so that no other limiter's connection has the name)
 _CONNECTIONS = itertools.count(1)
+_PROCESS = secrets.token_hex(4)
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,18 @@ class _Grpc:
         self.paths: dict[int, str] = {}
         self.until: dict[int, float] = {}     # when the caller gives a stream's call up (monotonic)
         self.tasks: set[asyncio.Task[None]] = set()
-        # the slots acquired here are renewed while this connection is open (a proxy killed
-        # mid-stream closes it: they come back within the lease)
-        self.owner = f"conn:{next(_CONNECTIONS)}"
+        # the owners of the slots acquired here (the Envoy workers its calls name, else the
+        # connection itself) are alive while it is open (a proxy killed mid-stream closes it:
+        # their slots come back within the lease)
+        self.owner = f"conn:{_PROCESS}:{next(_CONNECTIONS)}"
+        self.named: set[str] = set()
 
     async def serve(self, reader: asyncio.StreamReader, first: bytes) -> None:
         self.conn.initiate_connection()
         data = first
         owners = store.session(self.service.redis).owners
         owners.opened(self.owner)
+        peer_gone = False       # closed by the proxy (its owners are gone), not by this shutdown
         try:
             while data:
                 self._events(self.conn.receive_data(data))
@@ -132,8 +138,13 @@ class _Grpc:
                     self.writer.write(out)
                     await self.writer.drain()
                 data = await reader.read(READ)
+            peer_gone = True
+        except ConnectionError:
+            peer_gone = True
+            raise
         finally:
-            owners.closed(self.owner)
+            for owner in (self.owner, *self.named):
+                owners.closed(owner, peer_gone)
             for task in self.tasks:
                 task.cancel()
 
@@ -185,8 +196,8 @@ class _Grpc:
             return GRPC_INVALID_ARGUMENT, "one uncompressed message of at most 64 KiB", b""
         try:
             request = proto.decode_request(bytes(body[5:]))
-            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request, self.owner,
-                                                 until)
+            answer = await rls.should_rate_limit(self.service.redis, self.service.config, request,
+                                                 self._owner(request), until)
             self.service.outage.answered()
             return GRPC_OK, "", answer.SerializeToString()
         except StoreUnavailableError:
@@ -197,6 +208,17 @@ class _Grpc:
             return GRPC_UNAVAILABLE, decide.UNAVAILABLE, b""
         except (LimiterCallError, proto.ProtoError) as exc:
             return GRPC_INVALID_ARGUMENT, str(exc)[:200], b""
+
+    def _owner(self, request: proto.Request) -> str:
+        """The owner of the call's slots: the Envoy worker it names (alive while a connection
+        that carried it is open), else this connection."""
+        named = rls.owner(request)
+        if not named:
+            return self.owner
+        if named not in self.named:
+            self.named.add(named)
+            store.session(self.service.redis).owners.opened(named)
+        return named
 
 
 # --- HTTP/1.1 -----------------------------------------------------------------------------------
@@ -284,12 +306,13 @@ async def serve(service: Service, host: str, port: int,
 
 
 async def renew_leases(service: Service) -> None:
-    """The leases of the slots this service reserved for requests in flight, renewed every third
-    of a lease until released (scanner.limiter.store.renew): a slot outlives its lease only while
-    this process and the proxy holding it live (store.Owners) and its request has not ended; a
-    Redis failure is retried next time."""
+    """The leases of the slots of requests in flight, renewed at once (a restarted limiter carries
+    on its predecessor's before they lapse) and then every third of a lease until released
+    (scanner.limiter.store.renew: from the leases' facts in Redis, whoever admitted them): a slot
+    outlives its lease only while its request has not ended and its proxy may be alive
+    (store.Owners); a Redis failure is retried next time."""
     lease = service.config.slot_lease_s
     while True:
-        await asyncio.sleep(lease / 3)
         with contextlib.suppress(StoreUnavailableError):
             await store.renew(service.redis, lease)
+        await asyncio.sleep(lease / 3)

@@ -220,6 +220,12 @@ class Clock:
         margin = min(DEADLINE_MARGIN_S, timeout_s / 2)
         return int(round((time.monotonic() + timeout_s - margin) * 1e6) + self.offset_us)
 
+    def redis_ms(self, at: float) -> int:
+        """Redis's time (ms) at this process's monotonic ``at`` (from the offset: at most a round
+        trip early)."""
+        assert self.offset_us is not None
+        return (round(at * 1e6) + self.offset_us) // 1000
+
 
 def call_timeout(redis: Client, until: float | None) -> float:
     """The time a call may take: the client's timeout, or less when its caller gives up sooner
@@ -233,68 +239,77 @@ def call_timeout(redis: Client, until: float | None) -> float:
     return timeout
 
 
-@dataclass(frozen=True)
-class Lease:
-    """One slot this process reserved: renewed until ``until`` (monotonic: the zone's
-    ``slot_ttl_s`` after admission, the longest its request may run) while ``owner`` is alive."""
-
-    until: float
-    owner: str = ""
-
-
-@dataclass
-class Leases:
-    """The slots this process reserved for requests still in flight (admitted, not released):
-    ``(slots key, slot id) -> Lease``. ``renew`` extends each by the lease while its owner lives."""
-
-    held: dict[tuple[str, str], Lease] = field(default_factory=dict)
-
-
 @dataclass
 class Owners:
-    """Who holds the slots this process leases: the proxy that asked, so that a proxy killed
+    """Who holds slots, as this process knows it: the proxy that asked, so that a proxy killed
     mid-stream (SIGKILL: no release ever comes) gets no more renewals and its slots come back
-    within a lease, while a live proxy's long stream keeps its slot.
+    within a lease, while a live proxy's long stream keeps its slot (renew):
 
-    * ``conn:N`` (Envoy): the gRPC connection the acquire came on, alive while it is open (a
-      killed Envoy's connections are closed by its kernel);
+    * ``envoy:ID`` (Envoy): the Lua VM of an Envoy worker (a random id per VM, sent as the
+      ``owner`` entry of its descriptors), alive here while a gRPC connection that carried it is
+      open (a killed Envoy's connections are closed by its kernel);
+    * ``conn:P:N`` (an Envoy call naming no owner): the gRPC connection itself, the same way;
     * ``replica:ID`` (NGINX, njs >= 0.8): the replica's id (per NGINX instance: a new one after a
-      restart), alive while heard from (an acquire, a release, its heartbeat every HEARTBEAT_S)
-      within OWNER_SILENT_S;
-    * ``""``: a caller that names none (njs 0.7, a hand-made call): alive while this process is,
-      its slots renewed until the zone's slot_ttl_s as before.
+      restart), alive here while heard from (an acquire, a release, its heartbeat every
+      HEARTBEAT_S) within OWNER_SILENT_S;
+    * ``""``: a caller that names none (njs 0.7, a hand-made call): keys.ANONYMOUS, whose slots
+      every limiter renews until their zone's slot_ttl_s.
 
-    ``seen`` maps an owner to the monotonic time it was last heard (inf: a connection open)."""
+    ``seen`` maps an owner to the monotonic time it was last heard (inf: a connection open here,
+    ``conns`` counts them); ``registered``: the owners this process entered into the registry
+    (keys.OWNERS) before their first slot (reserve); ``gone`` holds the owners this process saw
+    go (a connection closed by its peer, a replica silent): renew takes them out of the registry,
+    so that no other limiter carries their slots on."""
 
     seen: dict[str, float] = field(default_factory=dict)
+    conns: dict[str, int] = field(default_factory=dict)
+    registered: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
     silent_s: float = OWNER_SILENT_S
 
     def heard(self, owner: str) -> None:
-        if owner and self.seen.get(owner) != math.inf:
+        if owner and owner not in self.conns:
             self.seen[owner] = time.monotonic()
+            self.gone.discard(owner)
 
     def opened(self, owner: str) -> None:
+        self.conns[owner] = self.conns.get(owner, 0) + 1
         self.seen[owner] = math.inf
+        self.gone.discard(owner)
 
-    def closed(self, owner: str) -> None:
+    def closed(self, owner: str, peer_gone: bool = True) -> None:
+        """A connection that carried ``owner`` closed; the last one closed by its peer (not by this
+        process shutting down): the owner is gone."""
+        left = self.conns.get(owner, 0) - 1
+        if left > 0:
+            self.conns[owner] = left
+            return
+        self.conns.pop(owner, None)
         self.seen.pop(owner, None)
+        self.registered.discard(owner)
+        if peer_gone:
+            self.gone.add(owner)
 
     def alive(self, owner: str, now: float) -> bool:
         return not owner or self.seen.get(owner, -math.inf) >= now - self.silent_s
 
-    def forget_silent(self, now: float) -> None:
+    def vouched(self, now: float) -> list[str]:
+        """The owners alive here (the silent ones forgotten first, and marked gone)."""
         for owner in [o for o, t in self.seen.items() if t < now - self.silent_s]:
             del self.seen[owner]
+            self.registered.discard(owner)
+            self.gone.add(owner)
+        return sorted(self.seen)
 
 
 @dataclass
 class Session:
-    """What this process keeps beside its client: Redis's clock, the slots it leases, the call
-    timeout, and how many calls failed so far (a failure is followed by a reconnection: Redis
-    restarted, failed over, stopped, frozen or unreachable in between)."""
+    """What this process keeps beside its client: Redis's clock, the owners of slots it hears
+    from, the call timeout, and how many calls failed so far (a failure is followed by a
+    reconnection: Redis restarted, failed over, stopped, frozen or unreachable in between). The
+    leases themselves are in Redis (keys.leases, keys.OWNERS: renew)."""
 
     clock: Clock = field(default_factory=Clock)
-    leases: Leases = field(default_factory=Leases)
     owners: Owners = field(default_factory=Owners)
     timeout_s: float = TIMEOUT_S
     failures: int = 0
@@ -305,7 +320,7 @@ _SESSIONS: weakref.WeakKeyDictionary[Client, Session] = weakref.WeakKeyDictionar
 
 
 def session(redis: Client) -> Session:
-    """The clock and the leases of ``redis`` (one per client: the service has one)."""
+    """The clock and the owners of ``redis`` (one per client: the service has one)."""
     found = _SESSIONS.get(redis)
     if found is None:
         found = _SESSIONS[redis] = Session()
@@ -339,19 +354,30 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
     carries its deadline (past it Redis writes nothing: StoreUnavailableError); slots are leases
     of ``lease_s`` (at most the zone's slot_ttl_s), renewed by ``renew`` until released; ``floor``
     (on_unavailable: local): buckets are not refilled for the time before the last reconnection.
-    ``owner``: the proxy holding the slots (Owners), renewed only while it is alive. ``until``
+    ``owner``: the proxy holding the slots (Owners): written into its index first (keys.leases),
+    from which every limiter renews them while the owner may be alive (renew). ``until``
     (monotonic): when the caller gives up, if sooner than the client's timeout (call_timeout)."""
     clock = await synced(redis)
     names: list[str] = []
     deadline = clock.deadline_us(call_timeout(redis, until))
+    held = [(z, k) for z, k, _c in zones if isinstance(z, ConcurrencyZone)]
+    clustered = session(redis).layout == "cluster"
+    if held and owner and owner not in session(redis).owners.registered:
+        await _register(redis, clock, owner)
+    if held and clustered:      # the index's own hash slot: written first
+        await _index(redis, clock, held, slot, lease_s, owner)
     args: list[str | int | float] = [slot, deadline, clock.floor_us if floor else 0]
     for zone, key, cost in zones:
         if isinstance(zone, ConcurrencyZone):
             names.append(keys.slots(zone.name, key))
-            args += ("s", zone.limit, round(min(zone.slot_ttl_s, lease_s) * 1000), 0)
+            ttl_ms = round(zone.slot_ttl_s * 1000)
+            args += ("s", zone.limit, min(ttl_ms, round(lease_s * 1000)), ttl_ms)
         else:
             names.append(keys.bucket(zone.name, key))
             args += ("r" if isinstance(zone, RateZone) else "t", zone.per_second, zone.capacity, cost)
+    if held and not clustered:  # the index, in the same atomic call
+        names.append(keys.leases(owner))
+        args += ("i", _keep_ms(held, lease_s), 0, 0)
     try:
         out = await scripts.run_keys(redis, scripts.ACQUIRE, names, args)
     except (RedisError, OSError) as exc:
@@ -366,47 +392,110 @@ async def reserve(redis: Client, zones: Sequence[tuple[Zone, str, int]], slot: s
         answers.append(Held(ok == 1, left, wait / 1000) if isinstance(zone, ConcurrencyZone)
                        else Taken(ok == 1, left, None if wait < 0 else wait / 1e6))
     refused = out[0] - 1 if out[0] else None
-    if refused is None:
-        held = session(redis).leases.held
-        until = time.monotonic()
-        for zone, key, _cost in zones:
-            if isinstance(zone, ConcurrencyZone):
-                held[(keys.slots(zone.name, key), slot)] = Lease(until + zone.slot_ttl_s, owner)
     return Reserved(refused, tuple(answers))
 
 
-async def renew(redis: Client, lease_s: float) -> int:
-    """Extend every slot this client holds for a request in flight by ``lease_s`` (one RENEW per
-    slots key, sent together); forget those released elsewhere, expired, past their zone's
-    slot_ttl_s, or whose owner is gone (Owners: its slots then lapse within the lease). The
-    number renewed. A Redis failure: StoreUnavailableError (kept for next time)."""
-    own = session(redis)
-    held = own.leases.held
-    now = time.monotonic()
-    for entry, lease in list(held.items()):
-        if lease.until <= now or not own.owners.alive(lease.owner, now):
-            del held[entry]
-    own.owners.forget_silent(now)
-    by_key: dict[str, list[str]] = {}
-    for key, slot in held:
-        by_key.setdefault(key, []).append(slot)
-    lease_ms = round(lease_s * 1000)
+async def _register(redis: Client, clock: Clock, owner: str) -> None:
+    """``owner`` entered into the registry before its first slot here (renew vouches for it on
+    every step after): a limiter that starts after this one is killed finds its slots."""
     try:
-        answers = await asyncio.gather(*(scripts.run(redis, scripts.RENEW, key, (lease_ms, *slots))
-                                         for key, slots in by_key.items()))
+        await redis.hset(keys.OWNERS, owner, clock.redis_ms(time.monotonic()))
     except (RedisError, OSError) as exc:
         raise await _unavailable(redis, exc) from None
-    renewed = 0
-    for (key, slots), gone in zip(by_key.items(), answers, strict=True):
-        for i in gone:
-            held.pop((key, slots[i - 1]), None)
-        renewed += len(slots) - len(gone)
+    session(redis).owners.registered.add(owner)
+
+
+def _keep_ms(held: Sequence[tuple[ConcurrencyZone, str]], lease_s: float) -> int:
+    """How long an owner's index lives at least after a slot entered it."""
+    return round((max(z.slot_ttl_s for z, _k in held) + lease_s) * 1000)
+
+
+async def _index(redis: Client, clock: Clock, held: Sequence[tuple[ConcurrencyZone, str]], slot: str,
+                 lease_s: float, owner: str) -> None:
+    """In a Cluster: the slots ``slot`` is about to take, written first into ``owner``'s index
+    (scripts.INDEX: its own hash slot), each until its zone's slot_ttl_s from now, so that no
+    slot exists without its entry (elsewhere ACQUIRE writes the index itself)."""
+    if not held:
+        return
+    now_ms = clock.redis_ms(time.monotonic())
+    entries: list[str | int] = []
+    for zone, key in held:
+        entries += (f"{keys.slots(zone.name, key)} {slot}", now_ms + round(zone.slot_ttl_s * 1000))
+    try:
+        await scripts.run(redis, scripts.INDEX, keys.leases(owner), (_keep_ms(held, lease_s), *entries))
+    except (RedisError, OSError) as exc:
+        raise await _unavailable(redis, exc) from None
+
+
+async def renew(redis: Client, lease_s: float) -> int:
+    """One renewal step of this process (every third of a lease), from the leases' facts in Redis,
+    so that any limiter carries on what another admitted:
+
+    1. the owners this process saw go leave the registry (keys.OWNERS), the owners alive here
+       are vouched for in it (Owners);
+    2. the owners to carry: those alive here, every other one in the registry (vouched for by
+       another limiter, or by one that is gone: nobody can say their proxy is dead, so their
+       slots are kept, each until its zone's slot_ttl_s: never more than the plan, a bounded
+       hold), and keys.ANONYMOUS;
+    3. each one's index (keys.leases): every slot before its until gets ``lease_s`` more
+       (scripts.RENEW, one call per slots key, sent together); a slot released, expired or past
+       its until is taken out of the index (never brought back), and an owner of the registry
+       with an empty index out of the registry.
+
+    The number renewed. A Redis failure: StoreUnavailableError (tried again next time)."""
+    own = session(redis)
+    try:
+        clock = await synced(redis)
+        now = time.monotonic()
+        here = own.owners.vouched(now)
+        gone = sorted(own.owners.gone)
+        now_ms = clock.redis_ms(now)
+        if gone:
+            await redis.hdel(keys.OWNERS, *gone)
+            own.owners.gone.difference_update(gone)
+        if here:
+            await redis.hset(keys.OWNERS, mapping=dict.fromkeys(here, now_ms))
+        vouched = {_text(o): int(t) for o, t in (await redis.hgetall(keys.OWNERS)).items()}
+        registry = set(vouched) - set(gone)
+        owners = sorted(registry | set(here) | {keys.ANONYMOUS})
+        indexes = await asyncio.gather(*(redis.hgetall(keys.leases(o)) for o in owners))
+        renewing: dict[str, list[tuple[str, str]]] = {}     # slots key -> [(owner, slot id)]
+        lapsed: dict[str, list[str]] = {}                    # owner -> its index entries to drop
+        lease_ms = round(lease_s * 1000)
+        # out of the registry: an owner without slots that no limiter vouched for within a lease
+        empty = [o for o, index in zip(owners, indexes, strict=True)
+                 if not index and o in registry and o not in here and vouched[o] < now_ms - lease_ms]
+        for owner, index in zip(owners, indexes, strict=True):
+            for name, until in index.items():
+                entry = _text(name)
+                key, _sp, slot = entry.partition(" ")
+                if not slot or int(until) <= now_ms:
+                    lapsed.setdefault(owner, []).append(entry)
+                else:
+                    renewing.setdefault(key, []).append((owner, slot))
+        answers = await asyncio.gather(*(scripts.run(redis, scripts.RENEW, key,
+                                                     (lease_ms, *(slot for _o, slot in held)))
+                                         for key, held in renewing.items()))
+        renewed = 0
+        for (key, held), missing in zip(renewing.items(), answers, strict=True):
+            for i in missing:
+                owner, slot = held[i - 1]
+                lapsed.setdefault(owner, []).append(f"{key} {slot}")
+            renewed += len(held) - len(missing)
+        await asyncio.gather(*(redis.hdel(keys.leases(o), *entries) for o, entries in lapsed.items()),
+                             *([redis.hdel(keys.OWNERS, *empty)] if empty else []))
+    except (RedisError, OSError) as exc:
+        raise await _unavailable(redis, exc) from None
     return renewed
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> bool:
-    """Free ``slot``; False when it was not held (released already, or expired)."""
-    session(redis).leases.held.pop((keys.slots(zone.name, key), slot), None)
+    """Free ``slot``; False when it was not held (released already, or expired). Its index entry
+    goes at the next renewal step (renew: RENEW reports it gone)."""
     try:
         return int(await redis.zrem(keys.slots(zone.name, key), slot)) == 1
     except (RedisError, OSError) as exc:
