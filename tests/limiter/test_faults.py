@@ -204,3 +204,70 @@ def test_a_replica_s_slots_are_renewed_while_it_is_heard_from(tmp_path: Path) ->
     finally:
         service.stop()
         redis.stop()
+
+
+ZONES_TTL6 = {**ZONES_LEASED, "zones": {**ZONES_LEASED["zones"],   # type: ignore[dict-item]
+                                        "conc:ttl6": {"kind": "concurrency", "limit": 1, "slot_ttl_s": 6}}}
+
+
+def test_a_second_limiter_carries_on_the_leases_of_a_killed_one(tmp_path: Path) -> None:
+    """Two limiters on one Redis; three slots taken through the first: an NGINX replica's (it
+    heartbeats), one naming no owner (njs 0.7) and an Envoy worker's (gRPC, its owner entry; then
+    idle). The first limiter SIGKILLed: the second carries all three on past the lease; the ones
+    nobody can vouch for (no owner, the idle worker) until their zone's slot_ttl_s (6 s), the
+    replica's while it heartbeats (to the second) and no longer once it falls silent."""
+    from scanner.limiter import proto
+    from scanner.limiter.config import HEARTBEAT_S, OWNER_SILENT_S
+    from tests.limiter.clients import GrpcClient, descriptor
+
+    redis = redis_process(tmp_path).start()
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    first = limiter_process(tmp_path / "first", url(redis), ZONES_TTL6)
+    second = limiter_process(tmp_path / "second", url(redis), ZONES_TTL6)
+    try:
+        first.start()
+        second.start()
+        client = HttpClient("127.0.0.1", first.port)
+        assert client.post("/v1/acquire", {"key": "r", "zones": ["conc:2"], "slot": "r1",
+                                           "replica": "R-1"})[1]["allow"] is True
+        assert client.post("/v1/acquire", {"key": "a", "zones": ["conc:ttl6"], "slot": "a1"})[1]["allow"] is True
+        client.close()
+        grpc = GrpcClient("127.0.0.1", first.port)
+        taken = grpc.call(proto.request("vllm-perimeter", (
+            descriptor("conc:ttl6", "e", ("slot", "e1"), ("owner", "W-1")),)))
+        assert taken.response is not None and taken.response.overall_code == proto.CODE_OK
+        admitted = time.monotonic()
+        os.kill(_pid(first), signal.SIGKILL)                       # no goodbye; the worker idle
+        killed = time.monotonic()
+        beat = HttpClient("127.0.0.1", second.port)
+        held: dict[str, list[int]] = {"r": [], "a": [], "e": []}
+        end = killed + OWNER_SILENT_S + 2 * LEASE_S                # past the silence and the lease
+        for _ in range(50):
+            assert beat.post("/v1/alive", {"replica": "R-1"}) == (200, {"alive": True})
+            if time.monotonic() - killed > LEASE_S + LEASE_S / 3 + 0.5 and time.monotonic() - admitted < 5.5:
+                for key, zone in (("r", "conc:2"), ("a", "conc:ttl6"), ("e", "conc:ttl6")):
+                    held[key].append(_unexpired(redis, zone, key))
+            if time.monotonic() > end:
+                break
+            time.sleep(min(HEARTBEAT_S, 0.5))
+        assert held["r"] and held == {"r": [1] * len(held["r"]), "a": [1] * len(held["a"]),
+                                      "e": [1] * len(held["e"])}, held   # carried on past the lease
+        assert _unexpired(redis, "conc:2", "r") == 1                 # heard from: still kept
+        # past slot_ttl_s (6 s from admission) and a lease: no longer renewed
+        time.sleep(max(0.0, admitted + 6 + LEASE_S + 0.3 - time.monotonic()))
+        assert (_unexpired(redis, "conc:ttl6", "a"), _unexpired(redis, "conc:ttl6", "e")) == (0, 0)
+        silent = time.monotonic()                                   # the replica killed
+        beat.close()
+        for _ in range(200):
+            if _unexpired(redis, "conc:2", "r") == 0:
+                break
+            time.sleep(0.1)
+        back_after = time.monotonic() - silent
+        assert _unexpired(redis, "conc:2", "r") == 0, "the silent replica's slot is still held"
+        assert back_after <= OWNER_SILENT_S + LEASE_S + LEASE_S / 3 + 0.3, back_after
+        grpc.close()
+    finally:
+        first.stop()
+        second.stop()
+        redis.stop()

@@ -5,7 +5,7 @@ flight, and the principal's next request is still refused 429 ``concurrency`` af
 lease; the slots come back when the streams end.
 
 Two replicas, the limiter, one Redis (tests.limiter.fleet), a lease of LEASE_S, streams of about
-16 s: two streams on replica A hold the principal's 2 slots; the limiter is SIGKILLed and started
+10 s: two streams on replica A hold the principal's 2 slots; the limiter is SIGKILLed and started
 again (same port); past the lease and a renewal step since the kill, a third request through B
 and through A is refused; the streams end, the principal is admitted again.
 
@@ -26,7 +26,8 @@ from tests.limiter.fleet import CONCURRENCY, FleetStack, chat
 from tests.probe.realproxy import proxy_named
 
 LEASE_S = 3.0
-STREAM_DELAY_S = 1.5     # the stand-in's 10 tokens a stream, 1.5 s apart: about 16 s a stream
+STREAM_DELAY_S = 1.5     # the stand-in's STREAM_TOKENS a stream, 1.5 s apart: about 10.5 s a stream
+STREAM_TOKENS = 7
 # past the lease and a renewal step (a third of a lease) since the kill, and a margin: a slot
 # nobody renewed is gone by then
 LAPSED_S = LEASE_S + LEASE_S / 3 + 1.0
@@ -49,7 +50,7 @@ def _answer(stack: FleetStack, replica: int) -> tuple[int, str]:
 
 
 def test_a_restarted_limiter_carries_on_the_slots_of_streams_in_flight(stack: FleetStack) -> None:
-    held = [stack.open(0, "POST", "/v1/chat/completions", chat(10, stream=True)) for _ in range(CONCURRENCY)]
+    held = [stack.open(0, "POST", "/v1/chat/completions", chat(STREAM_TOKENS, stream=True)) for _ in range(CONCURRENCY)]
     opened = time.monotonic()
     assert [h.status for h in held] == [200] * CONCURRENCY
     assert _answer(stack, 1) == (429, "concurrency")             # both slots held, through B too

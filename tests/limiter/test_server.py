@@ -114,6 +114,9 @@ def test_grpc_refusal_undoes_earlier_slots_and_tokens(grpc: GrpcClient) -> None:
     (proto.request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "delete")),)), 3, "op"),
     (proto.request(DOMAIN, (descriptor("rate:2/3", "k", ("op", "settle")),)), 3, "rate zone"),
     (proto.request(DOMAIN, (descriptor("tokens:600", "k"),)), 3, "needs the request's cost"),
+    (proto.request(DOMAIN, (descriptor("conc:2", "k", ("slot", "s"), ("owner", "a b")),)), 3, "bad owner"),
+    (proto.request(DOMAIN, (descriptor("conc:2", "k", ("slot", "s"), ("owner", "w1")),
+                            descriptor("rate:2/3", "k", ("owner", "w2")))), 3, "one owner"),
 ])
 def test_grpc_bad_calls_are_invalid_argument(grpc: GrpcClient, request_: proto.Request, status: int,
                                              words: str) -> None:

@@ -436,3 +436,42 @@ def test_a_call_given_up_by_its_caller_writes_nothing(redis_server: ManagedProce
     assert len(late) == 2 and all("late" in m for m in late)
     assert written == 0                                   # neither call touched Redis
     assert tokens == 500 and refunded == 540              # charged once, refunded once
+
+
+def test_leases_live_in_redis_and_any_limiter_carries_them(redis_server: ManagedProcess) -> None:
+    """Two limiters (two clients, each its own session) on one Redis: the slots one admitted are
+    renewed by the other, which never heard their owners (the registry, each owner's index); an
+    owner seen gone (its connection closed by its peer) leaves the registry and nobody renews it
+    any more; a released slot leaves its index; an expired one is never renewed back."""
+    from scanner.limiter import scripts
+
+    zone = ConcurrencyZone("c-carry", 3, 30.0)
+    own_db = f"redis://127.0.0.1:{redis_server.port}/7"     # the anonymous index: this test's own
+
+    async def go(_r: Redis) -> list[object]:
+        a = store.connect(store.StoreSpec(own_db, timeout_s=5.0))
+        b = store.connect(store.StoreSpec(own_db, timeout_s=5.0))
+        seen: list[object] = []
+        try:
+            await a.flushdb()
+            store.session(a).owners.opened("envoy:W")                       # a worker's connection
+            await store.reserve(a, [(zone, "k", 1)], "s1", 1.0, owner="envoy:W")
+            await store.reserve(a, [(zone, "k", 1)], "s2", 1.0)              # naming no owner
+            seen.append(await store.renew(b, 1.0))                            # b carries both
+            store.session(a).owners.closed("envoy:W")                        # closed by the worker
+            await store.renew(a, 1.0)                                         # out of the registry
+            seen.append(await store.renew(b, 1.0))                            # the anonymous one only
+            await store.release(a, zone, "k", "s2")
+            seen.append(await store.renew(b, 1.0))
+            seen.append(await a.hlen(keys.leases("")))                        # its entry gone
+            slots = keys.slots(zone.name, "k")
+            await a.zadd(slots, {"old": 1})                                   # expired long ago
+            seen.append(await scripts.run(a, scripts.RENEW, slots, (1000, "old")))
+            seen.append(await a.zscore(slots, "old"))
+        finally:
+            await a.flushdb()
+            await a.aclose()
+            await b.aclose()
+        return seen
+
+    assert run(go, redis_server) == [2, 1, 0, 0, [1], 1.0]
