@@ -10,9 +10,9 @@ reservation given back (the request will not run: it is neither running nor char
 
 * rate: take ``cost`` (1 per request) from the bucket of burst + 1 refilled at rps;
 * concurrency: hold the request's slot (its id: the caller's, e.g. Envoy's x-request-id, or a
-  new random one): a lease of ``slot_lease_s`` renewed by this process (scanner.limiter.store.
-  renew, the service's loop) until released, the zone's ``slot_ttl_s`` has passed, or the proxy
-  holding it is gone (store.Owners);
+  new random one): a lease of ``slot_lease_s`` renewed by every limiter (scanner.limiter.store.
+  renew, the service's loop, from the lease's facts in Redis) until released, the zone's
+  ``slot_ttl_s`` has passed, or the proxy holding it is gone (store.Owners);
 * tokens: reserve ``cost`` (the request's admitted envelope, scanner.plan.body.token_cost), clamped to
   the bucket's capacity (``burst``) + 1 (a cost over it never fits: Retry-After 60, as the proxies).
 

@@ -17,8 +17,9 @@
 anew each time; or a new one in the answer), to release with. ``"zone": Z`` is short for
 ``"zones": [Z]``. ``"replica": ID`` (on acquire and release; njs >= 0.8: one id per NGINX
 instance) names the proxy holding the slot: its leases are renewed only while that replica is
-heard from, by those calls or its heartbeat ``/v1/alive`` (scanner.limiter.store.Owners); without
-it a slot is renewed until its zone's slot_ttl_s. A release may carry the settlement of the same
+heard from, by those calls or its heartbeat ``/v1/alive``, at any limiter (or no live limiter
+hears it: then until slot_ttl_s; scanner.limiter.store.Owners, renew); without it a slot is
+renewed until its zone's slot_ttl_s. A release may carry the settlement of the same
 request's token zone ``T`` (one call once answered instead of two). Redis unavailable: **503**
 ``{"allow": false, "reason": "shared-store-unavailable"}``: the proxy answers 503 with that
 reason; under ``on_unavailable: local``, once the outage is as old as the zones'
