@@ -110,6 +110,37 @@ def test_a_cluster_spreads_the_keys_and_keeps_each_limit_exact(cluster: list[Man
     assert after_flush == [4] * 30 and all(n >= 1 for n in evals), evals
 
 
+def test_a_cluster_keeps_the_leases_for_any_limiter(cluster: list[ManagedProcess]) -> None:
+    """On a Cluster the owner's index has its own hash slot: INDEX first, then ACQUIRE (one key
+    per command); a second limiter (another client, its own session) finds the slot through the
+    registry and the index and renews it, without having heard its owner."""
+    from scanner.limiter import store
+    from scanner.plan.zones import ConcurrencyZone
+
+    url = f"redis+cluster://127.0.0.1:{cluster[0].port},127.0.0.1:{cluster[1].port}"
+    zone = ConcurrencyZone("conc:carry", 2, 30.0)
+
+    slots = keys.slots(zone.name, "cl-lease")
+
+    async def go() -> tuple[bool, bool, bool]:
+        a = store.connect(store.StoreSpec(url, timeout_s=5.0))
+        b = store.connect(store.StoreSpec(url, timeout_s=5.0))
+        try:
+            taken = await store.reserve(a, [(zone, "cl-lease", 1)], "x1", 1.0, owner="replica:C-1")
+            indexed = bool(await b.hexists(keys.leases("replica:C-1"), f"{slots} x1"))
+            before = await b.zscore(slots, "x1")
+            await asyncio.sleep(0.05)
+            await store.renew(b, 1.0)                   # other slots of the module's tests too
+            after = await b.zscore(slots, "x1")
+            await store.release(a, zone, "cl-lease", "x1")
+            return taken.refused is None, indexed, before is not None and after is not None and after > before
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    assert asyncio.run(go()) == (True, True, True)
+
+
 def eval_calls(port: int) -> int:
     """How many EVAL a node ran (its command statistics): the NOSCRIPT fallback."""
     line = next((x for x in cli(port, "info", "commandstats").splitlines() if x.startswith("cmdstat_eval:")), "")
