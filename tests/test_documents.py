@@ -65,6 +65,27 @@ def test_errors_name_the_file_and_the_field() -> None:
                           "vantage": "", "detail": "", "remediation": ""}]}, "r.json")
 
 
+ATTEMPT = {"check": "auth", "method": "GET", "path": "/v1/models", "request_line": "GET /v1/models HTTP/1.1",
+           "credential": "user", "fingerprint": "", "vantage": "default", "expected": "allow", "status": 200}
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"unreachable": "yes"}, "unreachable"),                 # a "yes" is no boolean
+    ({"elapsed_s": "1.5"}, "elapsed_s"),                     # a string is no number
+    ({"schema_version": True}, "schema_version"),            # true is no 1
+    ({"attempts": [{**ATTEMPT, "status": "200"}]}, r"attempts\[0\].status"),
+    ({"attempts": [{**ATTEMPT, "tries": 1.0}]}, r"attempts\[0\].tries"),
+    ({"credentials": [{"label": "user", "fingerprint": 7}]}, r"credentials\[0\].fingerprint"),
+])
+def test_a_probe_result_read_back_is_strict(change: dict[str, object], field: str) -> None:
+    """A probe result is read back as written: a value of another JSON type is refused, with its field."""
+    good = {"schema_version": 1, "target": "t", "plan_digest": "d", "policy": "p", "vantages": [],
+            "credentials": [], "elapsed_s": 0.5, "unreachable": False, "findings": [], "attempts": [ATTEMPT]}
+    assert probe_result.from_dict(good, "r.json").attempts[0].status == 200
+    with pytest.raises(ConfigError, match=rf"^r.json: invalid probe-result: {field}: "):
+        probe_result.from_dict({**good, **change}, "r.json")
+
+
 def test_schema_cli_lists_and_prints(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

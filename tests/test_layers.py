@@ -3,7 +3,8 @@
 Stages, in the order data flows (a module may import its own stage and earlier ones):
 the shared vocabularies, inventory, policy, plan (which owns the zone model, scanner.plan.zones), limiter (the
 shared store's service: it reads the plan's zones from its zones file), generate, runtime, standin, probe, netscan,
-documents, evidence, audit, mutate, verify (one proxy, mutation, fleet, demo), report, cli.
+evidence, audit, documents (the registry naming each document's model), mutate, verify (one proxy, mutation, fleet,
+demo), report, cli.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent / "scanner"
 BASE = ("errors", "canonical", "patterns", "reasons", "severity", "secrets", "net", "stop", "output", "resources",
         "state_changing", "witness_asgi", "store_url", "rules", "jsondoc")
 STAGES = (*BASE, "inventory", "policy", "plan", "limiter", "generate", "runtime", "standin", "probe", "netscan",
-          "documents", "evidence", "audit", "mutate", "verify", "report", "cli")
+          "evidence", "audit", "documents", "mutate", "verify", "report", "cli")
 
 
 def _modules() -> dict[str, Path]:

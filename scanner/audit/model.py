@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Final, Literal
 
+from scanner import jsondoc
 from scanner.audit.drift import ProbeDrift, RouteDrift
 from scanner.audit.nginxconf import DirectiveChange
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
+from scanner.jsondoc import CONFIG, Flag, Num, Str, Version1
 from scanner.netscan.model import PortFinding
 from scanner.probe import result as probe_result
 from scanner.probe.interface import ProbeResult
 from scanner.severity import FAIL_ON_DEFAULT, Severity, fails
 
-AUDIT_SCHEMA_VERSION = 1
+AUDIT_SCHEMA_VERSION: Final = 1
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class AuditReport:
         return bool(self.routes or self.config or not self.probe_drift.empty or not self.plan_matches
                     or (self.ports is not None and self.ports.new_ports))
 
-    def severity_counts(self) -> dict[str, int]:
+    def severity_counts(self) -> dict[Severity, int]:
         counts = self.probe.counts()
         for f in self.ports.findings if self.ports else ():
             counts[f.severity] = counts.get(f.severity, 0) + 1
@@ -94,18 +97,49 @@ class AuditReport:
             "findings": self.severity_counts(),
         }
 
+    def document(self) -> AuditReportDocument:
+        return AuditReportDocument(
+            schema_version=AUDIT_SCHEMA_VERSION, tool="vllm-perimeter audit",
+            baseline=self.baseline, signed_by=self.signed_by, release=self.release,
+            config_hash=self.config_hash, plan_matches=self.plan_matches,
+            target=self.target, surface_url=self.surface_url, surface_note=self.surface_note,
+            surface_error=self.surface_error,
+            started_at=self.started_at, summary=self.summary(),
+            routes=tuple(r.to_dict() for r in self.routes),
+            config=tuple(c.to_dict() for c in self.config) if self.config is not None else None,
+            config_note=self.config_note,
+            probe_drift=self.probe_drift.to_dict(),
+            ports=self.ports.to_dict() if self.ports else None,
+            probe=probe_result.document(self.probe))
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": AUDIT_SCHEMA_VERSION, "tool": "vllm-perimeter audit",
-            "baseline": self.baseline, "signed_by": self.signed_by, "release": self.release,
-            "config_hash": self.config_hash, "plan_matches": self.plan_matches,
-            "target": self.target, "surface_url": self.surface_url, "surface_note": self.surface_note,
-            "surface_error": self.surface_error,
-            "started_at": self.started_at, "summary": self.summary(),
-            "routes": [r.to_dict() for r in self.routes],
-            "config": [c.to_dict() for c in self.config] if self.config is not None else None,
-            "config_note": self.config_note,
-            "probe_drift": self.probe_drift.to_dict(),
-            "ports": self.ports.to_dict() if self.ports else None,
-            "probe": probe_result.to_dict(self.probe),
-        }
+        out: dict[str, Any] = jsondoc.dump(self.document())
+        return out
+
+
+@dataclass(frozen=True)
+class AuditReportDocument:
+    """Drift of a live deployment against a baseline (``audit --format json``): an
+    :class:`AuditReport` as its document shows it (the drift records as their own to_dict
+    writes them, the probe result as its document)."""
+
+    __pydantic_config__: ClassVar = CONFIG
+    schema_version: Version1
+    tool: Literal["vllm-perimeter audit"]
+    baseline: Str
+    signed_by: Str
+    release: Str
+    config_hash: Str
+    plan_matches: Flag
+    target: Str
+    surface_url: Str
+    surface_note: Str
+    surface_error: Str
+    started_at: Num
+    summary: Mapping[Str, Any]
+    routes: tuple[Mapping[Str, Any], ...]
+    config: tuple[Mapping[Str, Any], ...] | None
+    config_note: Str
+    probe_drift: Mapping[Str, Any]
+    ports: Mapping[Str, Any] | None
+    probe: probe_result.ProbeResultDocument

@@ -37,8 +37,9 @@ def build_cmd(directory: str, inventory: str, policy: str, plan: str | None, con
       vllm-perimeter evidence build pack/ --inventory inv.json --policy policy.yaml \\
           --probe probe.json --netscan netscan.json --signing-key evidence.key
     """
-    given = [("inventory", inventory), ("policy", policy), ("plan", plan), ("probe", probe),
-             ("netscan", netscan), *(("config", c) for c in configs)]
+    given: list[tuple[pack.Role, str | None]] = [
+        ("inventory", inventory), ("policy", policy), ("plan", plan), ("probe", probe), ("netscan", netscan),
+        *(("config", c) for c in configs)]
     inputs = [pack.Input(role, Path(path)) for role, path in given if path is not None]
     manifest = pack.build(directory, inputs, signing_key)
     for f in manifest["files"]:

@@ -24,20 +24,22 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import yaml
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import Field
 
-from scanner import __version__, canonical
+from scanner import __version__, canonical, jsondoc
 from scanner.errors import PerimeterError, UsageError
 from scanner.evidence import keys
 from scanner.inventory import model as inventory_model
+from scanner.jsondoc import CONFIG, Int, Str, Version1
 from scanner.output import read_json
 from scanner.policy import load as policy_load
 from scanner.probe import result as probe_result
@@ -45,9 +47,10 @@ from scanner.probe import result as probe_result
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig.json"
 PUBLIC_KEY = "signing-key.pub"
-PACK_KIND = "vllm-perimeter-evidence"
-SCHEMA_VERSION = 1
-ROLES: tuple[str, ...] = ("inventory", "policy", "principals", "plan", "config", "probe", "netscan")
+PACK_KIND: Final = "vllm-perimeter-evidence"
+SCHEMA_VERSION: Final = 1
+Role = Literal["inventory", "policy", "principals", "plan", "config", "probe", "netscan"]
+ROLES: tuple[Role, ...] = ("inventory", "policy", "principals", "plan", "config", "probe", "netscan")
 # An API key made by `keys new` (vp_ + 43 URL-safe characters), and any PEM private key.
 SECRET_PATTERNS: tuple[tuple[str, re.Pattern[bytes]], ...] = (
     ("an API key", re.compile(rb"vp_[A-Za-z0-9_-]{43}")),
@@ -57,8 +60,33 @@ SECRET_PATTERNS: tuple[tuple[str, re.Pattern[bytes]], ...] = (
 
 @dataclass(frozen=True)
 class Input:
-    role: str
+    role: Role
     path: Path
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """A file of the pack: where, what it is, its size and digest."""
+
+    __pydantic_config__: ClassVar = CONFIG
+    path: Str
+    role: Role
+    bytes: Int
+    sha256: Annotated[Str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The manifest of a signed evidence pack (``evidence build``)."""
+
+    __pydantic_config__: ClassVar = CONFIG
+    kind: Literal["vllm-perimeter-evidence"]
+    schema_version: Version1
+    tool: Mapping[Str, Str]
+    vllm_version: Str | None
+    created: Str
+    public_key_fingerprint: Str
+    files: tuple[ManifestFile, ...]
 
 
 @dataclass(frozen=True)
@@ -103,15 +131,13 @@ def build(out_dir: str | Path, inputs: Sequence[Input], signing_key: str | Path)
         staging.chmod(0o755)
         files = [_copy(item, staging, i) for i, item in enumerate(everything)]
         public = private.public_key()
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": PACK_KIND,
-            "tool": {"name": "vllm-perimeter", "version": __version__},
-            "vllm_version": _vllm_version(everything),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "public_key_fingerprint": keys.fingerprint(public),
-            "files": sorted(files, key=lambda f: str(f["path"])),
-        }
+        manifest: dict[str, Any] = jsondoc.dump(Manifest(
+            kind=PACK_KIND, schema_version=SCHEMA_VERSION,
+            tool={"name": "vllm-perimeter", "version": __version__},
+            vllm_version=_vllm_version(everything),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            public_key_fingerprint=keys.fingerprint(public),
+            files=tuple(sorted(files, key=lambda f: f.path))))
         (staging / MANIFEST).write_text(canonical.dumps(manifest), encoding="utf-8")
         signature = private.sign(_signed_bytes(manifest))
         (staging / SIGNATURE).write_text(canonical.dumps({
@@ -174,7 +200,7 @@ def secret_in(data: bytes) -> str | None:
     return next((what for what, pattern in SECRET_PATTERNS if pattern.search(data)), None)
 
 
-def _copy(item: Input, staging: Path, index: int) -> dict[str, Any]:
+def _copy(item: Input, staging: Path, index: int) -> ManifestFile:
     # A principals file sits next to its policy, so the copied policy's reference resolves.
     folder = "policy" if item.role == "principals" else item.role
     rel = PurePosixPath("files", folder, item.path.name)
@@ -186,7 +212,7 @@ def _copy(item: Input, staging: Path, index: int) -> dict[str, Any]:
     shutil.copyfile(item.path, dest)
     dest.chmod(0o644)
     data = dest.read_bytes()
-    return {"path": str(rel), "role": item.role, "bytes": len(data), "sha256": _sha256(data)}
+    return ManifestFile(path=str(rel), role=item.role, bytes=len(data), sha256=_sha256(data))
 
 
 def _sha256(data: bytes) -> str:

@@ -12,13 +12,16 @@ and never reach an attempt, a finding or a writer: those carry a label and a fin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal
 
 import httpx
+from pydantic import Field
 
+from scanner import jsondoc
 from scanner.errors import EXIT_FINDINGS, EXIT_OK, EXIT_UNREACHABLE
+from scanner.jsondoc import CONFIG, Int, Num, Str
 from scanner.severity import FAIL_ON_DEFAULT, SEVERITIES, Severity, fails
 
 if TYPE_CHECKING:
@@ -47,7 +50,7 @@ VERDICTS: tuple[Verdict, ...] = ("proved", "failed", "inconclusive", "skipped")
 # "cert": a client certificate (auth "cert") presented in the TLS handshake, naming ``principal``
 # of ``role``; no Authorization header
 CredentialKind = Literal["none", "malformed", "wrong", "role", "token", "cert"]
-PROBE_SCHEMA_VERSION = 1
+PROBE_SCHEMA_VERSION: Final = 1
 
 
 @dataclass(frozen=True)
@@ -151,17 +154,19 @@ class ProbeOptions:
 class WitnessRecord:
     """What the upstream witness recorded for one probe request (credentials as fingerprints)."""
 
-    method: str
-    path: str                      # the raw path the proxy sent
-    query: str = ""                # without the probe's own parameters
-    headers: tuple[tuple[str, str], ...] = ()   # the watched ones (scanner.probe.witness.WATCHED)
-    body_bytes: int = 0
-    body_sha256: str = ""
-    body: str | None = None        # JSON object bodies up to 64 KiB
+    __pydantic_config__: ClassVar = CONFIG
+    method: Str
+    path: Str                      # the raw path the proxy sent
+    query: Str = ""                # without the probe's own parameters
+    headers: tuple[tuple[Str, Str], ...] = ()   # the watched ones (scanner.probe.witness.WATCHED)
+    body_bytes: Int = 0
+    body_sha256: Str = ""
+    body: Str | None = None        # JSON object bodies up to 64 KiB
     # a larger JSON object: its top-level names and the members of at most 1 KiB (not reported)
-    outline: Mapping[str, Any] | None = field(default=None, compare=False)
-    held_ms: float = 0.0           # how long the witness held it (vp_hold); > 0: in flight during the hold
-    arrivals: int = 1              # how many times it reached the upstream (> 1: the proxy resent it)
+    outline: Annotated[Mapping[str, Any] | None, Field(exclude=True)] = field(default=None, compare=False)
+    held_ms: Num = 0.0           # how long the witness held it (vp_hold); > 0: in flight during the hold
+    # how many times it reached the upstream (> 1: the proxy resent it; 1 is left out of a document)
+    arrivals: Annotated[Int, Field(exclude_if=lambda v: v == 1)] = 1
 
     def header(self, name: str) -> str | None:
         """The value of ``name`` (lower case) if it reached the upstream (several: joined)."""
@@ -169,10 +174,8 @@ class WitnessRecord:
         return ", ".join(values) if values else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "query": self.query,
-                "headers": [list(h) for h in self.headers], "body_bytes": self.body_bytes,
-                "body_sha256": self.body_sha256, "body": self.body,
-                **({"arrivals": self.arrivals} if self.arrivals != 1 else {})}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 
@@ -180,62 +183,57 @@ class WitnessRecord:
 class Attempt:
     """One request and what came back. Never holds a key value."""
 
-    check: str
-    method: str
-    path: str                      # the route template the case is about
-    request_line: str              # what was sent: "POST /v1/../invocations HTTP/1.1"
-    credential: str                # credential label
-    fingerprint: str               # of the key used, "" if none
-    vantage: str
+    __pydantic_config__: ClassVar = CONFIG
+    check: Str
+    method: Str
+    path: Str                      # the route template the case is about
+    request_line: Str              # what was sent: "POST /v1/../invocations HTTP/1.1"
+    credential: Str                # credential label
+    fingerprint: Str               # of the key used, "" if none
+    vantage: Str
     expected: Literal["allow", "deny"]
-    status: int | None = None
-    error: str = ""                # timeout, connect-refused, tls: ..., skipped: ...
+    status: Int | None = None
+    error: Str = ""                # timeout, connect-refused, tls: ..., skipped: ...
     layer: Layer = "none"
-    decision: str = ""             # the marker header's value when the proxy answered
+    decision: Str = ""             # the marker header's value when the proxy answered
     outcome: Outcome = "error"
-    latency_ms: float = 0.0
-    sent_at: float = 0.0           # monotonic clock when sent (durations within one run only)
-    note: str = ""                 # which variant, which limit, ...
-    reason: str = ""               # X-Perimeter-Reason of a proxy answer
-    reasons: tuple[str, ...] = ()  # the reasons that prove the expected denial (scanner.reasons)
+    latency_ms: Num = 0.0
+    sent_at: Num = 0.0           # monotonic clock when sent (durations within one run only)
+    note: Str = ""                 # which variant, which limit, ...
+    reason: Str = ""               # X-Perimeter-Reason of a proxy answer
+    reasons: tuple[Str, ...] = ()  # the reasons that prove the expected denial (scanner.reasons)
     verdict: Verdict = "inconclusive"
-    why: str = ""                  # what the verdict rests on, for the report
-    tries: int = 1                 # 1 for the first send of a case, 2.. for retries
-    probe_id: str = ""             # correlates the request with the upstream witness's record
-    subject: str = ""              # the plan decision or limit this attempt is evidence for
+    why: Str = ""                  # what the verdict rests on, for the report
+    tries: Int = 1                 # 1 for the first send of a case, 2.. for retries
+    probe_id: Str = ""             # correlates the request with the upstream witness's record
+    subject: Str = ""              # the plan decision or limit this attempt is evidence for
     upstream: WitnessRecord | None = None  # what reached the upstream (a witness run only)
-    answer_body: str = ""          # the answer's body (latin-1) of a case with ``answer`` (first 8 KiB)
+    answer_body: Str = ""          # the answer's body (latin-1) of a case with ``answer`` (first 8 KiB)
                                    # or ``read_answer`` (first 64 KiB)
-    open_ms: float = 0.0           # a stream held by the client (Case.stream_hold): how long its answer was
+    open_ms: Num = 0.0           # a stream held by the client (Case.stream_hold): how long its answer was
                                    # still coming from the upstream when the client closed it (0: ended first)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in _ATTEMPT_FIELDS}
-        d["reasons"] = list(self.reasons)
-        d["upstream"] = self.upstream.to_dict() if self.upstream else None
-        return d
-
-
-
-_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 @dataclass(frozen=True)
 class Evidence:
-    request_line: str
-    credential: str
-    vantage: str
-    status: int | None
+    __pydantic_config__: ClassVar = CONFIG
+    request_line: Str
+    credential: Str
+    vantage: Str
+    status: Int | None
     layer: Layer
     outcome: Outcome
-    note: str = ""
-    reason: str = ""               # X-Perimeter-Reason of a proxy answer
-    why: str = ""                  # what the verdict rests on
+    note: Str = ""
+    reason: Str = ""               # X-Perimeter-Reason of a proxy answer
+    why: Str = ""                  # what the verdict rests on
 
     def to_dict(self) -> dict[str, Any]:
-        return {"request_line": self.request_line, "credential": self.credential,
-                "vantage": self.vantage, "status": self.status, "layer": self.layer,
-                "outcome": self.outcome, "note": self.note, "reason": self.reason, "why": self.why}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
     @staticmethod
     def of(a: Attempt) -> Evidence:
@@ -251,39 +249,39 @@ COVERAGE_STATUSES: tuple[CoverageStatus, ...] = ("proved", "failed", "not-proven
 class Coverage:
     """What one check established about one plan decision or limit (its subject)."""
 
-    check: str
-    subject: str                   # "POST /v1/chat/completions", "json-cap max_tokens: POST /v1/...", ...
+    __pydantic_config__: ClassVar = CONFIG
+    check: Str
+    subject: Str                   # "POST /v1/chat/completions", "json-cap max_tokens: POST /v1/...", ...
     status: CoverageStatus
-    why: str = ""                  # for not-proven and not-applicable: why; else a short summary
-    attempts: int = 0
-    method: str = ""               # the decision's method and path ("*" for several)
-    path: str = ""
+    why: Str = ""                  # for not-proven and not-applicable: why; else a short summary
+    attempts: Int = 0
+    method: Str = ""               # the decision's method and path ("*" for several)
+    path: Str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "subject": self.subject, "status": self.status, "why": self.why,
-                "attempts": self.attempts, "method": self.method, "path": self.path}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 
 @dataclass(frozen=True)
 class Finding:
-    id: str                        # stable: rule + method + path + vantage
-    rule: str                      # e.g. VP001
+    __pydantic_config__: ClassVar = CONFIG
+    id: Str                        # stable: rule + method + path + vantage
+    rule: Str                      # e.g. VP001
     severity: Severity
-    title: str
-    method: str
-    path: str
-    vantage: str
-    detail: str
-    remediation: str
+    title: Str
+    method: Str
+    path: Str
+    vantage: Str
+    detail: Str
+    remediation: Str
+    check: Str = ""                # the check that found it
     evidence: tuple[Evidence, ...] = ()
-    check: str = ""                # the check that found it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
-                "method": self.method, "path": self.path, "vantage": self.vantage,
-                "detail": self.detail, "remediation": self.remediation, "check": self.check,
-                "evidence": [e.to_dict() for e in self.evidence]}
+        out: dict[str, Any] = jsondoc.dump(self)
+        return out
 
 
 
@@ -390,8 +388,8 @@ class ProbeResult:
         """The findings that are deviations from the plan (all but "not proven")."""
         return tuple(f for f in self.findings if f.rule != "VP011")
 
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {s: 0 for s in SEVERITIES}
+    def counts(self) -> dict[Severity, int]:
+        out: dict[Severity, int] = {s: 0 for s in SEVERITIES}
         for f in self.findings:
             out[f.severity] = out.get(f.severity, 0) + 1
         return out
