@@ -97,10 +97,6 @@ class MediaRules(Base):
         return (self.urls != "pass" or self.data_max_bytes is not None or self.max_items is not None
                 or self.embeds == "deny")
 
-    def to_dict(self) -> dict[str, object]:
-        return {"urls": self.urls, "domains": list(self.domains), "data_max_bytes": self.data_max_bytes,
-                "max_items": self.max_items, "embeds": self.embeds}
-
 
 END_USER_DEFAULT = MediaRules(urls="deny", max_items=END_USER_MAX_ITEMS, embeds="deny")
 
