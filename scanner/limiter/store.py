@@ -432,8 +432,8 @@ async def renew(redis: Client, lease_s: float) -> int:
     so that any limiter carries on what another admitted:
 
     1. the owners this process saw go leave the registry (keys.OWNERS), the owners alive here
-       are vouched for in it (Owners);
-    2. the owners to carry: those alive here, every other one in the registry (vouched for by
+       that it registered (reserve: those it took slots for) are vouched for in it (Owners);
+    2. the owners to carry: those, every other one in the registry (vouched for by
        another limiter, or by one that is gone: nobody can say their proxy is dead, so their
        slots are kept, each until its zone's slot_ttl_s: never more than the plan, a bounded
        hold), and keys.ANONYMOUS;
@@ -453,11 +453,12 @@ async def renew(redis: Client, lease_s: float) -> int:
         if gone:
             await redis.hdel(keys.OWNERS, *gone)
             own.owners.gone.difference_update(gone)
-        if here:
-            await redis.hset(keys.OWNERS, mapping=dict.fromkeys(here, now_ms))
+        mine = [o for o in here if o in own.owners.registered]     # the rest hold no slot here
+        if mine:
+            await redis.hset(keys.OWNERS, mapping=dict.fromkeys(mine, now_ms))
         vouched = {_text(o): int(t) for o, t in (await redis.hgetall(keys.OWNERS)).items()}
         registry = set(vouched) - set(gone)
-        owners = sorted(registry | set(here) | {keys.ANONYMOUS})
+        owners = sorted(registry | set(mine) | {keys.ANONYMOUS})
         indexes = await asyncio.gather(*(redis.hgetall(keys.leases(o)) for o in owners))
         renewing: dict[str, list[tuple[str, str]]] = {}     # slots key -> [(owner, slot id)]
         lapsed: dict[str, list[str]] = {}                    # owner -> its index entries to drop
