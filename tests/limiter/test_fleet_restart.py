@@ -79,3 +79,40 @@ def test_a_restarted_limiter_carries_on_the_slots_of_streams_in_flight(stack: Fl
     for h in again:
         h.read()
         h.close()
+
+
+def test_after_a_restart_a_killed_replica_s_slots_still_come_back_within_the_lease(stack: FleetStack) -> None:
+    """The limiter restarted mid-stream carries the slots on; then replica A, which holds them, is
+    SIGKILLed: the restarted limiter has heard A again (the calls through it: Envoy's worker on a
+    new connection, NGINX's heartbeat), so A's slots come back within the lease (Envoy) or the
+    silence + the lease (NGINX), as with a limiter that never restarted (test_fleet_kill)."""
+    from scanner.limiter.config import OWNER_SILENT_S
+    bound = {"envoy": LEASE_S + LEASE_S / 3 + 0.5, "nginx": OWNER_SILENT_S + LEASE_S + LEASE_S / 3 + 0.5}
+    held = [stack.open(0, "POST", "/v1/chat/completions", chat(STREAM_TOKENS, stream=True))
+            for _ in range(CONCURRENCY)]
+    assert [h.status for h in held] == [200] * CONCURRENCY
+    limiter = stack.fleet.limiter
+    assert limiter._proc is not None
+    os.killpg(limiter._proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    limiter.stop()
+    limiter.start()
+    time.sleep(max(0.0, killed + LEASE_S + LEASE_S / 3 - time.monotonic()))
+    assert [_answer(stack, 0), _answer(stack, 1)] == [(429, "concurrency")] * 2   # carried on
+    replica_a = stack.fleet.replicas[0]._proc
+    assert replica_a is not None
+    os.killpg(replica_a.pid, signal.SIGKILL)                     # A and its workers, mid-stream
+    gone = time.monotonic()
+    for h in held:
+        h.close()
+    back = None
+    for _ in range(200):
+        status, reason = _answer(stack, 1)
+        if status == 200:
+            back = time.monotonic() - gone
+            break
+        assert (status, reason) == (429, "concurrency"), (status, reason)
+        time.sleep(0.25)
+    print(f"{stack.proxy}: after the restart, the killed replica's slots back after {back} s "
+          f"(bound {bound[stack.proxy]:.1f} s)")
+    assert back is not None and back <= bound[stack.proxy], back
