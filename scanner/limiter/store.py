@@ -290,9 +290,6 @@ class Owners:
         if peer_gone:
             self.gone.add(owner)
 
-    def alive(self, owner: str, now: float) -> bool:
-        return not owner or self.seen.get(owner, -math.inf) >= now - self.silent_s
-
     def vouched(self, now: float) -> list[str]:
         """The owners alive here (the silent ones forgotten first, and marked gone)."""
         for owner in [o for o, t in self.seen.items() if t < now - self.silent_s]:
