@@ -9,10 +9,13 @@ Modules, one concept each:
 
 * ``config``   the zones file: the plan's zones (scanner.plan.zones, kind rate | concurrency |
                tokens and their values) and the service's own settings around them;
-* ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag);
-* ``scripts``  the Lua scripts (token bucket take/give, slot hold), EVALSHA with EVAL fallback;
-* ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS) and
-               one typed call per decision;
+* ``keys``     Redis key names (``vp:{key}|zone:b`` buckets, ``:s`` slots; a cluster hash tag;
+               the slots' owners' indexes and registry);
+* ``scripts``  the Lua scripts (token bucket take/give, slot hold, lease renewal), EVALSHA with
+               EVAL fallback;
+* ``store``    the Redis client (redis-py: one Redis, Sentinel or Cluster; password file, TLS),
+               one typed call per decision, and the slots' leases (renewed by any limiter from
+               their facts in Redis);
 * ``decide``   one request's zones: acquire in order, release, settle; reasons, Retry-After;
 * ``proto``    Envoy's rate limit service messages (the generated classes of xds-protos);
 * ``rls``      ShouldRateLimit: the descriptor scheme (and its envoyproxy/ratelimit mapping);

@@ -63,8 +63,8 @@ NAME = re.compile(r"^[!-z|~]{1,200}$")
 KEY = re.compile(r"^[!-z|~]{1,300}$")
 MAX_VALUE = (1 << 31) - 1     # Envoy counts hits in 32 bits; njs in doubles
 MAX_SLOT_TTL_S = 24 * 3600.0
-# a concurrency slot is a lease this long, renewed by the limiter while its request is in flight
-# and the proxy that holds it is alive (scanner.limiter.store.Owners)
+# a concurrency slot is a lease this long, renewed by the limiters while its request is in flight
+# and the proxy that holds it may be alive (scanner.limiter.store.Owners, renew)
 SLOT_LEASE_S = 10.0
 # NGINX (njs >= 0.8): each replica says it is alive this often (js_periodic, POST /v1/alive);
 # a replica not heard from for OWNER_SILENT_S is gone: its slots are no longer renewed, so they
