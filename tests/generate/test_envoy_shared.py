@@ -45,6 +45,9 @@ def _sent(route: dict[str, Any]) -> list[tuple[str, ...]]:
         key = "remote_address" if "remote_address" in acts[1] else acts[1]["metadata"]["metadata_key"]["path"][0]["key"]
         op = next((a["generic_key"]["descriptor_value"] for a in acts[2:] if "generic_key" in a), "acquire")
         slot = any(a.get("metadata", {}).get("descriptor_key") == "slot" for a in acts)
+        # the slot's owner (the worker's Lua VM id) beside every slot, on no other descriptor
+        owner = [a["metadata"]["metadata_key"] for a in acts if a.get("metadata", {}).get("descriptor_key") == "owner"]
+        assert owner == ([{"key": "perimeter", "path": [{"key": "owner"}]}] if slot else []), owner
         hits = entry.get("hits_addend", {}).get("format", "")
         assert entry.get("apply_on_stream_done", False) == (op != "acquire")
         out.append((zone, key, op, "slot" if slot else "", hits))
@@ -86,6 +89,7 @@ def test_every_limited_route_sends_its_plan_zones(tmp_path: Path, mode: str) -> 
         n for n, z in shared.zones.items() if z.kind != "concurrency"}
     lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
     assert "local SHARED = true\n" in lua and "slot = true," in lua
+    assert 'dynamicMetadata():set("perimeter", "owner", OWNER)' in lua and '"/dev/urandom"' in lua
     locals_ = [f for f in hcm["http_filters"] if f["name"].startswith(("perimeter.rate", "perimeter.tokens"))]
     clusters = [c["name"] for c in yaml.safe_load(files["envoy.yaml"])["static_resources"]["clusters"]]
     if mode == "deny":   # every limit is the limiter's: no local bucket, no per-principal breaker
