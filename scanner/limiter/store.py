@@ -453,7 +453,7 @@ async def renew(redis: Client, lease_s: float) -> int:
         mine = [o for o in here if o in own.owners.registered]     # the rest hold no slot here
         if mine:
             await redis.hset(keys.OWNERS, mapping=dict.fromkeys(mine, now_ms))
-        vouched = {_text(o): int(t) for o, t in (await redis.hgetall(keys.OWNERS)).items()}
+        vouched = {_text(o): _ms(t) for o, t in (await redis.hgetall(keys.OWNERS)).items()}
         registry = set(vouched) - set(gone)
         owners = sorted(registry | set(mine) | {keys.ANONYMOUS})
         indexes = await asyncio.gather(*(redis.hgetall(keys.leases(o)) for o in owners))
@@ -467,7 +467,7 @@ async def renew(redis: Client, lease_s: float) -> int:
             for name, until in index.items():
                 entry = _text(name)
                 key, _sp, slot = entry.partition(" ")
-                if not slot or int(until) <= now_ms:
+                if not slot or _ms(until) <= now_ms:
                     lapsed.setdefault(owner, []).append(entry)
                 else:
                     renewing.setdefault(key, []).append((owner, slot))
@@ -488,7 +488,14 @@ async def renew(redis: Client, lease_s: float) -> int:
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _ms(value: bytes | str) -> int:
+    """A time the registry or an index holds (Redis ms); 0 (long past) for one that is not a number,
+    so that nothing another writer put there stops the renewals."""
+    text = _text(value)
+    return int(text) if text.isdigit() else 0
 
 
 async def release(redis: Client, zone: ConcurrencyZone, key: str, slot: str) -> bool:

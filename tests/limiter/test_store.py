@@ -475,3 +475,26 @@ def test_leases_live_in_redis_and_any_limiter_carries_them(redis_server: Managed
         return seen
 
     assert run(go, redis_server) == [2, 1, 0, 0, [1], 1.0]
+
+
+def test_what_another_writer_left_in_the_leases_does_not_stop_the_renewals(redis_server: ManagedProcess) -> None:
+    """A registry entry and index entries that are not the limiter's shape (no number, no slot id)
+    are dropped as lapsed; the slot beside them is still renewed."""
+    zone = ConcurrencyZone("c-odd", 2, 30.0)
+    own_db = f"redis://127.0.0.1:{redis_server.port}/8"
+
+    async def go(_r: Redis) -> tuple[int, int, list[bytes]]:
+        a = store.connect(store.StoreSpec(own_db, timeout_s=5.0))
+        try:
+            await a.flushdb()
+            await store.reserve(a, [(zone, "k", 1)], "s1", 1.0, owner="replica:odd")
+            await a.hset(keys.OWNERS, "replica:odd", "soon")
+            await a.hset(keys.leases("replica:odd"), mapping={"no-slot-id": "1", f"{keys.slots(zone.name, 'k')} s9": "x"})
+            renewed = await store.renew(a, 1.0)
+            return renewed, int(await a.hlen(keys.leases("replica:odd"))), await a.hkeys(keys.leases("replica:odd"))
+        finally:
+            await a.flushdb()
+            await a.aclose()
+
+    renewed, left, names = run(go, redis_server)
+    assert (renewed, left) == (1, 1) and names == [f"{keys.slots('c-odd', 'k')} s1".encode()]
