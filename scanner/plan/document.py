@@ -18,7 +18,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from scanner import jsondoc
 from scanner.inventory.model import RouteKind
 from scanner.jsondoc import CONFIG, Flag, Int, Num, Str, Version1
 from scanner.plan.budget import Budget
@@ -63,8 +62,6 @@ class LimitsView:
         exclude_if=_none, description="tokens_burst: the token budget's capacity set max_request_tokens (a "
         "request whose envelope is over the bucket's capacity can never be admitted: refused 400 "
         "envelope-tokens)")] = None
-    __get_pydantic_core_schema__ = jsondoc.required("body_bytes", "json_caps", "rate", "concurrency",
-                                                    "timeout_s")
 
 
 @dataclass(frozen=True)
