@@ -49,7 +49,7 @@ LET_THROUGH = {
 }
 
 
-@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+@pytest.mark.parametrize("proxy", ["envoy", "nginx", "nginx-debian"])
 @pytest.mark.parametrize("mutant", JWT_OPERATORS)
 def test_jwt_operators_caught_by_identity(tmp_path: Path, proxy: str, mutant: str) -> None:
     res = _run(tmp_path, proxy, mutant, checks=("identity",))
@@ -75,17 +75,18 @@ def test_look_alike_issuers_and_audiences_refused_without_a_witness(tmp_path: Pa
     assert {a.reason for a in alike} == {"jwt-issuer", "jwt-audience"}
 
 
-def test_duplicates_read_caught_by_identity_on_nginx(tmp_path: Path) -> None:
+@pytest.mark.parametrize("proxy", ["nginx", "nginx-debian"])
+def test_duplicates_read_caught_by_identity_on_nginx(tmp_path: Path, proxy: str) -> None:
     """njs's duplicate-member scan removed: the signed token naming its subject twice, and the one
     naming alg twice, are admitted (JSON.parse keeps the last copy): VP019. Envoy has no such
     operator: its jwt_authn refuses a duplicate itself behind Lua's scan."""
-    res = _run(tmp_path, "nginx", "jwt-duplicates-read", checks=("identity",))
+    res = _run(tmp_path, proxy, "jwt-duplicates-read", checks=("identity",))
     assert res.exit_code() == 1
     failed = {a.credential for a in res.attempts if a.check == "identity" and a.verdict == "failed"}
     assert {"jwt:claim sub twice", "jwt:header alg twice"} <= failed, failed
 
 
-@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+@pytest.mark.parametrize("proxy", ["envoy", "nginx", "nginx-debian"])
 def test_principal_namespace_collision_caught_by_verify_mutate(tmp_path: Path, proxy: str) -> None:
     """``verify --mutate`` with the operator that drops the token principal's ``jwt:ID:`` prefix:
     the identity check's token whose subject is a key principal's name reaches the upstream named

@@ -81,7 +81,7 @@ def test_listed_domains_are_proved_through_the_proxy(tmp_path: Path) -> None:
     assert allowed and all(a.verdict == "proved" for a in allowed)
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
 def test_a_route_without_its_media_check_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), load_policy(None), CATALOG, OPTIONS,
                         mutant="media-check-removed")
@@ -94,7 +94,7 @@ def test_a_route_without_its_media_check_is_caught(tmp_path: Path, name: str) ->
 NO_WITNESS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("media",))
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
 def test_a_listed_domain_widened_to_its_parent_is_caught_without_a_witness(tmp_path: Path, name: str) -> None:
     """img.example.org:8443 -> *.example.org:8443 (the first exact entry; scanner/mutate
     core.domain_widened): its siblings and its subdomain now pass the proxy; the probe without

@@ -19,7 +19,7 @@ OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=10, max_time=300, checks=(
 CERT_OPERATORS = ("cert-any-ca", "cert-san-unchecked", "cert-revoked-mapped", "cert-san-fallback")
 
 
-@pytest.mark.parametrize("proxy", ["envoy", "nginx"])
+@pytest.mark.parametrize("proxy", ["envoy", "nginx", "nginx-debian"])
 @pytest.mark.parametrize("mutant", ("", *CERT_OPERATORS))
 def test_cert_operators_caught_by_mtls(tmp_path: Path, proxy: str, mutant: str) -> None:
     (tmp_path / "ca.pem").write_bytes(TestCa.new().pem)

@@ -200,7 +200,7 @@ def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path, monkeypatch: 
     assert salts and all(c.status == "not-proven" and "--salt-secret-file" in c.why for c in salts), salts[:2]
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
 def test_a_route_forwarding_the_clients_salt_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), _salted(), CATALOG, OPTIONS, mutant="salt-not-rewritten")
     assert any(f.rule == "VP015" and "cache_salt" in f.detail for f in res.findings), \

@@ -39,7 +39,7 @@ def test_the_generated_listener_refuses_legacy_tls(tmp_path: Path, proxy: str) -
     assert all(status == "proved" for status, _why in cov.values()), cov
 
 
-@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+@pytest.mark.parametrize("proxy", ["nginx", "nginx-debian", "envoy"])
 def test_legacy_versions_admitted_fail_the_probe(tmp_path: Path, proxy: str) -> None:
     result = run(tmp_path, proxy, "tls-legacy-versions")
     cov = tls(result)
