@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, Strict, ValidationInfo, field_validator, model_validator
@@ -150,23 +150,13 @@ class Limits(Base):
         return self
 
     def merged(self, override: Limits | None) -> Limits:
+        """This audience's limits with a route's ``override``: each value the override sets (not
+        None) wins; JSON caps merge, the override's per field."""
         if override is None:
             return self
-        return Limits(
-            body_bytes=override.body_bytes if override.body_bytes is not None else self.body_bytes,
-            json_caps={**self.json_caps, **override.json_caps},
-            rate=override.rate or self.rate,
-            concurrency=override.concurrency if override.concurrency is not None else self.concurrency,
-            timeout_s=override.timeout_s if override.timeout_s is not None else self.timeout_s,
-            when_absent=override.when_absent or self.when_absent,
-            tokens_per_minute=(override.tokens_per_minute if override.tokens_per_minute is not None
-                               else self.tokens_per_minute),
-            tokens_burst=override.tokens_burst if override.tokens_burst is not None else self.tokens_burst,
-            max_sequences=(override.max_sequences if override.max_sequences is not None
-                           else self.max_sequences),
-            max_request_tokens=(override.max_request_tokens if override.max_request_tokens is not None
-                                else self.max_request_tokens),
-        )
+        values = {f.name: getattr(override, f.name) if getattr(override, f.name) is not None
+                  else getattr(self, f.name) for f in fields(self)}
+        return Limits(**{**values, "json_caps": {**self.json_caps, **override.json_caps}})
 
 
 Pin = int | float | str | bool | None
