@@ -61,7 +61,7 @@ from scanner.plan.program import Programs, compile_decision
 from scanner.plan.vllm_json import utf8_whitespace
 from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
 from scanner.policy.model import CertPrincipal, Principal, Rate
-from scanner.rules import Program
+from scanner.rules import BODY_DEPTH, Program
 
 LUA_FILTER = "perimeter.lua"
 PRINCIPALS = "envoy-principals.tsv"
@@ -430,6 +430,11 @@ class EnvoyModel:
         """vLLM's whitespace around a numeric string (scanner/plan/vllm_json.py WHITESPACE), each
         a UTF-8 string for Lua's WS table: generated, not copied."""
         return tuple(w.decode("utf-8") for w in utf8_whitespace())
+
+    @property
+    def body_depth(self) -> int:
+        """The most nesting a body may have (scanner/rules.py BODY_DEPTH; Lua's BODY_DEPTH)."""
+        return BODY_DEPTH
 
     @property
     def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:

@@ -82,7 +82,7 @@ from scanner.plan.program import Programs, compile_decision, inspects
 from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
 from scanner.policy.media import MEDIA_KEYS, MediaRules
 from scanner.policy.model import FieldRules, Limits
-from scanner.rules import AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
+from scanner.rules import BODY_DEPTH, AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
 
 UPSTREAM = "vllm_upstream"
 MAIN = "nginx.conf"
@@ -567,7 +567,8 @@ def rules_json(model: NginxModel) -> str:
     checks = _compact({c.id: c.program for c in model.checks})
     programs = ",\n".join(f"  {_compact(pid)}: {_compact(p.model_dump(mode='json')['steps'])}"
                           for pid, p in model.programs.items())
-    return f'{{\n "checks": {checks},\n "programs": {{\n{programs}\n }}\n}}\n'
+    depth = BODY_DEPTH      # the most nesting a body may have (bad-json:depth-over-N past it)
+    return f'{{\n "checks": {checks},\n "depth": {depth},\n "programs": {{\n{programs}\n }}\n}}\n'
 
 
 def _rules_key(rules: FieldRules) -> tuple[object, ...]:

@@ -8,7 +8,9 @@ njs (``templates/nginx-perimeter.js``) and Lua (``templates/envoy_json.lua.j2``,
 vLLM's own request models) to this judge over a corpus of bodies. The checks, in the order their
 reasons are given (one body may break several):
 
-1. the body is a JSON object (``bad-json``);
+1. the body is nested at most :data:`scanner.rules.BODY_DEPTH` levels (:func:`nesting`, counted on its
+   bytes before it is read: ``bad-json:depth-over-31``), then a JSON object (``bad-json``; valid
+   JSON of another type: ``bad-json:not-an-object``);
 2. each capped field (``limits.json_caps``, by name, at the top level and at each nested position of
    the request model with that name, :attr:`Decision.cap_paths`, sorted by path) is null or an
    integer pydantic reads as at most its cap (``json-cap:NAME``, ``json-cap:sampling_params.n``):
@@ -34,6 +36,7 @@ JSON) and every body of a route with no body rule. The body is read strictly (:f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -43,12 +46,12 @@ from scanner.plan.envelope import Envelope
 from scanner.plan.model import Decision
 from scanner.plan.program import compile_decision, envelope_step, inspects
 
-__all__ = ["FORM_TYPES", "Judgement", "document", "envelope", "envelope_refusal", "forwarded", "inspects",
-           "is_form", "judge", "token_cost", "violations"]
+__all__ = ["DEPTH_REASON", "FORM_TYPES", "Judgement", "document", "envelope", "envelope_refusal", "forwarded",
+           "inspects", "is_form", "judge", "nesting", "token_cost", "violations"]
 from scanner.plan.vllm_json import at, vllm_int
 from scanner.policy import media
 from scanner.policy.model import count_of
-from scanner.rules import EnvelopeStep, Program, Values
+from scanner.rules import BODY_DEPTH, EnvelopeStep, Program, Values
 
 FORM_TYPES: tuple[str, ...] = ("multipart/form-data", "application/x-www-form-urlencoded")
 HTTP_WS = " \t\n\x0b\x0c\r"   # what NGINX's \s and Lua's %s strip around a media type
@@ -71,6 +74,26 @@ class Judgement:
     def kind(self) -> tuple[str, str]:
         """The refusal's kind and field (``("json-cap", "max_tokens")``); ("", "") forwarded."""
         return reasons.parse(self.reason) if self.reason else ("", "")
+
+
+DEPTH_REASON = reasons.token("bad-json", f"depth-over-{BODY_DEPTH}")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_BRACKET = re.compile(rb"[][{}]")
+
+
+def nesting(raw: bytes) -> int:
+    """The most brackets open at once in ``raw`` outside its strings (a string: from a ``"`` to the
+    next ``"`` not escaped by a backslash, or to the end), whether or not ``raw`` is valid JSON:
+    the one count every interpreter makes the same way, so a body too deep gets one reason from
+    all of them, before (or whatever) their readers would say of it."""
+    depth = most = 0
+    for m in _BRACKET.finditer(_STRING.sub(b"", raw)):
+        if m.group() in b"[{":
+            depth += 1
+            most = max(most, depth)
+        else:
+            depth -= 1
+    return most
 
 
 def is_form(content_type: str | None) -> bool:
@@ -118,6 +141,8 @@ def judge(d: Decision, raw: bytes, salt: str = "",
     if not inspects(d) or not raw or form:
         # not read as JSON: the body's bytes (the input estimate), as both proxies charge it
         return Judgement(cost=max(1, len(raw)) if d.token_zone else 0)
+    if raw.count(b"[") + raw.count(b"{") > BODY_DEPTH and nesting(raw) > BODY_DEPTH:
+        return Judgement(DEPTH_REASON)
     try:
         doc = document(raw)
     except (ValueError, RecursionError):

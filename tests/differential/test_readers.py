@@ -8,14 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from scanner.inventory.catalog import load_ref
 from scanner.net import free_port
-from scanner.plan.body import is_form, judge
+from scanner.plan.body import DEPTH_REASON, is_form, judge, nesting
 from scanner.plan.build import build
 from scanner.plan.inputs import load_policy
 from scanner.plan.vllm_json import reads_json, vllm_int
 from scanner.probe.interface import ProbeOptions
+from scanner.reasons import STATUS, parse
+from scanner.rules import BODY_DEPTH, RuleProgram
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
 from tests.probe.realproxy import proxy_named
@@ -69,6 +72,39 @@ def test_the_judge_reads_as_vllm() -> None:
     assert judge(chat, form, content_type="application/x-www-form-urlencoded x+json").reason == "json-cap:max_tokens"
     absent = judge(chat, head + b'"max_completion_tokens":null}')
     assert absent.body is not None and absent.body["max_completion_tokens"] == 4096
+
+
+@pytest.mark.parametrize(("raw", "most"), [
+    (b"", 0), (b"{}", 1), (b'{"a":[1]}', 2), (b"[[],[]]", 2), (b'{"a":"[[[{{"}', 1), (b'{"a":"\\\\"[[}', 3),
+    (b'{"a":"\\"[[}', 1), (b'"[[[', 0), (b"]]][[", 0), (b"[" * 40, 40), (b'["\\', 1),
+])
+def test_nesting_is_counted_on_the_bytes(raw: bytes, most: int) -> None:
+    """Brackets open at once outside strings (a backslash escapes the next byte; a string left
+    open runs to the end), valid JSON or not: the one count njs and Lua make too."""
+    assert nesting(raw) == most
+
+
+def test_a_body_deeper_than_the_plan_is_refused_before_it_is_read() -> None:
+    plan = build(load_ref(CATALOG), load_policy(None))
+    chat = plan.decision("POST", "/v1/chat/completions")
+    assert chat is not None
+    assert BODY_DEPTH == 31 and DEPTH_REASON == "bad-json:depth-over-31"
+    assert parse(DEPTH_REASON) == ("bad-json", "depth-over-31") and STATUS["bad-json"] == 400
+
+    def body(levels: int, value: bytes = b"1") -> bytes:     # levels: the root object is 1
+        return b'{"model":"m","messages":[],"metadata":' + b"[" * (levels - 1) + value + b"]" * (levels - 1) + b"}"
+
+    assert not judge(chat, body(31)).refused
+    assert judge(chat, body(32)).reason == DEPTH_REASON
+    assert judge(chat, body(32, b"NaN")).reason == DEPTH_REASON           # malformed too: the depth first
+    assert judge(chat, body(40, b'"\xff"')).reason == DEPTH_REASON            # not UTF-8 too
+    assert judge(chat, body(40)[:-42]).reason == DEPTH_REASON              # cut short
+    assert judge(chat, b"[" * 32 + b"]" * 32).reason == DEPTH_REASON      # not an object either
+    assert judge(chat, b"[" * 31 + b"]" * 31).reason == "bad-json:not-an-object"
+    assert judge(chat, body(31, b"NaN")).reason == "bad-json"
+    assert judge(chat, b'{"model":"m","messages":[],"metadata":"' + b"[" * 40 + b'"}').body is not None
+    with pytest.raises(ValidationError):
+        RuleProgram(programs={}, depth=BODY_DEPTH + 1)
 
 
 # The form tests these proxies made before the reading was decided once: the first word of the

@@ -300,15 +300,21 @@ def test_within_cap_passes_unchanged(setup: Setup, body: bytes) -> None:
     assert got["body"] == body.decode("utf-8")
 
 
-INVALID = [b"{", b"[]", b"[1]", b'"x"', b"1", b'{"a":1,}', b'{"a" 1}', b"{'a': 1}", b'{"a":1} x',
+INVALID = [b"{", b'{"a":1,}', b'{"a" 1}', b"{'a': 1}", b'{"a":1} x',
            b'{"a":01}', b'{"a": tru}', b'{"a": [1,]}', b'{"a": NaN}', b'{"a": Infinity}', b'{"a": .5}',
            b'{"a": 1.}', b'{"a": -}', b'{"a\x01": 1}', b'{"a\\x": 1}', b'{"a\\u12": 1}', b'{"a": "x}',
-           b'\xef\xbb\xbf{"a": 1}', b'{"a": [' * 200 + b']' * 200 + b'}']
+           b'\xef\xbb\xbf{"a": 1}', b'{"a": [' * 15 + b']' * 15 + b'}']
+# valid JSON that is no object; nested deeper than the plan's 31 levels (scanner/rules.py BODY_DEPTH)
+NOT_OBJECTS = [b"[]", b"[1]", b'"x"', b"1", b" [[1], {}] "]
+DEEP = [b'{"a": [' * 200 + b']' * 200 + b'}', b'{"a": [' * 16 + b']' * 16 + b'}', b'{"a": [' * 200]
 
 
-@pytest.mark.parametrize("body", INVALID, ids=lambda b: b.decode("utf-8", "replace")[:30])
-def test_invalid_json_is_400(setup: Setup, body: bytes) -> None:
-    assert_denied(setup.post("/v1/chat/completions", body), 400, "bad-json")
+@pytest.mark.parametrize(("body", "reason"), [*((b, "bad-json") for b in INVALID),
+                                              *((b, "bad-json:not-an-object") for b in NOT_OBJECTS),
+                                              *((b, "bad-json:depth-over-31") for b in DEEP)],
+                         ids=lambda b: b.decode("utf-8", "replace")[:30] if isinstance(b, bytes) else b)
+def test_invalid_json_is_400(setup: Setup, body: bytes, reason: str) -> None:
+    assert_denied(setup.post("/v1/chat/completions", body), 400, reason)
 
 
 def test_empty_body_is_not_checked(setup: Setup) -> None:
