@@ -1284,18 +1284,23 @@ function invalidUtf8(text, buf) {
     return inText > inBuf;
 }
 
-// Nesting (scanner/plan/body.py nesting, the reference): is the text nested deeper than most
-// (brackets open at once outside strings, whether or not it is valid JSON)? The bracket count
-// first: a body with no more brackets than most is within it.
-function deeper(text, most) {
-    var i, c, n = 0, depth = 0, quoted = false;
+// More than most brackets opening in the text (in strings too)? If not, it is within most.
+function manyBrackets(text, most) {
+    var i, n = 0;
     for (i = text.indexOf('['); i !== -1 && n <= most; i = text.indexOf('[', i + 1)) {
         n++;
     }
     for (i = text.indexOf('{'); i !== -1 && n <= most; i = text.indexOf('{', i + 1)) {
         n++;
     }
-    if (n <= most) {
+    return n > most;
+}
+
+// Nesting (scanner/plan/body.py nesting, the reference): is the text nested deeper than most
+// (brackets open at once outside strings, whether or not it is valid JSON)?
+function deeper(text, most) {
+    var i, c, depth = 0, quoted = false;
+    if (!manyBrackets(text, most)) {
         return false;
     }
     for (i = 0; i < text.length; i++) {
@@ -1348,7 +1353,10 @@ function exact(r, v, seen) {
     } catch (e) {
         obj = undefined;        // malformed, or deeper than JSON.parse reads (31 levels, measured)
     }
-    if ((obj === undefined || !parseHolds(perimeter_rules.depth)) && deeper(text, perimeter_rules.depth)) {
+    // a body JSON.parse read: counted only when it has many brackets and JSON.parse does not
+    // itself refuse what is deeper
+    if ((obj === undefined || (manyBrackets(text, perimeter_rules.depth) && !parseHolds(perimeter_rules.depth)))
+        && deeper(text, perimeter_rules.depth)) {
         deny(r, 'bad-json:depth-over-' + perimeter_rules.depth);
         return;
     }
