@@ -55,7 +55,7 @@ AUTO_FLOOR_S = 300.0   # --max-time auto never gives a run less than this
                    "token-budget cases are spread over every replica (the limits must hold for the "
                    "sum), slots must come back after their requests, then Redis is stopped and the "
                    "failure policy tried. With --mutate: the fleet's operators (one replica unshared, "
-                   "a per-replica key, an orphaned slot, a failover burst).")
+                   "a per-replica key, an orphaned slot, a failover burst, a token bucket of two minutes).")
 @report_options(FORMATS, require_proof=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def command(inventory: str, policy: str | None, proxies: tuple[str, ...], keys_per_role: int,

@@ -14,8 +14,12 @@ than the policy in sum.
 * ``replica-failover-burst``: the replica decides alone as soon as the store fails, with the
   policy's full values (not its share) and no wait (local_after_s): a fresh full burst per replica
   at the failover (caught by ``verify.fleet.outage``: admitted with Redis stopped beyond the policy).
+* ``limiter-bucket-two-minutes``: the zones file written beside the replica gives the limiter one
+  token zone's bucket at twice the plan's capacity (the refill as planned: up to 2 C + N a minute
+  for the whole fleet, since the limiter reads the zones the replicas' files name; caught by the
+  token-budget check spread over the replicas).
 
-Both ``needs`` a fleet: single-proxy ``verify --mutate`` skips them (scanner.verify)."""
+Each ``needs`` a fleet: single-proxy ``verify --mutate`` skips them (scanner.verify)."""
 
 from __future__ import annotations
 
@@ -150,8 +154,27 @@ def _failover_burst(kind: str) -> Operator:
                     FLEET, apply, NEEDS)
 
 
+def _bucket_doubled(kind: str) -> Operator:
+    def apply(directory: Path, plan: Plan) -> str:
+        _shared(plan)
+        zones = directory / ZONES_FILE
+        doc = json.loads(zones.read_text(encoding="utf-8"))
+        name = next((n for n, z in sorted(doc["zones"].items()) if z.get("kind") == "tokens"), None)
+        if name is None:
+            raise NotApplicable("the plan has no shared token zone")
+        zone = doc["zones"][name]
+        before = zone["burst"]
+        zone["burst"] = 2 * before
+        zones.write_text(json.dumps(doc, indent=2, sort_keys=True), encoding="utf-8")
+        return f"the limiter's {name}: bucket {before} -> {2 * before} (the refill as planned)"
+    return Operator(f"{kind}.limiter-bucket-two-minutes", kind, "raise", "a shared token zone",
+                    "the shared token bucket holds twice its capacity (up to 2 C + N a minute)",
+                    ("token-budget",), apply, NEEDS)
+
+
 for _kind in ("envoy", "nginx"):
     register(_unshared(_kind))
     register(_zone_key(_kind))
     register(_orphaned_slot(_kind))
     register(_failover_burst(_kind))
+    register(_bucket_doubled(_kind))

@@ -18,9 +18,11 @@ from scanner.probe.interface import ProbeOptions
 from scanner.verify import fleet, loop, mutation
 from tests.limiter.harness import redis_binary
 from tests.probe.realproxy import proxy_named
+from tests.probe.test_token_budget import LIVE_TPM, token_policy
 
 CATALOG = "vllm-0.29.0-default"
 LIMITS = ProbeOptions(rate=0, timeout=10, max_time=120, checks=("concurrency",))
+TOKENS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=180, checks=("token-budget",))
 
 
 def _fleet(name: str, options: ProbeOptions, mutants: bool, only: tuple[str, ...] = ()
@@ -90,5 +92,25 @@ def test_the_whole_probe_through_a_fleet(name: str) -> None:
     runs, mutants = _fleet(name, ProbeOptions(rate=0, timeout=15, max_time=300), True)
     (run,) = runs
     assert run.result.exit_code() == EXIT_OK and run.outage is not None and run.outage.holds
-    assert len(mutants) == 4 and all(m.status == "caught" for m in mutants)
+    tried = [m for m in mutants if m.status != "not-applicable"]
+    assert len(tried) == 4 and all(m.status == "caught" for m in tried)
+    (skipped,) = [m for m in mutants if m.status == "not-applicable"]   # the bundled policy has no token budget
+    assert skipped.operator == f"{name}.limiter-bucket-two-minutes" and "token zone" in skipped.what
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param("envoy", marks=pytest.mark.envoy),
+                                  pytest.param("nginx", marks=pytest.mark.nginx)])
+def test_a_shared_token_bucket_of_two_minutes_is_caught(name: str) -> None:
+    """Issue 27, item 9: the limiter's token zone at twice its capacity (the zones file the replica
+    carries) lets the fleet admit up to 2 C + N a minute; the token-budget check spread over both
+    replicas catches it by exit code. The unmutated fleet passes."""
+    redis_binary()
+    runs, mutants = fleet.loop_all(load_ref(CATALOG), token_policy(LIVE_TPM), [proxy_named(name)],
+                                   TOKENS, 2, 2, True, ("limiter-bucket-two-minutes",))
+    (run,) = runs
+    assert run.result.exit_code() == EXIT_OK, [f.title for f in run.result.deviations]
+    (m,) = mutants
+    assert m.status == "caught" and m.expected and m.checks == ("token-budget",) and "VP005" in m.rules, \
+        (m.status, m.rules, m.checks)
 
