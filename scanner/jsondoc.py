@@ -34,6 +34,16 @@ def _whole(value: Any) -> Any:
     return value
 
 
+def absent(value: Any) -> bool:
+    """A field left out of its document when None (``Field(exclude_if=absent)``)."""
+    return value is None
+
+
+def empty(value: Any) -> bool:
+    """A field left out of its document when empty, false or zero (``Field(exclude_if=empty)``)."""
+    return not value
+
+
 # schema_version 1, as a JSON integer (not true, not 1.0)
 Version1 = Annotated[Literal[1], BeforeValidator(_whole)]
 

@@ -66,7 +66,7 @@ from pydantic_core import PydanticCustomError
 from scanner import canonical, jsondoc
 from scanner.errors import InventoryFormatError
 from scanner.inventory.request_fields import BodyExtra, Truncated, json_text
-from scanner.jsondoc import CONFIG, Flag, Str, Version1
+from scanner.jsondoc import CONFIG, Flag, Str, Version1, absent, empty
 from scanner.output import read_text
 
 SCHEMA_VERSION: Final = 1
@@ -79,24 +79,20 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
-def _empty(value: Any) -> bool:
-    return not value
-
-
 # a JSON value kept as its compact canonical text (hashable, ordered); the document holds the value
 JsonText = Annotated[str, BeforeValidator(json_text), PlainSerializer(json.loads), WithJsonSchema({})]
 JsonType = Annotated[Str, Field(description="a JSON Schema type, or 'any' (unconstrained)")]
 Types = Annotated[tuple[JsonType, ...], Field(min_length=1)]
 # keys at their default value are left out of a field record (catalogs stay small)
-Required = Annotated[Flag, Field(exclude_if=_empty, description="required in the enclosing object")]
+Required = Annotated[Flag, Field(exclude_if=empty, description="required in the enclosing object")]
 # a stated default (null included) kept as its JSON text; None: the schema states none (absent)
 DefaultJson = Annotated[str | None, BeforeValidator(json_text), PlainSerializer(json.loads),
-                        WithJsonSchema({}), Field(alias="default", exclude_if=lambda v: v is None,
+                        WithJsonSchema({}), Field(alias="default", exclude_if=absent,
                               description="present only when the schema states a default")]
 Enum = Annotated[tuple[JsonText, ...], Field(
-    exclude_if=_empty, description="the allowed constants, when every non-null alternative is one")]
+    exclude_if=empty, description="the allowed constants, when every non-null alternative is one")]
 Truncation = Annotated[Truncated, Field(
-    exclude_if=_empty, description="children not listed: depth bound reached, or a recursive $ref")]
+    exclude_if=empty, description="children not listed: depth bound reached, or a recursive $ref")]
 
 
 @dataclass(frozen=True, order=True)
@@ -136,7 +132,7 @@ class RequestField:
     default_json: DefaultJson = None
     enum: Enum = ()
     truncated: Truncation = ""
-    nested: Annotated[tuple[NestedField, ...], Field(exclude_if=_empty)] = ()
+    nested: Annotated[tuple[NestedField, ...], Field(exclude_if=empty)] = ()
 
     @property
     def default(self) -> Any:
@@ -160,14 +156,14 @@ class RequestBody:
         "fastapi: FastAPI validates the body (the route's body parameter); handler: the handler "
         "validates the raw body against TypeAdapters it holds; none: nothing reads the body; "
         "unknown: the handler parses the raw request with its own code"))]
-    media_type: Annotated[Str, Field(exclude_if=_empty)] = ""
-    models: Annotated[tuple[Str, ...], Field(exclude_if=_empty,
+    media_type: Annotated[Str, Field(exclude_if=empty)] = ""
+    models: Annotated[tuple[Str, ...], Field(exclude_if=empty,
                                              description="qualified class names of the body models")] = ()
-    types: Annotated[tuple[JsonType, ...], Field(exclude_if=_empty)] = ()
-    extra: Annotated[BodyExtra, Field(exclude_if=_empty,
+    types: Annotated[tuple[JsonType, ...], Field(exclude_if=empty)] = ()
+    extra: Annotated[BodyExtra, Field(exclude_if=empty,
                                       description="how the models treat unknown top-level fields")] = ""
-    fields: Annotated[tuple[RequestField, ...], Field(exclude_if=_empty)] = ()
-    note: Annotated[Str, Field(exclude_if=_empty)] = ""
+    fields: Annotated[tuple[RequestField, ...], Field(exclude_if=empty)] = ()
+    note: Annotated[Str, Field(exclude_if=empty)] = ""
 
     @property
     def known(self) -> bool:
@@ -217,7 +213,7 @@ class Route:
     # What the body is validated against; None when the source does not say (older
     # inventories, ``inventory openapi``, WebSocket routes): absent, not null (older documents
     # keep their hash)
-    request: Annotated[RequestBody | None, Field(exclude_if=lambda v: v is None, description=(
+    request: Annotated[RequestBody | None, Field(exclude_if=absent, description=(
         "the request body (absent when the source does not say)"))] = None
 
     @property

@@ -19,20 +19,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from scanner.inventory.model import RouteKind
-from scanner.jsondoc import CONFIG, Flag, Int, Num, Str, Version1
+from scanner.jsondoc import CONFIG, Flag, Int, Num, Str, Version1, absent, empty
 from scanner.plan.budget import Budget
 from scanner.plan.envelope import EnvelopeSpec
 from scanner.policy.media import UrlMode
 from scanner.policy.model import AudienceKind, BodyPolicy, Pin, Rate
-
-
-def _none(value: Any) -> bool:
-    return value is None
-
-
-def _empty(value: Any) -> bool:
-    return not value
-
 
 Auth = Literal["key", "none", "jwt", "cert"]
 Unknown = Literal["reject", "strip", "pass"]
@@ -49,17 +40,17 @@ class LimitsView:
     concurrency: Int | None
     timeout_s: Num | None
     cap_paths: Annotated[Mapping[Str, Int] | None, Field(
-        exclude_if=_none, description="every position a json cap applies at (a dotted path: nested in the "
+        exclude_if=absent, description="every position a json cap applies at (a dotted path: nested in the "
         "request model), where the model has one nested (Decision.cap_paths)")] = None
-    tokens_per_minute: Annotated[Int | None, Field(exclude_if=_none)] = None
+    tokens_per_minute: Annotated[Int | None, Field(exclude_if=absent)] = None
     tokens_burst: Annotated[Int | None, Field(
-        exclude_if=_none, description="the token budget's capacity the plan decided (tokens_burst, default "
+        exclude_if=absent, description="the token budget's capacity the plan decided (tokens_burst, default "
         "ceil(tokens_per_minute / 4); at least the policy's own max_request_tokens when that is within "
         "tokens_per_minute): at most tokens_burst + tokens_per_minute x t / 60 in any t seconds")] = None
-    max_sequences: Annotated[Int | None, Field(exclude_if=_none)] = None
-    max_request_tokens: Annotated[Int | None, Field(exclude_if=_none)] = None
+    max_sequences: Annotated[Int | None, Field(exclude_if=absent)] = None
+    max_request_tokens: Annotated[Int | None, Field(exclude_if=absent)] = None
     max_request_tokens_by: Annotated[Literal["tokens_burst"] | None, Field(
-        exclude_if=_none, description="tokens_burst: the token budget's capacity set max_request_tokens (a "
+        exclude_if=absent, description="tokens_burst: the token budget's capacity set max_request_tokens (a "
         "request whose envelope is over the bucket's capacity can never be admitted: refused 400 "
         "envelope-tokens)")] = None
 
@@ -74,15 +65,15 @@ class FieldsView:
     strip: tuple[Str, ...]
     unknown: Unknown
     counts: Annotated[Mapping[Str, Int], Field(
-        exclude_if=_empty, description="most items per field (list, object keys)")] = field(
+        exclude_if=empty, description="most items per field (list, object keys)")] = field(
         default_factory=dict)
     pins: Annotated[Mapping[Str, Pin], Field(
-        exclude_if=_empty, description="values every body leaves with")] = field(default_factory=dict)
+        exclude_if=empty, description="values every body leaves with")] = field(default_factory=dict)
     values: Annotated[Mapping[Str, tuple[Pin, ...]], Field(
-        exclude_if=_empty, description="the values a field may hold when present and not null")] = field(
+        exclude_if=empty, description="the values a field may hold when present and not null")] = field(
         default_factory=dict)
     salt: Annotated[Literal["principal", "audience"] | None, Field(
-        exclude_if=_none, description="every JSON body leaves with the perimeter's cache_salt of the "
+        exclude_if=absent, description="every JSON body leaves with the perimeter's cache_salt of the "
         "principal (or audience), the client's replaced")] = None
 
 
@@ -138,13 +129,13 @@ class DecisionView:
     upstream_guarded: Flag
     rule_line: Int
     jwt: Annotated[Mapping[Str, Any] | None, Field(
-        exclude_if=_none, description="auth jwt: the token rules and the JWKS keys' kid, type and "
+        exclude_if=absent, description="auth jwt: the token rules and the JWKS keys' kid, type and "
         "algorithms")] = None
     envelope: Annotated[EnvelopeSpec | None, Field(
-        exclude_if=_none, description="the fields multiplying its work, where it caps or charges "
+        exclude_if=absent, description="the fields multiplying its work, where it caps or charges "
         "them")] = None
     owner: Annotated[OwnerView | None, Field(
-        exclude_if=_none, description="ownership of stored responses (body: responses: owned)")] = None
+        exclude_if=absent, description="ownership of stored responses (body: responses: owned)")] = None
 
 
 @dataclass(frozen=True)
@@ -182,12 +173,12 @@ class PlanView:
     unnamed_fields: tuple[Str, ...]
     digest: Str
     cert_principals: Annotated[tuple[Mapping[Str, Str], ...], Field(
-        exclude_if=_empty, description="auth cert: principals by a client certificate's URI SAN or "
+        exclude_if=empty, description="auth cert: principals by a client certificate's URI SAN or "
         "subject")] = ()
     responses_shared: Annotated[tuple[Str, ...], Field(
-        exclude_if=_empty, description="end users' routes taking a stored response's id while stored "
+        exclude_if=empty, description="end users' routes taking a stored response's id while stored "
         "responses are shared (body: responses: shared)")] = ()
     grpc: Annotated[GrpcView | None, Field(
-        exclude_if=_none, description="the gRPC listener's decisions")] = None
+        exclude_if=absent, description="the gRPC listener's decisions")] = None
     shared: Annotated[Mapping[Str, Any] | None, Field(
-        exclude_if=_none, description="the fleet's shared limits (zones, local shares)")] = None
+        exclude_if=absent, description="the fleet's shared limits (zones, local shares)")] = None

@@ -36,7 +36,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from scanner import jsondoc
-from scanner.jsondoc import CONFIG, Flag, Str
+from scanner.jsondoc import CONFIG, Flag, Str, empty
 from scanner.plan.vllm_json import at
 
 # How a field's items are counted (vLLM's semantics):
@@ -70,7 +70,7 @@ class EnvelopeSpec:
     # sequences per item, the largest, >= 1: every position of a SEQUENCE_FIELDS name through object
     # members (``n``, ``sampling_params.n``: a dotted path)
     per_item: tuple[Str, ...] = ()
-    ask_usage: Annotated[Flag, Field(exclude_if=lambda v: not v, description=(
+    ask_usage: Annotated[Flag, Field(exclude_if=empty, description=(
         "the model takes stream_options: a settled stream asks for its usage "
         "(scanner/plan/settle.py)"))] = False
 

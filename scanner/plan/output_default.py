@@ -26,7 +26,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field
 
 from scanner import jsondoc
-from scanner.jsondoc import CONFIG, Int
+from scanner.jsondoc import CONFIG, Int, absent
 
 _HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -39,9 +39,9 @@ class OutputDefault:
 
     __pydantic_config__: ClassVar = CONFIG
     # in a document, a value not set is left out
-    max_model_len: Annotated[Int | None, Field(exclude_if=lambda v: v is None)] = None    # --max-model-len
+    max_model_len: Annotated[Int | None, Field(exclude_if=absent)] = None    # --max-model-len
     # --override-generation-config '{"max_new_tokens": N}'
-    max_new_tokens: Annotated[Int | None, Field(exclude_if=lambda v: v is None)] = None
+    max_new_tokens: Annotated[Int | None, Field(exclude_if=absent)] = None
 
     @property
     def bound(self) -> int | None:

@@ -18,6 +18,7 @@ from pydantic.dataclasses import dataclass
 from scanner import patterns
 from scanner import store_url as redis_url
 from scanner.errors import ConfigError
+from scanner.jsondoc import absent
 from scanner.policy.base import (
     CONFIG,
     Base,
@@ -480,7 +481,7 @@ class BodyPolicy(Base):
     chat_template: ChatTemplate = "reject"
     # in the plan document (scanner.plan.document), a key not set (or responses: shared) is left out
     cache_salt_secret_file: Text | None = Field(   # with per-principal / per-audience: the HMAC secret
-        default=None, pattern=r"^/", exclude_if=lambda v: v is None,
+        default=None, pattern=r"^/", exclude_if=absent,
         description="with per-principal / per-audience: the file (absolute "
         "path, mode 0600) holding the HMAC secret; read when the config is generated, never written into it")
     responses: Responses = Field(
@@ -490,7 +491,7 @@ class BodyPolicy(Base):
         "not-owner")
     # with responses: owned: the HMAC secret sealing response ids, read by the proxy at run time
     responses_secret_file: Text | None = Field(
-        default=None, pattern=r"^/", exclude_if=lambda v: v is None,
+        default=None, pattern=r"^/", exclude_if=absent,
         description="with responses: owned: the file (absolute path, mode "
         "0600) holding the HMAC secret; read by the proxy at run time, never written into a generated config")
 
