@@ -6,12 +6,14 @@ import asyncio
 import http.client
 import os
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from scanner.errors import PortInUse
 from scanner.limiter import store
 from scanner.net import free_port
 from scanner.runtime.process import ManagedProcess
@@ -39,6 +41,29 @@ def redis_process(directory: Path, extra: tuple[str, ...] = ()) -> ManagedProces
     port = free_port()
     return ManagedProcess("redis-server", argv(port), "127.0.0.1", port, log=directory / "redis.log",
                           argv_for=argv)
+
+
+RESTART_TRIES = 10
+RESTART_PAUSE_S = 0.3
+
+
+def restart(proc: ManagedProcess) -> None:
+    """Start ``proc`` again on its own port (the proxies' configs name it: no other will do),
+    trying again while another process holds the port for a moment (other loopback traffic
+    binds random ports), at most RESTART_TRIES starts. A process that would move to a fresh port
+    when its own is taken (``argv_for``) keeps its own here."""
+    argv_for, proc.argv_for = proc.argv_for, None
+    try:
+        for attempt in range(RESTART_TRIES):
+            try:
+                proc.start()
+                return
+            except PortInUse:
+                if attempt == RESTART_TRIES - 1:
+                    raise
+                time.sleep(RESTART_PAUSE_S)
+    finally:
+        proc.argv_for = argv_for
 
 
 def url(proc: ManagedProcess) -> str:

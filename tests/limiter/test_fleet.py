@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.limiter.fleet import BURST, CONCURRENCY, RPS, TOKENS, FleetStack, chat
+from tests.limiter.harness import restart
 from tests.probe.realproxy import proxy_named
 
 
@@ -161,7 +162,7 @@ def test_failover_and_recovery_admit_at_most_the_policy(local_stack: FleetStack)
     its reconnection starts empty at it)."""
     stack = local_stack
     stack.fleet.redis.stop()                # (if the test before has not) and started empty
-    stack.fleet.redis.start()
+    restart(stack.fleet.redis)
     for _ in range(50):                     # the limiter answers through Redis again
         if stack.call(0)[0] != 503:
             break
@@ -184,7 +185,7 @@ def test_failover_and_recovery_admit_at_most_the_policy(local_stack: FleetStack)
     stack.fleet.redis.stop()                 # failover
     failed_at = time.monotonic() - start
     send_until(failed_at + 4.0)
-    stack.fleet.redis.start()                # recovery: a Redis without the principal's state
+    restart(stack.fleet.redis)               # recovery: a Redis without the principal's state
     recovered_at = time.monotonic() - start
     send_until(recovered_at + 3.0)
     window = seen[-1][0] - seen[0][0]

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.limiter.fleet import CONCURRENCY, FleetStack, chat
+from tests.limiter.harness import restart
 from tests.probe.realproxy import proxy_named
 
 LEASE_S = 3.0
@@ -59,7 +60,7 @@ def test_a_restarted_limiter_carries_on_the_slots_of_streams_in_flight(stack: Fl
     os.killpg(limiter._proc.pid, signal.SIGKILL)                 # mid-stream: no goodbye
     killed = time.monotonic()
     limiter.stop()                                               # reaped
-    limiter.start()                                              # the same port, a new process
+    restart(limiter)                                             # the same port, a new process
     down_s = time.monotonic() - killed
     time.sleep(max(0.0, killed + LAPSED_S - time.monotonic()))
     after = [_answer(stack, 1), _answer(stack, 0)]
@@ -96,7 +97,7 @@ def test_after_a_restart_a_killed_replica_s_slots_still_come_back_within_the_lea
     os.killpg(limiter._proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     limiter.stop()
-    limiter.start()
+    restart(limiter)
     time.sleep(max(0.0, killed + LEASE_S + LEASE_S / 3 - time.monotonic()))
     assert [_answer(stack, 0), _answer(stack, 1)] == [(429, "concurrency")] * 2   # carried on
     replica_a = stack.fleet.replicas[0]._proc

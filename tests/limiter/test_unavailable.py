@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scanner.limiter import proto
 from tests.limiter.clients import GrpcClient, HttpClient, descriptor
-from tests.limiter.harness import limiter_process, redis_process, url
+from tests.limiter.harness import limiter_process, redis_process, restart, url
 
 
 def test_redis_stopped_mid_run(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_redis_stopped_mid_run(tmp_path: Path) -> None:
         assert http.post("/v1/settle", {"key": "k", "zone": "tokens:600", "refund": 1})[0] == 503
         assert http.get("/v1/health") == (503, {"allow": False, "reason": "shared-store-unavailable"})
 
-        redis.start()                      # the same port: the service reconnects by itself
+        restart(redis)                     # the same port: the service reconnects by itself
         back = grpc.call(proto.request("vllm-perimeter", (descriptor("wide", "k"),)))
         assert back.response and back.response.overall_code == proto.CODE_OK
         assert http.get("/v1/health") == (200, {"store": "ok"})
