@@ -318,6 +318,16 @@ function indexIn(list, x) {
     return -1;
 }
 
+// A preloaded array as a plain one (for JSON.stringify and the array methods njs 0.9 lacks on them).
+function copied(list) {
+    var out = [];
+    var i;
+    for (i = 0; i < list.length; i++) {
+        out.push(list[i]);
+    }
+    return out;
+}
+
 // The value at a name or a dotted path (scanner/plan/vllm_json.py at: 'sampling_params.n', through
 // object members only); undefined when a member on the way is absent or not an object.
 function valueAt(obj, path) {
@@ -542,31 +552,34 @@ function withBucket(key, limit, cap, f) {
     }
 }
 
+// The request's token zone, its bucket's numbers in perimeter_rules.tokens (limit a minute, cap,
+// by); '' none. A fleet's replica deciding alone (on_unavailable: local): its share of the budget.
+function tokenName(v) {
+    return v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
+}
+
 // Charge the request's cost to its principal's (or address's) bucket: admitted (the level less the
 // cost stored) when the bucket holds the cost, else refused (429) with Retry-After, the seconds
 // until it will (a cost over the capacity never fits: 60). true: admitted; false: answered.
 function chargeTokens(r, v, tokens) {
-    // a fleet's replica deciding alone (on_unavailable: local): its share of the budget
-    var spec = v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
-    var parts, limit, cap, who, cost, key, out;
-    if (!spec) {
+    var name = tokenName(v);
+    var z, who, cost, key, out;
+    if (!name) {
         return true;
     }
-    parts = spec.split(' ');
-    limit = Number(parts[1]);
-    cap = Number(parts[3]);
-    who = parts[2] === 'principal' ? v.perimeter_principal
-        : (parts[2] === 'token' ? v.perimeter_jwt_principal : r.remoteAddress);
+    z = perimeter_rules.tokens[name];
+    who = z.by === 'principal' ? v.perimeter_principal
+        : (z.by === 'token' ? v.perimeter_jwt_principal : r.remoteAddress);
     // over the capacity never fits: counted as cap + 1 (a finite, exact amount)
-    cost = Math.min(Math.max(1, tokens), cap + 1);
+    cost = Math.min(Math.max(1, tokens), z.cap + 1);
     v.perimeter_charged = String(cost);
-    key = parts[0] + ':' + who;
+    key = name + ':' + who;
     try {
-        out = withBucket(key, limit, cap, function (level) {
+        out = withBucket(key, z.limit, z.cap, function (level) {
             if (cost <= level) {
                 return [level - cost, 0];
             }
-            return [null, cost > cap ? 60 : Math.max(1, Math.ceil((cost - level) * 60 / limit))];
+            return [null, cost > z.cap ? 60 : Math.max(1, Math.ceil((cost - level) * 60 / z.limit))];
         });
     } catch (e) {                       // the dict is full (or the bucket stays locked): fail closed
         r.error('perimeter_tokens: ' + e);
@@ -584,18 +597,21 @@ function chargeTokens(r, v, tokens) {
     return true;
 }
 
-// The fleet's limiter (policy shared:). $perimeter_shared: "p ZONE ..." (keyed by the principal)
-// or "a ZONE ..." (by the client address); the zones in the limiter's order (rate, concurrency,
-// tokens). One call takes them all (scanner/limiter/http_api.py); a refusal is 429 with the
-// limiter's reason and Retry-After; no answer (the limiter or its store down, a call it cannot
-// read): 503 shared-store-unavailable. Never admitted without the limiter's word.
+// The fleet's limiter (policy shared:). $perimeter_shared: the route's entry of perimeter_rules.shared:
+// by "p" (keyed by the principal) or "a" (by the client address); its zones in the limiter's order
+// (rate, concurrency, tokens), its concurrency zones (conc) and token zone. One call takes them all
+// (scanner/limiter/http_api.py); a refusal is 429 with the limiter's reason and Retry-After; no
+// answer (the limiter or its store down, a call it cannot read): 503 shared-store-unavailable.
+// Never admitted without the limiter's word.
 function sharedOf(r, v) {
-    var parts = (v.perimeter_shared || '').split(' ');
-    if (parts.length < 2) {
+    var e = v.perimeter_shared && has(perimeter_rules.shared, v.perimeter_shared)
+        ? perimeter_rules.shared[v.perimeter_shared] : null;
+    if (e === null) {
         return null;
     }
     // the principal a key or a token named ($perimeter_who), or the client address
-    return {key: parts[0] === 'p' ? v.perimeter_who : r.remoteAddress, zones: parts.slice(1)};
+    return {key: e.by === 'p' ? v.perimeter_who : r.remoteAddress, zones: copied(e.zones), conc: copied(e.conc),
+            tokens: e.tokens};
 }
 
 function limiterCall(v, path, call) {
@@ -717,28 +733,26 @@ function after(r) {
     var v = r.variables;
     var s = sharedOf(r, v);
     var calls = [];
-    var conc, tokens, refund, call;
+    var refund, call;
     if (s === null || v.perimeter_held !== '1') {
         r.return(status);
         return;
     }
-    conc = s.zones.filter(function (z) { return z.indexOf('conc:') === 0; });
-    tokens = s.zones.filter(function (z) { return z.indexOf('tokens:') === 0; });
     refund = Math.floor(Number(v.perimeter_refund || '0')) || 0;
     // one call: the slots released, with the refund settled in the same call when there is one
 {% if w.slots_kept %}
-    if (conc.length < 0) {
+    if (s.conc.length < 0) {
 {% else %}
-    if (conc.length) {
+    if (s.conc.length) {
 {% endif %}
-        call = {key: s.key, zones: conc, slot: v.perimeter_slot};
-        if (tokens.length && refund > 0) {
-            call.settle = tokens[0];
+        call = {key: s.key, zones: s.conc, slot: v.perimeter_slot};
+        if (s.tokens && refund > 0) {
+            call.settle = s.tokens;
             call.refund = refund;
         }
         calls.push(limiterCall(v, '/v1/release', call));
-    } else if (tokens.length && refund > 0) {
-        calls.push(limiterCall(v, '/v1/settle', {key: s.key, zone: tokens[0], refund: refund}));
+    } else if (s.tokens && refund > 0) {
+        calls.push(limiterCall(v, '/v1/settle', {key: s.key, zone: s.tokens, refund: refund}));
     }
     return Promise.all(calls).then(function () { r.return(status); }, function (e) {
         r.error('perimeter limiter: ' + e);    // the slot expires, the charge stands
@@ -760,9 +774,7 @@ function admit(r, v, tokens, then) {
     if (v.perimeter_tokens) {
         cost = Math.max(1, tokens);
         v.perimeter_charged = String(cost);
-        v.perimeter_settle = v.perimeter_shared.split(' ').filter(function (z) {
-            return z.indexOf('tokens:') === 0;
-        })[0] + ' ' + cost + ' -';
+        v.perimeter_settle = perimeter_rules.shared[v.perimeter_shared].tokens + ' ' + cost + ' -';
     }
     v.perimeter_onward = 'direct';
     return acquire(r, v, cost).then(function (ok) {
@@ -868,15 +880,14 @@ function finalEvent(doc) {
 // so the bucket never holds more than C and any t seconds still admit at most C + N x t / 60. A
 // failure (the dict full) keeps the charge.
 function giveBack(r, key, n) {
-    var v = r.variables;
-    var parts = ((v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens) || '').split(' ');
-    var limit = Number(parts[1]), cap = Number(parts[3]);
-    if (n <= 0 || !(limit > 0) || !(cap > 0)) {
+    var name = tokenName(r.variables);
+    var z = name ? perimeter_rules.tokens[name] : null;
+    if (n <= 0 || !z || !(z.limit > 0) || !(z.cap > 0)) {
         return;
     }
     try {
-        withBucket(key, limit, cap, function (level) {
-            return [Math.min(cap, level + n), 0];
+        withBucket(key, z.limit, z.cap, function (level) {
+            return [Math.min(z.cap, level + n), 0];
         });
     } catch (e) {
         r.error('perimeter_tokens: ' + e);
@@ -1699,7 +1710,7 @@ function jwtClaims(v, cfg, p) {
     v.perimeter_jwt_principal = who;
     v.perimeter_jwt_role = role;
     v.perimeter_who = who;
-    if (v.perimeter_jwt_roles && v.perimeter_jwt_roles.split(' ').indexOf(role) < 0) {
+    if (v.perimeter_jwt_roles && indexIn(perimeter_identity.roles[v.perimeter_jwt_roles], role) < 0) {
         return [403, 'role'];
     }
     return null;
@@ -1707,7 +1718,7 @@ function jwtClaims(v, cfg, p) {
 
 function jwt(r) {
     var v = r.variables;
-    var cfg, m, token, parts, header, payload, alg, key, algs, why;
+    var cfg, m, token, parts, header, payload, alg, kid, key, why;
     try {
         cfg = perimeter_identity.jwt[v.perimeter_jwt];
         if ((v.http_authorization || '').indexOf(',') >= 0) {
@@ -1745,20 +1756,20 @@ function jwt(r) {
     if (has(header, 'kid') && (typeof header.kid !== 'string' || header.kid === '')) {
         return jwtDeny(r, 401, 'jwt-invalid:kid');
     }
-    v.perimeter_jwt_kid = has(header, 'kid') ? header.kid : '';
-    key = v['perimeter_jwk_' + v.perimeter_jwt] || '';
-    if (!key) {
+    // the audience's key of that kid (a token without one: the audience's only key): [algs, SPKI]
+    kid = has(header, 'kid') ? header.kid : '';
+    key = has(cfg.keys, kid) ? cfg.keys[kid] : null;
+    if (key === null) {
         return jwtDeny(r, 401, 'jwt-invalid:kid');
     }
-    algs = key.split(' ');
-    if (algs[0].split(',').indexOf(alg) < 0) {
+    if (indexIn(key[0], alg) < 0) {
         return jwtDeny(r, 401, 'jwt-invalid:alg');
     }
     why = jwtTimes(payload);
     if (why) {
         return jwtDeny(r, 401, why);
     }
-    globalThis.crypto.subtle.importKey('spki', Buffer.from(algs[1], 'base64'), JWT_ALGS[alg][0], false,
+    globalThis.crypto.subtle.importKey('spki', Buffer.from(key[1], 'base64'), JWT_ALGS[alg][0], false,
                                        ['verify'])
         .then(function (k) {
             return globalThis.crypto.subtle.verify(JWT_ALGS[alg][1], k, Buffer.from(parts[2], 'base64url'),

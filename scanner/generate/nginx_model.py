@@ -167,8 +167,8 @@ class BodyCheck:
                         # salt step writes as cache_salt
     media_regex: str = ""   # a media key in any spelling (MEDIA_KEY_REGEX): on a parse_all route,
                             # a body it does not match skips njs's walk ($perimeter_media_key 0)
-    tokens: str = ""    # "t1 2000 principal": the token budget njs charges (chargeTokens): zone,
-                        # tokens per minute, counted per principal (a key's), token (a jwt's) or address
+    tokens: str = ""    # the token zone njs charges (chargeTokens): its name ("t1"), the key of its
+                        # bucket's numbers in perimeter-rules.json (rules_json "tokens")
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ class Block:
     # auth "jwt": the audience's token rules (JwtAudience.id); njs verifies the token here, then
     # redirects to ``jwt_next``, the named location holding the rest of the block
     jwt: str = ""
-    jwt_roles: str = ""         # the roles admitted, space-separated ("" any role a token gives)
+    jwt_roles: str = ""         # the id of the roles admitted (perimeter-identity.json "roles"; "" any)
     jwt_next: str = ""
     # responses: owned (scanner/plan/owner.py): the path segment (index after splitting on "/")
     # holding a sealed response id (0: none; njs ownedPath unseals it), and whether answers are
@@ -270,19 +270,20 @@ class Block:
     local_burst: int = 0
     local_conn_zone: str = ""
     local_conn: int = 0
-    local_tokens: str = ""      # the share's token spec (BodyCheck.tokens' form); "" none
+    local_tokens: str = ""      # the share's token zone (BodyCheck.tokens' form); "" none
     weak: BlockWeakening = BlockWeakening()   # a mutation operator's switches (none set here)
 
 
 @dataclass(frozen=True)
 class JwtAudience:
-    """An ``auth: jwt`` audience as njs reads it: its rules (a JSON object, one js_var) and its
-    keys (a map from the token's kid to "ALG,ALG SPKI-base64"; SPKI imports on njs 0.7 and 0.9)."""
+    """An ``auth: jwt`` audience as njs reads it (perimeter-identity.json "jwt"): its rules (a JSON
+    object) and its keys (the token's kid -> its algorithms and SPKI base64; SPKI imports on njs 0.7
+    and 0.9)."""
 
     id: str
     audience: str
     config: str
-    keys: tuple[tuple[str, str], ...]
+    keys: tuple[tuple[str, tuple[str, ...], str], ...]
 
 
 @dataclass(frozen=True)
@@ -350,6 +351,7 @@ class NginxModel:
     forward: str = FORWARD
     notes: tuple[str, ...] = field(default_factory=tuple)
     jwt: tuple[JwtAudience, ...] = ()   # auth "jwt" audiences: njs verifies their tokens
+    jwt_roles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # Block.jwt_roles ids
     jwt_principal_max: int = plan_jwt.PRINCIPAL_MAX   # the longest token principal (jwt:ID:CLAIM)
     limiter: str = ""           # the fleet's limiter's HTTP door (policy shared:); "" none
     fetch_keepalive: bool = False   # njs >= 0.9: js_fetch_keepalive
@@ -357,6 +359,16 @@ class NginxModel:
     # perimeter.heartbeat), so its slots are renewed while it lives (0: none)
     heartbeat_ms: int = 0
     weak: Weakening = Weakening()   # a mutation operator's switches (none set here)
+
+    def shared_ids(self) -> dict[str, str]:
+        """Each limiter spec a block holds (Block.shared) -> its id ("s1"), which the block sets in
+        $perimeter_shared and perimeter-rules.json's "shared" maps to the zones (rules_json)."""
+        out: dict[str, str] = {}
+        for loc in self.locations:
+            for b in loc.blocks:
+                if b.shared and b.shared not in out:
+                    out[b.shared] = f"s{len(out) + 1}"
+        return out
 
 
 # --- validation helpers ------------------------------------------------------------------
@@ -430,6 +442,7 @@ class _NginxRegistry:
     conn: dict[ConcurrencyZone, NginxZoneView] = field(default_factory=dict)
     tokens: dict[TokenZone, NginxZoneView] = field(default_factory=dict)
     jwt: dict[str, JwtAudience] = field(default_factory=dict)  # by audience
+    jwt_roles: dict[tuple[str, ...], str] = field(default_factory=dict)   # roles admitted -> id
     checks: dict[tuple[str, str, str], BodyCheck] = field(default_factory=dict)   # by (program, salt, tokens)
     programs: Programs = field(default_factory=Programs)
     compiled: dict[str, Program] = field(default_factory=dict)     # programs by id
@@ -452,16 +465,20 @@ class _NginxRegistry:
                       "sub": t.principal_claim, "rc": t.role_claim, "roles": dict(t.roles), "role": t.role,
                       "max": t.max_token_bytes, "pfx": list(plan_jwt.prefixes(t))}
             text = json.dumps(config, sort_keys=True, separators=(",", ":"))
-            if len(text) > 3000 or "'" in text or "$" in text or "\\" in text:
-                raise GenerateError(f"nginx generator: audience {d.audience!r}: its jwt rules do not fit one "
-                                    "NGINX parameter (at most 3000 characters, no quotes or '$')")
-            keys = tuple((k.kid, ",".join(a for a in k.algorithms if a in algs) + " " + k.spki)
+            keys = tuple((k.kid, tuple(a for a in k.algorithms if a in algs), k.spki)
                          for k in t.keys if any(a in algs for a in k.algorithms))
             if len(keys) == 1:   # a token without a kid is verified with the only key
-                keys = (("", keys[0][1]), *keys)
+                keys = (("", *keys[0][1:]), *keys)
             self.jwt[d.audience] = JwtAudience(str(len(self.jwt) + 1), _name("audience", d.audience),
                                                text, keys)
         return self.jwt[d.audience].id
+
+    def jwt_roleset(self, d: Decision) -> str:
+        """The id of the roles an auth "jwt" route admits ("" other routes, or any role)."""
+        if d.jwt is None or not d.roles:
+            return ""
+        key = tuple(_name("role", r) for r in d.roles)
+        return self.jwt_roles.setdefault(key, str(len(self.jwt_roles) + 1))
 
     def roleset(self, roles: tuple[str, ...]) -> str | None:
         if not roles:
@@ -497,15 +514,14 @@ class _NginxRegistry:
         return self.conn[zone]
 
     def token_zone(self, d: Decision, zone: TokenZone | None) -> str:
-        """njs's token spec of ``zone``, ``d``'s token budget ("" none), see BodyCheck.tokens."""
+        """njs's name of ``zone``, ``d``'s token budget ("" none), see BodyCheck.tokens."""
         if zone is None:
             return ""
         if zone not in self.tokens:
             who = {"key": "principal", "jwt": "token", "cert": "cert"}.get(d.auth, "address")
             self.tokens[zone] = NginxZoneView(name=f"t{len(self.tokens) + 1}", key=who, zone=zone,
                                               note=f"audience {d.audience}, per {who}")
-        z = self.tokens[zone]
-        return f"{z.name} {z.tokens} {z.key} {z.burst}"
+        return self.tokens[zone].name
 
     def check(self, d: Decision, rules: FieldRules, salt: str, media: MediaRules, tokens: str,
               owner: tuple[str, ...]) -> BodyCheck:
@@ -553,22 +569,36 @@ def identity_json(model: NginxModel) -> str:
     ``subject:DN`` -> [name, role]) and each ``auth: jwt`` audience's rules (``jwt``: its id ->
     the rules), which NGINX loads once at configure time (``js_preload_object
     perimeter_identity``): read by njs (perimeter.certWho, perimeter.jwt), never parsed per
-    request. No secret (names, roles, issuers): the key hashes stay in the 0600 principals file."""
+    request. An audience's keys are its public keys (kid -> [algorithms, SPKI base64]); ``roles``:
+    the roles an auth "jwt" route admits by id (Block.jwt_roles). No secret (names, roles, issuers,
+    public keys): the key hashes stay in the 0600 principals file."""
     certs = json.loads(model.certs_json) if model.certs_json else {}
-    jwt = {a.id: json.loads(a.config) for a in model.jwt}
-    return f'{{\n "certs": {_compact(certs)},\n "jwt": {_compact(jwt)}\n}}\n'
+    jwt = {a.id: {**json.loads(a.config), "keys": {kid: [list(algs), spki] for kid, algs, spki in a.keys}}
+           for a in model.jwt}
+    roles = {i: list(r) for i, r in model.jwt_roles.items()}
+    return f'{{\n "certs": {_compact(certs)},\n "jwt": {_compact(jwt)},\n "roles": {_compact(roles)}\n}}\n'
 
 
 def rules_json(model: NginxModel) -> str:
     """``perimeter-rules.json``: every body check's program id and the programs
     (scanner/plan/program.py), which NGINX loads once at configure time into one immutable object
     all njs VMs share (``js_preload_object perimeter_rules``): data compiled with the config, never
-    parsed or built per request. One program a line."""
+    parsed or built per request. One program a line. Beside them, what a route's variables name:
+    ``tokens``, each token zone's bucket (chargeTokens: tokens per minute, capacity, counted by),
+    and ``shared``, each limiter spec's key kind and zones (a fleet's: the limiter's order, and its
+    concurrency zones and token zone picked out for the release and the settlement)."""
     checks = _compact({c.id: c.program for c in model.checks})
     programs = ",\n".join(f"  {_compact(pid)}: {_compact(p.model_dump(mode='json')['steps'])}"
                           for pid, p in model.programs.items())
     depth = BODY_DEPTH      # the most nesting a body may have (bad-json:depth-over-N past it)
-    return f'{{\n "checks": {checks},\n "depth": {depth},\n "programs": {{\n{programs}\n }}\n}}\n'
+    tokens = {z.name: {"by": z.key, "cap": z.burst, "limit": z.tokens} for z in model.token_zones}
+    shared: dict[str, object] = {}
+    for spec, sid in model.shared_ids().items():
+        by, *zones = spec.split(" ")
+        shared[sid] = {"by": by, "zones": zones, "conc": [z for z in zones if z.startswith("conc:")],
+                       "tokens": next((z for z in zones if z.startswith("tokens:")), "")}
+    return (f'{{\n "checks": {checks},\n "depth": {depth},\n "shared": {_compact(shared)},\n'
+            f' "tokens": {_compact(tokens)},\n "programs": {{\n{programs}\n }}\n}}\n')
 
 
 def _rules_key(rules: FieldRules) -> tuple[object, ...]:
@@ -648,7 +678,7 @@ def _block(reg: _NginxRegistry, plan: Plan, ds: tuple[Decision, ...], up: str) -
         local_conn=conn_zone.limit if conn_zone and local else 0,
         local_tokens=reg.token_zone(d, tokens_of(own, d)) if local else "",
         rewrite=check is not None and writes(reg.compiled[check.program]),
-        jwt=reg.jwt_audience(d), jwt_roles=" ".join(_name("role", r) for r in d.roles) if d.jwt else "",
+        jwt=reg.jwt_audience(d), jwt_roles=reg.jwt_roleset(d),
         jwt_next=up.replace("@perimeter_up_", "@perimeter_jwt_") if d.jwt else "",
         owner_param=d.owner_segment,
         owner_seal=d.owner_seal,
@@ -827,7 +857,7 @@ def build_model(plan: Plan, options: GenerateOptions) -> NginxModel:
         owner_secret_file=_file("responses_secret_file", plan.body.responses_secret_file or "")
         if plan.body.owned else "",
         forwarded_headers=_passed(FORWARDED_HEADERS), websocket_headers=_passed(WEBSOCKET_HEADERS),
-        jwt=tuple(reg.jwt.values()),
+        jwt=tuple(reg.jwt.values()), jwt_roles={i: roles for roles, i in reg.jwt_roles.items()},
         limiter=_limiter(plan), fetch_keepalive=bool(opts.njs) and version_tuple(opts.njs) >= (0, 9),
         heartbeat_ms=round(HEARTBEAT_S * 1000)
         if _limiter(plan) and (not opts.njs or version_tuple(opts.njs) >= (0, 8, 1)) else 0,

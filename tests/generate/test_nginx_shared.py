@@ -4,6 +4,7 @@ reservation settled after the answer (post_action), and what NGINX cannot take i
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -40,12 +41,16 @@ def test_every_limited_route_asks_the_limiter_for_its_plan_zones(tmp_path: Path)
     http = files["perimeter-http.conf"]
     assert "limit_req " not in http and "limit_conn " not in http     # the limiter's, not local
     assert f'js_var $perimeter_limiter "{shared.limiter_url}";' in http
-    specs = re.findall(r'set \$perimeter_shared "([^"]+)";', http)
-    want = {" ".join(("a" if d.auth == "none" else "p", *shared.route_zones(d)))
+    # each block names its entry of perimeter_rules.shared (no spec parsed per request)
+    ids = re.findall(r"set \$perimeter_shared (s\d+);", http)
+    table = json.loads(files["perimeter-rules.json"])["shared"]
+    want = {("a" if d.auth == "none" else "p", *shared.route_zones(d))
             for d in plan.allowed if shared.route_zones(d)}
-    assert set(specs) == want and len(specs) >= len(plan.allowed_paths()) - 1
+    assert {(table[i]["by"], *table[i]["zones"]) for i in ids} == want and len(ids) >= len(plan.allowed_paths()) - 1
+    assert all(e["conc"] == [z for z in e["zones"] if z.startswith("conc:")] for e in table.values())
+    assert all(e["tokens"] in [z for z in e["zones"] if z.startswith("tokens:")] + [""] for e in table.values())
     # each proxying location of a limited route releases and settles after the answer
-    assert http.count("post_action @perimeter_after;") >= len(specs)
+    assert http.count("post_action @perimeter_after;") >= len(ids)
     assert "location @perimeter_after {" in http and "location @perimeter_shared_503 {" in http
     njs = files["perimeter.js"]
     assert re.search(r"export default \{[^}]*\blimit, after, onward, heartbeat\};", njs)
@@ -90,12 +95,16 @@ def test_what_nginx_cannot_take_is_a_generate_error(tmp_path: Path, change: dict
 
 def test_local_keeps_each_routes_share_for_the_limiter_undecided(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "local")
-    http = _files(plan)["perimeter-http.conf"]
+    files = _files(plan)
+    http = files["perimeter-http.conf"]
     share = plan.shared.local["rate:inference:key:4/5"]   # type: ignore[union-attr]
     assert share.burst == 2 and "burst=2 nodelay;" in http                     # type: ignore[union-attr]
     assert re.search(r"location @perimeter_up_\d+_\d+_local \{\n\s+limit_req zone=perimeter_rate_\d+ burst=2 "
                      r"nodelay;\n\s+limit_conn perimeter_conn_\d+ 1;\n\s+js_content perimeter.onward;", http)
-    assert re.search(r'set \$perimeter_local_tokens "t\d+ 1000 principal 1000";', http)   # 2000 / 2, its bucket too
+    zone = re.search(r"set \$perimeter_local_tokens (t\d+);", http)
+    assert zone is not None                                                    # 2000 / 2, its bucket too
+    assert json.loads(files["perimeter-rules.json"])["tokens"][zone[1]] == {"by": "principal", "cap": 1000,
+                                                                          "limit": 1000}
 
 
 @pytest.mark.nginx
@@ -130,7 +139,8 @@ def test_a_route_with_only_a_rate_zone_has_no_release(tmp_path: Path) -> None:
     blocks = {b.split("\n", 1)[0]: b for b in re.split(r"\n    location ", http)}
     seen = {False: 0, True: 0}
     for block in blocks.values():
-        spec, up = re.search(r'set \$perimeter_shared "([^"]+)";', block), re.search(r"set \$perimeter_up (\S+);", block)
+        spec, up = re.search(r"set \$perimeter_shared s\d+;  # perimeter_rules.shared: (.+)\n", block), \
+            re.search(r"set \$perimeter_up (\S+);", block)
         if spec is None or up is None:
             continue
         holds = "conc:" in spec[1] or "tokens:" in spec[1]
