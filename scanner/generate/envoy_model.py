@@ -60,6 +60,7 @@ from scanner.plan.model import (
 from scanner.plan.program import Programs, compile_decision
 from scanner.plan.vllm_json import utf8_whitespace
 from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
+from scanner.policy.media import KEY_KINDS
 from scanner.policy.model import CertPrincipal, Principal, Rate
 from scanner.rules import BODY_DEPTH, Program
 
@@ -430,6 +431,11 @@ class EnvoyModel:
         """vLLM's whitespace around a numeric string (scanner/plan/vllm_json.py WHITESPACE), each
         a UTF-8 string for Lua's WS table: generated, not copied."""
         return tuple(w.decode("utf-8") for w in utf8_whitespace())
+
+    @property
+    def media_kinds(self) -> dict[str, JsonValue]:
+        """Each media key's kind (scanner/policy/media.py KEY_KINDS; Lua's MEDIA table)."""
+        return dict(KEY_KINDS)
 
     @property
     def body_depth(self) -> int:

@@ -45,6 +45,10 @@ DATA_KEYS: tuple[str, ...] = ("input_audio", "file_data")
 EMBED_KEYS: tuple[str, ...] = ("image_embeds", "audio_embeds", "video_embeds")
 SOURCE_KEY = "source"
 MEDIA_KEYS: tuple[str, ...] = (*URL_KEYS, *LIST_KEYS, *DATA_KEYS, *EMBED_KEYS, SOURCE_KEY)
+# each media key's kind, the one case of :func:`_item` it takes (generated into the Lua walk)
+KEY_KINDS: Mapping[str, str] = {**dict.fromkeys(URL_KEYS, "url"), **dict.fromkeys(LIST_KEYS, "list"),
+                                **{k: k for k in DATA_KEYS}, **dict.fromkeys(EMBED_KEYS, "embeds"),
+                                SOURCE_KEY: SOURCE_KEY}
 # the default for an end-user audience without a ``media:`` section
 END_USER_MAX_ITEMS = 8
 
