@@ -64,6 +64,7 @@ from scanner.generate.common import (
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
 from scanner.limiter.config import HEARTBEAT_S
+from scanner.plan import credential, settle
 from scanner.plan import jwt as plan_jwt
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
@@ -116,6 +117,14 @@ DENY_PAGES: tuple[tuple[int, str, str], ...] = (
     (500, "proxy-error", "error"), (502, "upstream-unavailable", "error"),
     (503, "upstream-unavailable", "error"), (504, "upstream-timeout", "error"),
 )
+
+# njs's WebCrypto parameters of each algorithm it verifies (plan.jwt.NJS_ALGORITHMS): [importKey's,
+# verify's]; perimeter_identity.token.algs.
+WEBCRYPTO: Mapping[str, tuple[Mapping[str, object], Mapping[str, object]]] = {
+    "RS256": ({"name": "RSASSA-PKCS1-v1_5", "hash": "SHA-256"}, {"name": "RSASSA-PKCS1-v1_5"}),
+    "PS256": ({"name": "RSA-PSS", "hash": "SHA-256"}, {"name": "RSA-PSS", "saltLength": 32}),
+    "ES256": ({"name": "ECDSA", "namedCurve": "P-256"}, {"name": "ECDSA", "hash": "SHA-256"}),
+}
 
 # Upstream answers replaced by the perimeter's own JSON error (@perimeter_upstream_error, the
 # status kept); 502 and 504 go to the upstream-unavailable / upstream-timeout pages.
@@ -576,7 +585,12 @@ def identity_json(model: NginxModel) -> str:
     jwt = {a.id: {**json.loads(a.config), "keys": {kid: [list(algs), spki] for kid, algs, spki in a.keys}}
            for a in model.jwt}
     roles = {i: list(r) for i, r in model.jwt_roles.items()}
-    return f'{{\n "certs": {_compact(certs)},\n "jwt": {_compact(jwt)},\n "roles": {_compact(roles)}\n}}\n'
+    # a token's form (scanner/plan/credential.py): its nesting (within njs JSON.parse's own 32) and
+    # times at most, and each algorithm's WebCrypto parameters
+    token = {"algs": {a: WEBCRYPTO[a] for a in plan_jwt.NJS_ALGORITHMS}, "depth": credential.MAX_DEPTH,
+             "time_max": credential.TIME_MAX}
+    return (f'{{\n "certs": {_compact(certs)},\n "jwt": {_compact(jwt)},\n "roles": {_compact(roles)},\n'
+            f' "token": {_compact(token)}\n}}\n')
 
 
 def rules_json(model: NginxModel) -> str:
@@ -597,8 +611,11 @@ def rules_json(model: NginxModel) -> str:
         by, *zones = spec.split(" ")
         shared[sid] = {"by": by, "zones": zones, "conc": [z for z in zones if z.startswith("conc:")],
                        "tokens": next((z for z in zones if z.startswith("tokens:")), "")}
+    # settlement's tables (scanner/plan/settle.py): a bool's true texts, a stream's final event types
+    tables = f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
+             f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
     return (f'{{\n "checks": {checks},\n "depth": {depth},\n "shared": {_compact(shared)},\n'
-            f' "tokens": {_compact(tokens)},\n "programs": {{\n{programs}\n }}\n}}\n')
+            f' "tokens": {_compact(tokens)},\n{tables} "programs": {{\n{programs}\n }}\n}}\n')
 
 
 def _rules_key(rules: FieldRules) -> tuple[object, ...]:

@@ -1,48 +1,15 @@
 // vllm-perimeter njs module (generated with the NGINX config; do not edit).
 //
-// Runs on njs 0.7.9 (Debian) and 0.9.9 (static build): no `for...of`, no optional
-// chaining. Entry points:
-//
-//   keyHash  js_set: sha256 hex of the bearer token NGINX already extracted into
-//            $perimeter_bearer. The key itself is never stored or logged; the hash
-//            is looked up in a map (perimeter-principals.conf).
-//   certWho  js_set: "principal role" of a verified client certificate (auth "cert"), by its one
-//            URI SAN (a DER walk of $ssl_client_raw_cert) or its subject; '' none.
-//   read     js_content on locations that inspect JSON bodies: NGINX reads the body
-//            (into memory) before calling it; it redirects to the route's named
-//            location, where a native PCRE map over $request_body clears ordinary
-//            bodies without any JavaScript parsing.
-//   direct   js_content on locations where every body is parsed (an absent output budget, or a
-//            field the rules do not name, has no native fast path): the exact check at once, one
-//            VM and one internal redirect less; the named location's tests done here (a body
-//            NGINX kept in a file: 400; $perimeter_media_key decides the media walk).
-//   body     js_content for the bodies that fast path could not clear: parsed here, then the
-//            check's rule program runs over it (run, OPS: one function per instruction of
-//            scanner/plan/program.py, exactly as scanner/plan/interpret.py; the programs are
-//            perimeter-rules.json, preloaded once as perimeter_rules); then admission (chargeTokens, or the
-//            fleet's limiter) and a redirect to <named>_checked (or _rewrite: the body as the
-//            program rewrote it), or to @perimeter_400 / 403 with the first step's reason.
-//   jwt      js_content on the locations of an auth "jwt" audience: verifies the bearer token
-//            (size, form, alg in the allowlist and the key's, kid, signature with WebCrypto, exp /
-//            nbf / iat with the skew, issuer, audience, required claims, role), sets
-//            $perimeter_jwt_principal / $perimeter_jwt_role and redirects to the route's
-//            continuation ($perimeter_jwt_next); else 401 / 403 with the reason. Promise chains
-//            only: `await` on crypto.subtle crashes njs 0.7's worker; SPKI keys only (0.7).
-//   settleHeaders, settle
-//            js_header_filter / js_body_filter on token-budget locations and on routes whose
-//            answers carry stored responses' ids (responses: owned): the answer's usage settles
-//            the charge (scanner/plan/settle.py), the usage-only event the proxy asked for is
-//            dropped, every response id is sealed to the principal (sealText); a stream's other
-//            bytes pass on as they come (each line when it is complete).
-//   ownedPath
-//            js_set: the path with the sealed response id at segment $perimeter_owner_param
-//            replaced by vLLM's own, '' when the seal is not the principal's (scanner/plan/owner.py).
-//   limit, after
-//            a fleet (policy shared:): js_content of a limited route without a full body check:
-//            the limiter (ngx.fetch, $perimeter_limiter) takes the route's zones ($perimeter_shared)
-//            before the request goes on (on a route whose every body is parsed, the exact check
-//            asks it instead, with the token cost); post_action: the slot released and the token
-//            reservation settled once the answer is sent.
+// Runs on njs 0.7.9 (Debian) and 0.9.9 (static build): no `for...of`, no optional chaining.
+// What each entry point does is said at its function; where it runs, in perimeter-http.conf:
+//   js_set      keyHash (the bearer key's sha256), certWho (auth "cert"), ownedPath (responses: owned)
+//   js_content  read / body / direct (JSON bodies: the rule program, then admission), jwt (auth
+//               "jwt"), limit / onward (a fleet's limiter)
+//   filters     settleHeaders, settle (token-budget settlement, response ids sealed)
+//   post_action after; js_periodic heartbeat (a fleet's limiter)
+// Data compiled by the generator, loaded once (js_preload_object): perimeter_rules (rule programs,
+// token zones, the limiter's zones) and perimeter_identity (certificates, token audiences, roles);
+// a route's variables name entries of them, never data to parse.
 import crypto from 'crypto';
 
 function keyHash(r) {
@@ -261,11 +228,8 @@ function sealLine(line, own) {
     return 'data:' + sealText(line.substring(5, line.length - cr.length), own) + cr;
 }
 
-// An integer field's value as vLLM reads it (pydantic's lax mode; scanner/plan/vllm_json.py
-// vllm_int): true / false are 1 / 0; a number only when whole and within 64 bits; a string
-// with Unicode whitespace trimmed (Rust's set, not U+FEFF) when it is an optional sign, ASCII
-// digits with single underscores between them and an optional '.' with zeros only. NaN when
-// vLLM refuses it (hex, exponents, '1__0', '10.5', other digits, lists, objects).
+// An integer field's value as vLLM reads it (scanner/plan/vllm_json.py vllm_int, the reference);
+// NaN when vLLM refuses it.
 var INT_WS = /^[\x09-\x0d \x85\xa0\u1680\u2000-\u200a\u2028-\u2029\u202f\u205f\u3000]+|[\x09-\x0d \x85\xa0\u1680\u2000-\u200a\u2028-\u2029\u202f\u205f\u3000]+$/g;   // generated: vllm_json.WHITESPACE
 var INT_TEXT = /^[+-]?[0-9](?:_?[0-9])*(?:\.0+)?$/;
 var INT64 = 9223372036854775808;
@@ -497,15 +461,11 @@ function whole(v) {
     return (n === n && n > 0) ? n : 0;
 }
 
-// Token budgets: "t1 2000 principal 500" (zone, tokens per minute N, counted per principal or
-// address, the bucket's capacity C: Decision.token_capacity). The cost is the envelope's tokens
-// (Decision.token_cost), at least 1. One token bucket per key, as the fleet's limiter keeps it
-// (scanner/limiter/scripts.py BUCKET): the level and when it was seen, refilled continuously at
-// N / 60000 a ms up to C, so any t seconds admit at most C + N x t / 60. The shared dict has no
-// compare-and-set and several workers use it: a key's two numbers are read and written under a
-// per-key lock (dict.add of KEY:l, which fails while another worker holds it; it expires after
-// TOKEN_LOCK_MS should its holder die). Entries expire 120 s after their last write: a bucket
-// unseen that long is full again anyway (C <= N refills in at most 60 s).
+// Token budgets: one bucket per key as the fleet's limiter keeps it (scanner/limiter/scripts.py
+// BUCKET, the reference: N / 60000 a ms up to C). The shared dict has no compare-and-set and
+// several workers use it: a key's two numbers are read and written under a per-key lock (dict.add
+// of KEY:l fails while another worker holds it; it expires after TOKEN_LOCK_MS should its holder
+// die). Entries expire 120 s after their last write: a bucket unseen that long is full anyway.
 var TOKEN_LOCK_MS = 1000;
 var TOKEN_LOCK_TRIES = 100000;
 
@@ -544,9 +504,8 @@ function tokenName(v) {
     return v.perimeter_fallback === '1' ? v.perimeter_local_tokens : v.perimeter_tokens;
 }
 
-// Charge the request's cost to its principal's (or address's) bucket: admitted (the level less the
-// cost stored) when the bucket holds the cost, else refused (429) with Retry-After, the seconds
-// until it will (a cost over the capacity never fits: 60). true: admitted; false: answered.
+// Charge the request's cost to its bucket: true, admitted; false, answered (429 with Retry-After,
+// the seconds until the bucket holds the cost: 60 for a cost over the capacity; 503 the dict full).
 function chargeTokens(r, v, tokens) {
     var name = tokenName(v);
     var z, who, cost, key, out;
@@ -583,12 +542,10 @@ function chargeTokens(r, v, tokens) {
     return true;
 }
 
-// The fleet's limiter (policy shared:). $perimeter_shared: the route's entry of perimeter_rules.shared:
-// by "p" (keyed by the principal) or "a" (by the client address); its zones in the limiter's order
-// (rate, concurrency, tokens), its concurrency zones (conc) and token zone. One call takes them all
-// (scanner/limiter/http_api.py); a refusal is 429 with the limiter's reason and Retry-After; no
-// answer (the limiter or its store down, a call it cannot read): 503 shared-store-unavailable.
-// Never admitted without the limiter's word.
+// The fleet's limiter (policy shared:; scanner/limiter/http_api.py): $perimeter_shared names the
+// route's zones in perimeter_rules.shared. A refusal is 429 with the limiter's reason; no answer
+// (the limiter or its store down, a call it cannot read): 503 shared-store-unavailable. Never
+// admitted without the limiter's word.
 function sharedOf(r, v) {
     var e = v.perimeter_shared && has(perimeter_rules.shared, v.perimeter_shared)
         ? perimeter_rules.shared[v.perimeter_shared] : null;
@@ -763,9 +720,8 @@ function admit(r, v, tokens, then) {
 }
 
 // Settlement (scanner/plan/settle.py, the reference): the unused part of the charge goes back
-// once the answer reports its usage.
-//
-// A body running sequences vLLM's usage does not count (best_of over n): nothing refundable.
+// once the answer reports its usage. A body running sequences vLLM's usage does not count
+// (best_of over n): nothing refundable.
 function unreported(obj) {
     var best, n;
     if (obj === null || !has(obj, 'best_of') || obj.best_of === null) {
@@ -776,11 +732,7 @@ function unreported(obj) {
     return best !== best || n !== n || best > n;
 }
 
-// settle.asking_usage: a stream ("stream": true, the JSON value) not asking for its usage leaves
-// with stream_options.include_usage true (the client's other options kept, continuous_usage_stats
-// dropped); a stream_options that is not an object is left alone (vLLM refuses it). true: written.
-// settle.vllm_true: a bool field as vLLM's pydantic reads it (true, 1, "yes" in any case, ...).
-var TRUE_TEXT = ',1,on,t,true,y,yes,';
+// settle.vllm_true and settle.asking_usage (askUsage true: stream_options written).
 function vllmTrue(v) {
     if (typeof v === 'boolean') {
         return v;
@@ -788,7 +740,7 @@ function vllmTrue(v) {
     if (typeof v === 'number') {
         return v === 1;
     }
-    return typeof v === 'string' && v.indexOf(',') < 0 && TRUE_TEXT.indexOf(',' + v.toLowerCase() + ',') >= 0;
+    return typeof v === 'string' && has(perimeter_rules.true_text, v.toLowerCase());
 }
 
 function askUsage(obj) {
@@ -846,17 +798,14 @@ function hiddenEvent(doc) {
 
 // settle.final: an event after which the usage cannot change (the usage-only event, or a Responses
 // API ending event carrying response.usage): the stream is settled as soon as it passes.
-var FINAL_TYPES = ',response.completed,response.incomplete,response.failed,';
 function finalEvent(doc) {
     return hiddenEvent(doc) || (doc !== null && typeof doc === 'object' && typeof doc.type === 'string' &&
-        FINAL_TYPES.indexOf(',' + doc.type + ',') >= 0 && doc.type.indexOf(',') < 0 &&
+        has(perimeter_rules.final_types, doc.type) &&
         doc.response !== null && typeof doc.response === 'object' && usageOf(doc) !== null);
 }
 
-// The refund goes back into the bucket the charge was taken from (`key`; its budget the spec
-// chargeTokens read), up to its capacity (as the fleet's limiter gives: scanner/limiter/scripts.py),
-// so the bucket never holds more than C and any t seconds still admit at most C + N x t / 60. A
-// failure (the dict full) keeps the charge.
+// The refund goes back into the bucket the charge was taken from (`key`), up to its capacity (as
+// scanner/limiter/scripts.py gives it back); a failure (the dict full) keeps the charge.
 function giveBack(r, key, n) {
     var name = tokenName(r.variables);
     var z = name ? perimeter_rules.tokens[name] : null;
@@ -988,13 +937,10 @@ function settleOnce(r, s) {
     }
 }
 
-// js_body_filter on token-budget locations: every byte passes on at once (a stream's usage-only
-// event excepted when the proxy asked); the answer's usage is read (a JSON answer's, a stream's
-// events reporting one) and the charge settled (settleOnce) before the bytes that complete it
-// leave: a stream as soon as its final usage event passed (settle.final: before [DONE], which a
-// client such as the openai SDK closes the connection at, without waiting for the body's end),
-// a JSON answer (or a stream without a final event) once it is complete; a stream cut short
-// before its final event keeps the whole charge. No usage: the charge stands.
+// js_body_filter on token-budget locations: the bytes pass on at once (a stream's usage-only event
+// excepted when the proxy asked) and the charge is settled before the bytes completing the usage
+// leave: a stream once its final usage event passed (settle.final: before [DONE], at which a client
+// such as the openai SDK closes the connection), a JSON answer once complete. No usage: it stands.
 function settle(r, data, flags) {
     var s = answer;
     var out = data;
@@ -1045,13 +991,8 @@ function settle(r, data, flags) {
 }
 
 // --- the rule program (scanner/plan/program.py; scanner/plan/interpret.py is the reference) ----
-// perimeter_rules (js_preload_object of perimeter-rules.json, loaded once, shared by every VM):
-// checks ($perimeter_check -> program id) and programs (lists of steps). A run: one working copy of the body (s.doc), the steps in program
-// order; each op is (step, s) -> reason ('' passes), the first reason refuses the body; the steps
-// write into s.doc. s: size (body bytes), strip (the fields keys stripped), written (the budget
-// written in), env / seq / out / tokens (the envelope ran, its sequences, output, tokens), from /
-// budget (the output budget sent, written or vLLM's default, for the access log), asked (the stream asks for its usage), changed
-// (the body leaves rewritten), seen (the media prefilter: '0' no media key), r, v.
+// perimeter_rules.checks ($perimeter_check -> program id), .programs (lists of steps). Each op is
+// (step, s) -> reason ('' passes) over the run's state s (exact); the first reason refuses the body.
 var PLAIN = /^[A-Za-z0-9_]{1,64}$/;
 
 function nothing(value) {
@@ -1349,11 +1290,7 @@ function exact(r, v, seen) {
         deny(r, 'bad-json:depth-over-' + perimeter_rules.depth);
         return;
     }
-    if (obj === undefined) {
-        deny(r, 'bad-json');
-        return;
-    }
-    if (invalidUtf8(text, buf)) {
+    if (obj === undefined || invalidUtf8(text, buf)) {
         deny(r, 'bad-json');
         return;
     }
@@ -1361,6 +1298,8 @@ function exact(r, v, seen) {
         deny(r, 'bad-json:not-an-object');
         return;
     }
+    // the run's state (scanner/plan/interpret.py's): the working copy, the fields stripped, the
+    // budget (from, budget, written), the envelope (env, seq, out, tokens), asked, changed, seen
     s = {doc: obj, size: nbytes, strip: [], written: null, env: false, seq: 1, out: 0, tokens: nbytes, from: '', budget: 0,
          asked: false, changed: false, seen: seen, r: r, v: v};
     reason = run(programOf(v), s);
@@ -1400,60 +1339,47 @@ function read(r) {
     r.internalRedirect(r.variables.perimeter_up);
 }
 
-// A check that asked the limiter finishes when it answers: a failure there is the check's.
-function checked(r, p) {
-    if (p) {
-        return p.then(null, function (e) {
-            r.error('perimeter: ' + e);
-            deny(r, 'body-check-failed');
-        });
+// The exact check, failing closed; one that asked the limiter finishes when it answers (a failure
+// there is the check's).
+function guarded(r, seen) {
+    var p;
+    try {
+        p = exact(r, r.variables, seen);
+    } catch (e) {
+        deny(r, 'body-check-failed');
+        return;
     }
-    return p;
+    return p ? p.then(null, function (e) {
+        r.error('perimeter: ' + e);
+        deny(r, 'body-check-failed');
+    }) : p;
 }
 
 // js_content when the fast path could not clear the body: the exact check.
 function body(r) {
-    try {
-        return checked(r, exact(r, r.variables, ''));
-    } catch (e) {
-        deny(r, 'body-check-failed');
-    }
+    return guarded(r, '');
 }
 
 // js_content of a route whose every body is parsed: what its named location tested, then the
 // exact check, in one VM.
 function direct(r) {
-    var v = r.variables;
-    if (v.request_body_file) {
+    if (r.variables.request_body_file) {
         deny(r, 'body-not-in-memory');
         return;
     }
-    try {
-        return checked(r, exact(r, v, null));
-    } catch (e) {
-        deny(r, 'body-check-failed');
-    }
+    return guarded(r, null);
 }
 
 // --- bearer tokens (auth "jwt") -------------------------------------------------------------
-// The token's text is judged before its signature as scanner/plan/credential.py (the reference)
-// and Envoy's Lua judge it: the scheme in any letter case; three canonical unpadded base64url
-// parts; UTF-8 JSON objects with no member name twice, nesting at most JWT_DEPTH, finite
-// numbers; registered claims of their types; no crit; exp / nbf / iat integers 0..2^32-1.
+// The token's text is judged before its signature as scanner/plan/credential.py (the reference).
 var JWT_BEARER = /^[Bb][Ee][Aa][Rr][Ee][Rr] +(.+)$/;
 var JWT_TOKEN = /^[\x21-\x7e]+$/;
 var JWT_PART = /^[A-Za-z0-9_-]+$/;
 var JWT_NUMBER = /^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$/;
 var JWT_B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_';
-var JWT_TIME_MAX = 4294967295;
-var JWT_DEPTH = 16;     // within njs JSON.parse's own limit (32)
 var JWT_CLAIM_VALUE = /^[A-Za-z0-9_.@:+\/=|-]{1,256}$/;
-// alg -> [importKey algorithm, verify algorithm]
-var JWT_ALGS = {
-    RS256: [{name: 'RSASSA-PKCS1-v1_5', hash: 'SHA-256'}, {name: 'RSASSA-PKCS1-v1_5'}],
-    PS256: [{name: 'RSA-PSS', hash: 'SHA-256'}, {name: 'RSA-PSS', saltLength: 32}],
-    ES256: [{name: 'ECDSA', namedCurve: 'P-256'}, {name: 'ECDSA', hash: 'SHA-256'}]
-};
+// perimeter_identity.token (generated): depth and time_max (credential.py MAX_DEPTH, TIME_MAX), algs
+// (alg -> [importKey algorithm, verify algorithm]: every alg an audience's algs may name)
 
 function jwtDeny(r, status, reason) {
     r.variables.perimeter_reason = reason;
@@ -1525,7 +1451,7 @@ function jwtUnique(s) {
     return true;
 }
 
-// Nesting within JWT_DEPTH and every number finite.
+// Nesting within the depth and every number finite.
 function jwtSound(v, depth) {
     var k;
     if (typeof v === 'number') {
@@ -1534,7 +1460,7 @@ function jwtSound(v, depth) {
     if (v === null || typeof v !== 'object') {
         return true;
     }
-    if (depth > JWT_DEPTH) {
+    if (depth > perimeter_identity.token.depth) {
         return false;
     }
     for (k in v) {
@@ -1585,7 +1511,8 @@ function jwtTimes(p) {
     for (i = 0; i < names.length; i++) {
         x = p[names[i]];
         if (has(p, names[i])
-            && !(typeof x === 'number' && Math.floor(x) === x && x >= 0 && x <= JWT_TIME_MAX)) {
+            && !(typeof x === 'number' && Math.floor(x) === x && x >= 0
+                 && x <= perimeter_identity.token.time_max)) {
             return 'jwt-invalid:' + names[i];
         }
     }
@@ -1615,7 +1542,7 @@ function jwtRole(cfg, claim) {
     }
     list = Array.isArray(claim) ? claim : [claim];
     for (i = 0; i < list.length; i++) {
-        if (typeof list[i] === 'string' && Object.prototype.hasOwnProperty.call(cfg.roles, list[i])) {
+        if (typeof list[i] === 'string' && has(cfg.roles, list[i])) {
             return cfg.roles[list[i]];
         }
     }
@@ -1625,24 +1552,18 @@ function jwtRole(cfg, claim) {
 // The verified token's claims: [status, reason] of a refusal, or null (admitted, variables set).
 function jwtClaims(v, cfg, p) {
     var now = Math.floor(Date.now() / 1000);
-    var i, who, role, aud;
-    if (typeof p.exp !== 'number') {
-        return [401, 'jwt-invalid:exp'];
-    }
+    var i, who, role;
+    // exp, nbf, iat: integers (exp present) already (jwtTimes, before the signature)
     if (now > p.exp + cfg.skew) {
         return [401, 'jwt-expired'];
     }
-    if ((p.nbf !== undefined && (typeof p.nbf !== 'number' || p.nbf > now + cfg.skew))
-        || (p.iat !== undefined && (typeof p.iat !== 'number' || p.iat > now + cfg.skew))) {
+    if ((p.nbf !== undefined && p.nbf > now + cfg.skew) || (p.iat !== undefined && p.iat > now + cfg.skew)) {
         return [401, 'jwt-not-yet-valid'];
     }
     if (typeof p.iss !== 'string' || indexIn(cfg.iss, p.iss) < 0) {
         return [401, 'jwt-issuer'];
     }
-    aud = Array.isArray(p.aud) ? p.aud : [p.aud];
-    for (i = 0; i < aud.length && !(typeof aud[i] === 'string' && indexIn(cfg.aud, aud[i]) >= 0); i++) {
-    }
-    if (i === aud.length) {
+    if (!jwtHas(p.aud, cfg.aud)) {
         return [401, 'jwt-audience'];
     }
     for (i = 0; i < cfg.req.length; i++) {
@@ -1668,9 +1589,12 @@ function jwtClaims(v, cfg, p) {
     return null;
 }
 
+// js_content of an auth "jwt" audience's locations (perimeter_identity.jwt[$perimeter_jwt]): the
+// token judged, its signature verified (WebCrypto), the claims; admitted: on to $perimeter_jwt_next.
+// Promise chains only: `await` on crypto.subtle crashes njs 0.7's worker; SPKI keys only (0.7).
 function jwt(r) {
     var v = r.variables;
-    var cfg, m, token, parts, header, payload, alg, kid, key, why;
+    var cfg, m, token, parts, header, payload, alg, kid, key, algo, why;
     try {
         cfg = perimeter_identity.jwt[v.perimeter_jwt];
         if ((v.http_authorization || '').indexOf(',') >= 0) {
@@ -1698,7 +1622,7 @@ function jwt(r) {
         return jwtDeny(r, 401, why);
     }
     alg = header.alg;
-    if (typeof alg !== 'string' || indexIn(cfg.algs, alg) < 0 || !JWT_ALGS[alg]) {
+    if (typeof alg !== 'string' || indexIn(cfg.algs, alg) < 0) {
         return jwtDeny(r, 401, 'jwt-invalid:alg');
     }
     if (has(header, 'kid') && (typeof header.kid !== 'string' || header.kid === '')) {
@@ -1717,10 +1641,10 @@ function jwt(r) {
     if (why) {
         return jwtDeny(r, 401, why);
     }
-    globalThis.crypto.subtle.importKey('spki', Buffer.from(key[1], 'base64'), JWT_ALGS[alg][0], false,
-                                       ['verify'])
+    algo = perimeter_identity.token.algs[alg];
+    globalThis.crypto.subtle.importKey('spki', Buffer.from(key[1], 'base64'), algo[0], false, ['verify'])
         .then(function (k) {
-            return globalThis.crypto.subtle.verify(JWT_ALGS[alg][1], k, Buffer.from(parts[2], 'base64url'),
+            return globalThis.crypto.subtle.verify(algo[1], k, Buffer.from(parts[2], 'base64url'),
                                                    Buffer.from(parts[0] + '.' + parts[1]));
         })
         .then(function (ok) {
