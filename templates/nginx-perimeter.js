@@ -331,15 +331,12 @@ function countOf(v) {
     return typeof v === 'object' ? Object.keys(v).length : 1;
 }
 
-// Media items (scanner/policy/media.py): every key below, at any depth, with a value other than
-// null is one item; URLs, base64 data and embeddings are judged as that module says.
-var URL_KEYS = {image_url: 1, audio_url: 1, video_url: 1, file_url: 1};
-var LIST_KEYS = {images: 1, videos: 1, audio: 1};
-var EMBED_KEYS = {image_embeds: 1, audio_embeds: 1, video_embeds: 1};
+// Media items (scanner/policy/media.py items, the reference): every media key (perimeter_rules.media:
+// key -> its kind) at any depth with a value other than null; an item is [kind, text].
 var CANONICAL = /^https?:\/\/([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)(?::([0-9]{1,5}))?(?:[\/?#][\x21-\x5b\x5d-\x7e]*)?$/i;
 
 function mediaItems(value, out) {
-    var keys, i, key, v, url;
+    var keys, i, v;
     if (Array.isArray(value)) {
         for (i = 0; i < value.length; i++) {
             mediaItems(value[i], out);
@@ -351,48 +348,35 @@ function mediaItems(value, out) {
     }
     keys = Object.keys(value);
     for (i = 0; i < keys.length; i++) {
-        key = keys[i];
-        v = value[key];
-        if (v !== null) {
-            if (has(URL_KEYS, key)) {
-                url = (typeof v === 'object' && !Array.isArray(v)) ? v.url : v;
-                out.push(typeof url === 'string' ? ['url', url] : ['other', '']);
-            } else if (has(LIST_KEYS, key)) {
-                mediaList(v, out);
-            } else if (key === 'source') {
-                mediaSource(v, out);
-            } else if (key === 'input_audio') {
-                url = (typeof v === 'object' && !Array.isArray(v)) ? v.data : undefined;
-                out.push(typeof url === 'string' ? ['data', url] : ['other', '']);
-            } else if (key === 'file_data') {
-                out.push(typeof v === 'string' ? ['data', v] : ['other', '']);
-            } else if (has(EMBED_KEYS, key)) {
-                out.push(['embeds', '']);
-            }
+        v = value[keys[i]];
+        if (v !== null && has(perimeter_rules.media, keys[i])) {
+            mediaItem(perimeter_rules.media[keys[i]], v, out);
         }
         mediaItems(v, out);
     }
 }
 
-function mediaList(v, out) {
-    var j;
-    if (Array.isArray(v)) {
-        for (j = 0; j < v.length; j++) {
+// The items of one media key's value, by its kind (media.py _item).
+function mediaItem(kind, v, out) {
+    var obj = typeof v === 'object' && !Array.isArray(v);
+    var j, x;
+    if (kind === 'list') {
+        for (j = 0; Array.isArray(v) && j < v.length; j++) {
             if (typeof v[j] === 'string') {
                 out.push(['url', v[j]]);
             }
         }
-    }
-}
-
-function mediaSource(v, out) {
-    if (typeof v !== 'object' || Array.isArray(v)) {
-        return;
-    }
-    if (typeof v.url === 'string') {
-        out.push(['url', v.url]);
-    } else if (typeof v.data === 'string') {
-        out.push(['data', v.data]);
+    } else if (kind === 'source') {
+        if (obj && typeof v.url === 'string') {
+            out.push(['url', v.url]);
+        } else if (obj && typeof v.data === 'string') {
+            out.push(['data', v.data]);
+        }
+    } else if (kind === 'embeds') {
+        out.push(['embeds', '']);
+    } else {                            // url (the value or its url), input_audio (its data), file_data
+        x = kind === 'url' ? (obj ? v.url : v) : (kind === 'input_audio' ? (obj ? v.data : undefined) : v);
+        out.push(typeof x === 'string' ? [kind === 'url' ? 'url' : 'data', x] : ['other', '']);
     }
 }
 

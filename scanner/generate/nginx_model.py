@@ -81,6 +81,7 @@ from scanner.plan.model import (
 )
 from scanner.plan.program import Programs, compile_decision, inspects
 from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
+from scanner.policy import media as policy_media
 from scanner.policy.media import MEDIA_KEYS, MediaRules
 from scanner.policy.model import FieldRules, Limits
 from scanner.rules import BODY_DEPTH, AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
@@ -611,8 +612,14 @@ def rules_json(model: NginxModel) -> str:
         by, *zones = spec.split(" ")
         shared[sid] = {"by": by, "zones": zones, "conc": [z for z in zones if z.startswith("conc:")],
                        "tokens": next((z for z in zones if z.startswith("tokens:")), "")}
-    # settlement's tables (scanner/plan/settle.py): a bool's true texts, a stream's final event types
+    # settlement's tables (scanner/plan/settle.py): a bool's true texts, a stream's final event types;
+    # each media key's kind, the case of media.py's _item it takes (njs mediaItem)
+    pm = policy_media
+    media = {**dict.fromkeys(pm.URL_KEYS, "url"), **dict.fromkeys(pm.LIST_KEYS, "list"),
+             **{k: k for k in pm.DATA_KEYS}, **dict.fromkeys(pm.EMBED_KEYS, "embeds"),
+             pm.SOURCE_KEY: pm.SOURCE_KEY}
     tables = f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
+             f' "media": {_compact(media)},\n' \
              f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
     return (f'{{\n "checks": {checks},\n "depth": {depth},\n "shared": {_compact(shared)},\n'
             f' "tokens": {_compact(tokens)},\n{tables} "programs": {{\n{programs}\n }}\n}}\n')
