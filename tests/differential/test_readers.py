@@ -112,8 +112,8 @@ def test_a_body_deeper_than_the_plan_is_refused_before_it_is_read() -> None:
 OLD_FORM = {
     "nginx": ('"~*^\\s*application/x-www-form-urlencoded\\s*(?:;|$)" 1;',
               '"~*^\\s*application/x-www-form-urlencoded" 1;'),
-    "envoy": ('lower(content_type):match("^%s*([^;]-)%s*$") or lower(content_type):match("^%s*([^;]-)%s*;")',
-              'lower(content_type):match("^%s*([^;%s]+)")'),
+    "envoy": ('match(lower(content_type) .. ";", "^%s*([^;]-)%s*;")',
+              'match(lower(content_type), "^%s*([^;%s]+)")'),
 }
 
 
