@@ -614,10 +614,7 @@ def rules_json(model: NginxModel) -> str:
                        "tokens": next((z for z in zones if z.startswith("tokens:")), "")}
     # settlement's tables (scanner/plan/settle.py): a bool's true texts, a stream's final event types;
     # each media key's kind, the case of media.py's _item it takes (njs mediaItem)
-    pm = policy_media
-    media = {**dict.fromkeys(pm.URL_KEYS, "url"), **dict.fromkeys(pm.LIST_KEYS, "list"),
-             **{k: k for k in pm.DATA_KEYS}, **dict.fromkeys(pm.EMBED_KEYS, "embeds"),
-             pm.SOURCE_KEY: pm.SOURCE_KEY}
+    media = dict(policy_media.KEY_KINDS)
     tables = f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
              f' "media": {_compact(media)},\n' \
              f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
