@@ -1,6 +1,7 @@
 """How vLLM reads a request body: the one reading the body rules follow (the reference judge in
 :mod:`scanner.plan.body`, ``scanner.plan.body.token_cost``), and the one njs (``vllmInt`` in
-``templates/nginx-perimeter.js``) and Lua (``vllm_int`` in ``templates/envoy_json.lua.j2``) copy.
+``templates/nginx-perimeter.js``) and Lua (``int_value`` / ``int_text`` in ``templates/envoy_json.lua.j2``)
+copy.
 
 * **Which bodies are JSON** (FastAPI's request parsing, vLLM 0.29's FastAPI): no
   ``Content-Type``, or one whose main type is ``application`` and subtype ``json`` or ``*+json``
