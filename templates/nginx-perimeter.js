@@ -197,11 +197,11 @@ function ownedPath(r) {
 // The response ids of an answer (or one event's data) where vLLM writes them (owner.answer_ids).
 function answerIds(doc) {
     var out = [];
-    var objs = [doc, (doc !== null && typeof doc === 'object' && !Array.isArray(doc)) ? doc.response : null];
+    var objs = [doc, isObject(doc) ? doc.response : null];
     var i, o;
     for (i = 0; i < 2; i++) {
         o = objs[i];
-        if (o === null || o === undefined || typeof o !== 'object' || Array.isArray(o)) {
+        if (!isObject(o)) {
             continue;
         }
         if (o.object === 'response' && typeof o.id === 'string' && RESPONSE_ID.test(o.id)) {
@@ -270,6 +270,11 @@ function has(obj, name) {
     return Object.prototype.hasOwnProperty.call(obj, name);
 }
 
+// A JSON object (not null, not a list).
+function isObject(v) {
+    return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
 // The position of x in list, or -1: for the preloaded objects' arrays (perimeter_identity,
 // perimeter_rules), whose elements are read by index (njs 0.9: `indexOf` is undefined on them).
 function indexIn(list, x) {
@@ -301,7 +306,7 @@ function valueAt(obj, path) {
     }
     names = path.split('.');
     for (i = 0; i < names.length; i++) {
-        if (obj === null || typeof obj !== 'object' || Array.isArray(obj) || !has(obj, names[i])) {
+        if (!isObject(obj) || !has(obj, names[i])) {
             return undefined;
         }
         obj = obj[names[i]];
@@ -313,7 +318,7 @@ function valueAt(obj, path) {
 function parentAt(obj, path) {
     var dot = path.lastIndexOf('.');
     var p = dot < 0 ? obj : valueAt(obj, path.substring(0, dot));
-    return (p !== null && typeof p === 'object' && !Array.isArray(p)) ? p : null;
+    return isObject(p) ? p : null;
 }
 
 function lastName(path) {
@@ -358,7 +363,7 @@ function mediaItems(value, out) {
 
 // The items of one media key's value, by its kind (media.py _item).
 function mediaItem(kind, v, out) {
-    var obj = typeof v === 'object' && !Array.isArray(v);
+    var obj = isObject(v);
     var j, x;
     if (kind === 'list') {
         for (j = 0; Array.isArray(v) && j < v.length; j++) {
@@ -756,8 +761,7 @@ function askUsage(obj) {
     if (obj.stream !== true) {
         return false;
     }
-    if (options !== null && (typeof options !== 'object' || Array.isArray(options) ||
-                             vllmTrue(options.include_usage))) {
+    if (options !== null && (!isObject(options) || vllmTrue(options.include_usage))) {
         return false;
     }
     keys = options === null ? [] : Object.keys(options);
@@ -778,15 +782,14 @@ function countOf0(value) {
 
 function usageOf(doc) {
     var u, input, output;
-    if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) {
+    if (!isObject(doc)) {
         return null;
     }
     u = doc.usage;
-    if ((u === null || typeof u !== 'object' || Array.isArray(u)) && doc.response !== null &&
-            typeof doc.response === 'object' && !Array.isArray(doc.response)) {
+    if (!isObject(u) && isObject(doc.response)) {
         u = doc.response.usage;
     }
-    if (u === null || typeof u !== 'object' || Array.isArray(u)) {
+    if (!isObject(u)) {
         return null;
     }
     input = countOf0(has(u, 'prompt_tokens') ? u.prompt_tokens : u.input_tokens);
@@ -797,15 +800,13 @@ function usageOf(doc) {
 
 // settle.hidden: the usage-only event vLLM sends last when asked ("choices": [] and a usage).
 function hiddenEvent(doc) {
-    return doc !== null && typeof doc === 'object' && Array.isArray(doc.choices) &&
-        doc.choices.length === 0 && doc.usage !== null && typeof doc.usage === 'object' &&
-        !Array.isArray(doc.usage);
+    return isObject(doc) && Array.isArray(doc.choices) && doc.choices.length === 0 && isObject(doc.usage);
 }
 
 // settle.final: an event after which the usage cannot change (the usage-only event, or a Responses
 // API ending event carrying response.usage): the stream is settled as soon as it passes.
 function finalEvent(doc) {
-    return hiddenEvent(doc) || (doc !== null && typeof doc === 'object' && typeof doc.type === 'string' &&
+    return hiddenEvent(doc) || (isObject(doc) && typeof doc.type === 'string' &&
         has(perimeter_rules.final_types, doc.type) &&
         doc.response !== null && typeof doc.response === 'object' && usageOf(doc) !== null);
 }
@@ -912,17 +913,14 @@ function streamPart(s, data, last) {
     if (last && end + 1 < buf.length) {
         lines.push(buf.slice(end + 1).toString());
     }
-    if (!s.asked && s.own === null) {   // nothing is dropped or sealed: the bytes as they came
-        for (i = 0; i < lines.length; i++) {
-            streamLine(s, lines[i]);
-        }
-        return data;
-    }
     out = [];
     for (i = 0; i < lines.length; i++) {
         if (streamLine(s, lines[i])) {
             out.push(s.own === null ? lines[i] : sealLine(lines[i], s.own));
         }
+    }
+    if (!s.asked && s.own === null) {   // nothing is dropped or sealed: the bytes as they came
+        return data;
     }
     return out.length ? out.join('\n') + (last && end + 1 < buf.length ? '' : '\n') : '';
 }
@@ -1300,7 +1298,7 @@ function exact(r, v, seen) {
         deny(r, 'bad-json');
         return;
     }
-    if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) {
+    if (!isObject(obj)) {
         deny(r, 'bad-json:not-an-object');
         return;
     }
@@ -1488,9 +1486,9 @@ function jwtJson(part) {
     }
     v = JSON.parse(s);
 {% if w.jwt_duplicates_read %}
-    if (v === null || typeof v !== 'object' || Array.isArray(v) || !jwtSound(v, 1)) {
+    if (!isObject(v) || !jwtSound(v, 1)) {
 {% else %}
-    if (v === null || typeof v !== 'object' || Array.isArray(v) || !jwtUnique(s) || !jwtSound(v, 1)) {
+    if (!isObject(v) || !jwtUnique(s) || !jwtSound(v, 1)) {
 {% endif %}
         throw new Error('not an object');
     }
