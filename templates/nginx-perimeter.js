@@ -130,9 +130,11 @@ function certWho(r) {
 {% endif %}
 }
 
-function deny(r, reason) {
+// A refusal with its reason: at status (a code, or a named page: shared_503), or 403 (not-owner:)
+// / 400 (a body's).
+function deny(r, reason, status) {
     r.variables.perimeter_reason = reason;
-    r.internalRedirect(reason.substring(0, 10) === 'not-owner:' ? '@perimeter_403' : '@perimeter_400');
+    r.internalRedirect('@perimeter_' + (status || (reason.substring(0, 10) === 'not-owner:' ? 403 : 400)));
 }
 
 // Ownership of stored responses (scanner/plan/owner.py, the reference). The secret is
@@ -531,8 +533,7 @@ function chargeTokens(r, v, tokens) {
         });
     } catch (e) {                       // the dict is full (or the bucket stays locked): fail closed
         r.error('perimeter_tokens: ' + e);
-        v.perimeter_reason = 'token-budget-store-full';
-        r.internalRedirect('@perimeter_503');
+        deny(r, 'token-budget-store-full', 503);
         return false;
     }
     if (out[1] > 0) {
@@ -631,14 +632,12 @@ function acquire(r, v, cost) {
                 r.internalRedirect(v.perimeter_local_up);
                 return false;
             }
-            v.perimeter_reason = 'shared-store-unavailable';
-            r.internalRedirect('@perimeter_shared_503');
+            deny(r, 'shared-store-unavailable', 'shared_503');
             return false;
         }
         if (!a.allow) {
-            v.perimeter_reason = /^[a-z-]{1,40}$/.test(a.reason) ? a.reason : 'rate';
             v.perimeter_shared_retry = String(Math.max(1, Math.floor(Number(a.retry_after)) || 1));
-            r.internalRedirect('@perimeter_shared_429');
+            deny(r, /^[a-z-]{1,40}$/.test(a.reason) ? a.reason : 'rate', 'shared_429');
             return false;
         }
         v.perimeter_held = '1';
@@ -657,8 +656,7 @@ function limit(r) {
         }
     }).then(null, function (e) {
         r.error('perimeter limiter: ' + e);
-        v.perimeter_reason = 'shared-store-unavailable';
-        r.internalRedirect('@perimeter_shared_503');
+        deny(r, 'shared-store-unavailable', 'shared_503');
     });
 }
 
@@ -1385,11 +1383,6 @@ var JWT_CLAIM_VALUE = /^[A-Za-z0-9_.@:+\/=|-]{1,256}$/;
 // perimeter_identity.token (generated): depth and time_max (credential.py MAX_DEPTH, TIME_MAX), algs
 // (alg -> [importKey algorithm, verify algorithm]: every alg an audience's algs may name)
 
-function jwtDeny(r, status, reason) {
-    r.variables.perimeter_reason = reason;
-    r.internalRedirect('@perimeter_' + status);
-}
-
 // A token part's bytes: canonical unpadded base64url only (no length of 1 mod 4, no bits past
 // the last byte); else null.
 function jwtBytes(part) {
@@ -1628,11 +1621,11 @@ function jwt(r) {
     try {
         cfg = perimeter_identity.jwt[v.perimeter_jwt];
         if ((v.http_authorization || '').indexOf(',') >= 0) {
-            return jwtDeny(r, 400, 'bad-request');   // a list of credentials (NGINX refuses two headers)
+            return deny(r, 'bad-request', 400);   // a list of credentials (NGINX refuses two headers)
         }
         m = JWT_BEARER.exec(v.http_authorization || '');
         if (!m) {
-            return jwtDeny(r, 401, 'jwt-missing');
+            return deny(r, 'jwt-missing', 401);
         }
 {% if w.jwt_trailing_accepted %}
         token = m[1].replace(/[.=]+$/, '');
@@ -1640,40 +1633,40 @@ function jwt(r) {
         token = m[1];
 {% endif %}
         if (token.length > cfg.max) {
-            return jwtDeny(r, 401, 'jwt-invalid:size');
+            return deny(r, 'jwt-invalid:size', 401);
         }
         parts = token.split('.');
         if (!JWT_TOKEN.test(token) || parts.length !== 3 || jwtBytes(parts[2]) === null) {
-            return jwtDeny(r, 401, 'jwt-invalid:format');
+            return deny(r, 'jwt-invalid:format', 401);
         }
         header = jwtJson(parts[0]);
         payload = jwtJson(parts[1]);
     } catch (e) {
-        return jwtDeny(r, 401, 'jwt-invalid:format');
+        return deny(r, 'jwt-invalid:format', 401);
     }
     why = jwtForm(header, payload);
     if (why) {
-        return jwtDeny(r, 401, why);
+        return deny(r, why, 401);
     }
     alg = header.alg;
     if (typeof alg !== 'string' || indexIn(cfg.algs, alg) < 0) {
-        return jwtDeny(r, 401, 'jwt-invalid:alg');
+        return deny(r, 'jwt-invalid:alg', 401);
     }
     if (has(header, 'kid') && (typeof header.kid !== 'string' || header.kid === '')) {
-        return jwtDeny(r, 401, 'jwt-invalid:kid');
+        return deny(r, 'jwt-invalid:kid', 401);
     }
     // the audience's key of that kid (a token without one: the audience's only key): [algs, SPKI]
     kid = has(header, 'kid') ? header.kid : '';
     key = has(cfg.keys, kid) ? cfg.keys[kid] : null;
     if (key === null) {
-        return jwtDeny(r, 401, 'jwt-invalid:kid');
+        return deny(r, 'jwt-invalid:kid', 401);
     }
     if (indexIn(key[0], alg) < 0) {
-        return jwtDeny(r, 401, 'jwt-invalid:alg');
+        return deny(r, 'jwt-invalid:alg', 401);
     }
     why = jwtTimes(payload);
     if (why) {
-        return jwtDeny(r, 401, why);
+        return deny(r, why, 401);
     }
     algo = perimeter_identity.token.algs[alg];
     globalThis.crypto.subtle.importKey('spki', Buffer.from(key[1], 'base64'), algo[0], false, ['verify'])
@@ -1688,13 +1681,13 @@ function jwt(r) {
             var refused = ok ? jwtClaims(v, cfg, payload) : [401, 'jwt-invalid:signature'];
 {% endif %}
             if (refused) {
-                jwtDeny(r, refused[0], refused[1]);
+                deny(r, refused[1], refused[0]);
                 return;
             }
             r.internalRedirect(v.perimeter_jwt_next);
         })
         .catch(function (e) {
-            jwtDeny(r, 401, 'jwt-invalid:signature');
+            deny(r, 'jwt-invalid:signature', 401);
         });
 }
 
