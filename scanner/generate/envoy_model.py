@@ -42,6 +42,7 @@ from scanner.generate.common import (
 )
 from scanner.generate.interface import GenerateOptions
 from scanner.plan import jwt as plan_jwt
+from scanner.plan import settle
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
@@ -444,8 +445,24 @@ class EnvoyModel:
 
     @property
     def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:
-        """Each program's steps as JSON (the Lua table PROGRAMS)."""
-        return tuple((pid, p.model_dump(mode="json")["steps"]) for pid, p in self.programs)
+        """Each program's steps as JSON (the Lua table PROGRAMS), as Lua runs them (_lua_step)."""
+        return tuple((pid, [_lua_step(step.model_dump(mode="json")) for step in p.steps])
+                     for pid, p in self.programs)
+
+    @property
+    def group_table(self) -> tuple[tuple[str, dict[str, JsonValue]], ...]:
+        """Each Lua group as the Lua table GROUPS holds it (lua_value), by id."""
+        return tuple((g.id, _lua_group(g)) for g in self.lua_groups)
+
+    @property
+    def final_types(self) -> dict[str, JsonValue]:
+        """scanner/plan/settle.py FINAL_TYPES as the JSON texts Lua compares an event's "type" to."""
+        return {json.dumps(t): True for t in sorted(settle.FINAL_TYPES)}
+
+    @property
+    def true_texts(self) -> dict[str, JsonValue]:
+        """scanner/plan/settle.py TRUE_TEXT (the strings vLLM reads as true), for Lua's vllm_true."""
+        return dict.fromkeys(sorted(settle.TRUE_TEXT), True)
 
     @property
     def settles(self) -> bool:
@@ -454,6 +471,56 @@ class EnvoyModel:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _lua_step(step: dict[str, JsonValue]) -> JsonValue:
+    """A step as Lua runs it: a budget also with its field's names and the names its fields have
+    in the object the budget is written to (the parent's, or the body's), computed once here, not
+    split and matched on every request."""
+    if step["op"] != "budget" or not isinstance(step["field"], str) or not isinstance(step["fields"], list):
+        return step
+    names = step["field"].split(".")
+    prefix = names[0] + "." if len(names) > 1 else ""
+    level: list[JsonValue] = [f.removeprefix(prefix) for f in step["fields"] if isinstance(f, str)
+                              and f.startswith(prefix) and "." not in f.removeprefix(prefix)]
+    split: list[JsonValue] = list(names)
+    return {"op": "budget", "names": split, "level": level, **step}   # then the step as the plan has it
+
+
+def _lua_set(names: tuple[str, ...]) -> dict[str, JsonValue]:
+    return dict.fromkeys(names, True)
+
+
+def _lua_jwt(t: LuaJwt) -> dict[str, JsonValue]:
+    """A group's ``jwt`` entry: what token_auth reads (sets as name -> true, maps as tables)."""
+    out: dict[str, JsonValue] = {
+        "provider": t.provider, "issuers": dict(t.issuers), "algs": _lua_set(t.algorithms),
+        "required": [[claim, _lua_set(values)] for claim, values in t.required],
+        "principal": t.principal_claim, "role_claim": t.role_claim, "roles": dict(t.roles),
+        "role": t.role, "max": t.max_bytes, "skew": t.skew, "audiences": _lua_set(t.audiences)}
+    if t.local_keys:   # the JWKS is known here: a token's kid and alg are checked against it
+        out["keys"] = {kid: _lua_set(algs) for kid, algs in t.keys}
+        if len(t.keys) == 1:   # a token without a kid takes the only key
+            out["only"] = _lua_set(t.keys[0][1])
+    return out
+
+
+def _lua_group(g: LuaGroup) -> dict[str, JsonValue]:
+    """One entry of the Lua table GROUPS (envoy_perimeter.lua.j2 reads these names): an absent
+    name is Lua's nil (roles: any principal; upstream: no concurrency cluster per principal)."""
+    out: dict[str, JsonValue] = {"key": g.key, "check": g.check_body, "websocket": g.websocket,
+                                 "limit": g.body_limit}
+    if g.roles:
+        out["roles"] = _lua_set(g.roles)
+    if g.limited:
+        out["upstream"] = dict(g.upstreams)
+    optional: dict[str, JsonValue] = {
+        "cert": g.cert, "grpc": g.grpc, "program": g.program, "salt": g.salt,
+        "owner_param": g.owner_param, "owner_seal": g.owner_seal, "slot": g.slot,
+        "jwt": _lua_jwt(g.jwt) if g.jwt else None,
+        "tokens": {"limit": g.tokens[0], "cap": g.tokens[1], "zone": g.token_zone} if g.tokens else None}
+    out.update((name, v) for name, v in optional.items() if v)
+    return out
 
 
 def cidr(text: str) -> Cidr:

@@ -88,7 +88,7 @@ def test_every_limited_route_sends_its_plan_zones(tmp_path: Path, mode: str) -> 
     assert {d["value"] for d in ratelimit["descriptors"]} == {
         n for n, z in shared.zones.items() if z.kind != "concurrency"}
     lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
-    assert "local SHARED = true\n" in lua and "slot = true," in lua
+    assert "local SHARED = true\n" in lua and '["slot"] = true' in lua
     assert 'dynamicMetadata():set("perimeter", "owner", OWNER)' in lua and '"/dev/urandom"' in lua
     locals_ = [f for f in hcm["http_filters"] if f["name"].startswith(("perimeter.rate", "perimeter.tokens"))]
     clusters = [c["name"] for c in yaml.safe_load(files["envoy.yaml"])["static_resources"]["clusters"]]

@@ -60,8 +60,8 @@ def test_envoy_jwt_authn_verifies_the_signature_only(tmp_path: Path) -> None:
     assert hcm["max_request_headers_kb"] == 32
     lua = next(f for f in hcm["http_filters"] if f["typed_config"].get("default_source_code"))
     code = lua["typed_config"]["default_source_code"]["inline_string"]
-    assert 'audiences = { ["vllm"] = true, }' in code
-    assert '["perimeter-test-rsa"] = { ["RS256"] = true, ["PS256"] = true, }' in code
+    assert '["audiences"] = {["vllm"] = true}' in code
+    assert '["perimeter-test-rsa"] = {["RS256"] = true, ["PS256"] = true}' in code
 
 
 def test_envoy_refuses_concurrency_per_token(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def plain_cluster(method: str, path: str) -> Edit:
         group = re.compile(r'"perimeter\.lua": \{g: "(g\d+)"\}').search(full, start).group(1)  # type: ignore[union-attr]
         sub(ENVOY, rf'(\{{g: "{group}"\}}\n +route:\n +)cluster_header: "x-perimeter-upstream"',
             r'\1cluster: "vllm"')(conf)
-        egroup(method, path, r"upstream = \{[^\n]*\},", "upstream = nil,")(conf)
+        egroup(method, path, r'\["upstream"\] = \{[^{}]*\}', '["upstream"] = nil')(conf)
     return edit
 
 
@@ -170,7 +170,7 @@ def eprogram(method: str, path: str, old: str, new: str) -> Edit:
         g = re.compile(r'"perimeter\.lua": \{g: "(g\d+)"\}').search(full, start, full.index(EROUTE_END, start + 1))
         assert g, (method, path)
         head = full.index(f'["{g.group(1)}"] = {{')
-        pid = re.compile(r'program = PROGRAMS\["(r\d+)"\]').search(full, head, full.index(EGROUP_END, head))
+        pid = re.compile(r'\["program"\] = "(r\d+)"').search(full, head, full.index(EGROUP_END, head))
         assert pid, (method, path)
         line = re.compile(r'\n( +)\["' + pid.group(1) + r'"\] = (\{[^\n]*\}),\n').search(full)
         assert line, pid.group(1)
@@ -178,7 +178,7 @@ def eprogram(method: str, path: str, old: str, new: str) -> Edit:
         assert changed != line.group(2), (method, path, old)
         added = f'{line.group(1)}["{pid.group(1)}x"] = {changed},\n'
         (conf / ENVOY).write_text(full[:line.end()] + added + full[line.end():])
-        egroup(method, path, re.escape(f'PROGRAMS["{pid.group(1)}"]'), f'PROGRAMS["{pid.group(1)}x"]')(conf)
+        egroup(method, path, re.escape(f'["program"] = "{pid.group(1)}"'), f'["program"] = "{pid.group(1)}x"')(conf)
     return edit
 
 
@@ -193,7 +193,7 @@ def eroute(method: str, path: str) -> str:
 
 
 EROUTE_END = "\n              - name: "          # the next route of the virtual host
-EGROUP_END = "\n                    },\n"        # the end of a Lua group
+EGROUP_END = "},\n"                              # the end of a Lua group (its line of GROUPS)
 TEMPLATE_LOC = '    location ~ "^/v1/responses/(?:[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255})\\z" {\n'
 TEMPLATE_RE = "[A-Za-z0-9_][A-Za-z0-9_.:~-]{0,255}"
 VLLM_LOCATION = """
@@ -411,13 +411,13 @@ WEAKENINGS: dict[str, Weakening] = {
                                 block(ENVOY, eroute("GET", "/v1/models"), r'cluster_header: "x-perimeter-upstream"',
                                       'cluster: "vllm"', EROUTE_END))),
     "envoy: missing key allowed (/v1/chat/completions: key = false, plain cluster)": W(
-        "envoy", "matrix", both(egroup("POST", "/v1/chat/completions", r"key = true,", "key = false,"),
+        "envoy", "matrix", both(egroup("POST", "/v1/chat/completions", r'\["key"\] = true', '["key"] = false'),
                                 plain_cluster("POST", "/v1/chat/completions"))),
     "envoy: roles unchecked for the operator routes (roles = nil, plain cluster)": W(
-        "envoy", "matrix", both(egroup("POST", "/scale_elastic_ep", r'roles = \{ \["operator"\] = true, \},', "roles = nil,"), plain_cluster("POST", "/scale_elastic_ep"))),
+        "envoy", "matrix", both(egroup("POST", "/scale_elastic_ep", r'\["roles"\] = \{\["operator"\] = true\}', '["roles"] = nil'), plain_cluster("POST", "/scale_elastic_ep"))),
     "envoy: a role added to the service routes (user, plain cluster)": W(
-        "envoy", "matrix", both(egroup("POST", "/tokenize", r'roles = \{ \["service"\] = true, \},',
-                                      'roles = { ["service"] = true, ["user"] = true, },'),
+        "envoy", "matrix", both(egroup("POST", "/tokenize", r'\["roles"\] = \{\["service"\] = true\}',
+                                      '["roles"] = {["service"] = true, ["user"] = true}'),
                                 plain_cluster("POST", "/tokenize"))),
     "envoy: a key scheme check loosened (any Authorization hashed)": W(
         "envoy", "matrix", text(ENVOY, "found = PRINCIPALS[sha256_hex(key)] or false",
@@ -446,7 +446,7 @@ WEAKENINGS: dict[str, Weakening] = {
         "envoy", "upstream", text(ENVOY, "use_remote_address: true", "use_remote_address: false")),
     # --- bodies: Envoy
     "envoy: the body limit x10 (/v1/chat/completions: Lua and buffer)": W(
-        "envoy", "limits", both(egroup("POST", "/v1/chat/completions", r"limit = 1048576,", "limit = 10485760,"),
+        "envoy", "limits", both(egroup("POST", "/v1/chat/completions", r'\["limit"\] = 1048576\b', '["limit"] = 10485760'),
                                 text(ENVOY, "max_request_bytes: 1048605}", "max_request_bytes: 10485760}"),
                                 text(ENVOY, "request_body_buffer_limit: 1048605", "request_body_buffer_limit: 10485760"))),
     "envoy: a denied field allowed on /v1/completions (kv_transfer_params)": W(
@@ -466,7 +466,7 @@ WEAKENINGS: dict[str, Weakening] = {
                                    r'(\["field"\] = "max_completion_tokens", \["absent"\] = "inject", \["cap"\] = )4096\b',
                                    r"\g<1>40960")),
     "envoy: the body check off for /tokenize's group (check = false)": W(
-        "envoy", "limits", egroup("POST", "/tokenize", r"check = true,", "check = false,")),
+        "envoy", "limits", egroup("POST", "/tokenize", r'\["check"\] = true', '["check"] = false')),
     "envoy: media URLs allowed (/v1/chat/completions)": W(
         "envoy", "media", eprogram("POST", "/v1/chat/completions", r'\["urls"\] = "deny"', '["urls"] = "allow"')),
     "envoy: media items x10 (/v1/chat/completions)": W(
