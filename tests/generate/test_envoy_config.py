@@ -12,7 +12,7 @@ import yaml
 from scanner.errors import GenerateError, InternalError
 from scanner.generate import interface
 from scanner.generate.envoy import EnvoyGenerator, lua_quote, lua_value, yaml_quote
-from scanner.generate.envoy_model import JsonValue, bucket, duration
+from scanner.generate.envoy_model import JsonValue, _lua_step, bucket, duration
 from scanner.generate.interface import GeneratedConfig, GenerateOptions
 from scanner.generate.write import write_config
 from scanner.inventory.model import load as load_inventory
@@ -20,6 +20,7 @@ from scanner.plan.model import Plan
 from scanner.policy.keys import key_sha256
 from scanner.policy.load import loads
 from scanner.policy.model import Listen, Principal, Rate, TlsServer, TlsUpstream, Upstream
+from scanner.rules import BudgetStep
 from tests.generate.golden import assert_matches_golden
 from tests.generate.test_envoy_harness import FIXED_INVENTORY, GOLDEN, REPO, make_plan, validate
 
@@ -375,3 +376,18 @@ def test_lua_value_writes_json_as_lua_tables_and_null_as_the_sentinel() -> None:
     assert lua_value("é\n") == lua_quote("é\n") and lua_value(None) != lua_value("null")
     with pytest.raises(InternalError):
         lua_value(float("inf"))
+
+
+def test_a_budget_step_reaches_lua_split_once() -> None:
+    """OPS.budget reads its field's names and its fields' names at the written level from the
+    step (the generator splits them once), never splitting route data on a request."""
+    fields = ["max_tokens", "max_completion_tokens", "sampling_params.max_tokens", "sampling_params.x.y"]
+    nested = BudgetStep(fields=fields, field="sampling_params.max_tokens", absent="inject", cap=5)
+    step = _lua_step(nested.model_dump(mode="json"))
+    assert isinstance(step, dict) and step["names"] == ["sampling_params", "max_tokens"]
+    assert step["level"] == ["max_tokens"] and step["fields"] == fields and step["cap"] == 5
+    top = _lua_step(nested.model_copy(update={"field": "max_completion_tokens"}).model_dump(mode="json"))
+    assert isinstance(top, dict) and top["names"] == ["max_completion_tokens"]
+    assert top["level"] == ["max_tokens", "max_completion_tokens"]
+    cap: dict[str, JsonValue] = {"op": "cap", "path": "a.b", "max": 1}
+    assert _lua_step(dict(cap)) == cap
