@@ -31,7 +31,7 @@ HARNESS = """
 do
 local body = {body}
 local group = GROUPS["g1"]
-local prog = group.program
+local prog = PROGRAMS[group.program]
 local N = {requests}
 local function once()
   local r = {{doc = parse(body), size = #body, who = "bench", strip = {{}}}}
