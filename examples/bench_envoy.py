@@ -273,13 +273,13 @@ def stage(doc: dict[str, Any], name: str) -> dict[str, Any]:
         _lua_replace(doc, "function envoy_on_request(h)\n", "function envoy_on_request(h)\n  do return end\n")
         _fixed_cluster(route)
     elif name == "lua-key":
-        _lua_replace(doc, "check = true", "check = false")
+        _lua_replace(doc, '["check"] = true', '["check"] = false')
     elif name == "lua-read":
         _lua_replace(doc, "local doc = parse(body:getBytes(0, n))",
                      "local doc = {v = {}, k = body:getBytes(0, n)}")
-        _lua_replace(doc, "local why = run_program(group.program, r)", "local why = nil")
+        _lua_replace(doc, "local why = run_program(PROGRAMS[group.program], r)", "local why = nil")
     elif name == "lua-parse":
-        _lua_replace(doc, "local why = run_program(group.program, r)", "local why = nil")
+        _lua_replace(doc, "local why = run_program(PROGRAMS[group.program], r)", "local why = nil")
     elif name != "lua-program":
         raise SystemExit(f"unknown stage {name!r} ({', '.join(STAGES)})")
     return doc
@@ -335,7 +335,7 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
         rc.pop("request_headers_to_add")
         route.pop("response_headers_to_remove", None)
     elif part == "drop_headers":
-        _lua_replace(doc, "drop_headers(headers, group.websocket, group.grpc)\n", "\n")
+        _lua_replace(doc, "drop_headers(headers, HEADERS[group.headers])\n", "\n")
     else:
         raise SystemExit(f"unknown part {part!r} (access_log, json, lua, filters, upstream_errors, "
                          "local_reply, headers, drop_headers, fastpaths, log_time, log_path, log_metadata, "

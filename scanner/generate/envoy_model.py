@@ -455,6 +455,15 @@ class EnvoyModel:
         return tuple((g.id, _lua_group(g)) for g in self.lua_groups)
 
     @property
+    def header_sets(self) -> dict[str, JsonValue]:
+        """The request headers Lua passes on as the client sent them, by the kind of a group's
+        routes (LuaGroup.websocket, LuaGroup.grpc; else plain): every other one is dropped."""
+        kept = set(self.kept_headers)
+        return {"plain": _lua_set(self.kept_headers),
+                "websocket": _lua_set(tuple(sorted(kept | set(self.websocket_headers)))),
+                "grpc": _lua_set(tuple(sorted(kept | set(self.grpc_headers))))}
+
+    @property
     def final_types(self) -> dict[str, JsonValue]:
         """scanner/plan/settle.py FINAL_TYPES as the JSON texts Lua compares an event's "type" to."""
         return {json.dumps(t): True for t in sorted(settle.FINAL_TYPES)}
@@ -508,14 +517,14 @@ def _lua_jwt(t: LuaJwt) -> dict[str, JsonValue]:
 def _lua_group(g: LuaGroup) -> dict[str, JsonValue]:
     """One entry of the Lua table GROUPS (envoy_perimeter.lua.j2 reads these names): an absent
     name is Lua's nil (roles: any principal; upstream: no concurrency cluster per principal)."""
-    out: dict[str, JsonValue] = {"key": g.key, "check": g.check_body, "websocket": g.websocket,
-                                 "limit": g.body_limit}
+    out: dict[str, JsonValue] = {"key": g.key, "check": g.check_body, "limit": g.body_limit,
+                                 "headers": "websocket" if g.websocket else "grpc" if g.grpc else "plain"}
     if g.roles:
         out["roles"] = _lua_set(g.roles)
     if g.limited:
         out["upstream"] = dict(g.upstreams)
     optional: dict[str, JsonValue] = {
-        "cert": g.cert, "grpc": g.grpc, "program": g.program, "salt": g.salt,
+        "cert": g.cert, "program": g.program, "salt": g.salt,
         "owner_param": g.owner_param, "owner_seal": g.owner_seal, "slot": g.slot,
         "jwt": _lua_jwt(g.jwt) if g.jwt else None,
         "tokens": {"limit": g.tokens[0], "cap": g.tokens[1], "zone": g.token_zone} if g.tokens else None}
