@@ -258,9 +258,9 @@ def stage(doc: dict[str, Any], name: str) -> dict[str, Any]:
     """The perimeter reduced to one stage of the staged ablation (for the breakdown only):
     buffer: the route's buffer filter, Lua off; lua-noop: + the Lua filter returning at once;
     lua-key: + the header allowlist, key hash (cached), roles, cluster choice (no body);
-    lua-read: + the body read (``h:body():getBytes``), not parsed; lua-parse: + the JSON parse
-    and the access log's metadata, no rule program; lua-program: the whole Lua. None of them
-    has the rest (``_no_rest``); the perimeter has it."""
+    lua-read: + the body read (``h:body():getBytes``), not parsed; lua-parse: + the JSON parse,
+    the body's UTF-8 check and the access log's metadata, no rule program; lua-program: the
+    whole Lua. None of them has the rest (``_no_rest``); the perimeter has it."""
     doc = copy.deepcopy(doc)
     _no_rest(doc)
     route = _chat_route(doc)
@@ -275,8 +275,8 @@ def stage(doc: dict[str, Any], name: str) -> dict[str, Any]:
     elif name == "lua-key":
         _lua_replace(doc, '["check"] = true', '["check"] = false')
     elif name == "lua-read":
-        _lua_replace(doc, "local doc = parse(body:getBytes(0, n))",
-                     "local doc = {v = {}, k = body:getBytes(0, n)}")
+        _lua_replace(doc, "local doc = parse(text)\n  if doc == nil or not utf8_valid(text) then",
+                     "local doc = {v = {}, k = text}\n  if doc == nil then")
         _lua_replace(doc, "local why = run_program(PROGRAMS[group.program], r)", "local why = nil")
     elif name == "lua-parse":
         _lua_replace(doc, "local why = run_program(PROGRAMS[group.program], r)", "local why = nil")
@@ -295,8 +295,7 @@ def ablate(doc: dict[str, Any], part: str) -> dict[str, Any]:
     if part == "access_log":
         _hcm(doc).pop("access_log")
     elif part == "json":
-        src = _lua_source(doc)
-        src["inline_string"] = src["inline_string"].replace("check = true", "check = false")
+        _lua_replace(doc, '["check"] = true', '["check"] = false')
     elif part == "lua":
         per_route["perimeter.lua"] = {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
