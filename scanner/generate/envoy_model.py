@@ -485,7 +485,14 @@ class EnvoyModel:
 def _lua_step(step: dict[str, JsonValue]) -> JsonValue:
     """A step as Lua runs it: a budget also with its field's names and the names its fields have
     in the object the budget is written to (the parent's, or the body's), computed once here, not
-    split and matched on every request."""
+    split and matched on every request; media also with its domains as [name, port, the suffix a
+    "*." name matches or false] (scanner/policy/media.py host_listed's partition, done here once)."""
+    if step["op"] == "media" and isinstance(step["domains"], list):
+        hosts: list[JsonValue] = []
+        for entry in map(str, step["domains"]):
+            name, _, port = entry.partition(":")
+            hosts.append([name, port, name[1:] if name.startswith("*.") else False])
+        return {"op": "media", "hosts": hosts, **step}
     if step["op"] != "budget" or not isinstance(step["field"], str) or not isinstance(step["fields"], list):
         return step
     names = step["field"].split(".")
