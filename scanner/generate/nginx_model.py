@@ -603,8 +603,9 @@ def rules_json(model: NginxModel) -> str:
     and ``shared``, each limiter spec's key kind and zones (a fleet's: the limiter's order, and its
     concurrency zones and token zone picked out for the release and the settlement)."""
     checks = _compact({c.id: c.program for c in model.checks})
-    programs = ",\n".join(f"  {_compact(pid)}: {_compact(p.model_dump(mode='json')['steps'])}"
-                          for pid, p in model.programs.items())
+    steps = {pid: [_njs_step(s) for s in p.model_dump(mode="json")["steps"]]
+             for pid, p in model.programs.items()}
+    programs = ",\n".join(f"  {_compact(pid)}: {_compact(ss)}" for pid, ss in steps.items())
     depth = BODY_DEPTH      # the most nesting a body may have (bad-json:depth-over-N past it)
     tokens = {z.name: {"by": z.key, "cap": z.burst, "limit": z.tokens} for z in model.token_zones}
     shared: dict[str, object] = {}
@@ -620,6 +621,17 @@ def rules_json(model: NginxModel) -> str:
              f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
     return (f'{{\n "checks": {checks},\n "depth": {depth},\n "shared": {_compact(shared)},\n'
             f' "tokens": {_compact(tokens)},\n{tables} "programs": {{\n{programs}\n }}\n}}\n')
+
+
+def _njs_step(step: dict[str, object]) -> dict[str, object]:
+    """A step as njs runs it: a media step also with its domains as [name, port, the suffix a "*."
+    name matches or false] (media.py host_listed's partition, done here once, not per URL)."""
+    domains = step.get("domains")
+    if step.get("op") != "media" or not isinstance(domains, list):
+        return step
+    hosts = [[name, port, name[1:] if name.startswith("*.") else False]
+             for name, _, port in (str(e).partition(":") for e in domains)]
+    return {**step, "hosts": hosts}
 
 
 def _rules_key(rules: FieldRules) -> tuple[object, ...]:

@@ -373,18 +373,14 @@ function mediaItem(kind, v, out) {
     }
 }
 
-function hostListed(host, port, domains) {
-    var i, entry, colon, name, want;
-    for (i = 0; i < domains.length; i++) {
-        entry = domains[i];
-        colon = entry.indexOf(':');
-        name = colon < 0 ? entry : entry.substring(0, colon);
-        want = colon < 0 ? '' : entry.substring(colon + 1);
-        if (want !== port) {
-            continue;
-        }
-        if (name === host || (name.substring(0, 2) === '*.' && host.length > name.length - 1 &&
-                              host.substring(host.length - name.length + 1) === name.substring(1))) {
+// hosts: the media step's domains as [name, port, the suffix a "*." name matches or false], split
+// once by the generator (nginx_model.rules_json; media.py host_listed's partition)
+function hostListed(host, port, hosts) {
+    var i, h;
+    for (i = 0; i < hosts.length; i++) {
+        h = hosts[i];
+        if (h[1] === port && (h[0] === host || (h[2] !== false && host.length > h[2].length &&
+                                               host.substring(host.length - h[2].length) === h[2]))) {
             return true;
         }
     }
@@ -416,7 +412,7 @@ function urlReason(url, m) {
     if (c === null) {
         return 'media-url:not-canonical';
     }
-    return hostListed(c[1].toLowerCase(), c[2] || '', m.domains) ? '' : 'media-url:host';
+    return hostListed(c[1].toLowerCase(), c[2] || '', m.hosts) ? '' : 'media-url:host';
 }
 
 // The admitted envelope's counts (scanner/plan/envelope.py count, pairs).
