@@ -41,8 +41,8 @@ from scanner.generate.common import (
     upstream_tls,
 )
 from scanner.generate.interface import GenerateOptions
+from scanner.plan import credential, settle
 from scanner.plan import jwt as plan_jwt
-from scanner.plan import settle
 from scanner.plan.certs import refusal as cert_refusal
 from scanner.plan.jwt import refusal as jwt_refusal
 from scanner.plan.jwt import verified
@@ -472,6 +472,12 @@ class EnvoyModel:
     def true_texts(self) -> dict[str, JsonValue]:
         """scanner/plan/settle.py TRUE_TEXT (the strings vLLM reads as true), for Lua's vllm_true."""
         return dict.fromkeys(sorted(settle.TRUE_TEXT), True)
+
+    @property
+    def jwt_limits(self) -> tuple[int, int]:
+        """scanner/plan/credential.py TIME_MAX and MAX_DEPTH (a token's largest exp / nbf / iat,
+        its deepest nesting), for Lua's JWT_TIME_MAX, JWT_DEPTH."""
+        return credential.TIME_MAX, credential.MAX_DEPTH
 
     @property
     def settles(self) -> bool:
