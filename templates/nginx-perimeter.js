@@ -801,8 +801,7 @@ function hiddenEvent(doc) {
 // API ending event carrying response.usage): the stream is settled as soon as it passes.
 function finalEvent(doc) {
     return hiddenEvent(doc) || (isObject(doc) && typeof doc.type === 'string' &&
-        has(perimeter_rules.final_types, doc.type) &&
-        doc.response !== null && typeof doc.response === 'object' && usageOf(doc) !== null);
+        has(perimeter_rules.final_types, doc.type) && isObject(doc.response) && usageOf(doc) !== null);
 }
 
 // The refund goes back into the bucket the charge was taken from (`key`), up to its capacity (as
