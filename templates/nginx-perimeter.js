@@ -1268,7 +1268,7 @@ function exact(r, v, seen) {
     var text = r.requestText;
     var buf = r.requestBuffer;
     var nbytes = buf ? buf.length : 0;
-    var obj, s, reason;
+    var obj, s, reason, plain;
     // a form body (multipart, urlencoded) is not JSON to vLLM: not inspected, as on the fast path
     if (text === undefined || text === '' || v.perimeter_form === '1') {
         return admit(r, v, nbytes, function () {
@@ -1281,13 +1281,15 @@ function exact(r, v, seen) {
         obj = undefined;        // malformed, or deeper than JSON.parse reads (31 levels, measured)
     }
     // a body JSON.parse read: counted only when it has many brackets and JSON.parse does not
-    // itself refuse what is deeper
-    if ((obj === undefined || (manyBrackets(text, perimeter_rules.depth) && !parseHolds(perimeter_rules.depth)))
+    // itself refuse what is deeper; none of that, nor the UTF-8 check, for a body NGINX's
+    // $perimeter_plain found strict UTF-8 with few brackets
+    plain = v.perimeter_plain === '1';
+    if ((obj === undefined || (!plain && manyBrackets(text, perimeter_rules.depth) && !parseHolds(perimeter_rules.depth)))
         && deeper(text, perimeter_rules.depth)) {
         deny(r, 'bad-json:depth-over-' + perimeter_rules.depth);
         return;
     }
-    if (obj === undefined || invalidUtf8(text, buf)) {
+    if (obj === undefined || (!plain && invalidUtf8(text, buf))) {
         deny(r, 'bad-json');
         return;
     }

@@ -62,7 +62,7 @@ from scanner.generate.common import (
     version_tuple,
 )
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_regex import UNSAFE_ENCODING, unsafe_body
+from scanner.generate.nginx_regex import UNSAFE_ENCODING, plain_body, unsafe_body
 from scanner.limiter.config import HEARTBEAT_S
 from scanner.plan import credential, settle
 from scanner.plan import jwt as plan_jwt
@@ -99,6 +99,8 @@ BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the nativ
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
 # media items ($perimeter_media_key 0).
 MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
+# strict UTF-8 opening at most BODY_DEPTH brackets: njs skips its UTF-8 check and bracket count
+PLAIN_REGEX = plain_body(BODY_DEPTH)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
             "identity": IDENTITY, "upstream_key": UPSTREAM_KEY}
@@ -356,6 +358,7 @@ class NginxModel:
     deny_body_bytes: int = DENY_BODY_BYTES
     unsafe_encoding: str = UNSAFE_ENCODING
     media_key_regex: str = MEDIA_KEY_REGEX
+    plain_regex: str = PLAIN_REGEX
     upstream: str = UPSTREAM
     body_location: str = BODY_LOCATION
     forward: str = FORWARD

@@ -1,0 +1,51 @@
+"""The NGINX generator's exact regexes (scanner/generate/nginx_regex.py) held against what they
+claim, with Python's re (the same PCRE constructs over bytes)."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scanner.generate.nginx_regex import plain_body
+from scanner.rules import BODY_DEPTH
+
+PLAIN = re.compile(plain_body(BODY_DEPTH).replace(r"\z", r"\Z").encode())
+
+
+def plain(body: bytes) -> bool:
+    """What $perimeter_plain claims: strict UTF-8 (Python's decoder) and at most BODY_DEPTH
+    opening brackets."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return body.count(b"[") + body.count(b"{") <= BODY_DEPTH
+
+
+# bytes around every boundary of the UTF-8 grammar, and the brackets
+EDGES = [0x00, 0x0A, 0x22, 0x5B, 0x5C, 0x7B, 0x7D, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0,
+         0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(EDGES), max_size=40).map(bytes))
+def test_plain_body_is_exact_on_byte_edges(body: bytes) -> None:
+    assert bool(PLAIN.fullmatch(body)) == plain(body)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60),
+       st.integers(min_value=0, max_value=BODY_DEPTH + 3))
+def test_plain_body_is_exact_on_text_with_brackets(text: str, brackets: int) -> None:
+    body = ("[" * brackets + text).encode()
+    assert bool(PLAIN.fullmatch(body)) == plain(body)
+
+
+def test_plain_body_named_cases() -> None:
+    assert PLAIN.fullmatch(b'{"model": "m", "messages": [{"role": "user", "content": "\xc3\xa9"}]}')
+    assert PLAIN.fullmatch(b"[" * BODY_DEPTH)
+    for refused in (b"[" * (BODY_DEPTH + 1), b"{}" * (BODY_DEPTH + 1), b'{"a": "\xff"}', b"\xed\xa0\x80",  # surrogate
+                    b"\xc0\x80", b"\xe0\x80\x80", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\x80"):
+        assert not PLAIN.fullmatch(refused), refused
