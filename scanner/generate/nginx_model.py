@@ -99,6 +99,11 @@ BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the nativ
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
 # media items ($perimeter_media_key 0).
 MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
+# The most levels njs's JSON.parse reads (njs_json.c NJS_JSON_MAX_DEPTH 32: it throws at 32; measured on
+# njs 0.7.9 and 0.9.9, ../shared/notes/proxy-facts.md): a body it parsed is nested no deeper, so with
+# BODY_DEPTH at least this njs never counts a parsed body's nesting (tests/differential's depth cases
+# through both builds hold the fact: a JSON.parse reading deeper would admit what the reference refuses).
+NJS_JSON_DEPTH = 31
 # strict UTF-8 opening at most BODY_DEPTH brackets: njs skips its UTF-8 check and bracket count
 PLAIN_REGEX = plain_body(BODY_DEPTH)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
@@ -610,6 +615,7 @@ def rules_json(model: NginxModel) -> str:
              for pid, p in model.programs.items()}
     programs = ",\n".join(f"  {_compact(pid)}: {_compact(ss)}" for pid, ss in steps.items())
     depth = BODY_DEPTH      # the most nesting a body may have (bad-json:depth-over-N past it)
+    parse_depth = NJS_JSON_DEPTH   # what njs's JSON.parse reads: a parsed body within depth needs no count
     tokens = {z.name: {"by": z.key, "cap": z.burst, "limit": z.tokens} for z in model.token_zones}
     shared: dict[str, object] = {}
     for spec, sid in model.shared_ids().items():
@@ -622,7 +628,8 @@ def rules_json(model: NginxModel) -> str:
     tables = f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
              f' "media": {_compact(media)},\n' \
              f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
-    return (f'{{\n "checks": {checks},\n "depth": {depth},\n "shared": {_compact(shared)},\n'
+    return (f'{{\n "checks": {checks},\n "depth": {depth},\n "parse_depth": {parse_depth},\n'
+            f' "shared": {_compact(shared)},\n'
             f' "tokens": {_compact(tokens)},\n{tables} "programs": {{\n{programs}\n }}\n}}\n')
 
 

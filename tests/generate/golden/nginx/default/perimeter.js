@@ -1230,17 +1230,6 @@ function deeper(text, most) {
     return false;
 }
 
-// Does JSON.parse itself refuse what is nested deeper than most (njs 0.7.9 and 0.9.9 do at 31:
-// 31 levels read, 32 thrown)? Then a body it read is within most and needs no count.
-function parseHolds(most) {
-    try {
-        JSON.parse('['.repeat(most + 1) + ']'.repeat(most + 1));
-        return false;
-    } catch (e) {
-        return true;
-    }
-}
-
 // seen: the media decision ('': walk); null: NGINX's, $perimeter_media_key (perimeter.direct).
 function exact(r, v, seen) {
     var text = r.requestText;
@@ -1258,11 +1247,12 @@ function exact(r, v, seen) {
     } catch (e) {
         obj = undefined;        // malformed, or deeper than JSON.parse reads (31 levels, measured)
     }
-    // a body JSON.parse read: counted only when it has many brackets and JSON.parse does not
-    // itself refuse what is deeper; none of that, nor the UTF-8 check, for a body NGINX's
-    // $perimeter_plain found strict UTF-8 with few brackets
+    // a body JSON.parse read is counted only when JSON.parse reads deeper than the plan's depth
+    // (parse_depth, generated) and it has many brackets; neither that nor the UTF-8 check for a
+    // body NGINX's $perimeter_plain found strict UTF-8 with few brackets
     plain = v.perimeter_plain === '1';
-    if ((obj === undefined || (!plain && manyBrackets(text, perimeter_rules.depth) && !parseHolds(perimeter_rules.depth)))
+    if ((obj === undefined || (!plain && perimeter_rules.parse_depth > perimeter_rules.depth
+                               && manyBrackets(text, perimeter_rules.depth)))
         && deeper(text, perimeter_rules.depth)) {
         deny(r, 'bad-json:depth-over-' + perimeter_rules.depth);
         return;
