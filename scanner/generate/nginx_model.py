@@ -62,7 +62,7 @@ from scanner.generate.common import (
     version_tuple,
 )
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_regex import UNSAFE_ENCODING, plain_body, unsafe_body
+from scanner.generate.nginx_regex import UNSAFE_ENCODING, UTF8_INVALID, brackets_at_most, unsafe_body
 from scanner.limiter.config import HEARTBEAT_S
 from scanner.plan import credential, settle
 from scanner.plan import jwt as plan_jwt
@@ -105,7 +105,7 @@ MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
 # through both builds hold the fact: a JSON.parse reading deeper would admit what the reference refuses).
 NJS_JSON_DEPTH = 31
 # strict UTF-8 opening at most BODY_DEPTH brackets: njs skips its UTF-8 check and bracket count
-PLAIN_REGEX = plain_body(BODY_DEPTH)
+SHALLOW_REGEX = brackets_at_most(BODY_DEPTH)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
             "identity": IDENTITY, "upstream_key": UPSTREAM_KEY}
@@ -363,7 +363,8 @@ class NginxModel:
     deny_body_bytes: int = DENY_BODY_BYTES
     unsafe_encoding: str = UNSAFE_ENCODING
     media_key_regex: str = MEDIA_KEY_REGEX
-    plain_regex: str = PLAIN_REGEX
+    utf8_invalid: str = UTF8_INVALID
+    shallow_regex: str = SHALLOW_REGEX
     upstream: str = UPSTREAM
     body_location: str = BODY_LOCATION
     forward: str = FORWARD

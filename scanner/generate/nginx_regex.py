@@ -64,25 +64,25 @@ def uint_at_most(cap: int) -> str:
 # from skipping to the next '"' and make it try every position of the body.
 UNSAFE_ENCODING = r"\A(?:[\s\S]?\x00|\xfe\xff|\xff\xfe)"
 
-# Strict UTF-8 (Python's decoder: no overlong form, no surrogate, nothing past U+10FFFF) without
-# '[' (\x5b) or '{' (\x7b): runs of ASCII between multi-byte characters. Every branch starts with
-# its own bytes, so the regex below is unambiguous: PCRE runs each ASCII stretch at once and fails
-# in linear time, without possessive quantifiers (which gixy's parser cannot read).
-_ASCII = r"[\x00-\x5a\x5c-\x7a\x7c-\x7f]*"
-_MULTI = (r"[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf]{2}"
-          r"|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf]{2}|[\xf1-\xf3][\x80-\xbf]{3}"
-          r"|\xf4[\x80-\x8f][\x80-\xbf]{2}")
-_TEXT = rf"{_ASCII}(?:(?:{_MULTI}){_ASCII})*"
+# Where a body stops being strict UTF-8 (Python's decoder: no overlong form, no surrogate, nothing
+# past U+10FFFF): a byte no character starts or continues with, a lead byte without its
+# continuation bytes, a continuation byte no lead byte within three before it claims. A body
+# with none of these is valid (each character's lead checks what follows it; a continuation
+# byte outside every character's span is claimed by no lead). A search with single-byte steps
+# and fixed lookarounds only: linear, no group repeated per character (whose backtracking would
+# fill PCRE's JIT stack on a long multi-byte body), nothing gixy's parser cannot read.
+UTF8_INVALID = (
+    r"[\xc0\xc1\xf5-\xff]"
+    r"|[\xc2-\xdf](?![\x80-\xbf])|\xe0(?![\xa0-\xbf][\x80-\xbf])"
+    r"|[\xe1-\xec\xee\xef](?![\x80-\xbf]{2})|\xed(?![\x80-\x9f][\x80-\xbf])"
+    r"|\xf0(?![\x90-\xbf][\x80-\xbf]{2})|[\xf1-\xf3](?![\x80-\xbf]{3})|\xf4(?![\x80-\x8f][\x80-\xbf]{2})"
+    r"|(?<![\xc2-\xf4])(?<![\xe0-\xf4][\x80-\xbf])(?<![\xf0-\xf4][\x80-\xbf]{2})[\x80-\xbf]")
 
 
-def plain_body(depth: int) -> str:
-    """A regex for the bodies that are strict UTF-8 and open at most ``depth`` brackets (``[`` or
-    ``{``, in strings too): such a body can be neither invalid UTF-8 nor nested deeper than
-    ``depth``, so njs skips both exact checks (invalidUtf8, the bracket count before deeper);
-    any other body takes them. Exact for both facts (tests/generate/test_nginx_regex.py holds it
-    against Python's decoder), so conservative as the module says."""
-    return rf"\A{_TEXT}(?:[\x5b\x7b]{_TEXT}){{0,{depth}}}\z"
-
+def brackets_at_most(depth: int) -> str:
+    """A regex for the bodies that open at most ``depth`` brackets (``[`` or ``{``, in strings
+    too): such a body cannot nest deeper than ``depth``."""
+    return rf"\A[^\x5b\x7b]*(?:[\x5b\x7b][^\x5b\x7b]*){{0,{depth}}}\z"
 
 
 def unsafe_body(caps: dict[str, int], forbidden: tuple[str, ...]) -> str:

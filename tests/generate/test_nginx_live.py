@@ -355,6 +355,30 @@ def test_forbidden_fields_and_bad_json(vllm_perimeter: tuple[RunningNginx, dict[
 
 
 @pytest.mark.vllm
+def test_large_multibyte_bodies(vllm_perimeter: tuple[RunningNginx, dict[str, Principal]]) -> None:
+    """A body near the limit made of multi-byte characters runs NGINX's native UTF-8 regex
+    ($perimeter_plain) over tens of thousands of them without failing it (a PCRE error would
+    answer 500 or skip the check): valid, it reaches vLLM; one invalid byte at its end, 400
+    bad-json; and more brackets than the plan's depth, the exact checks decide as before."""
+    nginx, people = vllm_perimeter
+    hdrs = {**bearer(people["alice"]), "Content-Type": "application/json"}
+    text = "\u6f22\u00e9\U0001f600" * ((BODY_LIMIT - 400) // 9)     # 3, 2 and 4 bytes each
+    ok = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]},
+                    ensure_ascii=False).encode()
+    assert len(ok) > BODY_LIMIT - 500
+    assert_reached(raw_request(nginx.port, "/v1/chat/completions", "POST", headers=hdrs, body=ok))
+    assert_denied(raw_request(nginx.port, "/v1/chat/completions", "POST", headers=hdrs,
+                              body=ok[:-2] + b'\xff"}'), 400, "bad-json")
+    many = json.dumps({"model": "m", "messages": [{"role": "user", "content": text[:40]}] * 40},
+                      ensure_ascii=False).encode()
+    assert_reached(raw_request(nginx.port, "/v1/chat/completions", "POST", headers=hdrs, body=many))
+    assert_denied(raw_request(nginx.port, "/v1/chat/completions", "POST", headers=hdrs,
+                              body=many[:-2] + b'\xed\xa0\x80"}'), 400, "bad-json")
+    log = nginx.error_log.read_text(errors="replace") if nginx.error_log.exists() else ""
+    assert "pcre" not in log.lower() and "regex" not in log.lower(), log[-2000:]
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
 def test_utf16_and_utf32_bodies_do_not_hide_keys(vllm_perimeter: tuple[RunningNginx, dict[str, Principal]],
                                                  encoding: str) -> None:

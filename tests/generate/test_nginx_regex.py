@@ -8,10 +8,23 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scanner.generate.nginx_regex import plain_body
+from scanner.generate.nginx_regex import UTF8_INVALID, brackets_at_most
 from scanner.rules import BODY_DEPTH
 
-PLAIN = re.compile(plain_body(BODY_DEPTH).replace(r"\z", r"\Z").encode())
+INVALID = re.compile(UTF8_INVALID.encode())
+SHALLOW = re.compile(brackets_at_most(BODY_DEPTH).replace(r"\z", r"\Z").encode())
+
+
+class _Plain:
+    """$perimeter_plain's map: the first regex that matches gives the value (invalid: 0,
+    shallow: 1), default 0."""
+
+    @staticmethod
+    def fullmatch(body: bytes) -> bool:
+        return not INVALID.search(body) and bool(SHALLOW.match(body))
+
+
+PLAIN = _Plain()
 
 
 def plain(body: bytes) -> bool:
