@@ -31,14 +31,15 @@ Edit = Callable[[str], str]
 
 
 def run(tmp_path: Path, proxy: str, options: ProbeOptions, edit: Edit | None = None,
-        policy: Policy | None = None) -> ProbeResult:
-    """The plan's config for ``proxy``, its main file changed by ``edit``, probed through."""
+        policy: Policy | None = None, file: str = "") -> ProbeResult:
+    """The plan's config for ``proxy``, its main file (or ``file``) changed by ``edit``, probed
+    through."""
     p = proxy_named(proxy)
     inventory, port = load_ref(CATALOG), free_port()
     s = loop.setup(inventory, policy or load_policy(None), tmp_path, port, keys_per_role=2)
     written = p.write(s.plan, tmp_path / "proxy")
     if edit is not None:
-        main = written / ("envoy.yaml" if p.kind == "envoy" else "perimeter-http.conf")
+        main = written / (file or ("envoy.yaml" if p.kind == "envoy" else "perimeter-http.conf"))
         before = main.read_text()
         main.write_text(edit(before))
         assert main.read_text() != before, "the edit changed nothing"
@@ -152,8 +153,8 @@ def token_policy() -> Policy:
 
 
 TOKEN_EDITS: dict[str, Edit] = {
-    # the bucket's capacity and its refill ("t1 8000 principal 2000")
-    "nginx": lambda t: times(10, r'"t\d+ (\d+) principal')(times(10, r'"t\d+ \d+ principal (\d+)')(t)),
+    # the bucket's capacity and its refill (perimeter-rules.json: "t1":{"by":"principal","cap":2000,"limit":8000})
+    "nginx": lambda t: times(10, r'"cap":(\d+),"limit":\d+')(times(10, r'"cap":\d+,"limit":(\d+)')(t)),
     "envoy": times(10, r"token_bucket: \{max_tokens: (\d+), tokens_per_fill: \d+, fill_interval: 60s\}"),
 }
 
@@ -163,6 +164,7 @@ def test_a_token_budget_raised_x10_fails_the_probe(tmp_path: Path, proxy: str) -
     p = proxy_named(proxy)
     if proxy == "nginx" and getattr(p, "build", None) is not None and p.build.njs_module:  # type: ignore[attr-defined]
         pytest.skip("needs the static NGINX build (njs >= 0.8)")
-    result = run(tmp_path, proxy, TOKENS, TOKEN_EDITS[proxy], token_policy())
+    result = run(tmp_path, proxy, TOKENS, TOKEN_EDITS[proxy], token_policy(),
+                 file="perimeter-rules.json" if proxy == "nginx" else "")
     assert result.exit_code() == 1, coverage(result, "token-budget")
     assert {t for r, c, t in rules(result) if r == "VP005"} == {"token budget not enforced"}, rules(result)

@@ -475,10 +475,10 @@ WEAKENINGS: dict[str, Weakening] = {
     "envoy: Authorization forwarded": W(
         "envoy", "upstream", sub(ENVOY, r'\n +- "authorization"', "")),
     "envoy: X-Vllm-Priority kept by the header filter": W(
-        "envoy", "upstream", text(ENVOY, '["x-request-id"] = true,', '["x-request-id"] = true, ["x-vllm-priority"] = true,')),
+        "envoy", "upstream", text(ENVOY, '["x-request-id"] = true}, ["websocket"]', '["x-request-id"] = true, ["x-vllm-priority"] = true}, ["websocket"]')),
     "envoy: X-Real-IP kept": W(
         "envoy", "upstream", both(sub(ENVOY, r'\n +- "x-real-ip"', ""),
-                                  text(ENVOY, '["x-request-id"] = true,', '["x-request-id"] = true, ["x-real-ip"] = true,'))),
+                                  text(ENVOY, '["x-request-id"] = true}, ["websocket"]', '["x-request-id"] = true, ["x-real-ip"] = true}, ["websocket"]'))),
     "envoy: normalize_path off": W(
         "envoy", "upstream", text(ENVOY, "normalize_path: true", "normalize_path: false")),
     "envoy: codec AUTO (h2c prior knowledge)": W(

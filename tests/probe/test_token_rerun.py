@@ -26,7 +26,7 @@ TPM = 8000     # a bucket of 2000: the probe's requests cost 166 (2000 // 12 mul
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("token-budget",))
 # by hand, as a reviewer might: every principal's bucket under one key
 SHARED = {
-    "nginx": ("perimeter.js", r"key = parts\[0\] \+ ':' \+ who;", "key = parts[0];"),
+    "nginx": ("perimeter.js", r"key = name \+ ':' \+ who;", "key = name;"),
     "envoy": ("envoy.yaml", r"(path: \[\{key: )principal(\}\]\}\n *default_value: \"-anonymous-\"\n *hits_addend)",
               r"\1no-such-key\2"),
 }
