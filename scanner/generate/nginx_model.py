@@ -104,7 +104,7 @@ MEDIA_KEY_REGEX = unsafe_body({}, MEDIA_KEYS)
 # BODY_DEPTH at least this njs never counts a parsed body's nesting (tests/differential's depth cases
 # through both builds hold the fact: a JSON.parse reading deeper would admit what the reference refuses).
 NJS_JSON_DEPTH = 31
-# strict UTF-8 opening at most BODY_DEPTH brackets: njs skips its UTF-8 check and bracket count
+# at most BODY_DEPTH brackets: $perimeter_plain is 1 for a body UTF8_INVALID finds nothing in and this matches
 SHALLOW_REGEX = brackets_at_most(BODY_DEPTH)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
