@@ -71,10 +71,6 @@ def vantage_for(ctx: CheckContext, d: Decision) -> Vantage | None:
     return next((v for v in ctx.vantages if in_networks(ctx.source_address(v), d.networks)), None)
 
 
-def _keys(d: Decision) -> tuple[str, str]:
-    return f"token refusals {d.method} {d.path}", f"token admitted {d.method} {d.path}"
-
-
 class CredentialCheck(BaseCheck):
     """A check of one kind of credential on the routes that take it: every credential the route
     must refuse is refused (:attr:`refused_rule` otherwise), and the admitted one is admitted with
@@ -82,6 +78,30 @@ class CredentialCheck(BaseCheck):
 
     refused_rule: ClassVar[str] = ""
     sent: ClassVar[str] = ""        # what the findings say was sent: "Bearer tokens on an auth: jwt route"
+    noun: ClassVar[str] = ""        # the credential in the subjects' names: "token", "certificate"
+
+    def routes(self, ctx: CheckContext) -> list[Decision]:
+        """The routes that take this kind of credential."""
+        raise NotImplementedError
+
+    def unsent(self, ctx: CheckContext, d: Decision) -> str:
+        """Why the admitted credential of ``d`` is not sent ("": it is)."""
+        raise NotImplementedError
+
+    def subject_names(self, d: Decision) -> tuple[str, str]:
+        """The subjects of one route: its refusals, and its admitted credential."""
+        return (f"{self.noun} refusals {d.method} {d.path}", f"{self.noun} admitted {d.method} {d.path}")
+
+    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
+        for d in self.routes(ctx):
+            refused, admitted = self.subject_names(d)
+            if vantage_for(ctx, d) is None:
+                why = f"no vantage inside its networks ({', '.join(d.networks)})"
+                yield Subject(refused, d.method, d.path, why=why)
+                yield Subject(admitted, d.method, d.path, why=why)
+                continue
+            yield Subject(refused, d.method, d.path)
+            yield Subject(admitted, d.method, d.path, why=self.unsent(ctx, d))
 
     def review(self, ctx: CheckContext, case: Case, attempt: Attempt) -> Attempt:
         if case.expected != "allow" or attempt.verdict != "proved":
@@ -112,17 +132,13 @@ class Identity(CredentialCheck):
     title: ClassVar[str] = "bearer tokens (auth: jwt): refusals and the admitted principal"
     refused_rule: ClassVar[str] = "VP019"
     sent: ClassVar[str] = "Bearer tokens on an auth: jwt route"
+    noun: ClassVar[str] = "token"
 
-    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        for d in routes(ctx):
-            refused, admitted = _keys(d)
-            if vantage_for(ctx, d) is None:
-                why = f"no vantage inside its networks ({', '.join(d.networks)})"
-                yield Subject(refused, d.method, d.path, why=why)
-                yield Subject(admitted, d.method, d.path, why=why)
-                continue
-            yield Subject(refused, d.method, d.path)
-            yield Subject(admitted, d.method, d.path, why="" if signer(ctx, d) else NO_KEY)
+    def routes(self, ctx: CheckContext) -> list[Decision]:
+        return routes(ctx)
+
+    def unsent(self, ctx: CheckContext, d: Decision) -> str:
+        return "" if signer(ctx, d) else NO_KEY
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         for d in routes(ctx):
@@ -130,7 +146,7 @@ class Identity(CredentialCheck):
             t = d.jwt
             if vantage is None or t is None:
                 continue
-            refused, admitted = _keys(d)
+            refused, admitted = self.subject_names(d)
             role = role_for(d)
             who = f"{SUBJECT}-{role}"
             named = plan_jwt.principal(t, t.issuers[0], who)
@@ -157,5 +173,5 @@ class Identity(CredentialCheck):
         cred = Credential(label="jwt:namesake", kind="token", role=role, secret=token,
                           fingerprint=fingerprint(token), audiences=(d.audience,),
                           principal=plan_jwt.principal(t, t.issuers[0], name))
-        yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=_keys(d)[1], exp=ALLOW,
-                       note=f"a subject named as the principal {name!r}")
+        yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness", subject=self.subject_names(d)[1],
+                       exp=ALLOW, note=f"a subject named as the principal {name!r}")

@@ -21,7 +21,6 @@ from scanner.policy.model import CertPrincipal
 from scanner.probe import certs_cases
 from scanner.probe.cases import Case
 from scanner.probe.checks.identity import CredentialCheck, vantage_for
-from scanner.probe.coverage import Subject
 from scanner.probe.expect import ALLOW, Expectation
 from scanner.probe.interface import Credential
 from scanner.probe.registry import CheckContext, register
@@ -33,10 +32,6 @@ NO_CA = ("no --cert-ca (the listener's client CA and its key) and no --cert of a
 
 def routes(ctx: CheckContext) -> list[Decision]:
     return [d for d in ctx.plan.allowed if d.auth == "cert" and d.kind == "http"]
-
-
-def _keys(d: Decision) -> tuple[str, str]:
-    return f"certificate refusals {d.method} {d.path}", f"certificate admitted {d.method} {d.path}"
 
 
 def _admits(d: Decision, role: str) -> bool:
@@ -103,25 +98,20 @@ class Mtls(CredentialCheck):
     title: ClassVar[str] = "client certificates (auth: cert): refusals and the admitted principal"
     refused_rule: ClassVar[str] = "VP021"
     sent: ClassVar[str] = "Client certificates on an auth: cert route"
+    noun: ClassVar[str] = "certificate"
 
-    def subjects(self, ctx: CheckContext) -> Iterator[Subject]:
-        for d in routes(ctx):
-            refused, admitted = _keys(d)
-            if vantage_for(ctx, d) is None:
-                why = f"no vantage inside its networks ({', '.join(d.networks)})"
-                yield Subject(refused, d.method, d.path, why=why)
-                yield Subject(admitted, d.method, d.path, why=why)
-                continue
-            yield Subject(refused, d.method, d.path)
-            sent = any(exp is ALLOW for _c, exp in _cases(ctx, d))
-            yield Subject(admitted, d.method, d.path, why="" if sent else NO_CA)
+    def routes(self, ctx: CheckContext) -> list[Decision]:
+        return routes(ctx)
+
+    def unsent(self, ctx: CheckContext, d: Decision) -> str:
+        return "" if any(exp is ALLOW for _c, exp in _cases(ctx, d)) else NO_CA
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         for d in routes(ctx):
             vantage = vantage_for(ctx, d)
             if vantage is None:
                 continue
-            refused, admitted = _keys(d)
+            refused, admitted = self.subject_names(d)
             for cred, exp in _cases(ctx, d):
                 allow = exp is ALLOW
                 yield ctx.case(self.id, d.method, d.path, cred, vantage, "witness" if allow else "variant",
