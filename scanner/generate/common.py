@@ -194,8 +194,10 @@ class NginxOptions:
     worker_processes: str = "auto"
     ca_bundle: str = DEFAULT_CA_BUNDLE
     njs: str = ""            # the target's njs version ("0.7.9"); "" unknown (assumed >= 0.8)
+    lua_module: str = ""     # the directory of the lua module and NDK (.so); "" no Lua runtime
 
-    KNOWN = ("ca_bundle", "config_dir", "njs", "njs_module", "upstream_keepalive", "user", "worker_processes")
+    KNOWN = ("ca_bundle", "config_dir", "lua_module", "njs", "njs_module", "upstream_keepalive", "user",
+             "worker_processes")
 
     @classmethod
     def parse(cls, extra: Mapping[str, str]) -> NginxOptions:
@@ -215,6 +217,7 @@ class NginxOptions:
         if not njs and extra.get("njs_module"):
             njs = njs_version(extra["njs_module"])   # a dynamic module says which it is
         return cls(njs_module=extra.get("njs_module", ""), njs=njs,
+                   lua_module=_absolute("nginx", "lua_module", extra.get("lua_module", "")),
                    config_dir=_absolute("nginx", "config_dir", extra.get("config_dir", "")),
                    upstream_keepalive=int(keepalive), user=user, worker_processes=workers,
                    ca_bundle=extra.get("ca_bundle", DEFAULT_CA_BUNDLE))

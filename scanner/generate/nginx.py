@@ -23,6 +23,9 @@ Output files (names relative to the output directory):
 ``perimeter-rules.json``
     The plan's rule programs (scanner/plan/program.py), which NGINX loads once at configure time
     (``js_preload_object``) into an immutable object every njs VM shares: not parsed per request.
+``perimeter.lua`` (only with ``lua_module``)
+    The Lua runtime's module: the key hash and the body checks of the routes it takes (see
+    ``lua_module``), with Envoy's rule-program interpreter and the programs as Lua tables.
 ``perimeter-identity.json``
     Who a verified client certificate names and each ``auth: jwt`` audience's token rules (no
     secret: names, roles, issuers), preloaded the same way (``perimeter_identity``); regenerate
@@ -35,6 +38,19 @@ Generator options (``GenerateOptions.extra``):
     ``load_module`` for it (Debian's ``libnginx-mod-http-js``:
     ``/usr/lib/nginx/modules/ngx_http_js_module.so``). Leave it out for builds with
     njs built in, or when your own main config already loads the module.
+``lua_module``
+    Directory holding Debian's ``ndk_http_module.so`` and ``ngx_http_lua_module.so``
+    (``/usr/lib/nginx/modules``: ``libnginx-mod-http-ndk``, ``libnginx-mod-http-lua``, with
+    ``lua-resty-core``): the Lua runtime, OpenResty style (LuaJIT, its VM kept across requests).
+    ``nginx.conf`` loads both after njs's; ``perimeter-http.conf`` sets ``lua_package_path`` to the
+    config directory (``config_dir``, else the output directory: one must be known) and loads
+    ``perimeter.lua`` once (``init_by_lua_block``). The key hash is then ``set_by_lua`` (Lua's
+    sha256, cached per bearer per worker, bounded), and a route whose every body is parsed runs
+    its check by ``content_by_lua`` with Envoy's interpreter, unless it needs what only njs does
+    (a token budget, the fleet's limiter, auth jwt, owned response ids, asking for usage): each
+    such location says which runtime checks it in a comment. Needs ``njs_module`` (a build that
+    loads dynamic modules; the static pip build does not); the same verdicts, reasons, rewritten
+    bodies and access-log fields as njs.
 ``config_dir``
     Absolute directory the files will live in; includes and ``js_import`` then use
     absolute paths (needed when ``perimeter-http.conf`` is included from a main
@@ -65,11 +81,13 @@ import jinja2
 from scanner import resources
 from scanner.errors import GenerateError, InternalError
 from scanner.generate.common import OWNER_HOLDS, config_dir, owner_secret
+from scanner.generate.envoy import _environment as envoy_environment
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
     HTTP,
     IDENTITY,
     INCLUDED,
+    LUA,
     MAIN,
     NJS,
     PRINCIPALS,
@@ -80,12 +98,15 @@ from scanner.generate.nginx_model import (
     Weakening,
     build_model,
     identity_json,
+    lua_programs,
     rules_json,
 )
 from scanner.generate.shared import files as shared_files
 from scanner.plan.model import Plan
-from scanner.plan.vllm_json import js_whitespace_class
+from scanner.plan.vllm_json import js_whitespace_class, utf8_whitespace
 from scanner.policy.keys import read_upstream_key
+from scanner.policy.media import KEY_KINDS
+from scanner.rules import BODY_DEPTH
 
 
 def _environment() -> jinja2.Environment:
@@ -114,7 +135,27 @@ def plan_files(env: jinja2.Environment, model: NginxModel, plan: Plan) -> tuple[
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: template error: {exc}") from exc
     return (*files, GeneratedFile(RULES, rules_json(model)),
-            GeneratedFile(IDENTITY, identity_json(model)))
+            GeneratedFile(IDENTITY, identity_json(model)), *lua_files(model))
+
+
+LUA_TEMPLATE = "nginx-perimeter.lua.j2"
+
+
+def lua_files(model: NginxModel) -> tuple[GeneratedFile, ...]:
+    """perimeter.lua for the Lua runtime (``model.lua``; none without it): the rule programs as
+    Lua tables, Envoy's sha256, JSON reader and interpreter (rendered through the Envoy generator's
+    environment: its filters and the tables those templates read), the NGINX adapter."""
+    if model.lua is None:
+        return ()
+    programs, checks = lua_programs(model)
+    tables = {"programs": programs, "checks": checks, "key_cache": model.lua.key_cache,
+              "whitespace": tuple(w.decode("utf-8") for w in utf8_whitespace()),
+              "media_kinds": dict(KEY_KINDS), "body_depth": BODY_DEPTH}
+    try:
+        text = envoy_environment().get_template(LUA_TEMPLATE).render(m=tables)
+    except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
+        raise GenerateError(f"nginx generator: {LUA_TEMPLATE}: template error: {exc}") from exc
+    return (GeneratedFile(LUA, text),)
 
 
 NJS_TEMPLATE = "nginx-perimeter.js"

@@ -47,13 +47,15 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from scanner import patterns
 from scanner.errors import GenerateError
 from scanner.generate.common import (
     NginxOptions,
     Stamp,
+    config_dir,
     host_header,
     safe_name,
     salts,
@@ -61,6 +63,7 @@ from scanner.generate.common import (
     upstream_tls,
     version_tuple,
 )
+from scanner.generate.envoy_model import JsonValue, _lua_step
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import UNSAFE_ENCODING, UTF8_INVALID, brackets_at_most, unsafe_body
 from scanner.limiter.config import HEARTBEAT_S
@@ -95,6 +98,13 @@ NJS = "perimeter.js"
 RULES = "perimeter-rules.json"       # the rule programs: njs's preloaded object (rules_json)
 IDENTITY = "perimeter-identity.json"  # who a certificate or a token's audience names (identity_json)
 UPSTREAM_KEY = "perimeter-upstream-key.conf"     # 0600, only with upstream.api_key_file
+LUA = "perimeter.lua"                # the Lua runtime's module (option lua_module): LuaRuntime
+# Debian's libnginx-mod-http-ndk and libnginx-mod-http-lua, loaded in this order (after njs's)
+LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
+# The steps the shared Lua interpreter (templates/perimeter_program.lua.j2) runs inside NGINX; a
+# program with another (owned, ask_usage) stays njs's
+LUA_STEPS = frozenset({"cap", "keys", "count", "values", "media", "budget", "salt", "pin", "envelope"})
+LUA_KEY_CACHE = 4096                 # bearer -> sha256 entries per worker (Envoy's CACHE_MAX)
 BODY_LOCATION = "/@perimeter/body"   # internal: njs checks the bodies the native fast path did not clear
 # A media key in any spelling: on a parse_all route, a body it does not match skips njs's walk for
 # media items ($perimeter_media_key 0).
@@ -108,7 +118,7 @@ NJS_JSON_DEPTH = 31
 SHALLOW_REGEX = brackets_at_most(BODY_DEPTH)
 FORWARD = "perimeter_fwd"            # the named capture a template's proxying location forwards
 INCLUDED = {"http": HTTP, "principals": PRINCIPALS, "proxy": PROXY, "njs": NJS, "rules": RULES,
-            "identity": IDENTITY, "upstream_key": UPSTREAM_KEY}
+            "identity": IDENTITY, "upstream_key": UPSTREAM_KEY, "lua": LUA}
 DEFAULT_BODY_BYTES = 1048576       # allowed routes without a body_bytes limit (NGINX's default)
 DENY_BODY_BYTES = 65536            # bodies sent to denied paths
 EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
@@ -289,6 +299,11 @@ class Block:
     local_conn: int = 0
     local_tokens: str = ""      # the share's token zone (BodyCheck.tokens' form); "" none
     weak: BlockWeakening = BlockWeakening()   # a mutation operator's switches (none set here)
+    # the Lua runtime (NginxModel.lua) runs this block's body check (content_by_lua, perimeter.lua
+    # M.body) in place of njs's perimeter.direct; lua_note: which runtime checks it and why, for the
+    # generated conf ("" without the Lua runtime): decided by lua_refusal, in one place
+    lua: bool = False
+    lua_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -312,6 +327,19 @@ class Location:
     blocks: tuple[Block, ...]
     internal: tuple[str, ...]   # with several blocks: the internal location of each
     capture: str = ""           # templates: the route's regex capturing $perimeter_fwd
+
+
+@dataclass(frozen=True)
+class LuaRuntime:
+    """The Lua runtime (option ``lua_module``: Debian's libnginx-mod-http-lua, OpenResty style,
+    LuaJIT): ``perimeter.lua`` (templates/nginx-perimeter.lua.j2), loaded once per worker, hashes
+    the bearer key (set_by_lua, cached per bearer in the worker, bounded) and runs the body checks
+    lua_refusal gives it with Envoy's interpreter (templates/perimeter_program.lua.j2): one
+    interpreter for two proxies. njs stays loaded for everything else."""
+
+    modules: tuple[str, ...]    # load_module paths (LUA_MODULES under the option's directory)
+    package_dir: str            # where perimeter.lua is (lua_package_path): the config directory
+    key_cache: int = LUA_KEY_CACHE
 
 
 @dataclass(frozen=True)
@@ -377,6 +405,7 @@ class NginxModel:
     # njs >= 0.8.1 with the limiter: this NGINX says it is alive this often (js_periodic
     # perimeter.heartbeat), so its slots are renewed while it lives (0: none)
     heartbeat_ms: int = 0
+    lua: LuaRuntime | None = None   # the Lua runtime (option lua_module); None: njs only
     weak: Weakening = Weakening()   # a mutation operator's switches (none set here)
 
     def shared_ids(self) -> dict[str, str]:
@@ -634,6 +663,64 @@ def rules_json(model: NginxModel) -> str:
             f' "tokens": {_compact(tokens)},\n{tables} "programs": {{\n{programs}\n }}\n}}\n')
 
 
+def lua_programs(model: NginxModel) -> tuple[dict[str, JsonValue], dict[str, JsonValue]]:
+    """perimeter.lua's tables: each program as Lua runs it (envoy_model._lua_step, Envoy's form) by
+    id, and each body check's program id: the same programs as perimeter-rules.json."""
+    programs: dict[str, JsonValue] = {pid: [_lua_step(step.model_dump(mode="json")) for step in p.steps]
+                                      for pid, p in model.programs.items()}
+    return programs, {c.id: c.program for c in model.checks}
+
+
+def lua_refusal(b: Block, program: Program | None) -> str:
+    """Why the Lua runtime does not run block ``b``'s body check, which then stays njs's; "" when it
+    does. Lua takes a route whose every body is parsed (perimeter.direct's work: the program, the
+    access log's fields, the refusal and the admitted body's way on), not what only njs does."""
+    if b.check is None or program is None:
+        return "no body check"
+    if not b.check.parse_all:
+        return "njs: the native fast path first, then njs's perimeter.body"
+    if b.jwt:
+        return "njs: auth jwt (njs verifies the token and reads the body)"
+    if b.check.tokens or b.local_tokens:
+        return "njs: a token budget (njs charges and settles it)"
+    if b.shared or b.local_up:
+        return "njs: the fleet's limiter (njs asks it)"
+    other = sorted({step.op for step in program.steps} - LUA_STEPS)
+    if other:
+        return f"njs: the rule program's {', '.join(other)} (njs only)"
+    return ""
+
+
+def _on_lua(loc: Location, programs: Mapping[str, Program]) -> Location:
+    """``loc`` with each block's body check given to the Lua runtime where lua_refusal allows."""
+    blocks = []
+    for b in loc.blocks:
+        if b.check is None:
+            blocks.append(b)
+            continue
+        why = lua_refusal(b, programs.get(b.check.program))
+        blocks.append(replace(b, lua=not why, lua_note=why or "Lua: perimeter.lua runs the rule program"))
+    return replace(loc, blocks=tuple(blocks))
+
+
+def _lua_runtime(opts: NginxOptions, options: GenerateOptions) -> LuaRuntime:
+    """The Lua runtime the options ask for; a target that cannot take it: GenerateError."""
+    if not opts.njs_module:
+        raise GenerateError("nginx generator: lua_module needs a build that loads dynamic modules "
+                            "(njs_module given, e.g. Debian's NGINX); njs built in (the static pip "
+                            "build) loads no module")
+    missing = [m for m in LUA_MODULES if not Path(opts.lua_module, m).is_file()]
+    if missing:
+        raise GenerateError(f"nginx generator: lua_module {opts.lua_module!r} has no {', '.join(missing)} "
+                            "(apt-get install libnginx-mod-http-lua libnginx-mod-http-ndk lua-resty-core)")
+    where = config_dir("nginx", opts.config_dir, options.output_dir)
+    if not where:
+        raise GenerateError("nginx generator: lua_module needs to know where perimeter.lua will be "
+                            "(lua_package_path): give config_dir=DIR or an output directory")
+    return LuaRuntime(modules=tuple(_file("lua_module", str(Path(opts.lua_module, m))) for m in LUA_MODULES),
+                      package_dir=_file("config_dir", where))
+
+
 def _njs_step(step: dict[str, object]) -> dict[str, object]:
     """A step as njs runs it: a media step also with its domains as [name, port, the suffix a "*."
     name matches or false] (media.py host_listed's partition, done here once, not per URL)."""
@@ -862,6 +949,9 @@ def build_model(plan: Plan, options: GenerateOptions) -> NginxModel:
     scheme = "https" if up_tls else "http"
     locations = tuple(_location(reg, plan, i + 1, route, ds, scheme)
                       for i, (route, ds) in enumerate(plan.allowed_paths().items()))
+    lua = _lua_runtime(opts, options) if opts.lua_module else None
+    if lua is not None:
+        locations = tuple(_on_lua(loc, reg.compiled) for loc in locations)
     base = opts.config_dir.rstrip("/") + "/" if opts.config_dir else ""
     includes = {k: _file("config", base + v) for k, v in INCLUDED.items()}
     listen = plan.listen
@@ -905,4 +995,5 @@ def build_model(plan: Plan, options: GenerateOptions) -> NginxModel:
         limiter=_limiter(plan), fetch_keepalive=bool(opts.njs) and version_tuple(opts.njs) >= (0, 9),
         heartbeat_ms=round(HEARTBEAT_S * 1000)
         if _limiter(plan) and (not opts.njs or version_tuple(opts.njs) >= (0, 8, 1)) else 0,
+        lua=lua,
     )

@@ -16,7 +16,15 @@ from pathlib import Path
 import scanner.mutate.core as core
 from scanner.generate import nginx as generator
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_model import MAIN, PRINCIPALS, Block, Location, NginxModel, build_model
+from scanner.generate.nginx_model import (
+    LUA_MODULES,
+    MAIN,
+    PRINCIPALS,
+    Block,
+    Location,
+    NginxModel,
+    build_model,
+)
 from scanner.mutate.core import NotApplicable, Operator, register, where
 from scanner.output import write_text
 from scanner.plan.model import Decision, Plan
@@ -31,17 +39,23 @@ ModelEdit = core.ModelEdit[NginxModel]
 
 def _options(directory: Path) -> GenerateOptions:
     """The options ``scanner.runtime.nginx.write`` rendered ``directory`` (its ``conf``) with: the
-    njs module it loads, else the static build's built-in njs version."""
+    njs module it loads (the first), else the static build's built-in njs version; the lua module's
+    directory when it loads that too (the Lua runtime)."""
     run = directory.parent / "run"
     lines = (directory / MAIN).read_text(encoding="utf-8").splitlines()
-    module = next((line.split('"')[1] for line in lines if line.startswith('load_module "')), "")
+    modules = [Path(line.split('"')[1]) for line in lines if line.startswith('load_module "')]
+    module = str(modules[0]) if modules else ""
     extra = {"njs_module": module} if module else {}
+    lua = next((m.parent for m in modules if m.name == LUA_MODULES[-1]), None)
+    if lua is not None:
+        extra["lua_module"] = str(lua)
     build = None if module else static_build()     # njs built in: the static build's (its version)
     njs = built_in_njs(build.binary) if build else ""
     if njs:
         extra["njs"] = njs
     return GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
-                           error_log=str(run / "error.log"), extra=extra)
+                           error_log=str(run / "error.log"), extra=extra,
+                           output_dir=str(directory.absolute()))
 
 
 def render(directory: Path, plan: Plan, edit: ModelEdit | None = None) -> str:

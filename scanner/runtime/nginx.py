@@ -17,6 +17,10 @@ from scanner.runtime.process import ManagedProcess
 
 DEBIAN_NGINX = "/usr/sbin/nginx"
 DEBIAN_NJS = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+DEBIAN_MODULES = "/usr/lib/nginx/modules"   # and Debian's lua module (libnginx-mod-http-lua) + NDK
+# what the Lua runtime loads at run time (lua-resty-core: the lua module refuses to start without it)
+DEBIAN_LUA = (f"{DEBIAN_MODULES}/ngx_http_lua_module.so", f"{DEBIAN_MODULES}/ndk_http_module.so",
+              "/usr/share/lua/5.1/resty/core.lua")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ def debian_build() -> NginxBuild | None:
     return None
 
 
+def lua_missing() -> str:
+    """What Debian's NGINX lacks for the Lua runtime (generator option lua_module): "" nothing."""
+    gone = [f for f in (DEBIAN_NGINX, DEBIAN_NJS, *DEBIAN_LUA) if not Path(f).exists()]
+    return ", ".join(gone)
+
+
 def any_build() -> NginxBuild:
     build = static_build() or debian_build()
     if build is None:
@@ -74,7 +84,8 @@ def write(plan: Plan, build: NginxBuild, directory: Path, extra: dict[str, str] 
     elif "njs" not in extra and built_in_njs(build.binary):
         extra["njs"] = built_in_njs(build.binary)   # what the config may use (js_fetch_keepalive: 0.9)
     options = GenerateOptions(runtime_dir=str(run), access_log=str(run / "access.log"),
-                              error_log=str(run / "error.log"), extra=extra)
+                              error_log=str(run / "error.log"), extra=extra,
+                              output_dir=str((directory / "conf").absolute()))
     config = NginxGenerator().render(plan, options)
     write_config(config, directory / "conf")
     return directory / "conf" / config.main

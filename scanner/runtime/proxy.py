@@ -1,7 +1,8 @@
 """The proxies ``verify`` can run: write a plan's config, check it with the proxy's own
-validator, start it. One interface, three implementations (the two NGINX builds, Envoy).
+validator, start it. One interface, four implementations (the two NGINX builds, Debian's with
+its lua module running the key hash and body checks, Envoy).
 
-    proxy = get("nginx")                       # or "nginx-debian", "envoy"
+    proxy = get("nginx")                       # or "nginx-debian", "nginx-lua", "envoy"
     conf = proxy.write(plan, directory)        # the generated files, editable (mutations)
     problem = proxy.validate(plan, directory)  # "" when `nginx -t` / `envoy --mode validate` pass
     with proxy.start(plan, directory): ...
@@ -93,7 +94,7 @@ class EnvoyProxy:
         return envoy.start(plan, directory, int(self.extra.get("workers", "1")))
 
 
-PROXIES: tuple[str, ...] = ("nginx", "nginx-debian", "envoy")
+PROXIES: tuple[str, ...] = ("nginx", "nginx-debian", "nginx-lua", "envoy")
 
 
 def relisten(plan: Plan, port: int) -> Plan:
@@ -119,4 +120,11 @@ def get(name: str, extra: Mapping[str, str] | None = None) -> Proxy:
             raise UsageError("--proxy nginx-debian needs Debian's NGINX and njs: "
                              "apt-get install nginx libnginx-mod-http-js")
         return NginxProxy(build, name, dict(extra or {}))
+    if name == "nginx-lua":   # Debian's, the body checks and key hash by its lua module
+        build, missing = nginx.debian_build(), nginx.lua_missing()
+        if build is None or missing:
+            raise UsageError(f"--proxy nginx-lua needs Debian's NGINX with njs and the lua module (missing: "
+                             f"{missing}): apt-get install nginx libnginx-mod-http-js libnginx-mod-http-lua "
+                             "libnginx-mod-http-ndk lua-resty-core")
+        return NginxProxy(build, name, {"lua_module": nginx.DEBIAN_MODULES, **(extra or {})})
     raise UsageError(f"unknown proxy {name!r} (known: {', '.join(PROXIES)})")

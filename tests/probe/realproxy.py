@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scanner import mutate
+from scanner.errors import UsageError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
@@ -19,15 +20,21 @@ from scanner.policy.model import Limits, Policy, Rate
 from scanner.probe.interface import Attempt, ProbeOptions, ProbeResult
 from scanner.probe.runner import probe
 from scanner.runtime import nginx
-from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy
+from scanner.runtime.proxy import EnvoyProxy, NginxProxy, Proxy, get
 from scanner.standin.serve import StandinThread
 from scanner.verify import loop
 
 
 def proxy_named(name: str) -> Proxy:
-    """"envoy", "nginx" (the static build, else Debian's) or "nginx-debian"; skipped if missing."""
+    """"envoy", "nginx" (the static build, else Debian's), "nginx-debian" or "nginx-lua"; skipped if
+    missing."""
     if name == "envoy":
         return EnvoyProxy()
+    if name == "nginx-lua":
+        try:
+            return get(name)
+        except UsageError as exc:
+            pytest.skip(str(exc))
     build = nginx.debian_build() if name == "nginx-debian" else (nginx.static_build() or nginx.debian_build())
     if build is None:
         pytest.skip(f"no {name}")
