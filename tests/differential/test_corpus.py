@@ -143,7 +143,7 @@ def test_the_reference_forwards_nothing_beyond_the_plan(bench: Stand, cases: lis
     assert sum(1 for j in ref.values() if j.refused) > 100 and len(sent) > 100
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_the_proxy_agrees_with_the_reference(bench: Stand, inventory: Inventory, cases: list[Case],
                                              vllm_python: str, name: str) -> None:
     proxy = proxy_named(name)

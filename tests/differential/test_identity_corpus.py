@@ -91,7 +91,7 @@ class Live:
     chain_root: TestCa
 
 
-@pytest.fixture(scope="module", params=["envoy", "nginx", "nginx-debian"])
+@pytest.fixture(scope="module", params=["envoy", "nginx", "nginx-debian", "nginx-lua"])
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     proxy = proxy_named(request.param)
     tmp = tmp_path_factory.mktemp(f"identity-{request.param}")
