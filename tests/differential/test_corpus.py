@@ -48,6 +48,7 @@ CAPPED = corpus.CAPPED
 ALLOWED: dict[str, frozenset[str]] = {
     "nginx": frozenset({NUMBERS_AS_DOUBLES}),
     "nginx-debian": frozenset({NUMBERS_AS_DOUBLES}),
+    "nginx-lua": frozenset(),   # Lua keeps each value's text, as on Envoy
     "envoy": frozenset(),
 }
 
