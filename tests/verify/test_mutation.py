@@ -21,7 +21,7 @@ from scanner.runtime.proxy import get
 from scanner.verify import loop, mutation
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
-PROXIES = ("nginx", "nginx-debian", "envoy")
+PROXIES = ("nginx", "nginx-debian", "nginx-lua", "envoy")
 
 
 def _proxy(name: str):  # type: ignore[no-untyped-def]
@@ -48,7 +48,7 @@ def test_every_family_has_at_least_3_operators_per_proxy_each_with_checks_that_e
             assert op.id == f"{kind}.{op.name}" and op.family in mutate.FAMILIES
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_every_operator_not_needing_a_setting_applies_to_the_bundled_policy(name: str, tmp_path: Path) -> None:
     # an operator that stops matching the generated config (a template changed under it) must
     # not silently become not applicable (whether the proxy accepts each mutant: the mutant runs)
@@ -81,10 +81,10 @@ SAMPLE = ("key-check-removed", "json-cap-raised-x100", "network-widened-8", "met
           "parameter-any", "denied-route-proxied", "denied-route-forwarded", "client-key-forwarded")
 
 
-# NGINX 1.22's sample is slow-marked for CI time (about 100 s): its full score is in
-# test_mutation_score_is_100_percent, and 1.22 runs the red-team weakenings in CI
-@pytest.mark.parametrize("name", [n if n != "nginx-debian" else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in PROXIES])
+# NGINX 1.22's samples (njs, Lua) are slow-marked for CI time (about 100 s each): their full scores
+# are in test_mutation_score_is_100_percent, and 1.22 runs the red-team weakenings in CI
+@pytest.mark.parametrize("name", [n if n not in ("nginx-debian", "nginx-lua")
+                                  else pytest.param(n, marks=pytest.mark.slow) for n in PROXIES])
 def test_a_sample_of_every_family_is_caught(name: str) -> None:
     proxy = _proxy(name)
     only = tuple(op.id for op in mutate.operators(proxy.kind) if op.name in SAMPLE)
