@@ -3,7 +3,7 @@ done without njs, measured beside a bare proxy and today's generated (njs) confi
 upstream.
 
     .venv/bin/python examples/bench_native.py [--rounds 3] [--duration 4] [--connections 8]
-        [--variants bare,njs,lua,setmisc] [--requests chat,get] [--check] [--corpus]
+        [--variants bare,njs,lua,setmisc,floor] [--requests chat,get] [--check] [--corpus]
 
 Debian's NGINX 1.22 only (the pip NGINX 1.31 is static: it loads no module, and its built-in set-misc
 crashes on a run-time value: see docs/benchmarks.md). Needs ``libnginx-mod-http-lua``,
@@ -14,25 +14,12 @@ The variants, each its own NGINX (one worker) in front of the same upstream:
 * ``bare``: ``proxy_pass`` only (examples/bench_nginx.py's bare config);
 * ``njs``: the generated perimeter as shipped (the default policy, rate limits raised so they never
   refuse): the key hash by ``js_set`` (sha256 in njs), the chat body by ``js_content perimeter.direct``;
-* ``lua``: the same generated config with both njs pieces replaced by the Lua module this script
-  renders (OpenResty style: ``libnginx-mod-http-lua``, LuaJIT, its VM kept across requests): the key
-  hash by ``set_by_lua`` (Envoy's pure-Lua sha256, cached per bearer in the worker as Envoy's filter
-  caches it), and on the chat route ``content_by_lua`` running the SAME rule program document
-  (``perimeter-rules.json``, read once with lua-cjson) with the Envoy filter's interpreter: its JSON
-  reader (``templates/envoy_json.lua.j2``) and its ``OPS`` / ``run_program``, cut out of
-  ``templates/envoy_perimeter.lua.j2`` unchanged. A thin adapter stands in for Envoy's handle API
-  (``check_body``): the body from ``ngx.req``, the access log's variables, a refusal by the same
-  named locations njs redirects to, an admitted body by ``ngx.exec`` to the route's ``_checked``
-  location (a rewritten one after ``ngx.req.set_body_data``). It covers cap, keys, count, values,
-  media (skipped when NGINX's ``$perimeter_media_key`` map finds no media key, as njs does), budget,
-  pin and envelope; not salt (no salts loaded: a salted route refuses), owned, ask_usage, token
-  charges or the shared limiter;
-* ``lua-inline``: ``lua`` with the check in the route's own location (``access_by_lua``, then the
-  ``_checked`` location's proxying there: no internal redirect; its error_page list is the server's
-  4xx pages and the ``_checked`` location's 5xx pages, which replace the server's there);
-* ``lua-nocache``: ``lua`` with the key cache off (the sha256 in Lua on every request);
-* ``lua-exec``: ``lua`` without the program run (the body read, then ``ngx.exec``): the fixed cost
-  of the Lua step, so ``lua`` minus ``lua-exec`` is the rule program's (JSON reader + interpreter);
+* ``lua``: the generated config with the generator's Lua runtime (``--set lua_module=DIR``,
+  shipped: ``libnginx-mod-http-lua``, LuaJIT, its VM kept across requests): the key hash by
+  ``set_by_lua`` (Envoy's pure-Lua sha256, cached per bearer in the worker), and on every route
+  whose bodies are all parsed ``content_by_lua`` running the same rule programs with Envoy's
+  interpreter (``templates/perimeter_program.lua.j2``, included by ``templates/nginx-perimeter.lua.j2``
+  and by ``envoy_perimeter.lua.j2``);
 * ``setmisc``: the generated config with the key hash by set-misc (``set_hmac_sha256`` of the
   bearer under a secret + ``set_encode_hex``), the principals map holding that HMAC instead of the
   sha256; the chat body still by njs;
@@ -84,165 +71,18 @@ from bench_nginx import (  # noqa: E402
     upstream_conf,
 )
 
-from scanner.generate.envoy import _environment  # noqa: E402
 from scanner.inventory.model import load as load_inventory  # noqa: E402
 from scanner.plan.body import Judgement, judge  # noqa: E402
 from scanner.plan.build import build as build_plan  # noqa: E402
 from scanner.plan.model import Decision  # noqa: E402
-from scanner.plan.vllm_json import utf8_whitespace  # noqa: E402
 from scanner.policy.load import loads  # noqa: E402
 from scanner.reasons import STATUS  # noqa: E402
 from scanner.reasons import parse as parse_reason  # noqa: E402
 
 MODULES = Path("/usr/lib/nginx/modules")
 LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so", "ngx_http_set_misc_module.so")
-TEMPLATE = REPO / "templates/envoy_perimeter.lua.j2"
-OPS_START = "-- The rule program's interpreter"
-OPS_END = "-- The body of a checked route"
 CHAT = "/v1/chat/completions"
-VARIANTS = ("bare", "njs", "lua", "lua-inline", "lua-nocache", "lua-exec", "setmisc", "floor")
-
-ADAPTER = r"""
--- The adapter: NGINX's lua module in place of Envoy's handle API (check_body).
-local cjson = require("cjson")
-local function nulls(v)   -- JSON null in the document: the interpreter's NULL
-  if v == cjson.null then
-    return NULL
-  end
-  if type(v) == "table" then
-    for k, x in pairs(v) do
-      v[k] = nulls(x)
-    end
-  end
-  return v
-end
-local RULES
-do
-  local f = assert(io.open(RULES_FILE, "r"))
-  RULES = nulls(cjson.decode(f:read("*a")))
-  f:close()
-end
-
-local KEYS, KEYS_N = {}, 0
-function M.key_hash(bearer)
-  if bearer == nil or bearer == "" then
-    return ""
-  end
-  local hit = KEYS[bearer]
-  if hit then
-    return hit
-  end
-  local h = sha256_hex(bearer)
-  if KEY_CACHE > 0 then
-    if KEYS_N >= KEY_CACHE then
-      KEYS, KEYS_N = {}, 0
-    end
-    KEYS[bearer], KEYS_N = h, KEYS_N + 1
-  end
-  return h
-end
-
-local media = OPS.media
-function OPS.media(s, r)   -- NGINX's map found no media key in any spelling: nothing to walk
-  if ngx.var.perimeter_media_key == "0" then
-    return nil
-  end
-  return media(s, r)
-end
-
-local function deny(reason)
-  ngx.var.perimeter_reason = reason
-  return ngx.exec(sub(reason, 1, 10) == "not-owner:" and "@perimeter_403" or "@perimeter_400")
-end
-
-local function check(var, text)
-  local doc = parse(text)
-  if doc == nil then
-    return "bad-json"
-  end
-  local program = RULES.programs[RULES.checks[var.perimeter_check] or ""]
-  if program == nil then
-    return "body-check-failed"
-  end
-  local r = {doc = doc, size = #text, salt = nil, who = var.perimeter_principal or "", strip = {}}
-  local why = run_program(program, r)
-  local model = doc.v.model
-  model = model and byte(model, 1) == 34 and decode(model, 2, #model - 1)
-  var.perimeter_model = sub(model or "", 1, 128)
-  var.perimeter_sequences = tostring(r.seq or 1)
-  if r.from ~= nil and r.from ~= "" then
-    var.perimeter_output, var.perimeter_output_from = tostring(r.out), r.from
-  end
-  if why == nil and doc.dirty then
-    ngx.req.set_body_data(encode(doc))
-  end
-  return why
-end
-
--- content_by_lua of a route whose every body is parsed (njs: perimeter.direct).
-function M.body()
-  local var = ngx.var
-  ngx.req.read_body()
-  local text = ngx.req.get_body_data()
-  if text == nil and ngx.req.get_body_file() ~= nil then
-    return deny("body-not-in-memory")
-  end
-  if RUN and text ~= nil and text ~= "" and var.perimeter_form ~= "1" then
-    local ok, why = pcall(check, var, text)
-    if not ok then
-      ngx.log(ngx.ERR, "perimeter: ", why)
-      return deny("body-check-failed")
-    elseif why ~= nil then
-      return deny(why)
-    end
-  end
-  if INLINE then
-    return   -- access_by_lua: the location proxies
-  end
-  return ngx.exec(var.perimeter_up .. "_checked")
-end
-
-return M
-"""
-
-
-def lua_module(rules: Path, key_cache: int, run: bool, inline: bool) -> str:
-    """The prototype's Lua module: Envoy's sha256, JSON reader and rule-program interpreter, the
-    adapter above."""
-    text = TEMPLATE.read_text(encoding="utf-8")
-    a, b = text.index(OPS_START), text.index(OPS_END)
-    ops = text[a:b]
-    if "{%" in ops or "{{" in ops:
-        raise SystemExit("the interpreter part of envoy_perimeter.lua.j2 now holds Jinja: cut it again")
-
-    class M:
-        whitespace = tuple(w.decode("utf-8") for w in utf8_whitespace())
-
-    included = _environment().from_string(
-        '{% include "envoy_sha256.lua.j2" %}\n{% include "envoy_json.lua.j2" %}\n').render(m=M)
-    head = (
-        "-- vllm-perimeter native prototype (examples/bench_native.py; rendered, not shipped)\n"
-        "local M = {}\n"
-        f"local RULES_FILE, KEY_CACHE = {json.dumps(str(rules))}, {key_cache}\n"
-        f"local RUN, INLINE = {'true' if run else 'false'}, {'true' if inline else 'false'}\n"
-        "local byte, find, sub, char, lower, match, gsub = string.byte, string.find, string.sub,"
-        " string.char, string.lower, string.match, string.gsub\n"
-        "local concat, tonumber, tostring = table.concat, tonumber, tostring\n"
-        "local NULL = {}\n")
-    return head + included + ops + ADAPTER
-
-
-def block_end(text: str, start: int) -> int:
-    """The index just past the ``}`` closing the block whose ``{`` is the first at or after start."""
-    depth, i = 0, text.index("{", start)
-    while True:
-        c = text[i]
-        depth += c == "{"
-        depth -= c == "}"
-        i += 1
-        if depth == 0:
-            return i
-
+VARIANTS = ("bare", "njs", "lua", "setmisc", "floor")
 
 def copy_config(src: Path, dst: Path) -> Path:
     """The generated config of ``src`` (its conf/ and run/ dirs) under ``dst``, paths moved."""
@@ -268,41 +108,6 @@ def server_level(http_conf: str, lines: str) -> str:
 
 
 JS_KEY = "js_set $perimeter_key_sha256 perimeter.keyHash;\n"
-
-
-def to_lua(conf: Path, key_cache: int, run: bool = True, inline: bool = False) -> None:
-    """The generated config with the key hash and the chat route's body check in Lua (``run``
-    False: the body read and passed on, no program run; ``inline``: in the route's location)."""
-    d = conf.parent
-    (d / "vp_native.lua").write_text(lua_module(d / "perimeter-rules.json", key_cache, run, inline),
-                                     encoding="utf-8")
-    load_modules(conf, f'    lua_package_path "{d}/?.lua;;";\n'
-                       '    init_by_lua_block { require("vp_native") }\n')
-    hc = d / "perimeter-http.conf"
-    text = hc.read_text(encoding="utf-8")
-    if JS_KEY not in text:
-        raise SystemExit("the generated config no longer sets $perimeter_key_sha256 by js_set")
-    text = text.replace(JS_KEY, "")
-    text = server_level(text, '    set_by_lua_block $perimeter_key_sha256 '
-                              '{ return require("vp_native").key_hash(ngx.var.perimeter_bearer) }\n')
-    at = text.index(f"location = {CHAT} {{")
-    end = block_end(text, at)
-    location = text[at:end]
-    if "js_content perimeter.direct;" not in location:
-        raise SystemExit(f"{CHAT} is no longer checked by perimeter.direct")
-    if inline:
-        up = re.search(r"set \$perimeter_up (@\S+);", location).group(1)  # type: ignore[union-attr]
-        c = text.index(f"location {up}_checked {{")
-        inner = text[text.index("{", c) + 1:block_end(text, c) - 1]
-        pages = "".join(f"        {x}\n" for x in re.findall(r"(?m)^    (error_page [^;]*;)$", text)
-                        if not re.match(r"error_page 50[0-9]", x))
-        location = location.replace("js_content perimeter.direct;",
-                                    'access_by_lua_block { return require("vp_native").body() }\n'
-                                    + pages + inner.strip("\n"))
-    else:
-        location = location.replace("js_content perimeter.direct;",
-                                    'content_by_lua_block { return require("vp_native").body() }')
-    hc.write_text(text[:at] + location + text[end:], encoding="utf-8")
 
 
 def to_setmisc(conf: Path, key: str) -> None:
@@ -431,13 +236,15 @@ def run(args: argparse.Namespace) -> None:
                 confs[v] = d / "nginx.conf"
                 confs[v].write_text(bare_conf(d, ports[v], ports["up"], njs))
                 continue
+            if v == "lua":   # the generator's Lua runtime, the same policy and key
+                d.mkdir()
+                confs[v] = perimeter_conf(d, ports[v], ports["up"], njs, lua_module=str(MODULES), key=key)[0]
+                continue
             confs[v] = copy_config(gen, d)
             c = confs[v].parent / "perimeter-http.conf"
             c.write_text(re.sub(r"listen 127\.0\.0\.1:\d+;", f"listen 127.0.0.1:{ports[v]};",
                                 c.read_text(encoding="utf-8")), encoding="utf-8")
-            if v.startswith("lua"):
-                to_lua(confs[v], 0 if v == "lua-nocache" else 4096, v != "lua-exec", v == "lua-inline")
-            elif v == "setmisc":
+            if v == "setmisc":
                 to_setmisc(confs[v], key)
             elif v == "floor":
                 to_floor(confs[v], key)
@@ -503,11 +310,9 @@ def same_reason(a: str, b: str) -> bool:
 
 
 def compare(ports: dict[str, int], key: str, variants: list[str]) -> None:
-    others = [v for v in ("lua", "lua-inline") if v in variants]
-    if "njs" not in variants or not others:
-        raise SystemExit("--check needs the njs and lua (or lua-inline) variants")
-    for lua in others:
-        compare_one(ports, key, lua)
+    if "njs" not in variants or "lua" not in variants:
+        raise SystemExit("--check needs the njs and lua variants")
+    compare_one(ports, key, "lua")
 
 
 def compare_one(ports: dict[str, int], key: str, lua: str) -> None:
@@ -571,7 +376,7 @@ def corpus(ports: dict[str, int], key: str, variants: list[str], gen: Path) -> N
     d = chat_decision(gen)
     chat = [c for c in cases() if c.path == CHAT]
     ref = {c.id: judge(d, c.raw, "", c.content_type) for c in chat}
-    for proxy in [v for v in ("njs", "lua", "lua-inline") if v in variants]:
+    for proxy in [v for v in ("njs", "lua") if v in variants]:
         differ: list[str] = []
         for c in chat:
             seen = post(ports[proxy], key, c.raw, c.content_type)

@@ -143,10 +143,11 @@ def without_field_checks(policy: Policy) -> Policy:
 
 
 def perimeter_conf(directory: Path, port: int, upstream_port: int, njs_module: str,
-                   fields: bool = True) -> tuple[Path, str]:
+                   fields: bool = True, lua_module: str = "", key: str = "") -> tuple[Path, str]:
     """The default policy (``fields`` False: without_field_checks()); rate limits raised so they
-    are evaluated but never refuse."""
-    key = keys.new_key()
+    are evaluated but never refuse. ``lua_module``: the generator's Lua runtime (Debian's modules'
+    directory); ``key``: the bench principal's key (default: a new one)."""
+    key = key or keys.new_key()
     keys.append_principal(directory / "principals.yaml", "bench", "user", key)
     keys.append_principal(directory / "principals.yaml", "svc", "service", keys.new_key())
     keys.append_principal(directory / "principals.yaml", "ops", "operator", keys.new_key())
@@ -158,10 +159,11 @@ def perimeter_conf(directory: Path, port: int, upstream_port: int, njs_module: s
     plan = build_plan(load_inventory(INVENTORY), policy if fields else without_field_checks(policy))
     run = directory / "run"
     run.mkdir()
-    extra = {"worker_processes": "1", **({"njs_module": njs_module} if njs_module else {})}
+    extra = {"worker_processes": "1", **({"njs_module": njs_module} if njs_module else {}),
+             **({"lua_module": lua_module} if lua_module else {})}
     config = NginxGenerator().render(plan, GenerateOptions(
         runtime_dir=str(run), access_log=str(run / "access.log"), error_log=str(run / "error.log"),
-        extra=extra))
+        extra=extra, output_dir=str(directory / "conf")))
     write_config(config, directory / "conf")
     return directory / "conf" / config.main, key
 
