@@ -224,9 +224,10 @@ def test_same_answers_as_njs(pair: tuple[RunningNginx, RunningNginx, dict[str, A
     assert answers["not an object"][:2] == (400, "bad-json:not-an-object")
     assert answers["invalid UTF-8"][:2] == (400, "bad-json")
     # the access log: the same fields, line by line
-    a, b = _log(njs, before[0] + len(cases))[before[0]:], _log(lua, before[1] + len(cases))[before[1]:]
-    assert len(a) == len(b) == len(cases)
-    assert a == b
-    assert any(x["output_from"] == "written" for x in b) and any(x["model"] == "m" for x in b)
+    njs_log = _log(njs, before[0] + len(cases))[before[0]:]
+    lua_log = _log(lua, before[1] + len(cases))[before[1]:]
+    assert len(njs_log) == len(lua_log) == len(cases)
+    assert njs_log == lua_log
+    assert any(x["output_from"] == "written" for x in lua_log) and any(x["model"] == "m" for x in lua_log)
     errors = (lua.directory / "run" / "error.log").read_text()
     assert "[error]" not in errors and "[alert]" not in errors, errors[-2000:]
