@@ -82,6 +82,26 @@ local function sha256_hex(msg)
       .. tohex(h4) .. tohex(h5) .. tohex(h6) .. tohex(h7)
 end
 
+-- f memoised in this worker's memory (a credential's hash or principal: never logged): at most
+-- `most` values, then emptied; a text over `longest` bytes is not kept.
+local function memo(most, longest, f)
+  local cache, n = {}, 0
+  return function(text)
+    local hit = cache[text]
+    if hit ~= nil then
+      return hit
+    end
+    hit = f(text)
+    if #text <= longest then
+      if n >= most then
+        cache, n = {}, 0
+      end
+      cache[text], n = hit, n + 1
+    end
+    return hit
+  end
+end
+
 -- JSON reading and writing (included in envoy_perimeter.lua.j2; LuaJIT here has no cjson).
 -- A body is read as Python's json module (and so vLLM) reads it: escaped keys decoded, a
 -- duplicated key holds its last value in its first place (parse); numbers are read as vLLM
@@ -999,23 +1019,9 @@ local function run_body(text, program, salt, who)
   return nil, nil, r
 end
 
-local KEYS, KEYS_N = {}, 0
+local key_hash = memo(KEY_CACHE, AUTH_MAX, sha256_hex)
 function M.key_hash(bearer)   -- "" when there is none ($perimeter_bearer: at most 1024 characters)
-  if bearer == nil or bearer == "" then
-    return ""
-  end
-  local hit = KEYS[bearer]
-  if hit then
-    return hit
-  end
-  local h = sha256_hex(bearer)
-  if #bearer <= AUTH_MAX then
-    if KEYS_N >= KEY_CACHE then
-      KEYS, KEYS_N = {}, 0
-    end
-    KEYS[bearer], KEYS_N = h, KEYS_N + 1
-  end
-  return h
+  return (bearer == nil or bearer == "") and "" or key_hash(bearer)
 end
 
 local media, salt = OPS.media, OPS.salt
