@@ -206,6 +206,30 @@ def _chat(members: str) -> bytes:
     return ('{"model":"m","messages":[{"role":"user","content":"hi"}],' + members + "}").encode("utf-8")
 
 
+# Chat members whose numbers JSON.stringify would not write back as sent (1e400 as null, 10**25 as
+# 1e+25, 2**63-1 rounded, 1.0 as 1, -0.0 as 0, 1E+2 as 100, 0.10 as 0.1, 1e-7 from 0.0000001), nested
+# in objects and lists, under integer-like names (visited first by JSON.parse's reviver), twice
+# under one name, beside members the rewriting policy strips (chat_template, an unknown name) or
+# pins (priority: the pin's 0, not the client's 0.0), after strings that look like numbers or end in
+# an escaped backslash; most without a budget (written in: rewritten on both policies).
+NUMBER_TEXTS = (
+    '"seed": 9223372036854775807',
+    '"seed": -9223372036854775808, "temperature": 1.0, "top_p": 0.10',
+    '"seed": 10000000000000000000000000, "max_tokens": 16.0',
+    '"temperature": -0.0, "top_p": 1E+2, "frequency_penalty": -0, "presence_penalty": 1e400',
+    '"metadata": {"big": 10000000000000000000000000, "zero": -0, "one": 1.0, "inf": 1e400, "e": 1E+2,'
+    ' "tenth": 0.10, "pi": 3.14159265358979323846264338327950288, "tiny": 0.0000001, "sub": 2.5e-324}',
+    '"metadata": {"x": [[1.0, [1e400, -0.0, 18446744073709551615]], {"y": 0.10, "z": [1e-7, 1.5e+300]}]}',
+    '"logit_bias": {"b": 1.0, "50256": -100.00, "1": 2.50, "0": -0.0}',
+    '"temperature": 1e400, "temperature": 0.50, "metadata": {"a": 1.0, "a": 2.0}',
+    '"n": 1.0, "best_of": 1.00, "stop_token_ids": [1e2, 2.0, 3], "chat_template": "x", "foo": 1.0',
+    '"priority": 0.0, "service_tier": "auto", "seed": 1.0, "fooBar": [1e400]',
+    '"user": "1.0 1e400 -0 \\"2.50\\" \\\\", "seed": 1e2, "metadata": {"1e5": 1.0, "s": "\\\\"}',
+    '"max_tokens": 8.0, "temperature": 0.70, "top_p": 0.95',
+    '"metadata": {"many": 0.1234567890123456789, "int": 123456789012345678901234567890, "neg": -1.0e-0}',
+)
+
+
 # (path, raw body, content type, note)
 HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     *((CHAT, _chat(f'"max_tokens": {json.dumps(v)}'), "application/json", f"measured {v!r}")
@@ -340,6 +364,10 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
         b"\xf5\x80\x80\x80", b"\xe2\x82", b"\x80", b"\xef\xbf\xbd", b"\xc2\x80", b"\xe0\xa0\x80",
         b"\xed\x9f\xbf", b"\xee\x80\x80", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xef\xbf\xbd\xff")),
     (CHAT, _chat('"logit_bias": {"1": 1}').replace(b'"1"', b'"\xff"'), "application/json", "invalid UTF-8 in a name"),
+    # numbers a double does not hold as sent, in a body the perimeter rewrites (its budget written
+    # in, on the rewriting policy also the salt, the pins and the strips): forwarded as sent, by the
+    # reference and Lua (each value's text) and by njs (its number texts kept over JSON.stringify)
+    *((CHAT, _chat(m), "application/json", f"numbers as sent: {m[:60]}") for m in NUMBER_TEXTS),
 )
 
 

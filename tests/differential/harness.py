@@ -5,6 +5,7 @@ then every record the witness kept (what reached the upstream) fetched at once."
 from __future__ import annotations
 
 import base64
+import decimal
 import hashlib
 import http.client
 import json
@@ -203,19 +204,37 @@ def compare(ref: Judgement, seen: Seen, raw: bytes) -> str:
         got = loads(seen.forwarded or b"")
     except (ValueError, RecursionError):
         return "body differs"
-    if got == ref.body:
+    if same(got, ref.body):
         return ""
-    return NUMBERS_AS_DOUBLES if got == as_doubles(ref.body) else "body differs"
+    return NUMBERS_AS_DOUBLES if same(got, as_doubles(ref.body)) else "body differs"
 
 
-# A rewritten body whose numbers left as a double holds them (JSON.parse and JSON.stringify in
-# njs): an integer past 2**53 rounded (10**25 -> 1e+25), one past a double's range null (1e400).
+def same(a: object, b: object) -> bool:
+    """``a`` and ``b`` (as Python's json, and so vLLM, reads a body) the same JSON: the type too
+    (1 is not 1.0, 100 not 1E+2's 100.0, 10**25 not 1e+25's float), a float's sign (-0.0 is not
+    0.0), names and list items alike."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
+
+
+# A rewritten body whose numbers left as JSON.stringify writes a double (as njs wrote every
+# rewritten body until it kept the client's number texts): a disagreement like any other, named
+# for its diagnosis.
 NUMBERS_AS_DOUBLES = "body differs: numbers as doubles"
 
 
 def as_doubles(value: object) -> object:
-    """``value`` (as Python's json reads it) with every number as a JavaScript double writes it back
-    to JSON: exact integers past 2**53 rounded to the nearest double, infinities and NaN null."""
+    """``value`` (as Python's json reads it) with every number as JavaScript writes its double to
+    JSON (the shortest digits that read back as it), read back by Python's json: an integral one
+    under 1e21 an int (1.0 -> 1, -0.0 -> 0, 2**63-1 -> 9223372036854776000), a larger or fractional
+    one a float (10**25 -> 1e+25), infinities null."""
     if isinstance(value, dict):
         return {k: as_doubles(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -226,4 +245,6 @@ def as_doubles(value: object) -> object:
         x = float(value)
     except OverflowError:
         return None
-    return x if math.isfinite(x) else None
+    if not math.isfinite(x):
+        return None
+    return int(decimal.Decimal(repr(x))) if x.is_integer() and abs(x) < 1e21 else x

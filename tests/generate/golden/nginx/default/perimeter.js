@@ -1064,6 +1064,7 @@ var OPS = {
             }
         }
         parent[lastName(p.field)] = fit;
+        s.own.push([parent, lastName(p.field)]);
         s.from = 'written';
         s.budget = s.written = fit;
         s.changed = true;
@@ -1080,6 +1081,7 @@ var OPS = {
     },
     pin: function (p, s) {
         s.doc[p.field] = p.value;
+        s.own.push([s.doc, p.field]);
         s.changed = true;
         return '';
     },
@@ -1266,9 +1268,10 @@ function exact(r, v, seen) {
         return;
     }
     // the run's state (scanner/plan/interpret.py's): the working copy, the fields stripped, the
-    // budget (from, budget, written), the envelope (env, seq, out, tokens), asked, changed, seen
+    // budget (from, budget, written), the envelope (env, seq, out, tokens), asked, changed, seen;
+    // own: the [object, name] places the program wrote a value to (numbers: the pins, the budget)
     s = {doc: obj, size: nbytes, strip: [], written: null, env: false, seq: 1, out: 0, tokens: nbytes, from: '', budget: 0,
-         asked: false, changed: false, seen: seen, r: r, v: v};
+         asked: false, changed: false, seen: seen, r: r, v: v, text: text, own: []};
     reason = run(programOf(v), s);
     // the access log: the model, the sequences, the output budget and where it came from
     v.perimeter_model = typeof s.doc.model === 'string' ? s.doc.model.substring(0, 128) : '';
@@ -1293,11 +1296,124 @@ function forward(r, v, s) {
         v.perimeter_settle = v.perimeter_settle.replace(/-$/, 'a');
     }
     if (s.changed) {
-        v.perimeter_body_out = JSON.stringify(s.doc);
+        v.perimeter_body_out = written(s);
         r.internalRedirect(v.perimeter_up + '_rewrite');
         return;
     }
     r.internalRedirect(v.perimeter_up + '_checked');
+}
+
+// --- a rewritten body's numbers as the client sent them ---------------------------------------
+// JSON.stringify writes each number as its double: 1e400 as null, 10**25 as 1e+25, 2**63-1 as
+// 9223372036854776000, 1.0 as 1, -0.0 as 0, 1E+2 as 100, 0.10 as 0.1, where the reference (Python's
+// json) and Lua forward the client's number. NUMBER_SPELLED matches a whole number token that may
+// be so (an exponent, a fraction ending in 0 or from .000000, 16 digits and dots, -0), in strings
+// too: a superset, held to JSON.stringify by tests/generate/test_nginx_numbers.py. (*SKIP) starts
+// the next try after a digit run, not inside it (a body of token ids costs a third). A rewritten
+// body with none is written by JSON.stringify (one regex test, about 2-4 us on a 4 KB chat). Else
+// keptNumbers: each such token whose text JSON.stringify would not give back becomes, in a copy of
+// the text, a placeholder number (base + the index of its text; digits: a string it falls in stays a
+// string); JSON.parse of the copy has the body's shape (a name given twice: the last value, as in
+// the body's own parse); wherever the rewritten document still holds the client's number at a
+// placeholder's place, and the program wrote no value there (s.own: the pins, the budget written
+// in, written as JSON.stringify writes them), a placeholder string goes in, and in JSON.stringify's
+// text the client's text replaces it. Not a JSON.parse reviver: njs (0.7.9 and 0.9.9, measured)
+// calls it for an object's integer-like names first and once for a name given twice, so its calls
+// do not follow the tokens' order. Anything unexpected (the copy unreadable, a placeholder seen
+// twice): the document as JSON.stringify writes it, as before.
+var NUMBER_SPELLED = /-?[0-9]+(*SKIP)(?:(?:\.[0-9]+)?[eE][-+]?[0-9]+|\.[0-9]*0(?![0-9])|\.0{6}[0-9]*|(?>(?:\.[0-9]+)?)(?<=[0-9.]{16})|(?<=-0)(?![.0-9]))/g;
+var JSON_NUMBER = /^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$/;
+var PLACEHOLDER_BASE = 4503599627370496;    // 2**52: from it to 2**53 every integer is a double
+
+function written(s) {
+    NUMBER_SPELLED.lastIndex = 0;
+    return NUMBER_SPELLED.test(s.text) ? keptNumbers(s) : JSON.stringify(s.doc);
+}
+
+// The texts of the tokens JSON.stringify would not give back (texts, and index: text -> its
+// index), and the body's text with each one base + its index.
+function spelled(text, base) {
+    var found = {texts: [], index: {}, base: base};
+    found.copy = text.replace(NUMBER_SPELLED, function (m) {
+        if (!JSON_NUMBER.test(m) || JSON.stringify(Number(m)) === m) {
+            return m;
+        }
+        if (!has(found.index, m)) {
+            found.index[m] = found.texts.push(m) - 1;
+        }
+        return String(base + found.index[m]);
+    });
+    return found;
+}
+
+function owns(own, obj, name) {
+    var i;
+    for (i = 0; i < own.length; i++) {
+        if (own[i][0] === obj && own[i][1] === name) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Puts a placeholder string (marker + the text's index) into doc wherever the copy (shadow) holds
+// a placeholder number and doc the number its text reads as, not written by the program; put:
+// each [object, name, number] replaced. A name the copy spells otherwise (a number token in it)
+// is looked up as the copy spells it.
+function placed(doc, shadow, s, found, marker, put) {
+    var names = Array.isArray(doc) ? null : Object.keys(doc);
+    var n = names === null ? doc.length : names.length;
+    var i, name, v, w, at;
+    for (i = 0; i < n; i++) {
+        name = names === null ? i : names[i];
+        v = doc[name];
+        if (v === null || (typeof v !== 'number' && typeof v !== 'object')
+            || (names !== null && owns(s.own, doc, name))) {
+            continue;
+        }
+        w = names === null || has(shadow, name) ? shadow[name] : shadow[name.replace(NUMBER_SPELLED, function (m) {
+            return has(found.index, m) ? String(found.base + found.index[m]) : m;
+        })];
+        if (typeof v === 'number') {
+            at = typeof w === 'number' ? w - found.base : -1;
+            if (at >= 0 && at < found.texts.length && Object.is(v, Number(found.texts[at]))) {
+                put.push([doc, name, v]);
+                doc[name] = marker + at;
+            }
+        } else if (w !== null && typeof w === 'object') {
+            placed(v, w, s, found, marker, put);
+        }
+    }
+}
+
+function keptNumbers(s) {
+    var found = spelled(s.text, PLACEHOLDER_BASE + Math.floor(Math.random() * 2251799813685248));
+    var marker = 'vp' + Math.random().toString(36).slice(2, 12) + '-';
+    var put = [];
+    var shadow, out, pieces, i, end;
+    if (found.texts.length === 0) {
+        return JSON.stringify(s.doc);
+    }
+    try {
+        shadow = JSON.parse(found.copy);
+    } catch (e) {
+        return JSON.stringify(s.doc);
+    }
+    placed(s.doc, shadow, s, found, marker, put);
+    out = JSON.stringify(s.doc);
+    for (i = 0; i < put.length; i++) {
+        put[i][0][put[i][1]] = put[i][2];
+    }
+    pieces = out.split('"' + marker);
+    if (pieces.length !== put.length + 1) {
+        return JSON.stringify(s.doc);   // a string of the body spelled a placeholder
+    }
+    out = pieces[0];
+    for (i = 1; i < pieces.length; i++) {
+        end = pieces[i].indexOf('"');
+        out += found.texts[Number(pieces[i].substring(0, end))] + pieces[i].substring(end + 1);
+    }
+    return out;
 }
 
 // js_content of an inspected route: NGINX has read the body; hand over to the route's
