@@ -20,11 +20,19 @@ from scanner.errors import GenerateError
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx import NginxGenerator
 from scanner.generate.nginx_model import LUA, build_model, lua_refusal
+from scanner.inventory.model import load as load_inventory
 from scanner.runtime import nginx as runtime_nginx
 from scanner.runtime.proxy import relisten
 from tests.generate.golden import assert_matches_golden
-from tests.generate.nginx_harness import GOLDEN, RunningNginx, get_build, raw_request
-from tests.generate.test_nginx_config import GOLDEN_OPTIONS, golden_plan
+from tests.generate.nginx_harness import (
+    GOLDEN,
+    RunningNginx,
+    default_policy_text,
+    get_build,
+    make_plan,
+    raw_request,
+)
+from tests.generate.test_nginx_config import GOLDEN_OPTIONS, GOLDEN_PRINCIPALS, INVENTORY, golden_plan
 from tests.generate.test_nginx_live import EchoServer, echoed, start_perimeter
 
 MODULES = runtime_nginx.DEBIAN_MODULES
@@ -89,6 +97,27 @@ def test_one_decision_per_block(tmp_path: Path) -> None:
         why = lua_refusal(b, model.programs[b.check.program] if b.check else None)
         assert b.lua == (why == "") and b.lua_note == (why or "Lua: perimeter.lua runs the rule program")
         assert b.lua <= b.check.parse_all if b.check else True
+
+
+def test_a_token_budget_stays_with_njs(tmp_path: Path) -> None:
+    """A route whose admission njs charges (a token budget; njs >= 0.8 declared) keeps
+    perimeter.direct under lua_module, and its location says why; the others still go to Lua."""
+    needs_lua()
+    (tmp_path / "principals.yaml").write_text(GOLDEN_PRINCIPALS, encoding="utf-8")
+    text = default_policy_text().replace("      concurrency: 16\n",
+                                         "      concurrency: 16\n      tokens_per_minute: 8000\n", 1)
+    assert "tokens_per_minute" in text
+    plan = make_plan(load_inventory(INVENTORY), text, tmp_path, extra_yaml="principals_file: principals.yaml\n")
+    options = replace(GOLDEN_OPTIONS, extra={**LUA_EXTRA, "njs": "0.9.9"})
+    model = build_model(plan, options)
+    checked = [b for loc in model.locations for b in loc.blocks if b.check and b.check.parse_all]
+    budgeted = [b for b in checked if b.check and b.check.tokens]
+    assert budgeted and not any(b.lua for b in budgeted)
+    assert {b.lua_note for b in budgeted} == {"njs: a token budget (njs charges and settles it)"}
+    http = next(f.content for f in NginxGenerator().render(plan, options).files if f.name == "perimeter-http.conf")
+    assert "# the body check: njs: a token budget (njs charges and settles it)" in http
+    assert http.count("js_content perimeter.direct;") == len(budgeted)
+    assert http.count("content_by_lua_block") == sum(b.lua for b in checked) > 0
 
 
 @pytest.mark.parametrize("extra,message", [
