@@ -368,6 +368,10 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     # in, on the rewriting policy also the salt, the pins and the strips): forwarded as sent, by the
     # reference and Lua (each value's text) and by njs (its number texts kept over JSON.stringify)
     *((CHAT, _chat(m), "application/json", f"numbers as sent: {m[:60]}") for m in NUMBER_TEXTS),
+    # the budget written into a nested object beside the client's numbers there
+    *((GEN, _gen(f'"sampling_params": {{{m}}}'), "application/json", f"numbers as sent: generate {{{m}}}")
+      for m in ('"temperature": 1.0, "seed": 9223372036854775807, "n": 1.0',
+                '"max_tokens": null, "top_p": 0.50, "min_p": 1e-7, "seed": -0')),
 )
 
 
