@@ -23,6 +23,19 @@ VERSION = 1
 # Python's json read deeper, vLLM (pydantic) too, so refusing past it never admits more.
 BODY_DEPTH = 31
 
+# The largest answer a proxy reads to settle its token charge (scanner/plan/settle.py) or to seal the
+# response ids it carries (scanner/plan/owner.py), one fact for njs (perimeter-rules.json) and Lua
+# (envoy_perimeter.lua.j2): a JSON answer up to ANSWER_MAX bytes, a stream's line up to
+# ANSWER_LINE_MAX. Past either, both fail closed: the charge stands, an answer that could carry an
+# unsealed id is not sent (a stream: the rest of it). 4 MiB: njs's js_body_filter holds the answer in
+# the request's VM, which has no garbage collector (freed when the request ends), and reading it
+# takes about five copies of it at once (the chunks, their concatenation, its text, the parsed
+# document, the sealed text); Envoy's Lua holds it in Lua strings read chunk by chunk (Envoy's own
+# buffer would stop at its 1 MiB connection limit: measured, a sealed answer of 1,049,000 bytes was a
+# 500 of Envoy's before the seal read chunks too). A stream's line is one event: vLLM's are a few KB.
+ANSWER_MAX = 4194304
+ANSWER_LINE_MAX = 1048576
+
 
 class _Step(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -63,7 +63,7 @@ from scanner.plan.vllm_json import utf8_whitespace
 from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_of, rate_of, tokens_of
 from scanner.policy.media import KEY_KINDS
 from scanner.policy.model import CertPrincipal, Principal, Rate
-from scanner.rules import BODY_DEPTH, Program
+from scanner.rules import ANSWER_LINE_MAX, ANSWER_MAX, BODY_DEPTH, Program
 
 LUA_FILTER = "perimeter.lua"
 PRINCIPALS = "envoy-principals.tsv"
@@ -442,6 +442,16 @@ class EnvoyModel:
     def body_depth(self) -> int:
         """The most nesting a body may have (scanner/rules.py BODY_DEPTH; Lua's BODY_DEPTH)."""
         return BODY_DEPTH
+
+    @property
+    def answer_max(self) -> int:
+        """The largest JSON answer settled or sealed (scanner/rules.py ANSWER_MAX; Lua's JSON_MAX)."""
+        return ANSWER_MAX
+
+    @property
+    def answer_line_max(self) -> int:
+        """The longest stream line settled or sealed (scanner/rules.py ANSWER_LINE_MAX; Lua's LINE_MAX)."""
+        return ANSWER_LINE_MAX
 
     @property
     def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:

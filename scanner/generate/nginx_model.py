@@ -87,7 +87,18 @@ from scanner.plan.zones import ConcurrencyZone, RateZone, TokenZone, Zone, conc_
 from scanner.policy import media as policy_media
 from scanner.policy.media import MEDIA_KEYS, MediaRules
 from scanner.policy.model import FieldRules, Limits
-from scanner.rules import BODY_DEPTH, AskUsage, BudgetStep, Keys, Owned, PinStep, Program, Salt
+from scanner.rules import (
+    ANSWER_LINE_MAX,
+    ANSWER_MAX,
+    BODY_DEPTH,
+    AskUsage,
+    BudgetStep,
+    Keys,
+    Owned,
+    PinStep,
+    Program,
+    Salt,
+)
 
 UPSTREAM = "vllm_upstream"
 MAIN = "nginx.conf"
@@ -655,7 +666,9 @@ def rules_json(model: NginxModel) -> str:
     # settlement's tables (scanner/plan/settle.py): a bool's true texts, a stream's final event types;
     # each media key's kind, the case of media.py's _item it takes (njs mediaItem)
     media = dict(policy_media.KEY_KINDS)
-    tables = f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
+    # and how much of an answer settle and seal read (scanner/rules.py ANSWER_MAX, ANSWER_LINE_MAX)
+    tables = f' "answer_max": {ANSWER_MAX},\n "answer_line_max": {ANSWER_LINE_MAX},\n' \
+             f' "final_types": {_compact(dict.fromkeys(settle.FINAL_TYPES, 1))},\n' \
              f' "media": {_compact(media)},\n' \
              f' "true_text": {_compact(dict.fromkeys(settle.TRUE_TEXT, 1))},\n'
     return (f'{{\n "checks": {checks},\n "depth": {depth},\n "parse_depth": {parse_depth},\n'

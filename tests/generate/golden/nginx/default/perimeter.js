@@ -799,8 +799,9 @@ function giveBack(r, key, n) {
     }
 }
 
-// Per request (each request has its own VM): what settleHeaders decided for this answer.
-var SETTLE_JSON_MAX = 4194304;          // a JSON answer longer than this keeps its charge
+// Per request (each request has its own VM): what settleHeaders decided for this answer. A JSON
+// answer is read up to perimeter_rules.answer_max bytes, a stream's line up to .answer_line_max
+// (scanner/rules.py ANSWER_MAX, ANSWER_LINE_MAX): past either the charge stands, ids are not sent.
 var answer = null;
 
 // js_header_filter on token-budget locations: read $perimeter_settle ("KEY COST FLAGS", FLAGS a:
@@ -832,7 +833,8 @@ function settleHeaders(r) {
     answer = {key: settled ? spec.substring(0, a) : '', cost: settled ? Number(spec.substring(a + 1, b)) : 0,
               asked: settled && spec.substring(b + 1) === 'a', settled: settled, own: own, drop: false,
               stream: /^\s*text\/event-stream/i.test(type),
-              parts: [], size: 0, held: null, skip: false, usage: null, final: false, done: false};
+              parts: [], size: 0, held: null, skip: false, usage: null, final: false, done: false,
+              broken: false};
     if (answer.stream && answer.asked) {
         delete r.headersOut['Content-Length'];   // an event may be dropped: the length changes
     }
@@ -872,11 +874,19 @@ function streamLine(s, line) {
 // only an incomplete trailing line waits for its end. Nothing is held back when nothing is
 // dropped. Returns what to send on.
 function streamPart(s, data, last) {
-    var buf = s.held ? Buffer.concat([s.held, data]) : data;
-    var end = buf.lastIndexOf('\n');
-    var lines, out, i;
+    var buf, end, lines, out, i, tail;
+    if (s.broken) {                     // a line over answer_line_max went by: the rest unread
+        return s.own === null ? data : '';
+    }
+    buf = s.held ? Buffer.concat([s.held, data]) : data;
+    end = buf.lastIndexOf('\n');
     s.held = null;
-    if (!last && end + 1 < buf.length) {
+    if (buf.length - end - 1 > perimeter_rules.answer_line_max) {   // not read: the charge stands
+        s.broken = true;
+        tail = buf.slice(end + 1);
+        buf = buf.slice(0, end + 1);
+        last = false;
+    } else if (!last && end + 1 < buf.length) {
         s.held = buf.slice(end + 1);
     }
     lines = end < 0 ? [] : buf.slice(0, end + 1).toString().split('\n');
@@ -889,6 +899,16 @@ function streamPart(s, data, last) {
         if (streamLine(s, lines[i])) {
             out.push(s.own === null ? lines[i] : sealLine(lines[i], s.own));
         }
+    }
+    if (s.broken) {
+        if (!s.final) {
+            s.usage = null;
+        }
+        if (s.own === null) {           // the long line goes on as it came
+            return s.asked ? Buffer.concat([Buffer.from(out.length ? out.join('\n') + '\n' : ''), tail]) : data;
+        }
+        ngx.log(ngx.ERR, 'perimeter: a stream line over ' + perimeter_rules.answer_line_max +
+                ' bytes: the rest not sent');
     }
     if (!s.asked && s.own === null) {   // nothing is dropped or sealed: the bytes as they came
         return data;
@@ -934,14 +954,14 @@ function settle(r, data, flags) {
     if (s.stream) {
         out = streamPart(s, data, flags.last);
     } else {
-        if (s.size + data.length <= SETTLE_JSON_MAX) {
+        if (s.size + data.length <= perimeter_rules.answer_max) {
             s.parts.push(data);
         }
         s.size += data.length;
         if (s.own !== null) {           // a sealed answer leaves whole, once it is complete
             out = '';
         }
-        if (flags.last && s.size <= SETTLE_JSON_MAX) {
+        if (flags.last && s.size <= perimeter_rules.answer_max) {
             text = Buffer.concat(s.parts).toString();
             try {
                 doc = JSON.parse(text);
@@ -953,7 +973,8 @@ function settle(r, data, flags) {
                 out = sealText(text, s.own);
             }
         } else if (flags.last && s.own !== null) {
-            r.error('perimeter: an answer carrying response ids over ' + SETTLE_JSON_MAX + ' bytes: not sent');
+            r.error('perimeter: an answer carrying response ids over ' + perimeter_rules.answer_max +
+                    ' bytes: not sent');
         }
     }
     if (s.final || flags.last) {
