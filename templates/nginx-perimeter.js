@@ -1107,7 +1107,7 @@ var OPS = {
             }
         }
         parent[lastName(p.field)] = fit;
-        s.own.push([parent, lastName(p.field)]);
+        s.wrote.push([parent, lastName(p.field)]);
         s.from = 'written';
         s.budget = s.written = fit;
         s.changed = true;
@@ -1124,7 +1124,7 @@ var OPS = {
     },
     pin: function (p, s) {
         s.doc[p.field] = p.value;
-        s.own.push([s.doc, p.field]);
+        s.wrote.push([s.doc, p.field]);
         s.changed = true;
         return '';
     },
@@ -1312,9 +1312,9 @@ function exact(r, v, seen) {
     }
     // the run's state (scanner/plan/interpret.py's): the working copy, the fields stripped, the
     // budget (from, budget, written), the envelope (env, seq, out, tokens), asked, changed, seen;
-    // own: the [object, name] places the program wrote a value to (numbers: the pins, the budget)
+    // wrote: the [object, name] places the program wrote a value to (numbers: the pins, the budget)
     s = {doc: obj, size: nbytes, strip: [], written: null, env: false, seq: 1, out: 0, tokens: nbytes, from: '', budget: 0,
-         asked: false, changed: false, seen: seen, r: r, v: v, text: text, own: []};
+         asked: false, changed: false, seen: seen, r: r, v: v, text: text, wrote: []};
     reason = run(programOf(v), s);
     // the access log: the model, the sequences, the output budget and where it came from
     v.perimeter_model = typeof s.doc.model === 'string' ? s.doc.model.substring(0, 128) : '';
@@ -1339,7 +1339,7 @@ function forward(r, v, s) {
         v.perimeter_settle = v.perimeter_settle.replace(/-$/, 'a');
     }
     if (s.changed) {
-        v.perimeter_body_out = written(s);
+        v.perimeter_body_out = bodyText(s);
         r.internalRedirect(v.perimeter_up + '_rewrite');
         return;
     }
@@ -1360,7 +1360,7 @@ function forward(r, v, s) {
 // the text, a placeholder number (base + the index of its text; digits: a string it falls in stays a
 // string); JSON.parse of the copy has the body's shape (a name given twice: the last value, as in
 // the body's own parse); wherever the rewritten document still holds the client's number at a
-// placeholder's place, and the program wrote no value there (s.own: the pins, the budget written
+// placeholder's place, and the program wrote no value there (s.wrote: the pins, the budget written
 // in, written as JSON.stringify writes them), a placeholder string goes in, and in JSON.stringify's
 // text the client's text replaces it. Not a JSON.parse reviver: njs (0.7.9 and 0.9.9, measured)
 // calls it for an object's integer-like names first and once for a name given twice, so its calls
@@ -1370,7 +1370,7 @@ var NUMBER_SPELLED = /-0(?![.0-9eE])|-?[0-9]{16,}(?![.0-9eE])|-?[0-9]+(*SKIP)(?:
 var JSON_NUMBER = /^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$/;
 var PLACEHOLDER_BASE = 4503599627370496;    // 2**52: from it to 2**53 every integer is a double
 
-function written(s) {
+function bodyText(s) {
     NUMBER_SPELLED.lastIndex = 0;
     return NUMBER_SPELLED.test(s.text) ? keptNumbers(s) : JSON.stringify(s.doc);
 }
@@ -1399,10 +1399,10 @@ function spelled(text, base) {
     return found;
 }
 
-function owns(own, obj, name) {
+function wroteAt(wrote, obj, name) {
     var i;
-    for (i = 0; i < own.length; i++) {
-        if (own[i][0] === obj && own[i][1] === name) {
+    for (i = 0; i < wrote.length; i++) {
+        if (wrote[i][0] === obj && wrote[i][1] === name) {
             return true;
         }
     }
@@ -1421,7 +1421,7 @@ function placed(doc, shadow, s, found, marker, put) {
         name = names === null ? i : names[i];
         v = doc[name];
         if (v === null || (typeof v !== 'number' && typeof v !== 'object')
-            || (names !== null && owns(s.own, doc, name))) {
+            || (names !== null && wroteAt(s.wrote, doc, name))) {
             continue;
         }
         w = names === null || has(shadow, name) ? shadow[name] : shadow[name.replace(NUMBER_SPELLED, function (m) {
