@@ -3,7 +3,9 @@ ANSWER_LINE_MAX), emitted into perimeter-rules.json for njs and into the Lua scr
 the same verdict at the boundary through the real proxies (NGINX 1.31 and 1.22 with njs, the NGINX
 Lua runtime, whose answers njs seals, Envoy 1.40 with Lua): a sealed JSON answer of ANSWER_MAX bytes leaves sealed, one byte more leaves
 nothing; a stream line of ANSWER_LINE_MAX bytes is sealed, one byte more and the rest of the
-stream is not sent. The upstream is a fixed one here (the stand-in's answers are small)."""
+stream is not sent; a token budget's answers at the same limits are settled, one byte more and the
+charge stands (NGINX 1.31, Envoy). The upstream is a fixed one here (the stand-in's answers are
+small)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from scanner.audit.access_log import read as read_log
 from scanner.generate import interface
 from scanner.generate.interface import GenerateOptions
 from scanner.inventory.catalog import load_ref
@@ -31,8 +35,11 @@ from scanner.rules import ANSWER_LINE_MAX, ANSWER_MAX
 from scanner.verify import loop
 from tests.generate.test_ownership import REPO, owned_policy_text
 from tests.probe.realproxy import proxy_named, unpaced
+from tests.probe.test_token_budget import token_policy
 
 RID = "resp_0123456789abcdef"
+CHAT = "/v1/chat/completions"
+USAGE = (7, 5)          # what the fixed upstream's chat answers report
 SEALED = re.compile(RID + r"~[A-Za-z0-9_-]{22}")
 TAG = 23                # "~" and the 22 characters of the tag
 PAUSE = 0.3             # a stream's long line waits this long for its end: the proxy holds it whole
@@ -62,7 +69,11 @@ class Upstream(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
-        kind, size = str(json.loads(self.rfile.read(length))["input"]).split(":")
+        body = json.loads(self.rfile.read(length))
+        if self.path == CHAT:
+            self.chat(body)
+            return
+        kind, size = str(body["input"]).split(":")
         if kind == "json":
             body = json_answer(int(size))
             self.send_response(200)
@@ -82,6 +93,36 @@ class Upstream(BaseHTTPRequestHandler):
             assert isinstance(part, bytes)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.flush()
+
+
+    def chat(self, body: dict[str, Any]) -> None:
+        """A chat answer reporting USAGE: "json:N" a JSON answer of N bytes, "line:N" a stream whose
+        first event is a line of N bytes (its newline PAUSE seconds after it), then the usage-only
+        event and [DONE]."""
+        kind, size = str(body["messages"][0]["content"]).split(":")
+        usage = json.dumps({"usage": {"prompt_tokens": USAGE[0], "completion_tokens": USAGE[1],
+                                      "total_tokens": sum(USAGE)}}, separators=(",", ":"))[1:-1]
+        if kind == "json":
+            head = '{"id":"c","object":"chat.completion","model":"m",' + usage + ',"pad":"'
+            text = (head + "x" * (int(size) - len(head) - 2) + '"}').encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
+        head = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"'
+        line = (head + "x" * (int(size) - len(head) - 5) + '"}}]}').encode()
+        last = ('data: {"id":"c","object":"chat.completion.chunk","choices":[],' + usage + "}\n\n"
+                "data: [DONE]\n\n").encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for part in (line, b"\n\n" + last, b""):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+            time.sleep(PAUSE if part == line else 0)
 
 
 def owned_plan(tmp: Path, port: int) -> tuple[loop.Setup, Plan]:
@@ -159,3 +200,52 @@ def test_a_stream_line_is_sealed_up_to_the_limit_and_past_it_the_rest_not_sent(f
         assert len(sealed) == 3 and len(sealed[1]) == size + TAG and lines[-3:] == [b"data: [DONE]", b"", b""]
     else:
         assert len(sealed) == 1 and r.content == sealed[0] + b"\n\n"    # the first event only
+
+
+@pytest.mark.parametrize("name", ["nginx", "envoy"])   # (NGINX 1.22's njs 0.7 has no token budgets)
+def test_an_answer_is_settled_up_to_the_limits_and_past_them_keeps_its_charge(tmp_path: Path, name: str) -> None:
+    """A token budget's answers: a JSON answer of ANSWER_MAX bytes and a stream line of
+    ANSWER_LINE_MAX are settled (the access log's usage), one byte more and the charge stands (no
+    usage; the answer passes whole, a stream's rest unread: the usage event the proxy asked for then
+    shows)."""
+    proxy = proxy_named(name)
+    port = free_port()
+    s = loop.setup(load_ref("vllm-0.29.0-everything"), unpaced(token_policy(10_000_000, 1_000_000)), tmp_path, port)
+    cred = next(c for c in s.credentials if c.role == "user")
+    who = next(p.name for p in s.plan.principals if p.role == "user")
+    directory = tmp_path / "proxy"
+    proxy.write(s.plan, directory)
+    source = s.networks["public"][0].split("/")[0]
+    server = ThreadingHTTPServer(("127.0.0.1", port), Upstream)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    sizes = [("json", ANSWER_MAX), ("json", ANSWER_MAX + 1), ("line", ANSWER_LINE_MAX), ("line", ANSWER_LINE_MAX + 1)]
+    try:
+        with ExitStack() as stack:
+            plan = loop.start_checked(proxy, s.plan, directory, stack)
+            client = stack.enter_context(httpx.Client(
+                base_url=f"http://127.0.0.1:{plan.listen.port}", timeout=30, headers=cred.headers(),
+                transport=httpx.HTTPTransport(local_address=source)))
+            for kind, size in sizes:
+                r = client.post(CHAT, json={"model": "m", "max_tokens": 5, "stream": kind == "line",
+                                            "messages": [{"role": "user", "content": f"{kind}:{size}"}]})
+                assert r.status_code == 200, r.text[:200]
+                if kind == "json":
+                    assert len(r.content) == size and r.json()["usage"]["completion_tokens"] == USAGE[1]
+                else:
+                    first = r.content.split(b"\n")[0]
+                    assert len(first) == size and first.endswith(b'"}}]}')       # the long line whole
+                    # asked by the proxy: hidden when the stream was read, shown when it was not
+                    assert (b'"choices":[],"usage"' in r.content) == (size > ANSWER_LINE_MAX)
+                    assert r.content.endswith(b"data: [DONE]\n\n")
+            for _ in range(150):       # Envoy flushes its access log every 10 s
+                got = [e for e in read_log(next(directory.rglob("access.log")))[0] if e.principal == who]
+                if len(got) >= len(sizes):
+                    break
+                time.sleep(0.1)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    settled = f"{USAGE[0]}+{USAGE[1]}"
+    assert [e.usage for e in got] == [settled, "", settled, ""], [(e.path, e.status, e.usage) for e in got]
