@@ -65,7 +65,13 @@ from scanner.generate.common import (
 )
 from scanner.generate.envoy_model import JsonValue, _lua_step
 from scanner.generate.interface import GenerateOptions
-from scanner.generate.nginx_regex import UNSAFE_ENCODING, UTF8_INVALID, brackets_at_most, unsafe_body
+from scanner.generate.nginx_regex import (
+    NUMBER_LENIENT,
+    UNSAFE_ENCODING,
+    UTF8_INVALID,
+    brackets_at_most,
+    unsafe_body,
+)
 from scanner.limiter.config import HEARTBEAT_S
 from scanner.plan import credential, settle
 from scanner.plan import jwt as plan_jwt
@@ -404,6 +410,7 @@ class NginxModel:
     media_key_regex: str = MEDIA_KEY_REGEX
     utf8_invalid: str = UTF8_INVALID
     shallow_regex: str = SHALLOW_REGEX
+    number_lenient: str = NUMBER_LENIENT
     upstream: str = UPSTREAM
     body_location: str = BODY_LOCATION
     forward: str = FORWARD

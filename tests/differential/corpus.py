@@ -230,6 +230,19 @@ NUMBER_TEXTS = (
 )
 
 
+# Numbers njs's JSON.parse reads (measured, 0.7.9 and 0.9.9) where Python's json refuses the body:
+# a leading zero, no integer part, no fraction digits, a plus sign (0.9); on a capped key (the fast
+# path's regex flags it), a free one, nested; then strings that spell the same patterns in a value's
+# place (forwarded: nothing outside a string), and after an escaped quote or backslash.
+LENIENT_NUMBERS = (
+    '"max_tokens": 010', '"max_tokens": 0100', '"n": 00', '"temperature": .5', '"temperature": -.5',
+    '"top_p": 1.', '"seed": 1.e5', '"seed": -01', '"seed": +1', '"seed": 9.e9',
+    '"metadata": {"a": [1, 00.5]}', '"logit_bias": {"1": 5.}', '"stop_token_ids": [1,02]',
+    '"user": "a, 1. b: 09 [.5 ,+1 ,-01 :0.", "seed": 1',
+    '"user": "x\\\\", "seed": .5', '"user": "\\", .5", "seed": 2', '"user": "\\\\\\", 010"',
+)
+
+
 # (path, raw body, content type, note)
 HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     *((CHAT, _chat(f'"max_tokens": {json.dumps(v)}'), "application/json", f"measured {v!r}")
@@ -372,6 +385,10 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     *((GEN, _gen(f'"sampling_params": {{{m}}}'), "application/json", f"numbers as sent: generate {{{m}}}")
       for m in ('"temperature": 1.0, "seed": 9223372036854775807, "n": 1.0',
                 '"max_tokens": null, "top_p": 0.50, "min_p": 1e-7, "seed": -0')),
+    # numbers njs's JSON.parse reads and Python's json refuses (bad-json to the reference and vLLM)
+    *((CHAT, _chat(m), "application/json", f"lenient number: {m}") for m in LENIENT_NUMBERS),
+    (GEN, _gen('"sampling_params": {"n": 01, "temperature": 1.}'), "application/json", "lenient numbers nested"),
+    *((CHAT, raw, "application/json", f"lenient number at the top: {raw!r}") for raw in (b"010", b" .5", b"+1")),
 )
 
 
