@@ -1277,10 +1277,11 @@ function deeper(text, most) {
 
 // A number njs's JSON.parse read where Python's json (the reference, vLLM) refuses the body: a
 // leading zero (010, -01), no integer part (.5) or no fraction digits (1., 1.e5), a plus sign (+1,
-// njs 0.9), measured on njs 0.7.9 and 0.9.9. Asked only when NGINX's $perimeter_lenient found such
-// a token in a value's place, strings not skipped (nginx_regex.NUMBER_LENIENT); here the same
-// pattern counts only outside strings: the quotes before a candidate are walked once (a regex that
-// skips strings with a group per escape costs 0.5 s, or throws, on a string of 500,000 escapes).
+// njs 0.9), measured on njs 0.7.9 and 0.9.9. Asked when NGINX's $perimeter_plain found such a token
+// in a value's place, strings not skipped (nginx_regex.NUMBER_LENIENT), and of a body that is one
+// number; here the pattern counts only outside strings: the quotes before a candidate are walked
+// once (a regex that skips strings with a group per escape costs 0.5 s, or throws, on a string of
+// 500,000 escapes).
 var LENIENT_AT = /(?:^|[:,\[])\s*(?:\+|-?(?:0[0-9]|\.|[0-9]+\.(?![0-9])))/g;
 function lenientNumber(text) {
     var inside = false;
@@ -1321,21 +1322,22 @@ function exact(r, v, seen) {
     }
     // a body JSON.parse read is counted only when JSON.parse reads deeper than the plan's depth
     // (parse_depth, generated) and it has many brackets; neither that nor the UTF-8 check for a
-    // body NGINX's $perimeter_plain found strict UTF-8 with few brackets
-    plain = v.perimeter_plain === '1';
-    if ((obj === undefined || (!plain && perimeter_rules.parse_depth > perimeter_rules.depth
+    // body NGINX's $perimeter_plain found strict UTF-8 with few brackets (1), no UTF-8 check for
+    // one it found strict UTF-8 with a lenient number's spelling (n: lenientNumber looks)
+    plain = v.perimeter_plain;
+    if ((obj === undefined || (plain !== '1' && perimeter_rules.parse_depth > perimeter_rules.depth
                                && manyBrackets(text, perimeter_rules.depth)))
         && deeper(text, perimeter_rules.depth)) {
         deny(r, 'bad-json:depth-over-' + perimeter_rules.depth);
         return;
     }
-    if (obj === undefined || (!plain && invalidUtf8(text, buf))
-        || (v.perimeter_lenient === '1' && lenientNumber(text))) {
+    if (obj === undefined || (plain !== '1' && plain !== 'n' && invalidUtf8(text, buf))
+        || (plain === 'n' && lenientNumber(text))) {
         deny(r, 'bad-json');
         return;
     }
     if (!isObject(obj)) {
-        deny(r, 'bad-json:not-an-object');
+        deny(r, typeof obj === 'number' && lenientNumber(text) ? 'bad-json' : 'bad-json:not-an-object');
         return;
     }
     // the run's state (scanner/plan/interpret.py's): the working copy, the fields stripped, the
