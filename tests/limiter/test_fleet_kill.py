@@ -85,9 +85,21 @@ def test_a_killed_replica_s_slots_come_back_within_the_lease(stack: FleetStack) 
         time.sleep(0.25)
     print(f"{stack.proxy}: the killed replica's slots back after {back} s (bound {BOUND_S[stack.proxy]:.1f} s)")
     assert back is not None and back <= BOUND_S[stack.proxy], back
-    # both slots back, not one: two streams at once through B
-    again = [stack.open(1, "POST", "/v1/chat/completions", chat(3, stream=True)) for _ in range(CONCURRENCY)]
-    assert [h.status for h in again] == [200] * CONCURRENCY
-    for h in again:
-        h.read()
-        h.close()
+    # both slots back, not one, within the same bound: two streams at once through B. The request
+    # that found the first slot back released it after its answer, off its path (Envoy's
+    # stream-done call, NGINX's post_action); under load that release can land after the next
+    # acquire's waits (decide.RELEASE_WAITS_S), so the pair is tried until the bound has passed
+    # (CI of 89c6e2d: [200, 429] 2.8 s after the kill, one try)
+    tries: list[list[int]] = []
+    while True:
+        again = [stack.open(1, "POST", "/v1/chat/completions", chat(3, stream=True)) for _ in range(CONCURRENCY)]
+        tries.append([h.status for h in again])
+        both = tries[-1] == [200] * CONCURRENCY
+        for h in again:
+            if both:
+                h.read()
+            h.close()            # a stream left early (a pair short of a slot) releases its slot
+        if both or time.monotonic() - killed > BOUND_S[stack.proxy]:
+            break
+        time.sleep(0.3)
+    assert both, tries
