@@ -455,9 +455,8 @@ class EnvoyModel:
 
     @property
     def program_steps(self) -> tuple[tuple[str, list[JsonValue]], ...]:
-        """Each program's steps as JSON (the Lua table PROGRAMS), as Lua runs them (_lua_step)."""
-        return tuple((pid, [_lua_step(step.model_dump(mode="json")) for step in p.steps])
-                     for pid, p in self.programs)
+        """Each program's steps as JSON (the Lua table PROGRAMS), as Lua runs them."""
+        return tuple((pid, lua_program(p)) for pid, p in self.programs)
 
     @property
     def group_table(self) -> tuple[tuple[str, dict[str, JsonValue]], ...]:
@@ -496,6 +495,12 @@ class EnvoyModel:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def lua_program(program: Program) -> list[JsonValue]:
+    """A rule program's steps as the shared Lua interpreter (templates/perimeter_program.lua.j2)
+    runs them, in Envoy's filter and in NGINX's Lua runtime alike."""
+    return [_lua_step(step.model_dump(mode="json")) for step in program.steps]
 
 
 def _lua_step(step: dict[str, JsonValue]) -> JsonValue:

@@ -63,7 +63,7 @@ from scanner.generate.common import (
     upstream_tls,
     version_tuple,
 )
-from scanner.generate.envoy_model import JsonValue, _lua_step
+from scanner.generate.envoy_model import JsonValue, lua_program
 from scanner.generate.interface import GenerateOptions
 from scanner.generate.nginx_regex import (
     NUMBER_LENIENT,
@@ -684,10 +684,9 @@ def rules_json(model: NginxModel) -> str:
 
 
 def lua_programs(model: NginxModel) -> tuple[dict[str, JsonValue], dict[str, JsonValue]]:
-    """perimeter.lua's tables: each program as Lua runs it (envoy_model._lua_step, Envoy's form) by
-    id, and each body check's program id: the same programs as perimeter-rules.json."""
-    programs: dict[str, JsonValue] = {pid: [_lua_step(step.model_dump(mode="json")) for step in p.steps]
-                                      for pid, p in model.programs.items()}
+    """perimeter.lua's tables: each program as Lua runs it (envoy_model.lua_program, Envoy's form)
+    by id, and each body check's program id: the same programs as perimeter-rules.json."""
+    programs: dict[str, JsonValue] = {pid: lua_program(p) for pid, p in model.programs.items()}
     return programs, {c.id: c.program for c in model.checks}
 
 
