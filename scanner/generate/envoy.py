@@ -137,7 +137,9 @@ def lua_value(value: JsonValue) -> str:
     return "{" + ", ".join(f"[{lua_quote(k)}] = {lua_value(v)}" for k, v in value.items()) + "}"
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The Jinja environment of the Lua templates (YAML and Lua quoting filters): Envoy's, and
+    NGINX's Lua runtime's (scanner.generate.nginx.lua_files), which share the interpreter."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined, autoescape=False,
@@ -158,7 +160,7 @@ def _check_paths(options: GenerateOptions) -> None:
 
 def render_model(model: EnvoyModel, secret: str = "") -> tuple[str, str]:
     """The bootstrap YAML and the principals file for a model."""
-    env = _environment()
+    env = environment()
     lua = env.get_template("envoy_perimeter.lua.j2").render(m=model)
     main = env.get_template("envoy.yaml.j2").render(m=model, lua=lua.rstrip("\n"))
     principals = env.get_template("envoy-principals.tsv.j2").render(m=model, owner_secret=secret)

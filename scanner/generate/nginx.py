@@ -80,8 +80,8 @@ import jinja2
 
 from scanner import resources
 from scanner.errors import GenerateError, InternalError
+from scanner.generate import envoy
 from scanner.generate.common import OWNER_HOLDS, config_dir, owner_secret
-from scanner.generate.envoy import _environment as envoy_environment
 from scanner.generate.interface import GeneratedConfig, GeneratedFile, GenerateOptions, RuntimeFile
 from scanner.generate.nginx_model import (
     HTTP,
@@ -152,7 +152,7 @@ def lua_files(model: NginxModel) -> tuple[GeneratedFile, ...]:
               "whitespace": tuple(w.decode("utf-8") for w in utf8_whitespace()),
               "media_kinds": dict(KEY_KINDS), "body_depth": BODY_DEPTH}
     try:
-        text = envoy_environment().get_template(LUA_TEMPLATE).render(m=tables)
+        text = envoy.environment().get_template(LUA_TEMPLATE).render(m=tables)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan
         raise GenerateError(f"nginx generator: {LUA_TEMPLATE}: template error: {exc}") from exc
     return (GeneratedFile(LUA, text),)
