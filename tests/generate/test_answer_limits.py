@@ -75,22 +75,26 @@ class Upstream(BaseHTTPRequestHandler):
             return
         kind, size = str(body["input"]).split(":")
         if kind == "json":
-            body = json_answer(int(size))
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.json(json_answer(int(size)))
             return
+        self.stream((event() + b"\n\n", event(int(size))), (b"\n\n" + event() + b"\n\ndata: [DONE]\n\n",))
+
+    def json(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def stream(self, first: tuple[bytes, ...], rest: tuple[bytes, ...]) -> None:
+        """A chunked event stream: the parts of ``first``, PAUSE seconds, those of ``rest``, the end."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        for part in (event() + b"\n\n", event(int(size)), "pause", b"\n\n" + event() + b"\n\ndata: [DONE]\n\n", b""):
-            if part == "pause":
+        for i, part in enumerate((*first, *rest, b"")):
+            if i == len(first):
                 time.sleep(PAUSE)
-                continue
-            assert isinstance(part, bytes)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.flush()
 
@@ -104,25 +108,13 @@ class Upstream(BaseHTTPRequestHandler):
                                       "total_tokens": sum(USAGE)}}, separators=(",", ":"))[1:-1]
         if kind == "json":
             head = '{"id":"c","object":"chat.completion","model":"m",' + usage + ',"pad":"'
-            text = (head + "x" * (int(size) - len(head) - 2) + '"}').encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
+            self.json((head + "x" * (int(size) - len(head) - 2) + '"}').encode())
             return
         head = 'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"'
         line = (head + "x" * (int(size) - len(head) - 5) + '"}}]}').encode()
         last = ('data: {"id":"c","object":"chat.completion.chunk","choices":[],' + usage + "}\n\n"
                 "data: [DONE]\n\n").encode()
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        for part in (line, b"\n\n" + last, b""):
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.flush()
-            time.sleep(PAUSE if part == line else 0)
+        self.stream((line,), (b"\n\n" + last,))
 
 
 def owned_plan(tmp: Path, port: int) -> tuple[loop.Setup, Plan]:
