@@ -219,7 +219,7 @@ def _log(nginx: RunningNginx, n: int) -> list[dict[str, Any]]:
         lines = [json.loads(x) for x in nginx.access_log.read_text().splitlines() if x.strip()]
         if len(lines) >= n:
             break
-        time.sleep(0.1)
+        time.sleep(0.02)
     return [{k: x[k] for k in LOGGED} for x in lines]
 
 
@@ -234,9 +234,12 @@ def test_same_answers_as_njs(pair: tuple[RunningNginx, RunningNginx, dict[str, A
         *[(name, alice, body, ct) for name, body, ct in BODIES]]
     before = len(_log(njs, 0)), len(_log(lua, 0))
     seen = []
-    for name, key, body, ct in cases:
+    for i, (name, key, body, ct) in enumerate(cases, 1):
         a, b = _answer(njs, key, body, ct), _answer(lua, key, body, ct)
         seen.append((name, a, b))
+        # a line is written after its answer, by whichever worker served it: wait for it, so that
+        # line i is request i on both sides (two workers may otherwise log out of order)
+        _log(njs, before[0] + i), _log(lua, before[1] + i)
     differ = [(name, a, b) for name, a, b in seen if a != b]
     assert not differ, differ
     answers = {name: a for name, a, _ in seen}
