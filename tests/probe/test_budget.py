@@ -101,7 +101,7 @@ def _budget_coverage(res: ProbeResult) -> list[Any]:
     return [c for c in res.coverage if c.subject.startswith("budget ")]
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_the_cap_is_written_in_and_it_is_proved(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, _proxy(name), load_policy(None))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
@@ -120,7 +120,7 @@ def test_the_cap_is_written_in_and_it_is_proved(tmp_path: Path, name: str) -> No
         assert got.get("max_completion_tokens", got.get("max_tokens", got.get("max_output_tokens"))) in (4096, 8192)
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_a_body_without_its_budget_is_refused_when_the_policy_says_so(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, _proxy(name), _with("reject"))
     assert not res.findings, [(f.rule, f.title, f.evidence[:1]) for f in res.findings]
@@ -140,7 +140,7 @@ def test_without_a_witness_an_injected_budget_is_not_claimed(tmp_path: Path) -> 
     assert all(s.applies for s in LimitsCheck().subjects(ctx) if s.key.startswith("budget "))
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_a_route_that_forwards_bodies_without_their_budget_is_caught(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, _proxy(name), load_policy(None), mutant="budget-not-enforced")
     caught = [f for f in res.findings if f.rule == "VP015"]
@@ -179,7 +179,7 @@ class _Sse(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_a_rewritten_request_still_streams(tmp_path: Path, name: str) -> None:
     proxy = _proxy(name)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sse)

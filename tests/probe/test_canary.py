@@ -48,7 +48,7 @@ def test_the_stand_in_fetches_loopback_hosts_only() -> None:
         assert _loopback_url(url) is None, url
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_the_generated_proxy_keeps_the_canary_unfetched(tmp_path: Path, name: str) -> None:
     with Canary(f"http://{ADDRESS}:{free_port()}") as canary:
         res = probe_through(tmp_path, proxy_named(name), load_policy(None), CATALOG,
@@ -62,7 +62,7 @@ def test_the_generated_proxy_keeps_the_canary_unfetched(tmp_path: Path, name: st
     assert any("backslash" in a.note for a in sent) and any("decimal" in a.note for a in sent)
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_a_proxy_without_its_media_check_is_caught_where_the_fetch_lands(tmp_path: Path, name: str) -> None:
     with Canary(f"http://{ADDRESS}:{free_port()}") as canary:
         res = probe_through(tmp_path, proxy_named(name), load_policy(None), CATALOG,

@@ -1,6 +1,6 @@
 """Count caps and pins in the field rules (issue 10, item 2): the most items a field may hold
 (`stop`, `tools`, `messages`, `logit_bias`, ...) and values the perimeter forces (`pin`), decided
-once in the plan and proved through NGINX (both builds) and Envoy by the limits check and the
+once in the plan and proved through NGINX (both builds, and 1.22's Lua runtime) and Envoy by the limits check and the
 witness."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_a_pin_the_model_would_refuse_is_a_plan_error_naming_the_line() -> None:
     assert "p.yaml:5: fields.pin.priority: 'high' is not what POST /v1/chat/completions accepts" in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_counts_and_pins_are_proved_through_the_proxy(tmp_path: Path, name: str) -> None:
     proxy: Proxy = proxy_named(name)
     res = probe_through(tmp_path, proxy, _pinned(), CATALOG, OPTIONS)

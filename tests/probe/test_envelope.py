@@ -224,7 +224,7 @@ def test_the_operators_weaken_the_rendered_envelope_only(tmp_path: Path) -> None
     assert chat.envelope_spec.per_item == ("n",) and chat.limits.max_sequences == 16
 
 
-@pytest.mark.parametrize("proxy", ["nginx", "envoy"])
+@pytest.mark.parametrize("proxy", ["nginx", "nginx-lua", "envoy"])
 def test_an_ignored_n_capped_under_max_sequences_is_caught_by_the_limits_check(tmp_path: Path, proxy: str) -> None:
     # the bundled policy caps n at 4 under max_sequences 16: n alone never exceeds the cap, so the
     # probe proves it times another multiplier (n 4 x a list of 5 conversations: 20 sequences)

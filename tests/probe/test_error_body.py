@@ -48,7 +48,7 @@ def _drop_custom_response(conf: Path) -> None:
     f.write_text("\n".join(lines[:start] + lines[end:]))
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_5xx_bodies_are_replaced_and_4xx_pass_on_every_route(tmp_path: Path, name: str) -> None:
     res = _probe(tmp_path, proxy_named(name))
     assert res.findings == (), [(f.rule, f.title) for f in res.findings]

@@ -94,7 +94,7 @@ def test_field_rule_errors_name_the_line(text: str, message: str) -> None:
 
 # --- the real proxies ---------------------------------------------------------------------------
 
-@pytest.fixture(params=["nginx", "nginx-debian", "envoy"])
+@pytest.fixture(params=["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def proxy(request: pytest.FixtureRequest) -> Proxy:
     return proxy_named(request.param)
 
@@ -127,6 +127,7 @@ def test_unknown_fields_stripped_are_proved_by_the_witness(tmp_path: Path) -> No
         assert "vp_probe_unknown_field" not in json.loads(a.upstream.body)
 
 
+# nginx-lua: the same mutant (forbidden-field-check-removed, Lua's POST /classify) is caught in test_strip.py
 @pytest.mark.parametrize("name", ["nginx", "envoy"])
 def test_a_route_without_its_field_check_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), load_policy(None), CATALOG, OPTIONS,
@@ -146,7 +147,7 @@ def _one_route_allows(plan: Plan, field: str) -> tuple[Plan, Decision]:
     return replace(plan, decisions=tuple(loose if d is target else d for d in plan.decisions)), target
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_a_denied_field_allowed_on_one_route_fails_the_run(tmp_path: Path, name: str) -> None:
     """Every field rule is proved on every route it applies to: allowing kv_transfer_params on one
     route only (the config generated from that plan, probed with the true one) exits 1 there."""

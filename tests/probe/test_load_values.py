@@ -78,7 +78,7 @@ def test_capacity_follows_the_generated_buckets() -> None:
 
 # --- the unmodified configs ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("proxy", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("proxy", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_the_generated_limits_hold_at_their_value_and_per_principal(tmp_path: Path, proxy: str) -> None:
     result = run(tmp_path, proxy, LOAD)
     assert not result.findings, [(f.rule, f.title, f.detail) for f in result.findings]

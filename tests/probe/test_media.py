@@ -1,5 +1,5 @@
-"""Media rules through the real proxies (issue 10, item 5): NGINX (njs checkMedia, both builds)
-and Envoy (Lua media_check) decide every body of the corpus as scanner/policy/media.py reads it,
+"""Media rules through the real proxies (issue 10, item 5): NGINX (njs checkMedia, both builds;
+1.22's Lua runtime, nginx-lua) and Envoy (Lua media_check) decide every body of the corpus as scanner/policy/media.py reads it,
 and the probe proves the bundled policy's media rules (and catches a route without them)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ CATALOG = "vllm-0.29.0-everything"
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("media",))
 
 
-@pytest.fixture(params=["nginx", "nginx-debian", "envoy"])
+@pytest.fixture(params=["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def proxy(request: pytest.FixtureRequest) -> Proxy:
     return proxy_named(request.param)
 
@@ -81,7 +81,7 @@ def test_listed_domains_are_proved_through_the_proxy(tmp_path: Path) -> None:
     assert allowed and all(a.verdict == "proved" for a in allowed)
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_a_route_without_its_media_check_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), load_policy(None), CATALOG, OPTIONS,
                         mutant="media-check-removed")
@@ -94,7 +94,7 @@ def test_a_route_without_its_media_check_is_caught(tmp_path: Path, name: str) ->
 NO_WITNESS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("media",))
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_a_listed_domain_widened_to_its_parent_is_caught_without_a_witness(tmp_path: Path, name: str) -> None:
     """img.example.org:8443 -> *.example.org:8443 (the first exact entry; scanner/mutate
     core.domain_widened): its siblings and its subdomain now pass the proxy; the probe without
@@ -108,7 +108,7 @@ def test_a_listed_domain_widened_to_its_parent_is_caught_without_a_witness(tmp_p
     assert "neighbour of img.example.org:8443: its parent" not in leaked, leaked   # a wildcard: not the apex
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_the_neighbours_of_listed_domains_are_refused_without_a_witness(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), _with_media(RULES), CATALOG, NO_WITNESS, witness=False)
     assert res.exit_code() == 0 and not res.findings, [(f.rule, f.title) for f in res.findings]

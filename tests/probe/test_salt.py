@@ -129,7 +129,7 @@ def test_secret_file_is_made_0600_and_refused_when_others_may_read_it(tmp_path: 
         read_secret(str(short))
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_salts_are_written_only_into_the_0600_files(tmp_path: Path, name: str) -> None:
     secret_file = tmp_path / "salt.secret"
     new_secret(secret_file)
@@ -148,12 +148,12 @@ def test_salts_are_written_only_into_the_0600_files(tmp_path: Path, name: str) -
         if alice in text:
             assert bob in text and stat.S_IMODE(f.stat().st_mode) == 0o600, f.name
             holders.append(f.name)
-    assert holders == (["perimeter-principals.conf"] if name == "nginx" else ["envoy-principals.tsv"])
+    assert holders == (["perimeter-principals.conf"] if name.startswith("nginx") else ["envoy-principals.tsv"])
 
 
 # --- the real proxies ---------------------------------------------------------------------------
 
-@pytest.fixture(params=["nginx", "nginx-debian", "envoy"])
+@pytest.fixture(params=["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def proxy(request: pytest.FixtureRequest) -> Proxy:
     return proxy_named(request.param)
 
@@ -200,7 +200,7 @@ def test_without_the_secret_the_salt_is_not_proven(tmp_path: Path, monkeypatch: 
     assert salts and all(c.status == "not-proven" and "--salt-secret-file" in c.why for c in salts), salts[:2]
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_a_route_forwarding_the_clients_salt_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), _salted(), CATALOG, OPTIONS, mutant="salt-not-rewritten")
     assert any(f.rule == "VP015" and "cache_salt" in f.detail for f in res.findings), \

@@ -88,7 +88,7 @@ def _probe(tmp_path: Path, proxy: Proxy, mutant: str = "") -> ProbeResult:
     return probe_through(tmp_path, proxy, _policy(), CATALOG, OPTIONS, mutant)
 
 
-@pytest.fixture(params=["nginx", "envoy"])
+@pytest.fixture(params=["nginx", "nginx-lua", "envoy"])
 def proxy(request: pytest.FixtureRequest) -> Proxy:
     return proxy_named(request.param)
 

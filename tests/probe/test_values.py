@@ -1,8 +1,8 @@
 """Listed values (``fields: {values: {NAME: [V, ...]}}``): the rule kind added to the rule program
 in one place (issue 28: its model in scanner/rules.py, its line in the compiler, one instruction
 per interpreter: Python, njs, Lua); a field present and not null holds one of the values (JSON
-equality: 1 is not "1"), else 400 json-cap:NAME:not-listed; proved through NGINX (both builds)
-and Envoy by the limits check."""
+equality: 1 is not "1"), else 400 json-cap:NAME:not-listed; proved through NGINX (both builds,
+and 1.22's Lua runtime) and Envoy by the limits check."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_bad_values_name_the_line(text: str, message: str) -> None:
     assert "p.yaml:5" in str(err.value) and message in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_listed_values_are_proved_through_the_proxy(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), _listed(), CATALOG, OPTIONS)
     assert not res.findings, [(f.rule, f.title, f.detail[:300]) for f in res.findings]
@@ -77,7 +77,7 @@ def test_listed_values_are_proved_through_the_proxy(tmp_path: Path, name: str) -
         [(c.subject, c.status, c.why) for c in subjects.values() if c.status != "proved"]
 
 
-@pytest.mark.parametrize("name", ["nginx", "envoy"])
+@pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 def test_a_route_without_its_values_check_is_caught(tmp_path: Path, name: str) -> None:
     res = probe_through(tmp_path, proxy_named(name), _listed(), CATALOG, OPTIONS, mutant="values-check-removed")
     assert any(f.rule == "VP005" and "not one of" in f.detail for f in res.findings), \
