@@ -1277,12 +1277,12 @@ function deeper(text, most) {
 
 // A number njs's JSON.parse read where Python's json (the reference, vLLM) refuses the body: a
 // leading zero (010, -01), no integer part (.5) or no fraction digits (1., 1.e5), a plus sign (+1,
-// njs 0.9), measured on njs 0.7.9 and 0.9.9. Asked when NGINX's $perimeter_plain found such a token
-// in a value's place, strings not skipped (nginx_regex.NUMBER_LENIENT), and of a body that is one
-// number; here the pattern counts only outside strings: the quotes before a candidate are walked
-// once (a regex that skips strings with a group per escape costs 0.5 s, or throws, on a string of
-// 500,000 escapes).
-var LENIENT_AT = /(?:^|[:,\[])\s*(?:\+|-?(?:0[0-9]|\.|[0-9]+\.(?![0-9])))/g;
+// +Infinity, njs 0.9), -Infinity (njs 0.9), measured on njs 0.7.9 and 0.9.9. Asked when NGINX's
+// $perimeter_plain found such a token in a value's place, strings not skipped
+// (nginx_regex.NUMBER_LENIENT), and of a body that is one number; here the pattern counts only
+// outside strings: the quotes before a candidate are walked once (a regex that skips strings with
+// a group per escape costs 0.5 s, or throws, on a string of 500,000 escapes).
+var LENIENT_AT = /(?:^|[:,\[])\s*(?:\+|-I|-?(?:0[0-9]|\.|[0-9]+\.(?![0-9])))/g;
 function lenientNumber(text) {
     var inside = false;
     var q = text.indexOf('"');
@@ -1298,6 +1298,37 @@ function lenientNumber(text) {
         }
         if (!inside) {
             return true;
+        }
+    }
+    return false;
+}
+
+// A \u escape of a lone surrogate in a text JSON.parse read (every backslash starts an escape):
+// a high one not followed at once by a low one, or a low one alone. JSON.parse reads it as U+FFFD,
+// Python's json as the surrogate itself, so two names that are two to vLLM were one here; the
+// reference refuses such a body (scanner/plan/body.py document), and so does njs.
+var SURROGATE_AT = /\\u[dD][89a-fA-F]/;
+function loneSurrogate(text) {
+    var k, cp;
+    if (!SURROGATE_AT.test(text)) {
+        return false;
+    }
+    for (k = text.indexOf('\\'); k !== -1; k = text.indexOf('\\', k)) {
+        if (text.charCodeAt(k + 1) !== 117) {
+            k += 2;
+            continue;
+        }
+        cp = parseInt(text.substring(k + 2, k + 6), 16);
+        k += 6;
+        if (cp >= 0xdc00 && cp <= 0xdfff) {
+            return true;
+        }
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+            cp = text.substring(k, k + 2) === '\\u' ? parseInt(text.substring(k + 2, k + 6), 16) : 0;
+            if (!(cp >= 0xdc00 && cp <= 0xdfff)) {
+                return true;
+            }
+            k += 6;
         }
     }
     return false;
@@ -1332,7 +1363,7 @@ function exact(r, v, seen) {
         return;
     }
     if (obj === undefined || (plain !== '1' && plain !== 'n' && invalidUtf8(text, buf))
-        || (plain === 'n' && lenientNumber(text))) {
+        || (plain === 'n' && lenientNumber(text)) || loneSurrogate(text)) {
         deny(r, 'bad-json');
         return;
     }

@@ -81,12 +81,13 @@ UTF8_INVALID = (
 
 # Where a body may hold a number njs's JSON.parse reads and Python's json refuses (measured on njs
 # 0.7.9 and 0.9.9: a leading zero 010 -01 00.5, no integer part .5 -.5, no fraction digits 1. 1.e5,
-# and on 0.9 a plus sign +1): such a token in a member's or an element's place (after ``:``, ``,``
-# or ``[`` and whitespace; a body that is one number is not an object, and njs looks at it there).
-# Conservative: strings are not skipped (a string holding ", 1." matches too) and ``\s`` is a
-# superset of JSON's whitespace; njs then looks for such a token outside strings (lenientNumber).
-# No anchored branch: every match starts at one of three bytes, which PCRE skips to.
-NUMBER_LENIENT = r"[:,\x5b]\s*(?:\+|-?(?:0[0-9]|\.|[0-9]+\.(?![0-9])))"
+# and on 0.9 a plus sign +1 +Infinity, and -Infinity): such a token in a member's or an element's
+# place (after ``:``, ``,`` or ``[`` and whitespace; a body that is one number is not an object, and
+# njs looks at it there). Conservative: strings are not skipped (a string holding ", 1." matches
+# too) and ``\s`` is a superset of JSON's whitespace; njs then looks for such a token outside
+# strings (lenientNumber). No anchored branch: every match starts at one of three bytes, which PCRE
+# skips to.
+NUMBER_LENIENT = r"[:,\x5b]\s*(?:\+|-I|-?(?:0[0-9]|\.|[0-9]+\.(?![0-9])))"
 
 
 def brackets_at_most(depth: int) -> str:

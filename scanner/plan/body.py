@@ -104,13 +104,41 @@ def is_form(content_type: str | None) -> bool:
     return (content_type or "").partition(";")[0].strip(HTTP_WS).lower() in FORM_TYPES
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(doc: object) -> bool:
+    """Does a name or a string of ``doc`` (as Python's json read it) hold a lone surrogate? Only a
+    ``\\u`` escape of one not paired (a high one not followed at once by a low one, a low one
+    alone) gives one: strict UTF-8 holds none, and a pair of escapes is one character."""
+    todo = [doc]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return True
+        elif isinstance(value, dict):
+            todo.extend(value)
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+    return False
+
+
 def document(raw: bytes) -> object:
     """The body as the perimeter reads it: RFC 8259 JSON in UTF-8 (no byte order mark, no
-    ``NaN`` / ``Infinity``, which Python's json, and so vLLM, would also take); ValueError else.
-    A stricter reading than vLLM's refuses more, never less."""
+    ``NaN`` / ``Infinity``, which Python's json, and so vLLM, would also take), no name or string
+    holding a lone surrogate (Python's json reads ``"\\ud800"`` as one, vLLM too; njs reads it as
+    U+FFFD and Lua as a byte of its own, so two such names were one to them: a count of names
+    under its cap to them and over it to vLLM); ValueError else. A stricter reading than vLLM's
+    refuses more, never less."""
     def constant(name: str) -> object:
         raise ValueError(f"{name} is not JSON")
-    return json.loads(raw.decode("utf-8"), parse_constant=constant)
+    text = raw.decode("utf-8")
+    doc = json.loads(text, parse_constant=constant)
+    if "\\u" in text and lone_surrogate(doc):
+        raise ValueError("a lone surrogate is not read alike by every reader")
+    return doc
 
 
 def forwarded(d: Decision, doc: Mapping[str, object], salt: str = "",

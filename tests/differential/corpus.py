@@ -389,6 +389,33 @@ HAND: tuple[tuple[str, bytes, str | None, str], ...] = (
     *((CHAT, _chat(m), "application/json", f"lenient number: {m}") for m in LENIENT_NUMBERS),
     (GEN, _gen('"sampling_params": {"n": 01, "temperature": 1.}'), "application/json", "lenient numbers nested"),
     *((CHAT, raw, "application/json", f"lenient number at the top: {raw!r}") for raw in (b"010", b" .5", b"+1")),
+    # -Infinity: njs 0.9's JSON.parse reads it (as null), Python's json reads it and the reference
+    # refuses it (bad-json); njs forwarded it (found by a fuzzing campaign)
+    *((CHAT, _chat(m), "application/json", f"-Infinity: {m}") for m in (
+        '"temperature": -Infinity', '"metadata": {"a": [1, -Infinity]}', '"user": ":-Infinity", "seed": 1')),
+    (TOKENIZE, b'{"model":"m","prompt":"hi","x":-Infinity}', "application/json", "-Infinity, no budget"),
+    (CHAT, b"-Infinity", "application/json", "-Infinity at the top"),
+    # lone surrogate escapes (refused, bad-json): njs reads each as U+FFFD and Lua as one byte, so
+    # distinct names were one to them, and logit_bias's 301 names passed a count of 300; pairs and
+    # escaped backslashes before "u" are forwarded
+    *((CHAT, _chat(m), "application/json", f"surrogate: {m[:60]}") for m in (
+        '"logit_bias": {' + ",".join(f'"\\u{0xd800 + i:04x}":1' for i in range(301)) + "}",
+        '"logit_bias": {' + ",".join(f'"{i}":1' for i in range(299)) + ', "\\ud800": 1, "\\udc00": 1}',
+        '"user": "\\ud800x"', '"user": "x\\udbff"', '"user": "\\udc00\\ud800"', '"user": "\\ud800\\n"',
+        '"metadata": {"\\udfff": 1}', '"stop": ["\\ud800\\ud800"]',
+        '"user": "\\ud83d\\ude00 \\udbff\\udfff", "seed": 1.0', '"user": "\\\\ud800"',
+        '"user": "\\\\\\ud800"',
+        # a pair of escapes is one character, the same name as its UTF-8 (300 names to Python;
+        # Lua read the pair as two bytes of its own: 301)
+        '"logit_bias": {' + ",".join(f'"{i}":1' for i in range(299)) + ', "\U0001f600": 1, "\\ud83d\\ude00": 2}')),
+    (TOKENIZE, b'{"model":"m","prompt":"a\\ud800"}', "application/json", "surrogate, no budget"),
+    (CHAT, b'"\\ud800"', "application/json", "surrogate, a string at the top"),
+    # strings the Lua reader skipped unread were not validated (Python's json refuses the body)
+    *((CHAT, _chat(m), "application/json", f"string contents: {m!r}") for m in (
+        '"user": "a\x01b"', '"metadata": {"k": "a\tb"}', '"metadata": {"a\\qb": 1}',
+        '"metadata": {"k": "\\u12"}', '"stop": ["\x00"]', '"user": "x\x7fy"')),
+    (GEN, _gen('"sampling_params": {"n": 1}, "token_ids": [1], "x": "\x1f"'), "application/json",
+     "string contents: control byte, nested budget route"),
 )
 
 

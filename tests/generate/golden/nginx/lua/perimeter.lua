@@ -148,8 +148,8 @@ end
 local SIMPLE = {[34] = '"', [92] = "\\", [47] = "/", [98] = "\b", [102] = "\f", [110] = "\n",
                 [114] = "\r", [116] = "\t"}
 
--- A \u escape's code point as UTF-8, as Python decodes it (a surrogate, paired or not, becomes
--- "\255": never equal to an ASCII name or digit).
+-- A code point as UTF-8, as Python decodes a \u escape or a pair of them (a lone surrogate
+-- becomes "\255": never equal to an ASCII name or digit; string_ok refuses a body with one).
 local function utf8(cp)
   if cp < 128 then
     return char(cp)
@@ -157,8 +157,11 @@ local function utf8(cp)
     return char(192 + math.floor(cp / 64), 128 + cp % 64)
   elseif cp >= 55296 and cp <= 57343 then
     return "\255"
+  elseif cp < 65536 then
+    return char(224 + math.floor(cp / 4096), 128 + math.floor(cp / 64) % 64, 128 + cp % 64)
   end
-  return char(224 + math.floor(cp / 4096), 128 + math.floor(cp / 64) % 64, 128 + cp % 64)
+  return char(240 + math.floor(cp / 262144), 128 + math.floor(cp / 4096) % 64, 128 + math.floor(cp / 64) % 64,
+              128 + cp % 64)
 end
 
 -- The text of the string body s[a..b], strictly validated (escapes, no control bytes); nil if
@@ -175,7 +178,7 @@ local function decode(s, a, b, strict)
   if k == nil or k > b then
     return sub(s, a, b)
   end
-  local out, i, high = {}, a, false   -- high: the escape before was a high surrogate
+  local out, i, high, hcp = {}, a, false, 0   -- high: the escape before was a high surrogate (hcp)
   while true do
     if k == nil or k > b then
       out[#out + 1] = sub(s, i, b)
@@ -189,8 +192,12 @@ local function decode(s, a, b, strict)
       if strict and ((high and k > i) or high ~= low) then
         return nil
       end
-      high = not low and cp >= 55296 and cp <= 56319
-      out[#out + 1] = utf8(cp)
+      if high and low and k == i then   -- the pair's one character, as Python reads it
+        out[#out - 1] = utf8(65536 + (hcp - 55296) * 1024 + cp - 56320)
+      else
+        out[#out + 1] = utf8(cp)
+      end
+      high, hcp = not low and cp >= 55296 and cp <= 56319, cp
       i = k + 6
     elseif k + 1 <= b and SIMPLE[e] ~= nil and not (strict and high) then
       out[#out + 1] = SIMPLE[e]
@@ -200,6 +207,38 @@ local function decode(s, a, b, strict)
     end
     k = find(s, "\\", i, true)
   end
+end
+
+-- Is the string body s[a..b] valid as the reference reads it: no control byte, every escape whole,
+-- no \u escape of a lone surrogate (a high one not followed at once by a low one, a low one
+-- alone: Python's json reads one, njs reads U+FFFD, decode here one byte for any, so two names
+-- distinct to vLLM were one here; scanner/plan/body.py document refuses such a body)? What
+-- decode checks with strict, without building the text: every string of a body, read or not.
+local function string_ok(s, a, b)
+  for k = a, b do
+    if byte(s, k) < 32 then
+      return false
+    end
+  end
+  local k, i, high = find(s, "\\", a, true), a, false
+  while k ~= nil and k <= b do
+    local e = byte(s, k + 1)
+    if e == 117 and k + 5 <= b and match(sub(s, k + 2, k + 5), "^%x%x%x%x$") then
+      local cp = tonumber(sub(s, k + 2, k + 5), 16)
+      local low = cp >= 56320 and cp <= 57343
+      if (high and k > i) or high ~= low then
+        return false
+      end
+      high = not low and cp >= 55296 and cp <= 56319
+      i = k + 6
+    elseif k + 1 <= b and SIMPLE[e] ~= nil and not high then
+      i = k + 2
+    else
+      return false
+    end
+    k = find(s, "\\", i, true)
+  end
+  return not high
 end
 
 -- Each byte that can lead a UTF-8 sequence as Python's codec reads it: {its length, the lowest
@@ -273,18 +312,20 @@ end
 -- deeper than most (depth: the value's level less one). With read, then the value decoded: strings,
 -- numbers, true / false, NULL; an array a list with the LIST metatable; an object a table of its
 -- names (a name twice: its last value) with obj[ORDER] the names in document order; strict (a
--- token's parts): also refused a name twice, a lone surrogate escape, a number not finite.
--- Unread, then an array's or object's element count, and the contents of strings other than
--- names are not validated (Python's json, and so vLLM, rejects invalid ones itself; for any
--- document Python accepts, the structure found here is the same). doc (parse: the object at s[i]
--- unread): each member's name, its text and its value's text (and an array's count) kept in doc.
+-- token's parts): also refused a name twice, a number not finite. Every string, read or not, name
+-- or value, is validated (string_ok: a control byte, a broken escape, a lone surrogate escape
+-- refused, as the reference refuses the body). Unread, then an array's or object's element count.
+-- doc (parse: the object at s[i] unread): each member's name, its text and its value's text (and
+-- an array's count) kept in doc.
 local LIST, ORDER = {}, {}
 local function walk(s, i, depth, most, read, strict, doc)
   local c = byte(s, i)
   if c == 34 then
     local j = string_end(s, i)
-    if not read or j == nil then
-      return j and j + 1
+    if j == nil or not string_ok(s, i + 1, j - 1) then
+      return nil
+    elseif not read then
+      return j + 1
     end
     local text = decode(s, i + 1, j - 1, strict)
     return text and j + 1, text
@@ -303,6 +344,9 @@ local function walk(s, i, depth, most, read, strict, doc)
       count = count + 1
       if obj then
         kstart, kend = i, c == 34 and string_end(s, i)
+        if kend and not string_ok(s, i + 1, kend - 1) then
+          return nil
+        end
         key = kend and ((not read and not doc) or decode(s, i + 1, kend - 1, strict))
         if not key or (strict and out[key] ~= nil) then
           return nil
