@@ -509,6 +509,38 @@ def test_cache_salt_strip_and_body_passthrough(echo_perimeter: tuple[RunningNgin
     assert data["method"] == "POST"
 
 
+def test_the_fast_path_forwards_only_what_the_reference_would(
+        echo_perimeter: tuple[RunningNginx, dict[str, Principal]]) -> None:
+    """A route whose bodies are not all parsed (the operator's /pause: only cache_salt and
+    chat_template are governed) forwards unparsed only a body the native checks clear; one nested
+    past BODY_DEPTH, not UTF-8, or with a number Python's json refuses (njs 0.9 reads -Infinity)
+    goes to njs and is refused as the reference refuses it (the differential campaign found them
+    forwarded)."""
+    nginx, people = echo_perimeter
+    conf = (nginx.directory / "conf" / "perimeter-http.conf").read_text()
+    pause = conf[conf.index("location = /pause {"):]
+    assert "js_content perimeter.read;" in pause[:pause.index("\n    }")]   # the fast path's route
+    hdrs = {**bearer(people["ops"]), "Content-Type": "application/json"}
+    refused = {
+        b'{"a":' + b"[" * 40 + b"]" * 40 + b"}": "bad-json:depth-over-31",
+        b'{"a":"\xff"}': "bad-json",
+        b'{"a":-Infinity}': "bad-json",
+        b'{"a":010}': "bad-json",
+        b'{"a":[.5]}': "bad-json",
+    }
+    for i, (body, reason) in enumerate(refused.items()):
+        if i:
+            time.sleep(0.5)   # the operator's rate: 2 a second, burst 5
+        r = raw_request(nginx.port, "/pause", "POST", headers=hdrs, body=body, source="127.0.0.3")
+        assert_denied(r, 400, reason)
+        got = {k.lower(): v for k, v in r.headers.items()}.get(REASON, "")
+        assert got == reason, (body[:20], got)
+    time.sleep(0.5)
+    plain = b'{"a": [1, 2.5, "x"]}'
+    data = echoed(raw_request(nginx.port, "/pause", "POST", headers=hdrs, body=plain, source="127.0.0.3"))
+    assert data["body"] == plain.decode()   # cleared natively: forwarded byte for byte
+
+
 # --- one path, different audiences per method (internal dispatch), HEAD listed explicitly ------
 
 SPLIT_POLICY = """schema_version: 1
