@@ -16,7 +16,16 @@ import crypto from 'crypto';
 
 function keyHash(r) {
     var key = r.variables.perimeter_bearer;
+{% if w.key_digest_accepted %}
+    if (/^[0-9a-fA-F]{64}$/.test(key)) {
+        return key.toLowerCase();
+    }
+{% endif %}
+{% if w.key_prefix %}
+    return key ? crypto.createHash('sha256').update(key.slice(0, {{ w.key_prefix }})).digest('hex') : '';
+{% else %}
     return key ? crypto.createHash('sha256').update(key).digest('hex') : '';
+{% endif %}
 }
 
 // auth "cert": the client certificate's principal, "name role" ('' none). NGINX verified the

@@ -358,6 +358,9 @@ class EnvoyWeakening:
     cert_any_ca: bool = False               # client certificates from any CA, their validation unread
     owner_unbound: bool = False             # response seals not bound to the principal
     any_key: tuple[str, str] | None = None  # (principal, role) an unknown key is taken for
+    key_digest_accepted: bool = False       # a bearer of 64 hex digits taken as its own sha256
+                                            # (pass-the-hash)
+    key_prefix: int = 0                     # only the bearer's first N characters hashed (0: all of it)
     xff_from_anyone: bool = False           # the client address (RBAC, use_remote_address) from the
                                             # client's own X-Forwarded-For
     principal_from_client: bool = False     # the principal header added only if the client sent none

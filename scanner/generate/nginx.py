@@ -150,7 +150,7 @@ def lua_files(model: NginxModel) -> tuple[GeneratedFile, ...]:
     programs, checks = lua_programs(model)
     tables = {"programs": programs, "checks": checks, "key_cache": model.lua.key_cache,
               "whitespace": tuple(w.decode("utf-8") for w in utf8_whitespace()),
-              "media_kinds": dict(KEY_KINDS), "body_depth": BODY_DEPTH}
+              "media_kinds": dict(KEY_KINDS), "body_depth": BODY_DEPTH, "weak": model.weak}
     try:
         text = envoy.environment().get_template(LUA_TEMPLATE).render(m=tables)
     except jinja2.TemplateError as exc:  # a bug in a template, not in the plan

@@ -249,6 +249,9 @@ class Weakening:
     tokens_uncharged: bool = False      # njs charges no token budget ($perimeter_tokens empty)
     unsettled: bool = False             # no settlement body filter (js_body_filter perimeter.settle)
     any_key: tuple[str, str] | None = None   # (principal, role) an unknown key is taken for
+    # the bearer key's digest (njs keyHash; the Lua runtime's M.key_hash)
+    key_digest_accepted: bool = False   # a bearer of 64 hex digits taken as its own sha256 (pass-the-hash)
+    key_prefix: int = 0                 # only the bearer's first N characters hashed (0: all of it)
     client_headers: bool = False        # proxy_pass_request_headers on: every client header passed
     upstream_key_dropped: bool = False  # vLLM's own key not sent upstream
     from_client: tuple[str, ...] = ()   # headers forwarded as the client sent them

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from scanner.plan.model import GOVERNED_FIELDS, Decision, Plan
+from scanner.policy.keys import new_key
 from scanner.policy.model import FieldRules, Limits, Rate
 from scanner.probe.checks.load import stream_body
 from scanner.probe.checks.timeouts import provable
@@ -18,8 +19,9 @@ from scanner.rules import BudgetStep, Keys, Step
 # remove: a check or limit gone; raise: a limit x10 / x100 / x1000; widen: a network wider;
 # add: a role, a method admitted; move: a denied field (or unknown fields) allowed on one route;
 # switch: a limit left in place but not enforced (dry run, shadow, thresholds at their maximum);
-# source: a fact taken from the client (address, Host, the zone key); loosen: a route's match
-# wider (anchors, parameters, case); expose: something outside the allowlist reachable;
+# source: a fact taken from the client (address, Host, the zone key); loosen: a match wider (a
+# route's: anchors, parameters, case; the key's: its digest, a prefix); expose: something outside
+# the allowlist reachable;
 # forward: something the client sent, or the perimeter owes, reaching vLLM wrongly
 FAMILIES: tuple[str, ...] = ("remove", "raise", "widen", "add", "move", "switch", "source", "loosen",
                              "expose", "forward")
@@ -625,6 +627,19 @@ def first_principal(plan: Plan, d: Decision | None) -> tuple[str, str]:
     return first[0].name, first[0].role
 
 
+def key_checked(plan: Plan) -> None:
+    if not plan.principals:
+        raise NotApplicable("no key principals")
+
+
+# the length of every key vllm-perimeter makes (keys new, verify's keys): "vp_" + 43 characters
+KEY_LEN = len(new_key())
+
+
+def key_length(plan: Plan, d: Decision | None) -> int:
+    return KEY_LEN
+
+
 def cert_anyone(plan: Plan, d: Decision | None) -> str:
     assert d is not None
     return cert_role(plan, d)
@@ -849,7 +864,7 @@ def _definitions() -> tuple[Definition, ...]:
                    "the principal header the client sends is kept (reaches vLLM)", ("upstream",), Edit()),
         Definition("rate-zone-by-address", "source", "a rate limit counted per principal",
                    "a rate limit keyed by client address instead of principal", ("rate",), Edit()),
-        # loosen: a route's match wider
+        # loosen: a route's match wider, the key lookup's
         Definition("parameter-any", "loosen", "a template route's match",
                    "a template parameter matches .+ (any characters, slashes too)", ("bypass", "upstream"),
                    Edit()),
@@ -857,6 +872,16 @@ def _definitions() -> tuple[Definition, ...]:
                    "a template route matches any case", ("bypass", "matrix"), Edit()),
         Definition("exact-to-prefix", "loosen", "an exact GET route's match",
                    "an exact path match made a prefix match", ("bypass", "sweep"), Edit()),
+        Definition("key-digest-accepted", "loosen", "the key lookup",
+                   "a bearer of 64 hex digits is taken as its own sha256 (pass-the-hash: a key's digest, "
+                   "from the principals file, admits as the key)", ("near-miss",),
+                   Setting("key_digest_accepted", "(every auth: key route) a key's sha256 hex admitted as "
+                           "the key", key_checked)),
+        Definition("key-prefix-compared", "loosen", "the key lookup",
+                   "only the bearer's first characters (a key's length) are hashed: the key with anything "
+                   "appended admits", ("near-miss",),
+                   Setting("key_prefix", "(every auth: key route) only the bearer's first {value} characters "
+                           "hashed", key_checked, key_length)),
         # expose
         Definition("upgrade-on-plain-route", "expose", "a GET route",
                    "one plain route passes WebSocket upgrades", ("upstream", "matrix"), Edit()),

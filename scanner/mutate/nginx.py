@@ -1,9 +1,9 @@
 """NGINX mutation operators, each rendered by the NGINX generator: how this proxy applies each of
 scanner.mutate.core's definitions (a plan transform; a switch of nginx_model.Weakening, which the
-templates perimeter-http.conf, perimeter-proxy.conf, the principals map and perimeter.js honour; a
-body check's rule program changed; its own model edits: a location's match or blocks
-(BlockWeakening), a zone's key, the header lists), then the operators only NGINX has. No operator
-edits rendered text."""
+templates perimeter-http.conf, perimeter-proxy.conf, the principals map, perimeter.js and the Lua
+runtime's perimeter.lua honour; a body check's rule program changed; its own model edits: a
+location's match or blocks (BlockWeakening), a zone's key, the header lists), then the operators
+only NGINX has. No operator edits rendered text."""
 
 from __future__ import annotations
 
