@@ -96,6 +96,7 @@ class RouteView:
     path: str = ""            # exact match, or
     regex: str = ""           # anchored safe_regex, or
     prefix: str = ""          # a path prefix (a mutation operator's); none of the three: prefix "/"
+    connect: bool = False     # CONNECT requests (authority-form), which only a connect_matcher matches
     method: str = ""          # :method exact match; "" = any method
     status: int = 0           # direct response status; 0 = forwarded upstream
     reason: str = ""          # X-Perimeter-Reason of a direct response
@@ -850,6 +851,12 @@ def _routes(reg: _EnvoyRegistry, plan: Plan) -> tuple[RouteView, ...]:
         ds = tuple(sorted(by_path[path], key=lambda d: d.method))
         out.extend(_allowed_route(reg, d) for d in ds if d.allowed)
         out.append(_fallback_route(path, ds))
+    # CONNECT (authority-form, host:port) matches only a connect_matcher: without this route the
+    # Lua filter refused it as a route without a group (500 internal). Envoy answers it 403 as a
+    # failed upgrade before the direct response (reason upgrade, local_reply_config).
+    out.append(RouteView(name="deny:connect", connect=True, status=405,
+                         reason=reasons.token("method-not-allowed"),
+                         rule="CONNECT (no route in the inventory)"))
     out.append(RouteView(name="deny:unknown", regex="", path="", status=404,
                          reason=reasons.token("not-allowlisted"),
                          rule="no route in the inventory (default deny)"))

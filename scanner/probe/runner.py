@@ -445,6 +445,8 @@ class _Run:
         """The case as sent: with a probe id (and hold) when a witness records the upstream."""
         if not self.options.witness or case.grpc_port:   # the witness records HTTP requests only
             return case, ""
+        if not case.target.startswith(("/", "http://", "https://")):
+            return case, ""   # OPTIONS *: a query would make it another target
         self.counter += 1
         pid = f"{self.run_id}-{self.counter}"
         params = {PROBE_PARAM: pid}

@@ -122,7 +122,8 @@ def test_structure_of_the_default_plan(tmp_path: Path) -> None:
     assert models["direct_response"]["status"] == 405
     # exact paths come before templates
     first_regex = next(i for i, r in enumerate(routes) if "safe_regex" in r["match"])
-    assert all("safe_regex" in r["match"] or r["name"] == "deny:unknown" for r in routes[first_regex:])
+    assert all("safe_regex" in r["match"] or r["name"] in ("deny:connect", "deny:unknown")
+               for r in routes[first_regex:])
     # denied routes are answered by Envoy
     for path in ("/invocations", "/collective_rpc", "/docs", "/openapi.json"):
         r = next(r for r in routes if r["name"] == f"deny:{path}")

@@ -210,6 +210,7 @@ class Bypass(BaseCheck):
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         cred = ctx.credentials[0]
         host = ctx.target.url.netloc.decode("ascii")
+        pathless: set[str] = set()   # vantages OPTIONS * was sent from
         for path, decisions in ctx.plan.routes().items():
             declared = _declared(decisions)
             sc = any(d.state_changing for d in decisions)
@@ -219,7 +220,21 @@ class Bypass(BaseCheck):
                                             ctx.options.allow_state_changes) is None:
                     method = safe.wrong_method(declared)
                 yield from self._variants(ctx, path, method, cred, vantage, host)
+                if vantage.name not in pathless:
+                    pathless.add(vantage.name)
+                    yield from self._pathless(ctx, path, method, cred, vantage)
         yield from self._neighbours(ctx)
+
+    def _pathless(self, ctx: CheckContext, path: str, method: str, cred: Credential,
+                  vantage: Vantage) -> Iterator[Case]:
+        """The asterisk-form target (``OPTIONS *``, once per vantage, under the first denied route's
+        subject): it names no path, so no route admits it; it must be refused with a reason (Envoy
+        1.40 answered it with its own 404 and no reason: a refusal the probe cannot prove). Not
+        sent through an injected transport (an http client cannot write it)."""
+        if ctx.options.transport_factory is not None:
+            return
+        yield Case(self.id, method, path, "OPTIONS", "*", cred, vantage, "deny", VARIANT_REASONS,
+                   f"variants {path}", raw=True, role="variant", note="asterisk-form OPTIONS *")
 
     def _admitted(self, ctx: CheckContext) -> list[tuple[Decision, tuple[Credential, Vantage]]]:
         """Each allowed HTTP path once (its first allowed method), with a cell the plan admits."""
