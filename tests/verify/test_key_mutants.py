@@ -6,20 +6,18 @@ runtime's M.key_hash, Envoy's PRINCIPALS lookup), and is caught by near-miss on 
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from scanner import mutate
-from scanner.errors import UsageError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.probe import registry
 from scanner.probe.interface import ProbeOptions
-from scanner.runtime.proxy import Proxy, get
 from scanner.verify import loop, mutation
+from tests.verify.installed import installed
 
 CATALOG = "vllm-0.29.0-default"
 NAMES = ("key-digest-accepted", "key-prefix-compared")
@@ -27,15 +25,6 @@ KEY_LEN = 46   # "vp_" + 43 characters: every key verify makes
 # the near-miss check alone: the baseline and each mutant take seconds (the full probe caught each
 # as well, its first finding near-miss's: docs/benchmarks.md)
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=120, checks=("near-miss",))
-
-
-def _proxy(name: str) -> Proxy:
-    try:
-        return get(name)
-    except UsageError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{name} is not installed")
 
 
 def test_the_operators_are_listed_in_loosen_for_both_proxies_caught_by_near_miss() -> None:
@@ -88,7 +77,7 @@ def _texts(directory: Path) -> dict[str, str]:
 @pytest.mark.parametrize("name", ["nginx", "nginx-lua", "envoy"])
 @pytest.mark.parametrize("op_name", NAMES)
 def test_each_operator_changes_only_the_key_check(name: str, op_name: str, tmp_path: Path) -> None:
-    proxy = _proxy(name)
+    proxy = installed(name)
     s = loop.setup(load_ref(CATALOG), load_policy(None), tmp_path, 9)
     files = proxy.write(s.plan, tmp_path / "generated")
     before = _texts(files)
@@ -111,7 +100,7 @@ def test_each_operator_changes_only_the_key_check(name: str, op_name: str, tmp_p
 
 @pytest.mark.parametrize("name", ["nginx", "nginx-debian", "nginx-lua", "envoy"])
 def test_each_operator_is_caught_by_near_miss(name: str) -> None:
-    proxy = _proxy(name)
+    proxy = installed(name)
     runs, mutants = mutation.mutants(load_ref(CATALOG), load_policy(None), [proxy], OPTIONS, only=NAMES)
     base = runs[0].result
     assert not base.deviations and not base.unreachable and base.exit_code() == 0, \

@@ -3,7 +3,6 @@ and the mutation score on every proxy (100%)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -17,22 +16,11 @@ from scanner.plan.inputs import load_policy
 from scanner.probe import registry
 from scanner.probe.interface import ProbeOptions
 from scanner.report import mutation as render_mutation
-from scanner.runtime.proxy import get
 from scanner.verify import loop, mutation
+from tests.verify.installed import installed
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300)
 PROXIES = ("nginx", "nginx-debian", "nginx-lua", "envoy")
-
-
-def _proxy(name: str):  # type: ignore[no-untyped-def]
-    from scanner.errors import UsageError
-
-    try:
-        return get(name)
-    except UsageError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{name} is not installed")
 
 
 def test_every_family_has_at_least_3_operators_per_proxy_each_with_checks_that_exist() -> None:
@@ -52,7 +40,7 @@ def test_every_family_has_at_least_3_operators_per_proxy_each_with_checks_that_e
 def test_every_operator_not_needing_a_setting_applies_to_the_bundled_policy(name: str, tmp_path: Path) -> None:
     # an operator that stops matching the generated config (a template changed under it) must
     # not silently become not applicable (whether the proxy accepts each mutant: the mutant runs)
-    proxy = _proxy(name)
+    proxy = installed(name)
     s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, 9)
     skipped = {}
     written = proxy.write(s.plan, tmp_path / "generated")
@@ -86,7 +74,7 @@ SAMPLE = ("key-check-removed", "json-cap-raised-x100", "network-widened-8", "met
 @pytest.mark.parametrize("name", [n if n not in ("nginx-debian", "nginx-lua")
                                   else pytest.param(n, marks=pytest.mark.slow) for n in PROXIES])
 def test_a_sample_of_every_family_is_caught(name: str) -> None:
-    proxy = _proxy(name)
+    proxy = installed(name)
     only = tuple(op.id for op in mutate.operators(proxy.kind) if op.name in SAMPLE)
     runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
                                      keys_per_role=2, only=only)
@@ -100,7 +88,7 @@ def test_a_sample_of_every_family_is_caught(name: str) -> None:
 @pytest.mark.timeout(2400)   # every operator against the real proxy: about 10 minutes a proxy
 @pytest.mark.parametrize("name", PROXIES)
 def test_mutation_score_is_100_percent(name: str) -> None:
-    proxy = _proxy(name)
+    proxy = installed(name)
     runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-default"), load_policy(None), [proxy], OPTIONS,
                                      keys_per_role=2)
     base = runs[0].result
@@ -116,7 +104,7 @@ def test_a_limit_removed_from_one_route_of_a_shared_zone_is_caught(name: str) ->
     # from POST /adapters, not from the route the zone's burst and held requests go to; the
     # probe proved the zone there and missed it (19/21 on NGINX). Each route of a zone now has
     # to meet the emptied bucket and the full zone itself.
-    proxy = _proxy(name)
+    proxy = installed(name)
     only = ("rate-limit-removed", "concurrency-limit-removed")
     # only the load checks: the other checks' cases would spend the same buckets first
     runs, mutants = mutation.mutants(load_ref("vllm-0.29.0-everything"), load_policy(None), [proxy],

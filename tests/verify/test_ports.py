@@ -4,7 +4,6 @@ config written again (a mutant's weakened again), and the run is the same."""
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -14,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from scanner import net
-from scanner.errors import InternalError, UsageError
+from scanner.errors import InternalError
 from scanner.inventory.catalog import load_ref
 from scanner.plan.inputs import load_policy
 from scanner.plan.model import Plan
 from scanner.probe.interface import ProbeOptions
 from scanner.runtime.process import ManagedProcess
-from scanner.runtime.proxy import Proxy, get
+from scanner.runtime.proxy import Proxy
 from scanner.verify import loop, mutation
+from tests.verify.installed import installed
 
 OPTIONS = ProbeOptions(rate=0, concurrency=8, timeout=15, max_time=300, checks=("matrix",))
 
@@ -61,18 +61,9 @@ class Recording:
         return self.inner.start(plan, directory)
 
 
-def proxy_named(name: str) -> Proxy:
-    try:
-        return get(name)
-    except UsageError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{name} is not installed")
-
-
 @pytest.mark.parametrize("name", ["nginx", "envoy"])
 def test_a_proxy_whose_port_is_taken_runs_on_another(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    proxy = Recording(proxy_named(name))
+    proxy = Recording(installed(name))
     with held() as taken:
         picks = iter([taken])
         monkeypatch.setattr(loop, "free_port", lambda host="127.0.0.1": next(picks, 0) or net.free_port(host))
@@ -89,7 +80,7 @@ def test_a_proxy_whose_port_is_taken_runs_on_another(name: str, monkeypatch: pyt
 
 def test_a_start_that_fails_otherwise_is_not_retried(tmp_path: Path) -> None:
     """A config the proxy rejects is an error at once: no second port tried."""
-    proxy = Recording(proxy_named("nginx"))
+    proxy = Recording(installed("nginx"))
     s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
     conf = proxy.write(s.plan, tmp_path / "proxy")
     (conf / "nginx.conf").write_text("events {}\nhttp { server { listen 127.0.0.1:"
@@ -108,7 +99,7 @@ def test_a_proxy_that_finds_its_port_taken_as_it_binds_moves(name: str, tmp_path
 
     from scanner.runtime import fleet
 
-    proxy = Recording(proxy_named(name))
+    proxy = Recording(installed(name))
     s = loop.setup(load_ref("vllm-0.29.0-default"), load_policy(None), tmp_path, net.free_port())
     with held() as taken, ExitStack() as stack:
         plan = fleet.replica(s.plan, taken)
