@@ -550,7 +550,7 @@ class Concurrency(ZoneCheck):
         every = [a for _c, a in results]
         if not ctx.witness:
             streamed = {z.key for z in self.layout(ctx) if self.streams(ctx, z) is not None}
-            return self.uncounted(out, streamed)
+            return self.uncounted(out, streamed, self.counts_held(results))
         for z in self.layout(ctx):
             limit = z.rep.limits.concurrency if z.rep else None
             if limit is None or z.key not in out:
@@ -564,16 +564,26 @@ class Concurrency(ZoneCheck):
         return out
 
     @staticmethod
-    def uncounted(out: dict[str, Assessed], streamed: Collection[str] = ()) -> dict[str, Assessed]:
+    def counts_held(results: Results) -> bool:
+        """Did this proxy count a request held open by its client: refuse one for concurrency on its
+        head, before the client sent the body's last byte (NGINX's limit_conn)? A refusal after it
+        shows nothing of held requests: Envoy, which counts a request once forwarded, refuses held
+        bodies the client finished at once, more of them than the limit, under load."""
+        return any(c.dribble and R.proves("concurrency", a.status, a.reason) and a.latency_ms < c.hold_ms
+                   for c, a in results)
+
+    @staticmethod
+    def uncounted(out: dict[str, Assessed], streamed: Collection[str] = (),
+                  counted: bool = False) -> dict[str, Assessed]:
         """Without a witness: a zone that let every request held open by the client through fails
-        only when another zone of the run showed that this proxy counts such requests (refused
-        one for concurrency: a refused stream shows nothing of held bodies); else it is not proven
+        only when this run showed that the proxy counts such requests (``counted``:
+        :meth:`counts_held`; a refused stream shows nothing of held bodies); else it is not proven
         (:data:`UNCOUNTED`). The subjects of a zone of ``streamed`` (streams held by the client)
         fail on the upstream's own evidence: left as judged."""
         def held(key: str) -> bool:   # a subject of a zone whose bodies the client held
             return not any(key == s or key.startswith(s + " ") for s in streamed)
 
-        if any(R.proves("concurrency", x.status, x.reason) for k, a in out.items() if held(k) for x in a[1]):
+        if counted:
             return out
         return {k: ((("not-proven", UNCOUNTED, a[0][2]), a[1]) if a[0][0] == "failed" and held(k) else a)
                 for k, a in out.items()}
