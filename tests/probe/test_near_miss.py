@@ -121,7 +121,9 @@ def test_the_generated_config_refuses_every_near_miss(unmodified: Run) -> None:
     res = unmodified.result
     assert res.deviations == (), [(f.rule, f.title, f.detail) for f in res.deviations]
     assert res.exit_code() == 0
-    cov = {c.subject: c for c in res.coverage if c.check == CHECK}
+    cov = {c.subject.split(" via ")[0]: c for c in res.coverage if c.check == CHECK}
+    # each subject names the one route its forms went to (never the audience's every route)
+    assert all(c.subject.endswith(f" via {c.method} {c.path}") for c in cov.values()), list(cov)
     assert set(cov) == {"near-miss keys inference", "near-miss keys service", "near-miss keys operator"}
     assert {c.status for c in cov.values()} == {"proved"}, cov
     sent = [a for a in res.attempts if a.check == CHECK and a.verdict == "proved"]

@@ -64,8 +64,10 @@ def routes(ctx: CheckContext) -> dict[str, Decision]:
     return out
 
 
-def subject_of(audience: str) -> str:
-    return f"near-miss keys {audience}"
+def subject_of(audience: str, d: Decision) -> str:
+    """The subject names the one route the forms go to: what it proves is that route's key check
+    (the lookup every route of the proxy shares), not each route of the audience."""
+    return f"near-miss keys {audience} via {d.method} {d.path}"
 
 
 @register
@@ -84,7 +86,7 @@ class NearMiss(BaseCheck):
                 why = f"no vantage inside its networks ({', '.join(d.networks)}): add a --vantage there"
             if not why and not _sendable(ctx, d):
                 why = UNSENDABLE
-            yield Subject(subject_of(audience), d.method, d.path, why=why)
+            yield Subject(subject_of(audience, d), d.method, d.path, why=why)
 
     def generate(self, ctx: CheckContext) -> Iterator[Case]:
         keys = _keys(ctx)
@@ -103,7 +105,7 @@ class NearMiss(BaseCheck):
                                   fingerprint=fingerprint(form.value))
                 long = ("missing-key",) if len(form.value) > key_forms.BEARER_MAX else ()
                 yield ctx.case(self.id, d.method, d.path, miss, vantage, "variant",
-                               subject=subject_of(audience), note=label, extra_reasons=long)
+                               subject=subject_of(audience, d), note=label, extra_reasons=long)
 
     def judge(self, ctx: CheckContext, results: Results) -> Iterable[Finding]:
         flagged = [("VP001", a) for c, a in results if c.expected == "deny" and a.verdict == "failed"]
